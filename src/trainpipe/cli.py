@@ -1,0 +1,149 @@
+"""The `trainpipe` command.
+
+Heavy libraries are imported inside the commands that need them, so `--help` and the
+config commands start fast. Every user error is printed as one paragraph, no traceback,
+with exit code 2.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from trainpipe import __version__
+from trainpipe.errors import TrainpipeError
+
+app = typer.Typer(
+    name="trainpipe",
+    help="Plan, prepare, train, evaluate and export a model from one config file.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+)
+config_app = typer.Typer(help="Validate, show and describe run configs.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+
+SetOpt = Annotated[
+    Optional[list[str]],
+    typer.Option("--set", "-s", help="Override a config value: `--set training.learning_rate=1e-4` (repeatable). Wins over the file."),
+]
+ConfigArg = Annotated[Path, typer.Argument(help="Run config (YAML).", show_default=False)]
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"trainpipe {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")] = False,
+) -> None:
+    pass
+
+
+@app.command()
+def run(
+    config: ConfigArg,
+    set_: SetOpt = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an earlier run in the output directory.")] = False,
+) -> None:
+    """Prepare the data, measure the base model, train, measure again and export the best model."""
+    from rich.table import Table
+
+    from trainpipe import ui
+    from trainpipe.config import load_config
+    from trainpipe.pipeline.run import run as run_pipeline
+
+    cfg = load_config(config, set_ or [])
+    summary = run_pipeline(cfg, config_path=str(config.resolve()), overwrite=overwrite)
+    con = ui.console()
+    table = Table(title=f"{summary['name']}: baseline vs final (eval split, {summary['data']['eval_examples']} examples)")
+    table.add_column("metric")
+    table.add_column("baseline", justify="right")
+    table.add_column("final", justify="right")
+    table.add_column("change", justify="right")
+    for k, v in summary["final"].items():
+        b = summary["baseline"][k]
+        if k == "exact_match":
+            table.add_row(k, f"{100 * b:.1f} %", f"{100 * v:.1f} %", f"{100 * (v - b):+.1f} pts")
+        else:
+            table.add_row(k, f"{b:.4f}", f"{v:.4f}", f"{v - b:+.4f}")
+    con.print(table)
+    t = summary["train"]
+    con.print(f"steps {t['global_step']}  train time {t['train_seconds']:.1f} s  wall time {summary['wall_seconds']:.1f} s" + ("  (stopped early)" if t["stopped_early"] else ""))
+    con.print(f"model:   {summary['artifacts']['model']}")
+    if summary["artifacts"]["adapter"]:
+        con.print(f"adapter: {summary['artifacts']['adapter']}")
+    con.print(f"run dir: {summary['artifacts']['run_dir']}")
+
+
+@config_app.command("validate")
+def config_validate(config: ConfigArg, set_: SetOpt = None) -> None:
+    """Check a config; list every problem with its key path."""
+    from trainpipe.config import load_config
+
+    load_config(config, set_ or [])
+    typer.echo(f"{config}: valid")
+
+
+@config_app.command("show")
+def config_show(config: ConfigArg, set_: SetOpt = None) -> None:
+    """Print the resolved config: defaults, the file and overrides, with `auto` values filled in for this machine."""
+    from trainpipe.config import dump_yaml, load_config
+    from trainpipe.plan import resolve
+    from trainpipe.plan.hardware import detect
+
+    plan = resolve(load_config(config, set_ or []), detect())
+    for d in plan.decisions:
+        typer.echo(f"# {d.key}: {d.value} ({d.rule})")
+    typer.echo(dump_yaml(plan.config), nl=False)
+
+
+@config_app.command("schema")
+def config_schema(
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write to this file instead of stdout.")] = None,
+) -> None:
+    """Print the JSON Schema of run configs (for editor completion and checks)."""
+    from trainpipe.config import json_schema
+
+    text = json.dumps(json_schema(), indent=2)
+    if output:
+        output.write_text(text + "\n", encoding="utf-8")
+        typer.echo(f"wrote {output}")
+    else:
+        typer.echo(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import click
+
+    try:
+        app(args=argv, standalone_mode=False)
+        return 0
+    except TrainpipeError as exc:
+        from rich.markup import escape
+
+        from trainpipe import ui
+
+        ui.console().print(f"[bold red]{exc.title}:[/] {escape(exc.message)}", markup=True, highlight=False, soft_wrap=True)
+        return exc.exit_code
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.exceptions.Abort:
+        return 130
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""Evaluation on the eval split: loss and perplexity (token-weighted over the tokens that carry
+loss), and exact match of greedy generations against the reference replies.
+
+The same function measures the base model before training and the trained one after, on
+the same examples, so the two rows of the summary are comparable.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from trainpipe.data.collate import IGNORE_INDEX, pad_batch
+
+
+def eval_loss(model, examples: list[dict], *, batch_size: int, pad_id: int, advance: Callable[[int], None] | None = None) -> dict:
+    import torch
+
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        for i in range(0, len(examples), batch_size):
+            batch = pad_batch(examples[i : i + batch_size], pad_id)
+            batch = {k: v.to(device) for k, v in batch.items()}
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
+            shift_logits = logits[:, :-1].reshape(-1, logits.size(-1))
+            shift_labels = batch["labels"][:, 1:].reshape(-1)
+            loss = torch.nn.functional.cross_entropy(shift_logits, shift_labels, ignore_index=IGNORE_INDEX, reduction="sum")
+            total += loss.item()
+            count += int((shift_labels != IGNORE_INDEX).sum())
+            if advance:
+                advance(len(batch["input_ids"]))
+    model.train(was_training)
+    mean = total / max(count, 1)
+    return {"loss": mean, "perplexity": math.exp(min(mean, 50.0)), "loss_tokens": count}
+
+
+def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, batch_size: int, stop_ids: list[int], advance: Callable[[int], None] | None = None) -> list[str]:
+    """Greedy generations for ``prompts`` (left-padded batches), cut at the first stop token."""
+    import torch
+    from transformers import GenerationConfig
+
+    was_training = model.training
+    model.eval()
+    side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    device = next(model.parameters()).device
+    gen_cfg = GenerationConfig(
+        max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=stop_ids, pad_token_id=tokenizer.pad_token_id
+    )
+    out: list[str] = []
+    try:
+        with torch.no_grad():
+            for i in range(0, len(prompts), batch_size):
+                chunk = prompts[i : i + batch_size]
+                enc = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+                seqs = model.generate(**enc, generation_config=gen_cfg)
+                for row in seqs[:, enc["input_ids"].shape[1] :].tolist():
+                    cut = next((j for j, t in enumerate(row) if t in stop_ids), len(row))
+                    out.append(tokenizer.decode(row[:cut], skip_special_tokens=True))
+                if advance:
+                    advance(len(chunk))
+    finally:
+        tokenizer.padding_side = side
+        model.train(was_training)
+    return out
+
+
+def normalize_answer(text: str) -> str:
+    return " ".join(text.strip().split())
+
+
+def exact_match(predictions: list[str], references: list[str]) -> float:
+    hits = sum(normalize_answer(p) == normalize_answer(r) for p, r in zip(predictions, references))
+    return hits / max(len(references), 1)

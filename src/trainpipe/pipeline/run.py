@@ -1,0 +1,174 @@
+"""`trainpipe run`: prepare -> baseline eval -> train -> final eval -> export, in one run directory.
+
+Reads top to bottom. The run directory contract:
+
+    config.resolved.yaml   the config with every default and `auto` filled in
+    manifest.json          config hash, data SHA-256s, code version and git state, package versions, seed, hardware
+    events.jsonl           one JSON event a line (training_started, eval_done, checkpoint_saved, ...)
+    metrics.jsonl          training and eval metrics as logged
+    data_report.json       what happened to every input record
+    rejected.jsonl         lines dropped under `data.on_error: skip`, with the reason
+    checkpoints/           Trainer checkpoints (best by eval loss kept)
+    model/                 the exported best model (only once training finished)
+    summary.json           `baseline` and `final` metric dicts, training figures, artefact paths
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from trainpipe import ui
+from trainpipe.config import RunConfig, dump_yaml
+from trainpipe.errors import RunDirError
+from trainpipe.events import EventLog
+from trainpipe.plan import resolve
+from trainpipe.plan.hardware import detect
+from trainpipe.track.manifest import build_manifest, write_json
+
+
+def prepare_run_dir(output_dir: str, overwrite: bool) -> Path:
+    run_dir = Path(output_dir).resolve()
+    if run_dir.exists() and any(run_dir.iterdir()):
+        if not overwrite:
+            raise RunDirError(
+                f"`{run_dir}` already holds files from an earlier run. Pass `--overwrite` to replace them, or choose "
+                "another directory with `--set output_dir=runs/NEW_NAME`."
+            )
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+def _evaluate(model, tokenizer, data, cfg: RunConfig, stop_ids: list[int], phase: str) -> dict:
+    from trainpipe.evaluate.evaluator import eval_loss, exact_match, generate
+
+    metrics = cfg.eval.metrics
+    out: dict = {}
+    with ui.progress() as bar:
+        task = bar.add_task(f"eval ({phase}) loss", total=len(data.eval))
+        res = eval_loss(model, data.eval, batch_size=cfg.training.per_device_eval_batch_size, pad_id=tokenizer.pad_token_id, advance=lambda n: bar.advance(task, n))
+    if "loss" in metrics:
+        out["loss"] = res["loss"]
+    if "perplexity" in metrics:
+        out["perplexity"] = res["perplexity"]
+    samples = []
+    if "exact_match" in metrics:
+        gens = data.eval_generation[: cfg.eval.max_samples] if cfg.eval.max_samples else data.eval_generation
+        with ui.progress() as bar:
+            task = bar.add_task(f"eval ({phase}) generate", total=len(gens))
+            preds = generate(
+                model, tokenizer, [g["prompt"] for g in gens], max_new_tokens=cfg.eval.max_new_tokens,
+                batch_size=cfg.training.per_device_eval_batch_size * 4, stop_ids=stop_ids, advance=lambda n: bar.advance(task, n),
+            )
+        refs = [g["reference"] for g in gens]
+        out["exact_match"] = exact_match(preds, refs)
+        samples = [{"prompt": g["prompt"], "reference": r, "prediction": p} for g, r, p in zip(gens, refs, preds)]
+    return out, samples
+
+
+def run(cfg: RunConfig, *, config_path: str | None = None, overwrite: bool = False) -> dict:
+    import torch
+    from transformers import set_seed
+
+    from trainpipe.data.prepare import prepare
+    from trainpipe.data.tokenize import setup_chat_template
+    from trainpipe.export import export_model, stop_token_ids
+    from trainpipe.train import sft
+    from trainpipe.train.callbacks import EventsCallback, ProgressCallback
+    from trainpipe.train.model import apply_lora, load_model, load_tokenizer, parameter_counts
+
+    t_start = time.time()
+    con = ui.console()
+
+    # 1. resolve the plan and lay out the run directory
+    hw = detect()
+    plan = resolve(cfg, hw)
+    cfg = plan.config
+    run_dir = prepare_run_dir(cfg.output_dir, overwrite)
+    (run_dir / "config.resolved.yaml").write_text(dump_yaml(cfg), encoding="utf-8")
+    events = EventLog(run_dir / "events.jsonl", echo=ui.echo_event)
+    events.emit("run_started", run_dir=str(run_dir), config_hash=cfg.hash())
+    con.print(f"[bold]trainpipe run[/] {cfg.name}  ->  {run_dir}")
+    for d in plan.decisions:
+        con.print(f"  [dim]{d.key} = {d.value}  ({d.rule})[/]")
+    set_seed(cfg.training.seed)
+
+    # 2. tokenizer, chat template, data
+    tokenizer = load_tokenizer(cfg.model, cfg.model.pad_token)
+    template = setup_chat_template(tokenizer, cfg.data.chat_template, cfg.model.name_or_path)
+    stop_ids = stop_token_ids(tokenizer, template)
+    with ui.progress() as bar:
+        task = bar.add_task("tokenize", total=None)
+        data = prepare(
+            cfg.data, tokenizer, train_on=cfg.method.train_on, seed=cfg.training.seed, rejected_path=run_dir / "rejected.jsonl",
+            progress=lambda n: bar.advance(task, n), on_total=lambda n: bar.update(task, total=n),
+        )
+    data.report["chat_template"] = template
+    write_json(run_dir / "data_report.json", data.report)
+    write_json(
+        run_dir / "manifest.json",
+        build_manifest(
+            config_hash=cfg.hash(), config_path=config_path, data_files=[{"path": s["path"], "sha256": s["sha256"]} for s in data.report["sources"]],
+            seed=cfg.training.seed, hardware={**hw.to_dict(), "torch_threads": torch.get_num_threads()}, decisions=[asdict(d) for d in plan.decisions],
+        ),
+    )
+    r = data.report
+    events.emit("data_prepared", train=r["train_examples"], eval=r["eval_examples"], rejected=r["rejected_total"], dropped=sum(r["dropped"].values()))
+
+    # 3. model (+ LoRA)
+    model = load_model(cfg.model, cfg.model.dtype)
+    if cfg.method.peft == "lora":
+        model = apply_lora(model, cfg.method.lora)
+    params = parameter_counts(model)
+    con.print(f"  parameters: {params['trainable']:,} trainable of {params['total']:,} ({params['trainable_pct']:.2f} %)")
+
+    # 4. baseline on the eval split
+    baseline, base_samples = _evaluate(model, tokenizer, data, cfg, stop_ids, "baseline")
+    events.emit("eval_done", step=0, phase="baseline", **baseline)
+
+    # 5. train
+    callbacks = [EventsCallback(events, run_dir / "metrics.jsonl"), ProgressCallback(ui.progress(_loss_col(), _tps_col()))]
+    outcome = sft.train(model, tokenizer, data.train, data.eval, cfg.training, run_dir / "checkpoints", callbacks)
+
+    # 6. final eval on the same split, with the best checkpoint loaded
+    final, final_samples = _evaluate(model, tokenizer, data, cfg, stop_ids, "final")
+    events.emit("eval_done", step=outcome.global_step, phase="final", **final)
+
+    # 7. export the best model
+    summary = {
+        "name": cfg.name,
+        "baseline": baseline,
+        "final": final,
+        "train": asdict(outcome),
+        "parameters": params,
+        "data": {k: r[k] for k in ("records", "rejected_total", "rejected", "dropped", "train_examples", "eval_examples", "train_tokens")},
+        "samples": [{**f, "baseline_prediction": b["prediction"]} for f, b in zip(final_samples[:20], base_samples[:20])],
+    }
+    card = {
+        "name": cfg.name, "base_model": cfg.model.name_or_path, "method": f"{cfg.method.name} / {cfg.method.peft}", "config_hash": cfg.hash(),
+        "data_files": [{"path": s["path"], "sha256": s["sha256"]} for s in r["sources"]], "baseline": baseline, "final": final,
+        "config": cfg.model_dump(mode="json"), "trainpipe_version": __import__("trainpipe").__version__,
+    }
+    model_dir = export_model(run_dir=run_dir, model=model, tokenizer=tokenizer, base=cfg.model, peft=cfg.method.peft, stop_ids=stop_ids, card=card)
+    events.emit("model_exported", step=outcome.global_step, path=str(model_dir))
+
+    summary["wall_seconds"] = round(time.time() - t_start, 2)
+    summary["artifacts"] = {"run_dir": str(run_dir), "model": str(model_dir), "adapter": str(model_dir / "adapter") if cfg.method.peft == "lora" else None, "events": str(run_dir / "events.jsonl")}
+    write_json(run_dir / "summary.json", summary)
+    events.emit("run_finished", step=outcome.global_step, wall_seconds=summary["wall_seconds"])
+    return summary
+
+
+def _loss_col():
+    from rich.progress import TextColumn
+
+    return TextColumn("loss {task.fields[loss]}")
+
+
+def _tps_col():
+    from rich.progress import TextColumn
+
+    return TextColumn("{task.fields[tps]} tok/s")

@@ -1,0 +1,74 @@
+"""The plan: every `auto`/unset choice of a RunConfig resolved for a given machine.
+
+A pure function of (RunConfig, Hardware); it imports no torch and touches no weights.
+Each resolved choice is recorded with the rule that made it, so `trainpipe config show`
+and the run manifest can say why.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from trainpipe.config import RunConfig
+from trainpipe.plan.hardware import Hardware
+
+# Learning rates the field uses by method (LoRA papers / axolotl / LLaMA-Factory defaults).
+DEFAULT_LR = {"lora": 2e-4, "none": 5e-5}
+
+
+@dataclass
+class Decision:
+    key: str
+    value: object
+    rule: str
+
+
+@dataclass
+class Resolved:
+    config: RunConfig
+    decisions: list[Decision] = field(default_factory=list)
+
+
+def resolve(cfg: RunConfig, hw: Hardware) -> Resolved:
+    """Return a copy of ``cfg`` with every default that depends on method or hardware filled in."""
+    cfg = cfg.model_copy(deep=True)
+    out = Resolved(cfg)
+    t = cfg.training
+
+    if t.learning_rate is None:
+        t.learning_rate = DEFAULT_LR[cfg.method.peft]
+        out.decisions.append(Decision("training.learning_rate", t.learning_rate, f"default for peft={cfg.method.peft}"))
+
+    world = max(1, hw.device_count) if hw.accelerator == "cuda" else 1
+    if t.gradient_accumulation_steps is None:
+        per_step = t.per_device_train_batch_size * world
+        t.gradient_accumulation_steps = max(1, math.ceil(t.target_effective_batch_size / per_step))
+        out.decisions.append(
+            Decision(
+                "training.gradient_accumulation_steps",
+                t.gradient_accumulation_steps,
+                f"effective batch {t.per_device_train_batch_size} x {t.gradient_accumulation_steps} x {world} device(s) "
+                f">= target {t.target_effective_batch_size}",
+            )
+        )
+
+    if t.bf16 is None:
+        t.bf16 = bool(hw.accelerator == "cuda" and hw.bf16_supported and not t.fp16)
+        why = "the GPU supports bfloat16" if t.bf16 else f"{hw.accelerator} without bfloat16 mixed precision: fp32"
+        out.decisions.append(Decision("training.bf16", t.bf16, why))
+
+    if cfg.model.dtype == "auto":
+        cfg.model.dtype = "bfloat16" if (hw.accelerator == "cuda" and hw.bf16_supported and cfg.method.peft != "none") else "float32"
+        out.decisions.append(
+            Decision("model.dtype", cfg.model.dtype, "bf16 base weights under LoRA on bf16 GPUs; float32 otherwise (full fine-tune keeps fp32 master weights)")
+        )
+
+    if t.save_steps is None:
+        t.save_steps = t.eval_steps
+        out.decisions.append(Decision("training.save_steps", t.save_steps, "save at every evaluation"))
+
+    if cfg.output_dir is None:
+        cfg.output_dir = f"runs/{cfg.name or 'run'}"
+        out.decisions.append(Decision("output_dir", cfg.output_dir, "runs/<name>"))
+    return out

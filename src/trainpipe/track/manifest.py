@@ -1,0 +1,59 @@
+"""The run manifest: what exactly produced this run (config hash, data hashes, code, versions, hardware)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
+import trainpipe
+
+PACKAGES = ("torch", "transformers", "peft", "trl", "datasets", "accelerate", "tokenizers", "safetensors")
+
+
+def package_versions() -> dict:
+    out = {}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def git_state(path: str | Path) -> dict:
+    """Commit and dirtiness of the git work tree holding ``path`` (None outside a repo)."""
+    cwd = Path(path)
+    cwd = cwd if cwd.is_dir() else cwd.parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10)
+        if commit.returncode != 0:
+            return {"commit": None, "dirty": None}
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd, capture_output=True, text=True, timeout=10)
+        return {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip())}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+
+
+def build_manifest(*, config_hash: str, config_path: str | None, data_files: list[dict], seed: int, hardware: dict, decisions: list[dict]) -> dict:
+    return {
+        "trainpipe_version": trainpipe.__version__,
+        "config_hash": config_hash,
+        "config_path": config_path,
+        "data_files": data_files,
+        "git": git_state(config_path or "."),
+        "trainpipe_git": git_state(Path(trainpipe.__file__).parent),
+        "packages": package_versions(),
+        "seed": seed,
+        "hardware": hardware,
+        "decisions": decisions,
+    }
+
+
+def write_json(path: str | Path, obj: dict) -> None:
+    """Write JSON atomically (temporary file, then rename)."""
+    p = Path(path)
+    tmp = p.with_suffix(p.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n", encoding="utf-8")
+    tmp.replace(p)
