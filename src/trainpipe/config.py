@@ -112,7 +112,9 @@ class TrainingConfig(_Section):
     target_effective_batch_size: int = Field(default=32, ge=1)
     """Effective batch (micro-batch x accumulation x devices) the default accumulation aims for."""
     warmup_ratio: float = Field(default=0.03, ge=0.0, lt=1.0)
-    """Share of the steps spent warming the learning rate up from 0."""
+    """Share of the steps spent warming the learning rate up from 0 (ignored when `warmup_steps` is set)."""
+    warmup_steps: int | None = Field(default=None, ge=0)
+    """Exact number of warmup steps; overrides `warmup_ratio`."""
     lr_scheduler_type: Literal["cosine", "linear", "constant", "constant_with_warmup", "cosine_with_restarts", "polynomial"] = "cosine"
     """Learning-rate schedule after warmup."""
     weight_decay: float = Field(default=0.01, ge=0.0)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from pathlib import Path
 
 from trainpipe.config import ModelConfig
@@ -38,7 +39,9 @@ def export_model(*, run_dir: Path, model, tokenizer, base: ModelConfig, peft: st
 
         model.save_pretrained(tmp / "adapter", safe_serialization=True)
         base_model = load_model(base, "float32")
-        merged = PeftModel.from_pretrained(base_model, tmp / "adapter").merge_and_unload()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # peft's merge calls a deprecated transformers property
+            merged = PeftModel.from_pretrained(base_model, tmp / "adapter").merge_and_unload()
     else:
         merged = model
     merged.generation_config.eos_token_id = stop_ids if len(stop_ids) > 1 else stop_ids[0]

@@ -46,7 +46,7 @@ def echo_event(record: dict) -> None:
     skip = {"time", "event", "level", "step"}
     fields = " ".join(f"{k}={_fmt(v)}" for k, v in record.items() if k not in skip and not isinstance(v, (dict, list)))
     style = LEVEL_STYLE.get(record["level"], "")
-    console().print(f"[{style}]{record['level']:>7}[/] {record['event']} step={record['step']} {escape(fields)}", markup=True)
+    console().print(f"[{style}]{record['level']:>7}[/] {record['event']} step={record['step']} {escape(fields)}", markup=True, soft_wrap=True)
 
 
 def _fmt(v) -> str:

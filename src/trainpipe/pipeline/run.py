@@ -16,6 +16,7 @@ Reads top to bottom. The run directory contract:
 from __future__ import annotations
 
 import shutil
+import warnings
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -42,7 +43,7 @@ def prepare_run_dir(output_dir: str, overwrite: bool) -> Path:
     return run_dir
 
 
-def _evaluate(model, tokenizer, data, cfg: RunConfig, stop_ids: list[int], phase: str) -> dict:
+def _evaluate(model, tokenizer, data, cfg: RunConfig, stop_ids: list[int], phase: str) -> tuple[dict, list[dict]]:
     from trainpipe.evaluate.evaluator import eval_loss, exact_match, generate
 
     metrics = cfg.eval.metrics
@@ -80,8 +81,13 @@ def run(cfg: RunConfig, *, config_path: str | None = None, overwrite: bool = Fal
     from trainpipe.train.callbacks import EventsCallback, ProgressCallback
     from trainpipe.train.model import apply_lora, load_model, load_tokenizer, parameter_counts
 
+    import transformers
+
     t_start = time.time()
     con = ui.console()
+    transformers.utils.logging.disable_progress_bar()  # trainpipe draws its own bars
+    # transformers 5 renamed the property; peft and the Trainer still read the old name (noise, not a problem)
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
 
     # 1. resolve the plan and lay out the run directory
     hw = detect()

@@ -24,9 +24,18 @@ class TrainOutcome:
     stopped_early: bool
 
 
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def training_arguments(t: TrainingConfig, output_dir: str | Path):
     from transformers import TrainingArguments
 
+    extra = {}
+    if t.gradient_checkpointing:  # non-reentrant: works with PEFT and frozen inputs
+        extra = {"activation_checkpointing": True, "activation_checkpointing_kwargs": {"use_reentrant": False}}
     return TrainingArguments(
         output_dir=str(output_dir),
         learning_rate=t.learning_rate,
@@ -35,7 +44,8 @@ def training_arguments(t: TrainingConfig, output_dir: str | Path):
         per_device_train_batch_size=t.per_device_train_batch_size,
         per_device_eval_batch_size=t.per_device_eval_batch_size,
         gradient_accumulation_steps=t.gradient_accumulation_steps,
-        warmup_ratio=t.warmup_ratio,
+        # transformers 5 takes the ratio as a float `warmup_steps` in [0, 1)
+        warmup_steps=t.warmup_steps if t.warmup_steps is not None else float(t.warmup_ratio),
         lr_scheduler_type=t.lr_scheduler_type,
         weight_decay=t.weight_decay,
         max_grad_norm=t.max_grad_norm,
@@ -54,14 +64,14 @@ def training_arguments(t: TrainingConfig, output_dir: str | Path):
         data_seed=t.seed,
         bf16=bool(t.bf16),
         fp16=t.fp16,
-        gradient_checkpointing=t.gradient_checkpointing,
-        gradient_checkpointing_kwargs={"use_reentrant": False} if t.gradient_checkpointing else None,
         report_to=[],
         disable_tqdm=True,
         remove_unused_columns=False,
         include_num_input_tokens_seen="non_padding",
         dataloader_num_workers=0,
+        dataloader_pin_memory=_cuda(),
         save_only_model=False,
+        **extra,
     )
 
 

@@ -1,0 +1,71 @@
+"""Bad data and bad models stop the run with one paragraph naming the problem and the fix; nothing lands in model/."""
+
+import json
+
+import pytest
+
+from test_sft import make_config
+from tiny import build_tiny_model
+from trainpipe.cli import main
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("m") / "base")
+
+
+def test_malformed_line_stops_with_file_and_line(tmp_path, base, capsys):
+    cfg = make_config(tmp_path, base)
+    data = tmp_path / "data" / "alpaca.jsonl"
+    lines = data.read_text().splitlines()
+    lines[6] = '{"instruction": "oops", "output": "x"'
+    data.write_text("\n".join(lines) + "\n")
+    assert main(["run", str(cfg)]) == 2
+    out = capsys.readouterr().out
+    assert f"{data}` line 7" in out and "not valid JSON" in out and "Traceback" not in out
+    assert not (tmp_path / "run" / "model").exists()
+
+
+def test_skip_drops_counts_and_trains(tmp_path, base):
+    cfg = make_config(tmp_path, base, **{"data.on_error": "skip", "training.max_steps": 5, "training.eval_steps": 5, "eval.metrics": ["loss"]})
+    data = tmp_path / "data" / "alpaca.jsonl"
+    lines = data.read_text().splitlines()
+    lines[6] = "not json"
+    lines[9] = json.dumps({"instruction": "no output"})
+    data.write_text("\n".join(lines) + "\n")
+    assert main(["run", str(cfg)]) == 0
+    run = tmp_path / "run"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["data"]["rejected_total"] == 2
+    assert summary["data"]["rejected"] == {"invalid_json": 1, "format_mismatch": 1}
+    rows = [json.loads(x) for x in (run / "rejected.jsonl").read_text().splitlines()]
+    assert sorted(r["line"] for r in rows) == [7, 10]
+
+
+def test_missing_model_folder(tmp_path, capsys):
+    cfg = make_config(tmp_path, tmp_path / "no-such-model")
+    assert main(["run", str(cfg)]) == 2
+    out = capsys.readouterr().out
+    assert "does not exist" in out and "model.name_or_path" in out
+    assert not (tmp_path / "run" / "model").exists()
+
+
+def test_unknown_hub_id_offline(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cfg = make_config(tmp_path, "nobody/no-such-model")
+    assert main(["run", str(cfg)]) == 2
+    out = capsys.readouterr().out
+    assert "nobody/no-such-model" in out and "--local-dir" in out and "Traceback" not in out
+
+
+def test_tokenizer_without_pad_token(tmp_path, capsys):
+    nopad = build_tiny_model(tmp_path / "nopad", pad=False)
+    cfg = make_config(tmp_path, nopad)
+    assert main(["run", str(cfg)]) == 2
+    out = capsys.readouterr().out
+    assert "no pad token" in out and "model.pad_token" in out
+    # the fix the message gives works
+    cfg2 = make_config(tmp_path, nopad, **{"model": {"name_or_path": str(nopad), "pad_token": "<|endoftext|>"}, "training.max_steps": 5, "training.eval_steps": 5, "eval.metrics": ["loss"]})
+    assert main(["run", str(cfg2), "--overwrite"]) == 0
