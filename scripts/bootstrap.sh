@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Set up trainpipe from nothing: a virtual environment (.venv, or $TRAINPIPE_VENV),
+# PyTorch for this machine (the CPU build without a GPU, the regular build with one),
+# and trainpipe itself (editable) with the extras named in $1 (e.g. "dev").
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${TRAINPIPE_VENV:-$ROOT/.venv}"
+PYTHON="${PYTHON:-python3}"
+EXTRAS="${1:-}"
+TORCH_VERSION="2.13.0"
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "[bootstrap] creating virtual environment $VENV"
+  "$PYTHON" -m venv "$VENV"
+fi
+# shellcheck disable=SC1091
+. "$VENV/bin/activate"
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+if python -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] == '$TORCH_VERSION' else 1)" 2>/dev/null; then
+  echo "[bootstrap] torch $TORCH_VERSION already installed"
+elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  echo "[bootstrap] GPU found: installing the regular torch==$TORCH_VERSION build"
+  python -m pip install --quiet "torch==$TORCH_VERSION"
+else
+  echo "[bootstrap] no GPU: installing the CPU build of torch==$TORCH_VERSION"
+  python -m pip install --quiet "torch==$TORCH_VERSION+cpu" 2>/dev/null \
+    || python -m pip install --quiet "torch==$TORCH_VERSION" --index-url https://download.pytorch.org/whl/cpu
+fi
+
+SPEC="$ROOT"
+[ -n "$EXTRAS" ] && SPEC="$ROOT[$EXTRAS]"
+echo "[bootstrap] installing trainpipe ($SPEC)"
+python -m pip install --quiet -e "$SPEC"
+python -c "import torch, transformers, peft, trl, trainpipe; print(f'[bootstrap] trainpipe {trainpipe.__version__}, torch {torch.__version__}, transformers {transformers.__version__}, peft {peft.__version__}, trl {trl.__version__}')"
