@@ -26,6 +26,8 @@ def test_malformed_line_stops_with_file_and_line(tmp_path, base, capsys):
     out = capsys.readouterr().out
     assert f"{data}` line 7" in out and "not valid JSON" in out and "Traceback" not in out
     assert not (tmp_path / "run" / "model").exists()
+    last = json.loads((tmp_path / "run" / "events.jsonl").read_text().splitlines()[-1])
+    assert last["event"] == "run_failed" and last["error"] == "DataError" and "line 7" in last["message"]
 
 
 def test_skip_drops_counts_and_trains(tmp_path, base):

@@ -176,3 +176,33 @@ def test_full_finetune_learns_and_changes_every_parameter(tmp_path):
     for name, w in base.items():
         assert not torch.equal(trained[name], w), f"{name} did not change"
     assert summary["parameters"]["trainable"] == summary["parameters"]["total"]
+
+
+def test_early_stopping_with_patience(tmp_path):
+    # lr so small that fp32 weights cannot move: eval loss never improves after the first eval
+    model_dir = build_tiny_model(tmp_path / "base")
+    cfg = make_config(tmp_path, model_dir, **{"training.learning_rate": 1e-12, "training.early_stopping_patience": 1, "eval.metrics": ["loss"]})
+    assert main(["run", str(cfg)]) == 0
+    events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    stopped = [e for e in events if e["event"] == "early_stopped"]
+    assert len(stopped) == 1 and stopped[0]["step"] == 20
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["train"]["stopped_early"] and summary["train"]["global_step"] == 20
+    assert summary["train"]["best_checkpoint"].endswith("checkpoint-10")
+
+
+def test_same_seed_same_weights_to_the_bit(tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    model_dir = build_tiny_model(tmp_path / "base")
+    weights = []
+    for i in range(2):
+        d = tmp_path / f"r{i}"
+        d.mkdir()
+        cfg = make_config(d, model_dir, **{"training.max_steps": 10, "training.eval_steps": 5, "eval.metrics": ["loss"]})
+        assert main(["run", str(cfg)]) == 0
+        weights.append(load_file(str(d / "run" / "model" / "adapter" / "adapter_model.safetensors")))
+    assert weights[0].keys() == weights[1].keys()
+    for k in weights[0]:
+        assert torch.equal(weights[0][k], weights[1][k]), k

@@ -43,6 +43,20 @@ def prepare_run_dir(output_dir: str, overwrite: bool) -> Path:
     return run_dir
 
 
+def preflight(cfg: RunConfig) -> None:
+    """Fail before anything is written when an input is missing."""
+    from trainpipe.errors import DataError
+    from trainpipe.train.model import check_model_source
+
+    check_model_source(cfg.model)
+    for i, src in enumerate(cfg.data.sources):
+        if not Path(src.path).is_file():
+            raise DataError(
+                f"`data.sources[{i}].path` is `{src.path}`, which is not a file. Check the path (relative paths are "
+                "resolved against the config file's folder)."
+            )
+
+
 def _evaluate(model, tokenizer, data, cfg: RunConfig, stop_ids: list[int], phase: str) -> tuple[dict, list[dict]]:
     from trainpipe.evaluate.evaluator import eval_loss, exact_match, generate
 
@@ -71,6 +85,30 @@ def _evaluate(model, tokenizer, data, cfg: RunConfig, stop_ids: list[int], phase
 
 
 def run(cfg: RunConfig, *, config_path: str | None = None, overwrite: bool = False) -> dict:
+    import transformers
+
+    t_start = time.time()
+    transformers.utils.logging.disable_progress_bar()  # trainpipe draws its own bars
+    # transformers 5 renamed the property; peft and the Trainer still read the old name (noise, not a problem)
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+
+    # 1. check the inputs exist, resolve the plan, lay out the run directory
+    preflight(cfg)
+    hw = detect()
+    plan = resolve(cfg, hw)
+    cfg = plan.config
+    run_dir = prepare_run_dir(cfg.output_dir, overwrite)
+    (run_dir / "config.resolved.yaml").write_text(dump_yaml(cfg), encoding="utf-8")
+    events = EventLog(run_dir / "events.jsonl", echo=ui.echo_event)
+    events.emit("run_started", run_dir=str(run_dir), config_hash=cfg.hash())
+    try:
+        return _steps(cfg, plan, hw, run_dir, events, config_path, t_start)
+    except BaseException as exc:
+        events.emit("run_failed", level="error", error=type(exc).__name__, message=str(getattr(exc, "message", exc))[:500])
+        raise
+
+
+def _steps(cfg: RunConfig, plan, hw, run_dir: Path, events: EventLog, config_path: str | None, t_start: float) -> dict:
     import torch
     from transformers import set_seed
 
@@ -81,22 +119,7 @@ def run(cfg: RunConfig, *, config_path: str | None = None, overwrite: bool = Fal
     from trainpipe.train.callbacks import EventsCallback, ProgressCallback
     from trainpipe.train.model import apply_lora, load_model, load_tokenizer, parameter_counts
 
-    import transformers
-
-    t_start = time.time()
     con = ui.console()
-    transformers.utils.logging.disable_progress_bar()  # trainpipe draws its own bars
-    # transformers 5 renamed the property; peft and the Trainer still read the old name (noise, not a problem)
-    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-
-    # 1. resolve the plan and lay out the run directory
-    hw = detect()
-    plan = resolve(cfg, hw)
-    cfg = plan.config
-    run_dir = prepare_run_dir(cfg.output_dir, overwrite)
-    (run_dir / "config.resolved.yaml").write_text(dump_yaml(cfg), encoding="utf-8")
-    events = EventLog(run_dir / "events.jsonl", echo=ui.echo_event)
-    events.emit("run_started", run_dir=str(run_dir), config_hash=cfg.hash())
     con.print(f"[bold]trainpipe run[/] {cfg.name}  ->  {run_dir}")
     for d in plan.decisions:
         con.print(f"  [dim]{d.key} = {d.value}  ({d.rule})[/]")
