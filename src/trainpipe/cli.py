@@ -27,6 +27,8 @@ app = typer.Typer(
 )
 config_app = typer.Typer(help="Validate, show and describe run configs.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
+data_app = typer.Typer(help="Prepare and inspect the training data.", no_args_is_help=True)
+app.add_typer(data_app, name="data")
 
 SetOpt = Annotated[
     Optional[list[str]],
@@ -82,6 +84,38 @@ def run(
     if summary["artifacts"]["adapter"]:
         con.print(f"adapter: {summary['artifacts']['adapter']}")
     con.print(f"run dir: {summary['artifacts']['run_dir']}")
+
+
+@app.command()
+def prepare(
+    config: ConfigArg,
+    set_: SetOpt = None,
+    json_: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Read, clean, dedup, split and tokenize the data (cached); write and print `output_dir/data/report.json`."""
+    from trainpipe.config import load_config
+    from trainpipe.data.commands import prepare_command
+    from trainpipe.train.model import load_tokenizer
+
+    cfg = load_config(config, set_ or [])
+    prepare_command(cfg, load_tokenizer(cfg.model, cfg.model.pad_token), as_json=json_)
+
+
+@data_app.command("inspect")
+def data_inspect(
+    config: ConfigArg,
+    set_: SetOpt = None,
+    n: Annotated[int, typer.Option("-n", help="How many prepared examples to show.")] = 20,
+    json_: Annotated[bool, typer.Option("--json", help="Print the examples as JSON (one array).")] = False,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the random choice of examples.")] = 0,
+) -> None:
+    """Show random prepared training examples with the trained tokens highlighted and special tokens visible."""
+    from trainpipe.config import load_config
+    from trainpipe.data.commands import inspect_command
+    from trainpipe.train.model import load_tokenizer
+
+    cfg = load_config(config, set_ or [])
+    inspect_command(cfg, load_tokenizer(cfg.model, cfg.model.pad_token), n=n, as_json=json_, seed=seed)
 
 
 @config_app.command("validate")

@@ -45,32 +45,139 @@ class ModelConfig(_Section):
     """Token used for padding when the tokenizer has none (e.g. its EOS token); padding never carries loss."""
 
 
+class SqlSource(_Section):
+    url: str
+    """SQLAlchemy database URL, e.g. `sqlite:///data.db` or `postgresql://user@host/db`."""
+    query: str
+    """A SELECT whose columns become the record's fields; rows are streamed, not loaded at once."""
+
+
 class DataSource(_Section):
-    path: str
-    """A JSONL file, one record per line. Relative paths are resolved against the config file's folder."""
-    format: Literal["auto", "alpaca", "chat"] = "auto"
-    """Record format. `alpaca`: instruction/input/output; `chat`: messages with role/content; `auto` detects it from the fields."""
+    path: str | None = None
+    """A file (JSONL, JSON, Parquet, CSV, TSV, TXT), a glob (`data/*.jsonl`), a folder of such files, or a folder written by `datasets.save_to_disk`. Relative paths are resolved against the config file's folder."""
+    hub: str | None = None
+    """A hub dataset id read with `datasets.load_dataset` (needs the network or the local datasets cache)."""
+    hub_config: str | None = None
+    """Configuration (subset) name of the hub dataset."""
+    hub_split: str = "train"
+    """Split of the hub dataset or of a `save_to_disk` DatasetDict to read."""
+    sql: SqlSource | None = None
+    """Rows of a SQL query through SQLAlchemy (`{url, query}`)."""
+    format: Literal["auto", "alpaca", "chat", "sharegpt", "preference", "kto", "text"] = "auto"
+    """Record format: `alpaca` (instruction/input/output), `chat` (messages with role/content), `sharegpt` (conversations with from/value), `preference` (prompt/chosen/rejected), `kto` (prompt/completion/label), `text` (raw text for continued pretraining); `auto` detects it from the fields and says why."""
+    columns: dict[str, str] = Field(default_factory=dict)
+    """Maps the format's field names onto this source's: `{instruction: question, output: answer}` reads `question` as `instruction`."""
+    weight: float | None = Field(default=None, gt=0)
+    """Mixing weight: below 1 keeps that seeded random share of the source's records; above 1 repeats them in the training split (whole copies plus a seeded share)."""
+    max_records: int | None = Field(default=None, ge=1)
+    """Take at most this many records of this source (a seeded random choice when it has more)."""
+    role: Literal["train", "eval", "test"] = "train"
+    """`eval` or `test` makes this source the eval/test set instead of a share of the training sources."""
+
+    @model_validator(mode="after")
+    def _one_origin(self) -> "DataSource":
+        given = [k for k in ("path", "hub", "sql") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of `path`, `hub` or `sql` (got {', '.join(given) or 'none'})")
+        if self.weight is not None and self.max_records is not None:
+            raise ValueError("give `weight` or `max_records`, not both")
+        return self
+
+
+class PiiConfig(_Section):
+    enabled: bool = True
+    """Replace personal data and secrets with typed placeholders (`<EMAIL>`, `<PHONE>`, ...)."""
+    types: list[Literal["email", "phone", "ip", "credit_card", "iban", "ssn", "secret"]] = Field(
+        default_factory=lambda: ["email", "phone", "ip", "credit_card", "iban", "ssn", "secret"]
+    )
+    """PII types to replace."""
+    presidio: Literal["auto", "on", "off"] = "off"
+    """Also detect names and addresses with Presidio: `on` requires it (`pip install 'trainpipe[presidio]'`), `auto` uses it when installed."""
+
+
+class FilterConfig(_Section):
+    empty_response: bool = True
+    """Drop records whose response is empty or only whitespace."""
+    min_tokens: int = Field(default=1, ge=0)
+    """Drop tokenized examples with fewer loss-carrying tokens than this."""
+    max_tokens: int | None = Field(default=None, ge=1)
+    """Drop examples with more response tokens than this (independent of `max_length`)."""
+    max_repetition: float | None = Field(default=0.5, gt=0, le=1)
+    """Drop records where more than this share of the word 3-grams of the response are repeats (null: off)."""
+    bad_encoding: bool = True
+    """Drop records with control characters, U+FFFD replacement characters or mojibake (`Ã©`-style)."""
+
+
+class DedupConfig(_Section):
+    exact: bool = True
+    """Drop records whose text equals an earlier one after normalising case, whitespace and punctuation."""
+    near: bool = True
+    """Drop near-duplicates with MinHash LSH (datasketch), keeping the first occurrence."""
+    threshold: float = Field(default=0.8, gt=0, lt=1)
+    """Estimated Jaccard similarity of word shingles above which two records are near-duplicates."""
+    shingle_size: int = Field(default=3, ge=1)
+    """Words per shingle for near-dedup."""
+    num_perm: int = Field(default=128, ge=16)
+    """MinHash permutations (more: more precise, slower)."""
+
+
+class DecontamConfig(_Section):
+    enabled: bool = True
+    """Drop training records that share an n-gram with the eval/test split or a benchmark file."""
+    ngram: int = Field(default=13, ge=4)
+    """n-gram length in words."""
+    benchmarks: list[str] = Field(default_factory=list)
+    """Files (JSONL/JSON/Parquet/CSV/TXT) of benchmark data no training record may overlap; every string field is used."""
 
 
 class DataConfig(_Section):
     sources: list[DataSource] = Field(min_length=1)
-    """The data files of the run (at least one)."""
+    """The data sources of the run (at least one)."""
     eval_split: float = 0.1
-    """Held-out evaluation share: a fraction in (0, 1) of the records, or a whole number >= 1 of records."""
+    """Held-out evaluation share: a fraction in (0, 1) of the records, or a whole number >= 1 of records (ignored when a source has `role: eval`)."""
+    test_split: float = 0.0
+    """Held-out test share: 0, a fraction in (0, 1), or a whole number >= 1 of records."""
+    stratify_by: str | None = None
+    """Split so each value of this record field has the same share in every split."""
     max_length: int = Field(default=1024, ge=8)
-    """Longest tokenized example in tokens; longer examples are dropped and counted in the data report."""
-    chat_template: Literal["auto", "tokenizer", "chatml"] = "auto"
-    """`tokenizer`: the tokenizer's own template (error if it has none); `chatml`: the built-in ChatML template; `auto`: the tokenizer's, else ChatML."""
+    """Longest tokenized example in tokens; longer examples are dropped (or truncated, see `truncation`) and counted in the data report."""
+    truncation: Literal["drop", "truncate"] = "drop"
+    """Over-long examples: `drop` (default) or `truncate` (cut the prompt from the left, keeping the response; the response itself is cut only when it alone is too long)."""
+    chat_template: Literal["auto", "tokenizer", "chatml", "llama-3", "mistral", "alpaca"] = "auto"
+    """`tokenizer`: the tokenizer's own template (error if it has none); a built-in name: that template (its special tokens must be in the vocabulary); `auto`: the tokenizer's, else ChatML."""
     system_prompt: str | None = None
     """System message added to every conversation that has none."""
     on_error: Literal["raise", "skip"] = "raise"
-    """What to do with a line that is not valid JSON or lacks its format's fields: `raise` stops the run naming the file and line; `skip` drops it, counts it and writes it to rejected.jsonl."""
+    """What to do with a record that is not valid or lacks its format's fields: `raise` stops the run naming the file and line; `skip` drops it, counts it and writes it to rejected.jsonl."""
+    pii: PiiConfig = Field(default_factory=PiiConfig)
+    """Personal data and secret scrubbing."""
+    filters: FilterConfig = Field(default_factory=FilterConfig)
+    """Quality filters, each with a counted reason."""
+    dedup: DedupConfig = Field(default_factory=DedupConfig)
+    """Exact and near-duplicate removal across all sources, before the split."""
+    decontamination: DecontamConfig = Field(default_factory=DecontamConfig)
+    """n-gram decontamination of the training split against eval/test and benchmark files."""
+    packing: Literal["none", "pack", "padding_free"] = "none"
+    """Batching: `none` (dynamic padding to the longest in the batch), `pack` (several examples per row of `max_length`, position ids reset per example), `padding_free` (same as `none` for storage, batches concatenated without padding by the collator)."""
+    cache_dir: str | None = None
+    """Where prepared datasets are cached (default: `$TRAINPIPE_CACHE`, else `$XDG_CACHE_HOME/trainpipe/data`)."""
+    cache: bool = True
+    """Reuse a prepared dataset whose inputs (sources, options, tokenizer, template, code version) are unchanged."""
+    num_proc: int | None = Field(default=None, ge=1)
+    """Processes for tokenization (default: all cores for 20k records or more, else 1)."""
 
     @field_validator("eval_split")
     @classmethod
     def _eval_split_range(cls, v: float) -> float:
         if v <= 0 or (v >= 1 and v != int(v)):
             raise ValueError("must be a fraction in (0, 1) or a whole number of records >= 1")
+        return v
+
+    @field_validator("test_split")
+    @classmethod
+    def _test_split_range(cls, v: float) -> float:
+        if v < 0 or (v >= 1 and v != int(v)):
+            raise ValueError("must be 0, a fraction in (0, 1) or a whole number of records >= 1")
         return v
 
 
@@ -331,7 +438,16 @@ def _resolve_paths(cfg: RunConfig, base_dir: Path) -> RunConfig:
         return str(path if path.is_absolute() else (base_dir / path).resolve())
 
     for src in cfg.data.sources:
-        src.path = resolve(src.path)
+        if src.path is not None:
+            src.path = resolve(src.path)
+        if src.sql is not None and src.sql.url.startswith("sqlite:///") and not src.sql.url.startswith("sqlite:////"):
+            rel = src.sql.url[len("sqlite:///"):]
+            if rel and rel != ":memory:":
+                src.sql.url = "sqlite:///" + resolve(rel)
+    dec = cfg.data.decontamination
+    dec.benchmarks = [resolve(b) for b in dec.benchmarks]
+    if cfg.data.cache_dir is not None:
+        cfg.data.cache_dir = resolve(cfg.data.cache_dir)
     mp = cfg.model.name_or_path
     local = Path(mp).expanduser()
     if mp.startswith((".", "/", "~")) or (base_dir / local).exists():

@@ -1,105 +1,97 @@
-"""prepare: source files -> records -> conversations -> split -> tokenized examples + DataReport.
+"""prepare: sources -> records -> examples -> clean -> dedup -> split -> decontaminate -> tokenize -> pack -> cache.
 
-Every input line is accounted for: kept in train or eval, or dropped with a counted reason
-(bad JSON, wrong format, too long, nothing to train on). Bad lines stop the run under
-``on_error: raise`` and are written to ``rejected.jsonl`` under ``on_error: skip``.
+Reads top to bottom in :func:`prepare`. Every input record is accounted for: it is kept in
+a split, or dropped with a counted reason (``report["dropped"]``), so
+``records_read == records_kept + sum(dropped.values())`` always holds (checked, and in
+the report). Records are streamed from the sources; kept examples are spilled to a
+JSONL file inside the cache build folder (memory holds only indices, hashes and the LSH
+index), tokenized rows are appended to Arrow streams, and the result is memory-mapped.
+
+Bad records stop the run under ``on_error: raise`` (file, line or row, the rule, the
+fix) and are counted and written to ``rejected.jsonl`` under ``on_error: skip``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
+import shutil
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from trainpipe.config import DataConfig
-from trainpipe.data import formats
-from trainpipe.data.sources import Rejected, read_jsonl
-from trainpipe.data.tokenize import TemplateError, generation_prompt, tokenize_conversation
-from trainpipe.errors import DataError, ModelLoadError
+from trainpipe.data import cache as cache_mod
+from trainpipe.data import clean, formats
+from trainpipe.data.dedup import Contamination, NearDedup, Words, exact_key
+from trainpipe.data.sources import Rejected, describe, excerpt, expand, fingerprint, iter_source, read_file, sha256_path
+from trainpipe.data.split import split_indices
+from trainpipe.data.tokenize import Template, encode_batch, row_loss_tokens, row_tokens
+from trainpipe.errors import DataError
+
+REJECT_KINDS = ("invalid_json", "not_an_object", "ragged_row", "format_mismatch")
+CHUNK = 2000
 
 
 def sha256_file(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-@dataclass
-class Example:
-    source: str
-    line: int
-    messages: list[dict]
+    return sha256_path(Path(path))
 
 
 @dataclass
 class PreparedData:
-    train: list[dict]  # {"input_ids", "labels"}
+    train: Any  # a memory-mapped datasets.Dataset (or list) of {"input_ids", "labels"[, "position_ids"]} rows
     eval: list[dict]
     eval_generation: list[dict]  # {"prompt", "reference"}
     report: dict = field(default_factory=dict)
+    test: list[dict] = field(default_factory=list)
+    cache_path: Path | None = None
 
 
-def _reject(r: Rejected, on_error: str, rejected: list[Rejected]) -> None:
-    if on_error == "raise":
-        raise DataError(
-            f"`{r.source}` line {r.line}: {r.reason}. The line reads: `{r.excerpt}`. Fix that line, or set "
-            "`data.on_error: skip` to drop such lines (each is counted and written with its reason to rejected.jsonl)."
-        )
-    rejected.append(r)
+def _where(unit: str, line: int) -> str:
+    return "(the whole file)" if unit == "file" else f"{unit} {line}"
 
 
-def load_examples(cfg: DataConfig) -> tuple[list[Example], list[Rejected], list[dict]]:
-    """Read every source into conversations; returns (examples, rejected lines, per-source info)."""
-    examples: list[Example] = []
-    rejected: list[Rejected] = []
-    sources = []
-    for src in cfg.sources:
-        fmt = None if src.format == "auto" else src.format
-        chosen_by = "config" if fmt else None
-        n_lines = n_kept = 0
-        for item in read_jsonl(src.path):
-            n_lines += 1
-            if isinstance(item, Rejected):
-                _reject(item, cfg.on_error, rejected)
-                continue
-            try:
-                if fmt is None:
-                    fmt = formats.detect(item.data)
-                    chosen_by = f"detected from the fields of line {item.line}"
-                msgs = formats.to_messages(item.data, fmt, cfg.system_prompt)
-            except formats.FormatError as exc:
-                reason = f"{exc} (format {fmt})" if fmt else str(exc)
-                _reject(Rejected(item.source, item.line, reason, json.dumps(item.data)[:80]), cfg.on_error, rejected)
-                continue
-            examples.append(Example(item.source, item.line, msgs))
-            n_kept += 1
-        sources.append(
-            {"path": src.path, "sha256": sha256_file(src.path), "format": fmt, "format_chosen_by": chosen_by, "lines": n_lines, "records": n_kept}
-        )
-    return examples, rejected, sources
+class _Rejects:
+    def __init__(self, on_error: str):
+        self.on_error = on_error
+        self.items: list[dict] = []
+        self.counts: Counter = Counter()
+
+    def add(self, r: Rejected) -> None:
+        if self.on_error == "raise":
+            raise DataError(
+                f"`{r.source}` {_where(r.unit, r.line)}: {r.reason}. It reads: `{r.excerpt}`. Fix it, or set "
+                "`data.on_error: skip` to drop such records (each is counted and written with its reason to rejected.jsonl)."
+            )
+        self.counts[r.kind] += 1
+        self.items.append(r.to_dict())
 
 
-def split(examples: list[Example], eval_split: float, seed: int) -> tuple[list[Example], list[Example]]:
-    """Shuffle by ``seed`` and hold out ``eval_split`` (a fraction, or a count when >= 1)."""
-    n = len(examples)
-    n_eval = int(eval_split) if eval_split >= 1 else max(1, round(n * eval_split))
-    if n < 2 or n_eval >= n:
-        raise DataError(
-            f"There are {n} usable records, too few to hold out {n_eval} for evaluation and still train. "
-            "Add data, or lower `data.eval_split`."
-        )
-    order = list(range(n))
-    random.Random(seed).shuffle(order)
-    eval_idx = set(order[:n_eval])
-    train = [examples[i] for i in order[n_eval:]]
-    ev = [examples[i] for i in sorted(eval_idx)]
-    return train, ev
+def _strings_of(value) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings_of(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings_of(v)]
+    return []
+
+
+def cache_key(cfg: DataConfig, tokenizer, tpl: Template, *, train_on: str, seed: int) -> tuple[str, list[dict]]:
+    prints = [fingerprint(s) for s in cfg.sources]
+    opts = cfg.model_dump(mode="json", exclude={"cache", "cache_dir", "num_proc"})
+    for s in opts["sources"]:
+        s.pop("path", None)
+    bench = [sha256_path(p) for b in cfg.decontamination.benchmarks for p in expand(b)]
+    key = cache_mod.make_key({
+        "sources": prints, "options": opts, "benchmarks": bench, "tokenizer": cache_mod.tokenizer_fingerprint(tokenizer),
+        "template": tpl.source, "train_on": train_on, "seed": seed,
+    })
+    return key, prints
 
 
 def prepare(
@@ -109,77 +101,430 @@ def prepare(
     train_on: str,
     seed: int,
     rejected_path: str | Path | None = None,
+    report_path: str | Path | None = None,
     progress: Callable[[int], None] | None = None,
     on_total: Callable[[int], None] | None = None,
+    template_name: str = "tokenizer",
+    batch_size_hint: int = 8,
 ) -> PreparedData:
-    examples, rejected, sources = load_examples(cfg)
-    if rejected_path is not None and rejected:
-        with open(rejected_path, "w", encoding="utf-8") as fh:
-            for r in rejected:
-                fh.write(json.dumps(r.to_dict()) + "\n")
-    if not examples:
-        raise DataError(
-            f"No usable records in {', '.join(s['path'] for s in sources)} ({len(rejected)} rejected). "
-            "Check the files' format (alpaca: instruction/input/output; chat: messages with role/content)."
-        )
-    train_ex, eval_ex = split(examples, cfg.eval_split, seed)
-    if on_total:
-        on_total(len(train_ex) + len(eval_ex))
+    """Prepare (or reuse from the cache) the tokenized splits of ``cfg``; see the module docstring."""
+    t0 = time.time()
+    if not getattr(tokenizer, "chat_template", None):
+        from trainpipe.data.tokenize import setup_chat_template
 
+        template_name = setup_chat_template(tokenizer, cfg.chat_template, getattr(tokenizer, "name_or_path", "tokenizer"))
+    tpl = Template(tokenizer, template_name)
+    key, prints = cache_key(cfg, tokenizer, tpl, train_on=train_on, seed=seed)
+    root = Path(cfg.cache_dir) if cfg.cache_dir else cache_mod.default_dir()
+
+    entry = cache_mod.lookup(root, key) if cfg.cache else None
+    hit = entry is not None
+    if entry is None:
+        writer = cache_mod.Writer(root, key)
+        try:
+            _build(cfg, tokenizer, tpl, writer, prints, train_on=train_on, seed=seed, progress=progress, on_total=on_total, batch_size_hint=batch_size_hint)
+            entry = writer.commit()
+        except BaseException:
+            writer.abort()
+            raise
+    report = json.loads((entry / "report.json").read_text(encoding="utf-8"))
+    report["cache"] = {"key": key, "hit": hit, "path": str(entry)}
+    report["chat_template"] = template_name
+    report["seconds"] = round(time.time() - t0, 3)
+    for src, dst in ((entry / "rejected.jsonl", rejected_path), (None, report_path)):
+        if dst is None:
+            continue
+        Path(dst).parent.mkdir(parents=True, exist_ok=True)
+        if src is not None:
+            if src.exists():
+                shutil.copyfile(src, dst)
+        else:
+            Path(dst).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    train = cache_mod.read_split(entry, "train.arrow")
+    gens = json.loads((entry / "eval_generation.json").read_text(encoding="utf-8"))
+    return PreparedData(train if train is not None else [], cache_mod.read_rows(entry, "eval.arrow"), gens, report,
+                        cache_mod.read_rows(entry, "test.arrow"), entry)
+
+
+# --------------------------------------------------------------------------- the build
+
+
+class _Stages:
+    """Remaining record counts after each stage, to name the stage that emptied the dataset."""
+
+    def __init__(self):
+        self.after: list[tuple[str, int, int]] = []  # (stage, removed, remaining)
+
+    def mark(self, stage: str, removed: int, remaining: int) -> None:
+        self.after.append((stage, removed, remaining))
+        if remaining == 0:
+            before = [s for s in self.after if s[1] > 0]
+            detail = ", ".join(f"{s}: -{r}" for s, r, _ in before) or "nothing was read"
+            raise DataError(
+                f"No training records are left after the `{stage}` stage, which removed the last {removed} ({detail}). "
+                + _FIXES.get(stage, "Check the data and the `data` options.")
+            )
+
+
+_FIXES = {
+    "read": "The sources hold no records; check `data.sources`.",
+    "format": "Every record was rejected; look at rejected.jsonl (with `data.on_error: skip`) and fix the format or `columns:`.",
+    "sample": "Raise `weight` / `max_records` on the sources.",
+    "filters": "Relax `data.filters` (e.g. `max_repetition`, `empty_response`, `bad_encoding`).",
+    "dedup": "The data is all duplicates; raise `data.dedup.threshold` or turn `data.dedup.near` off.",
+    "decontamination": "Every training record overlaps the eval/test data or a benchmark; check that they are not the same data, or raise `data.decontamination.ngram`.",
+    "tokenize": "Every example was too long or has nothing to train on: raise `data.max_length`, set `data.truncation: truncate`, or lower `data.filters.min_tokens`.",
+}
+
+
+def _build(cfg: DataConfig, tokenizer, tpl: Template, writer, prints: list[dict], *, train_on: str, seed: int, progress, on_total, batch_size_hint: int) -> None:
     dropped: Counter = Counter()
-    dropped_by_split = {"train": Counter(), "eval": Counter()}
+    rejects = _Rejects(cfg.on_error)
+    scrub = clean.Scrubber(cfg.pii.types, cfg.pii.presidio) if cfg.pii.enabled else None
+    words = Words()
+    dd = cfg.dedup
+    near = NearDedup(dd.threshold, dd.shingle_size, dd.num_perm) if dd.near else None
+    seen: dict[bytes, int] = {}
+    duplicates: list[dict] = []
+    stages = _Stages()
+    pii_records = 0
 
-    def encode(exs: list[Example], name: str) -> tuple[list[dict], list[dict]]:
-        out, gens = [], []
-        for ex in exs:
+    # 1. read, format, sample, clean, dedup: every kept example is spilled with its byte offset
+    spill_path = writer.path("examples.spill")
+    spill = open(spill_path, "wb")
+    offsets: list[int] = []
+    meta: list[tuple[int, str, int, Any]] = []  # (source index, role, line, stratum)
+    sources_info = []
+    n_read = 0
+    counts_after = Counter()
+    for si, src in enumerate(cfg.sources):
+        fmt = None if src.format == "auto" else src.format
+        why = "set in the config" if fmt else None
+        s_read = s_kept = 0
+        rng = random.Random(f"{seed}:{si}")
+        reservoir: list | None = [] if src.max_records else None
+        for item in iter_source(src):
+            n_read += 1
+            s_read += 1
+            if isinstance(item, Rejected):
+                rejects.add(item)
+                continue
+            data = formats.apply_columns(item.data, src.columns)
             try:
-                tok = tokenize_conversation(tokenizer, ex.messages, train_on)
-            except TemplateError as exc:
-                raise ModelLoadError(f"Chat template problem ({ex.source} line {ex.line}): {exc}.") from None
-            if progress:
-                progress(1)
-            if len(tok.input_ids) > cfg.max_length:
-                dropped["too_long"] += 1
-                dropped_by_split[name]["too_long"] += 1
+                if fmt is None:
+                    fmt, why = formats.detect(data)
+                    why = f"detected from {_where(item.unit, item.line)}: {why}"
+                ex = formats.to_example(data, fmt, cfg.system_prompt)
+            except formats.FormatError as exc:
+                rejects.add(Rejected(item.source, item.line, f"{exc} (format {fmt})" if fmt else str(exc), excerpt(json.dumps(item.data, default=str)), item.unit, "format_mismatch"))
                 continue
-            if tok.n_loss_tokens == 0:
-                dropped["no_loss_tokens"] += 1
-                dropped_by_split[name]["no_loss_tokens"] += 1
+            if reservoir is not None:  # max_records: seeded reservoir sample, original order kept
+                if len(reservoir) < src.max_records:
+                    reservoir.append((item, ex))
+                else:
+                    j = rng.randrange(s_read)
+                    if j < src.max_records:
+                        reservoir[j] = (item, ex)
+                    dropped["max_records"] += 1
                 continue
-            out.append({"input_ids": tok.input_ids, "labels": tok.labels})
-            if name == "eval":
-                prompt, ref = generation_prompt(tokenizer, ex.messages)
-                gens.append({"prompt": prompt, "reference": ref})
-        return out, gens
+            if src.weight is not None and src.weight < 1 and rng.random() >= src.weight:
+                dropped["subsampled"] += 1
+                continue
+            s_kept += _keep(item, ex, data, si, src, cfg, scrub, words, near, seen, duplicates, dropped, spill, offsets, meta)
+        if reservoir is not None:
+            reservoir.sort(key=lambda p: p[0].line)
+            for item, ex in reservoir:
+                s_kept += _keep(item, ex, formats.apply_columns(item.data, src.columns), si, src, cfg, scrub, words, near, seen, duplicates, dropped, spill, offsets, meta)
+        info = {"source": describe(src), "path": describe(src), "role": src.role, "format": fmt, "format_chosen_by": why,
+                "records_read": s_read, "records_after_cleaning": s_kept}
+        if prints[si]["kind"] == "files":
+            files = prints[si]["files"]
+            info["files"] = files
+            info["sha256"] = files[0]["sha256"] if len(files) == 1 else hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+        else:  # hub id / SQL query: identified by what names it, not by content
+            info["sha256"] = hashlib.sha256(json.dumps(prints[si], sort_keys=True).encode()).hexdigest()
+        sources_info.append(info)
+    spill.close()
+    if scrub is not None:
+        pii_records = scrub.counts
+    _mark_read_stages(stages, n_read, rejects, dropped, len(offsets))
 
-    train, _ = encode(train_ex, "train")
-    ev, ev_gen = encode(eval_ex, "eval")
-    if not train or not ev:
-        which = "training" if not train else "evaluation"
-        raise DataError(
-            f"Every {which} example was dropped ({dict(dropped)}); `data.max_length` is {cfg.max_length}. "
-            "Raise `data.max_length` or shorten the examples."
-        )
-    reasons = Counter()
-    for r in rejected:
-        reasons["invalid_json" if r.reason.startswith("not valid JSON") else ("not_an_object" if "not an object" in r.reason else "format_mismatch")] += 1
-    lengths = [len(x["input_ids"]) for x in train]
+    # 2. split (eval/test sources, or shares of the training records)
+    roles = [m[1] for m in meta]
+    train_pos = [i for i, r in enumerate(roles) if r == "train"]
+    has_eval_src = any(r == "eval" for r in roles)
+    has_test_src = any(r == "test" for r in roles)
+    strata = None
+    if cfg.stratify_by:
+        strata = [meta[i][3] for i in train_pos]
+    tr, ev, te = split_indices(len(train_pos), 0 if has_eval_src else cfg.eval_split, 0 if has_test_src else cfg.test_split, seed, strata)
+    assign = {"train": [train_pos[i] for i in tr], "eval": sorted([train_pos[i] for i in ev] + [i for i, r in enumerate(roles) if r == "eval"]),
+              "test": sorted([train_pos[i] for i in te] + [i for i, r in enumerate(roles) if r == "test"])}
+    if not assign["eval"]:
+        raise DataError("There is no evaluation data: a source has `role: eval` but no records of it survived cleaning. Check that source.")
+
+    # 3. decontaminate the training split against eval/test and the benchmark files
+    fh = open(spill_path, "rb")
+
+    def load(i: int) -> dict:
+        fh.seek(offsets[i])
+        return json.loads(fh.readline())
+
+    if cfg.decontamination.enabled:
+        cont = Contamination(cfg.decontamination.ngram)
+        for name in ("eval", "test"):
+            for i in assign[name]:
+                for s in formats.strings(load(i)):
+                    cont.add(words.ids(s)[1])
+        for b in cfg.decontamination.benchmarks:
+            for p in expand(b):
+                for rec in read_file(p):
+                    if not isinstance(rec, Rejected):
+                        for s in _strings_of(rec.data):
+                            cont.add(words.ids(s)[1])
+        if len(cont):
+            keep = []
+            for i in assign["train"]:
+                ex = load(i)
+                if any(cont.hits(words.ids(s)[1]) for s in formats.strings(ex)):
+                    dropped["decontaminated"] += 1
+                else:
+                    keep.append(i)
+            stages.mark("decontamination", len(assign["train"]) - len(keep), len(keep))
+            assign["train"] = keep
+
+    # 4. tokenize (chunks, optionally in worker processes), repeat weighted sources, write the splits
+    total = sum(len(v) for v in assign.values())
+    if on_total:
+        on_total(total)
+    num_proc = cfg.num_proc or ((os.cpu_count() or 1) if total >= 20_000 else 1)
+    opts = dict(train_on=train_on, max_length=cfg.max_length, truncation=cfg.truncation, min_tokens=cfg.filters.min_tokens, max_tokens=cfg.filters.max_tokens)
+    split_stats: dict[str, dict] = {}
+    truncated = 0
+    train_lengths: list[int] = []
+    gens: list[dict] = []
+    repeat_rng = random.Random(f"{seed}:repeat")
+    repeated = 0
+    pool = _pool(num_proc, tokenizer, tpl, opts) if num_proc > 1 else None
+    try:
+        for name in ("train", "eval", "test"):
+            idx = assign[name]
+            st = {"records": 0, "rows": 0, "tokens": 0, "loss_tokens": 0}
+            chunks = [idx[k : k + CHUNK] for k in range(0, len(idx), CHUNK)]
+            jobs = (([load(i) for i in c], name == "eval") for c in chunks)
+            results = pool.imap(_work, jobs) if pool is not None else (_encode_chunk(tokenizer, tpl, opts, exs, g) for exs, g in jobs)
+            for c, encs in zip(chunks, results):
+                rows = []
+                for i, enc in zip(c, encs):
+                    if enc.row is None:
+                        dropped[enc.reason] += 1
+                        continue
+                    truncated += enc.truncated
+                    st["records"] += 1
+                    n_tok, n_loss = row_tokens(enc.row), row_loss_tokens(enc.row)
+                    copies = 1
+                    w = cfg.sources[meta[i][0]].weight
+                    if name == "train" and w is not None and w > 1:
+                        copies = int(w) + (1 if repeat_rng.random() < w - int(w) else 0)
+                        repeated += copies - 1
+                    row = {**enc.row, "padding_free": 1} if (name == "train" and cfg.packing == "padding_free") else enc.row
+                    for _ in range(copies):
+                        rows.append(row)
+                        if name == "train":
+                            train_lengths.append(n_tok)
+                    st["rows"] += copies
+                    st["tokens"] += n_tok * copies
+                    st["loss_tokens"] += n_loss * copies
+                    if enc.generation is not None:
+                        gens.append(enc.generation)
+                writer.write_rows(f"{name}.arrow.tmp" if (name == "train" and cfg.packing == "pack") else f"{name}.arrow", rows)
+                if progress:
+                    progress(len(c))
+            split_stats[name] = st
+            if name == "train":
+                stages.mark("tokenize", len(idx) - st["records"], st["records"])
+            if name == "eval" and st["records"] == 0:
+                raise DataError(
+                    f"Every evaluation example was dropped ({dict(dropped)}); `data.max_length` is {cfg.max_length}. "
+                    "Raise `data.max_length`, set `data.truncation: truncate`, or shorten the examples."
+                )
+    finally:
+        if pool is not None:
+            pool.close()
+            pool.join()
+        fh.close()
+
+    # 5. batching layout for the training split
+    from trainpipe.data.packing import non_pad_share
+
+    if cfg.packing == "pack":
+        split_stats["train"]["packed_rows"] = _pack_split(writer, cfg.max_length)
+        share = split_stats["train"]["tokens"] / max(1, split_stats["train"]["packed_rows"] * cfg.max_length)
+    elif cfg.packing == "padding_free":
+        share = 1.0
+    else:
+        share = non_pad_share(train_lengths, mode="dynamic", max_length=cfg.max_length, batch_size=batch_size_hint, seed=seed)
+
+    # 6. the report
+    kept = sum(split_stats[s]["records"] for s in split_stats)
+    records_read = n_read
+    all_dropped = {**{k: v for k, v in rejects.counts.items()}, **{k: v for k, v in dropped.items() if v}}
+    invariant = records_read == kept + sum(all_dropped.values())
+    if not invariant:  # a bug, never a user error: fail loudly rather than report wrong numbers
+        raise RuntimeError(f"data accounting broken: read {records_read} != kept {kept} + dropped {sum(all_dropped.values())} ({all_dropped})")
+    lengths = sorted(train_lengths)
+
+    def pct(p: float) -> int:
+        return lengths[min(len(lengths) - 1, int(round(p * (len(lengths) - 1))))] if lengths else 0
+
     report = {
-        "sources": sources,
-        "lines_read": sum(s["lines"] for s in sources),
-        "records": len(examples),
-        "rejected": dict(reasons),
-        "rejected_total": len(rejected),
-        "split": {"seed": seed, "train": len(train_ex), "eval": len(eval_ex)},
-        "dropped": dict(dropped),
-        "dropped_by_split": {k: dict(v) for k, v in dropped_by_split.items()},
-        "train_examples": len(train),
-        "eval_examples": len(ev),
-        "train_tokens": sum(lengths),
-        "train_loss_tokens": sum(sum(1 for t in x["labels"] if t != -100) for x in train),
-        "max_length": cfg.max_length,
-        "longest_train_example": max(lengths),
+        "records_read": records_read,
+        "records_kept": kept,
+        "dropped": dict(sorted(all_dropped.items())),
+        "pii": dict(sorted(pii_records.items())) if scrub is not None else {},
+        "splits": {k: v for k, v in split_stats.items() if v["records"] or k != "test"},
+        "invariant": {"rule": "records_read == records_kept + sum(dropped)", "holds": invariant},
+        "sources": sources_info,
+        "rejected": dict(rejects.counts),
+        "rejected_total": sum(rejects.counts.values()),
+        "duplicates": {"exact": dropped.get("exact_duplicate", 0), "near": dropped.get("near_duplicate", 0), "file": "duplicates.jsonl"},
+        "decontaminated": dropped.get("decontaminated", 0),
+        "length": {"p50": pct(0.5), "p95": pct(0.95), "max": lengths[-1] if lengths else 0, "max_length": cfg.max_length,
+                   "dropped_too_long": dropped.get("too_long", 0), "truncated": truncated, "policy": cfg.truncation},
+        "batching": {"mode": cfg.packing, "non_pad_share": round(share, 4),
+                     "basis": {"pack": "tokens / (packed rows x max_length)", "padding_free": "no padding at all",
+                               "none": f"dynamic padding, batches of {batch_size_hint} in seeded random order"}[cfg.packing],
+                     "padded_to_max_length_share": round(non_pad_share(train_lengths, mode="max_length", max_length=cfg.max_length), 4)},
+        "repeated": repeated,
+        "seed": seed,
+        "train_on": train_on,
+        # names of the first data report, kept for readers of it
+        "records": kept,
+        "train_examples": split_stats["train"]["records"],
+        "eval_examples": split_stats["eval"]["records"],
+        "train_tokens": split_stats["train"]["tokens"],
+        "train_loss_tokens": split_stats["train"]["loss_tokens"],
     }
-    # accounting invariant: every line is kept, rejected or dropped
-    assert report["lines_read"] == len(rejected) + len(train) + len(ev) + sum(dropped.values())
-    return PreparedData(train, ev, ev_gen, report)
+    os.remove(spill_path)
+    writer.write_json("report.json", report)
+    writer.write_json("eval_generation.json", gens)
+    with open(writer.path("rejected.jsonl"), "w", encoding="utf-8") as out:
+        for r in rejects.items:
+            out.write(json.dumps(r, default=str) + "\n")
+    with open(writer.path("duplicates.jsonl"), "w", encoding="utf-8") as out:
+        for d in duplicates:
+            out.write(json.dumps(d) + "\n")
+
+
+def _mark_read_stages(stages: _Stages, n_read: int, rejects: _Rejects, dropped: Counter, kept: int) -> None:
+    remaining = n_read
+    stages.mark("read", 0, remaining) if n_read == 0 else None
+    for stage, removed in (
+        ("format", sum(rejects.counts.values())),
+        ("sample", dropped["subsampled"] + dropped["max_records"]),
+        ("filters", dropped["empty_response"] + dropped["bad_encoding"] + dropped["repetitive"]),
+        ("dedup", dropped["exact_duplicate"] + dropped["near_duplicate"]),
+    ):
+        remaining -= removed
+        stages.mark(stage, removed, remaining)
+    assert remaining == kept, (remaining, kept)
+
+
+def _keep(item, ex, data, si, src, cfg: DataConfig, scrub, words: Words, near, seen, duplicates, dropped: Counter, spill, offsets, meta) -> int:
+    """Clean, filter and dedup one example; spill it when kept. Returns 1 when kept."""
+    f = cfg.filters
+    if scrub is not None:
+        ex = formats.map_strings(ex, scrub)
+    resp = formats.responses(ex)
+    if f.empty_response and (not resp or any(not r.strip() for r in resp)):
+        dropped["empty_response"] += 1
+        return 0
+    if f.bad_encoding and clean.encoding_problem(formats.strings(ex)):
+        dropped["bad_encoding"] += 1
+        return 0
+    if f.max_repetition is not None and any(clean.repetition(r) > f.max_repetition for r in resp):
+        dropped["repetitive"] += 1
+        return 0
+    where = f"{item.source}:{item.line}"
+    gid = len(offsets)
+    if cfg.dedup.exact or near is not None:
+        ws, ids = words.ids("\n".join(formats.strings(ex)))
+        if cfg.dedup.exact:
+            k = exact_key(ws)
+            first = seen.get(k)
+            if first is not None:
+                dropped["exact_duplicate"] += 1
+                duplicates.append({"record": where, "matched": _loc(meta, first, cfg), "kind": "exact", "similarity": 1.0})
+                return 0
+            seen[k] = gid
+        if near is not None:
+            hit = near.check_and_add(gid, ids)
+            if hit is not None:
+                dropped["near_duplicate"] += 1
+                duplicates.append({"record": where, "matched": _loc(meta, hit[0], cfg), "kind": "near", "similarity": round(hit[1], 3)})
+                if cfg.dedup.exact:
+                    del seen[k]
+                return 0
+    offsets.append(spill.tell())
+    spill.write(json.dumps(ex, ensure_ascii=False).encode() + b"\n")
+    stratum = data.get(cfg.stratify_by) if cfg.stratify_by else None
+    meta.append((si, src.role, item.line, stratum, item.source))
+    return 1
+
+
+def _loc(meta, gid: int, cfg) -> str:
+    m = meta[gid]
+    return f"{m[4]}:{m[2]}"
+
+
+# --------------------------------------------------------------------------- tokenizing in chunks
+
+_STATE: dict = {}
+
+
+def _encode_chunk(tokenizer, tpl, opts, exs, with_generation):
+    return encode_batch(tokenizer, tpl, exs, with_generation=with_generation, **opts)
+
+
+def _work(job):
+    exs, g = job
+    return _encode_chunk(_STATE["tok"], _STATE["tpl"], _STATE["opts"], exs, g)
+
+
+def _pool(n: int, tokenizer, tpl, opts):
+    import multiprocessing as mp
+
+    _STATE.update(tok=tokenizer, tpl=tpl, opts=opts)
+    try:
+        ctx = mp.get_context("fork")
+    except ValueError:  # no fork on this platform: one process
+        return None
+    return ctx.Pool(n)
+
+
+def _pack_split(writer, max_length: int) -> int:
+    """Pack the tokenized training rows (written to ``train.arrow.tmp``) into ``train.arrow``; returns the row count.
+    Only the lengths are held in memory; rows are taken from the memory-mapped table bin by bin."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from trainpipe.data.packing import pack_bins, pack_rows
+
+    entry = writer._writers.pop("train.arrow.tmp", None)
+    if entry is not None:
+        entry[1].close()
+        entry[0].close()
+    tmp = writer.path("train.arrow.tmp")
+    if not tmp.exists():
+        return 0
+    with pa.memory_map(str(tmp)) as src:
+        table = pa.ipc.open_stream(src).read_all()
+        bins = pack_bins(pc.list_value_length(table["input_ids"]).to_pylist(), max_length)
+        for k in range(0, len(bins), CHUNK // 4):
+            group = bins[k : k + CHUNK // 4]
+            flat = [i for b in group for i in b]
+            rows = dict(zip(flat, table.take(pa.array(flat)).to_pylist()))
+            writer.write_rows("train.arrow", [pack_rows([rows[i] for i in b]) for b in group])
+        del table
+    os.remove(tmp)
+    return len(bins)

@@ -1,11 +1,21 @@
-"""Reading source files into records, line by line, with the line number kept.
+"""Reading sources into records, streamed, with where each record came from.
 
-Every line ends up either as a record or as a rejection with a reason; a bad line under
-``on_error: raise`` stops the run naming the file, the line and an excerpt.
+A source is a file (JSONL, JSON, Parquet, CSV/TSV, TXT), a glob or folder of such files,
+a folder written by ``datasets.save_to_disk``, a hub dataset id, or a SQL query. Every
+reader is a generator: nothing is loaded whole into memory (Parquet is read by row group,
+Arrow folders are memory-mapped, SQL rows are streamed from the cursor).
+
+Every item is either a :class:`Record` or a :class:`Rejected` with a reason; the
+``line`` of a record is its line number (JSONL, CSV, TXT) or its 1-based row / item index
+(``unit`` says which), so an error can always name where the record is.
 """
 
 from __future__ import annotations
 
+import csv
+import glob as _glob
+import hashlib
+import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,12 +23,15 @@ from typing import Iterator
 
 from trainpipe.errors import DataError
 
+FILE_SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".tsv": "tsv", ".txt": "txt"}
+
 
 @dataclass
 class Record:
-    source: str  # file path
-    line: int  # 1-based line number
+    source: str  # file path, hub id or sql url
+    line: int  # 1-based line number, row or item index (see ``unit``)
     data: dict
+    unit: str = "line"
 
 
 @dataclass
@@ -27,14 +40,103 @@ class Rejected:
     line: int
     reason: str
     excerpt: str
+    unit: str = "line"
+    kind: str = "format_mismatch"  # the counted reason
 
     def to_dict(self) -> dict:
-        return {"source": self.source, "line": self.line, "reason": self.reason, "excerpt": self.excerpt}
+        return {"source": self.source, "line": self.line, "unit": self.unit, "kind": self.kind, "reason": self.reason, "excerpt": self.excerpt}
 
 
 def excerpt(text: str, n: int = 80) -> str:
     text = text.rstrip("\n")
     return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def _is_arrow_dir(p: Path) -> bool:
+    return p.is_dir() and ((p / "dataset_info.json").exists() or (p / "state.json").exists() or (p / "dataset_dict.json").exists())
+
+
+def expand(path: str) -> list[Path]:
+    """The files (or one save_to_disk folder) a ``path`` names: a file, a glob, or a folder of data files."""
+    p = Path(path)
+    if any(ch in path for ch in "*?["):
+        files = sorted(Path(x) for x in _glob.glob(path, recursive=True) if Path(x).suffix.lower() in FILE_SUFFIXES and Path(x).is_file())
+        if not files:
+            raise DataError(f"The glob `{path}` matches no data file ({', '.join(sorted(FILE_SUFFIXES))}). Check the pattern and the folder.")
+        return files
+    if _is_arrow_dir(p):
+        return [p]
+    if p.is_dir():
+        files = sorted(x for x in p.rglob("*") if x.is_file() and x.suffix.lower() in FILE_SUFFIXES)
+        if not files:
+            raise DataError(f"The folder `{p}` holds no data file ({', '.join(sorted(FILE_SUFFIXES))}) and is not a `datasets.save_to_disk` folder.")
+        return files
+    if not p.exists():
+        raise DataError(f"Data file `{p}` does not exist: check `data.sources[].path` (relative paths are resolved against the config file's folder).")
+    return [p]
+
+
+def describe(src) -> str:
+    if src.path is not None:
+        return src.path
+    if src.hub is not None:
+        return f"hub:{src.hub}"
+    return f"sql:{src.sql.url}"
+
+
+def fingerprint(src) -> dict:
+    """Content identity of a source for the cache key: SHA-256 of every file, or the id / query."""
+    if src.path is not None:
+        files = []
+        for f in expand(src.path):
+            files.append({"path": str(f), "sha256": sha256_path(f)})
+        return {"kind": "files", "files": files}
+    if src.hub is not None:
+        return {"kind": "hub", "id": src.hub, "config": src.hub_config, "split": src.hub_split}
+    return {"kind": "sql", "url": src.sql.url, "query": src.sql.query}
+
+
+def sha256_path(path: Path) -> str:
+    h = hashlib.sha256()
+    files = [path] if path.is_file() else sorted(x for x in path.rglob("*") if x.is_file())
+    for f in files:
+        if path.is_dir():
+            h.update(str(f.relative_to(path)).encode())
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def iter_source(src) -> Iterator[Record | Rejected]:
+    """Every record of one configured source, in order."""
+    if src.hub is not None:
+        yield from read_hub(src.hub, src.hub_config, src.hub_split)
+        return
+    if src.sql is not None:
+        yield from read_sql(src.sql.url, src.sql.query)
+        return
+    for f in expand(src.path):
+        yield from read_file(f, split=src.hub_split)
+
+
+def read_file(p: Path, split: str = "train") -> Iterator[Record | Rejected]:
+    if _is_arrow_dir(p):
+        yield from read_arrow_dir(p, split)
+        return
+    kind = FILE_SUFFIXES.get(p.suffix.lower(), "jsonl")
+    if p.stat().st_size == 0:
+        raise DataError(f"Data file `{p}` is empty (0 bytes). Fill it, or remove it from `data.sources`.")
+    reader = {"jsonl": read_jsonl, "json": read_json, "parquet": read_parquet, "csv": read_csv, "tsv": read_csv, "txt": read_txt}[kind]
+    yield from reader(p)
+
+
+def _utf8_error(p: Path, exc: UnicodeDecodeError, line: int | None, base_offset: int = 0) -> DataError:
+    where = f"line {line}" if line is not None else f"byte {base_offset + exc.start}"
+    return DataError(
+        f"`{p}` {where} (byte offset {base_offset + exc.start}) is not valid UTF-8 ({exc.reason}). Re-encode the file as UTF-8 "
+        f"(e.g. `iconv -f latin1 -t utf-8 {p.name} > fixed.jsonl`)."
+    )
 
 
 def read_jsonl(path: str | Path) -> Iterator[Record | Rejected]:
@@ -43,24 +145,155 @@ def read_jsonl(path: str | Path) -> Iterator[Record | Rejected]:
     if not p.is_file():
         hint = "it is a folder; name a .jsonl file inside it" if p.is_dir() else "check `data.sources[].path` (relative paths are resolved against the config file's folder)"
         raise DataError(f"Data file `{p}` does not exist: {hint}.")
-    with open(p, encoding="utf-8", errors="strict") as fh:
-        lineno = 0
-        while True:
+    offset = 0
+    with open(p, "rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            start = offset
+            offset += len(raw)
             try:
-                line = fh.readline()
+                line = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
-                raise DataError(f"`{p}` line {lineno + 1} is not valid UTF-8 ({exc.reason}). Re-encode the file as UTF-8.") from None
-            if not line:
-                break
-            lineno += 1
+                raise _utf8_error(p, exc, lineno, start) from None
             if not line.strip():
                 continue
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
-                yield Rejected(str(p), lineno, f"not valid JSON: {exc.msg} at column {exc.colno}", excerpt(line))
+                yield Rejected(str(p), lineno, f"not valid JSON: {exc.msg} at column {exc.colno}", excerpt(line), kind="invalid_json")
                 continue
             if not isinstance(obj, dict):
-                yield Rejected(str(p), lineno, f"a JSON {type(obj).__name__}, not an object", excerpt(line))
+                yield Rejected(str(p), lineno, f"a JSON {type(obj).__name__}, not an object", excerpt(line), kind="not_an_object")
                 continue
             yield Record(str(p), lineno, obj)
+
+
+def read_json(p: Path) -> Iterator[Record | Rejected]:
+    """A JSON array of objects, or an object of equal-length lists (columns)."""
+    raw = p.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _utf8_error(p, exc, None) from None
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"`{p}` is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}. Fix it there, or convert the file to JSONL (one object a line).") from None
+    if isinstance(obj, dict) and obj and all(isinstance(v, list) for v in obj.values()):
+        lengths = {k: len(v) for k, v in obj.items()}
+        if len(set(lengths.values())) != 1:
+            raise DataError(f"`{p}` is a dict of lists of different lengths ({lengths}); every column must have one value per record.")
+        n = next(iter(lengths.values()))
+        keys = list(obj)
+        for i in range(n):
+            yield Record(str(p), i + 1, {k: obj[k][i] for k in keys}, unit="item")
+        return
+    if isinstance(obj, dict) and "data" in obj and isinstance(obj["data"], list):
+        obj = obj["data"]
+    if not isinstance(obj, list):
+        raise DataError(f"`{p}` holds a JSON {type(obj).__name__}; expected an array of objects or an object of lists (columns).")
+    for i, item in enumerate(obj, 1):
+        if not isinstance(item, dict):
+            yield Rejected(str(p), i, f"item {i} is a JSON {type(item).__name__}, not an object", excerpt(json.dumps(item)), unit="item", kind="not_an_object")
+        else:
+            yield Record(str(p), i, item, unit="item")
+
+
+def read_parquet(p: Path, batch_size: int = 4096) -> Iterator[Record]:
+    import pyarrow.parquet as pq
+
+    try:
+        f = pq.ParquetFile(p)
+    except Exception as exc:  # pyarrow raises ArrowInvalid with a useful text
+        raise DataError(f"`{p}` is not a readable Parquet file ({exc}). Re-export it, or give a JSONL/CSV file.") from None
+    row = 0
+    for batch in f.iter_batches(batch_size=batch_size):
+        for rec in batch.to_pylist():
+            row += 1
+            yield Record(str(p), row, rec, unit="row")
+
+
+def read_csv(p: Path) -> Iterator[Record | Rejected]:
+    delim = "\t" if p.suffix.lower() == ".tsv" else ","
+    with open(p, "rb") as raw:
+        fh = io.TextIOWrapper(raw, encoding="utf-8", newline="")
+        try:
+            reader = csv.reader(fh, delimiter=delim)
+            header = next(reader, None)
+            if not header:
+                raise DataError(f"`{p}` has no header row; the first row must name the columns.")
+            for row in reader:
+                lineno = reader.line_num
+                if not row or all(not c.strip() for c in row):
+                    continue
+                if len(row) != len(header):
+                    yield Rejected(
+                        str(p), lineno, f"ragged row: {len(row)} fields, the header has {len(header)}", excerpt(delim.join(row)), kind="ragged_row"
+                    )
+                    continue
+                yield Record(str(p), lineno, dict(zip(header, row)))
+        except UnicodeDecodeError as exc:
+            raise DataError(f"`{p}` (near line {reader.line_num + 1}) is not valid UTF-8 ({exc.reason}). Re-encode the file as UTF-8.") from None
+
+
+def read_txt(p: Path) -> Iterator[Record]:
+    """A .txt file is one raw-text record (for continued pretraining)."""
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _utf8_error(p, exc, None) from None
+    yield Record(str(p), 1, {"text": text}, unit="file")
+
+
+def read_arrow_dir(p: Path, split: str = "train") -> Iterator[Record]:
+    from datasets import DatasetDict, load_from_disk
+
+    ds = load_from_disk(str(p))  # memory-mapped Arrow
+    if isinstance(ds, DatasetDict):
+        if split not in ds:
+            raise DataError(f"`{p}` is a DatasetDict with splits {', '.join(ds)}; set `hub_split` on the source to one of them.")
+        ds = ds[split]
+    for i, rec in enumerate(ds, 1):
+        yield Record(str(p), i, rec, unit="row")
+
+
+def read_hub(name: str, config: str | None, split: str) -> Iterator[Record]:
+    import datasets
+
+    try:
+        ds = datasets.load_dataset(name, config, split=split, streaming=True)
+        it = iter(ds)
+        first = next(it, None)
+    except Exception as exc:  # offline, unknown id, missing config: datasets raises many types
+        offline = any(__import__("os").environ.get(v) == "1" for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+        why = "the hub is offline (HF_HUB_OFFLINE/HF_DATASETS_OFFLINE is set) and it is not in the local cache" if offline else f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+        raise DataError(
+            f"Cannot read the hub dataset `{name}`" + (f" (config `{config}`)" if config else "") + f", split `{split}`: {why}. "
+            f"On a machine with network access run `python -c \"import datasets; datasets.load_dataset('{name}').save_to_disk('data/{name.split('/')[-1]}')\"` "
+            "and point `data.sources[].path` at that folder."
+        ) from None
+    if first is None:
+        return
+    yield Record(f"hub:{name}", 1, dict(first), unit="row")
+    for i, rec in enumerate(it, 2):
+        yield Record(f"hub:{name}", i, dict(rec), unit="row")
+
+
+def read_sql(url: str, query: str) -> Iterator[Record]:
+    try:
+        import sqlalchemy as sa
+    except ImportError:
+        raise DataError("A `sql` source needs SQLAlchemy: `pip install 'trainpipe[sql]'`.") from None
+    try:
+        engine = sa.create_engine(url)
+    except Exception as exc:
+        raise DataError(f"`sql.url` `{url}` is not a usable database URL ({exc}). Write it as `dialect://user@host/db`, e.g. `sqlite:///data.db`.") from None
+    try:
+        with engine.connect() as conn:
+            result = conn.execution_options(stream_results=True, yield_per=2000).execute(sa.text(query))
+            keys = list(result.keys())
+            for i, row in enumerate(result, 1):
+                yield Record(f"sql:{url}", i, dict(zip(keys, row)), unit="row")
+    except sa.exc.SQLAlchemyError as exc:
+        raise DataError(f"The SQL query of source `{url}` failed: {str(exc).splitlines()[0]}. Fix `sql.query` (it must be a SELECT).") from None
+    finally:
+        engine.dispose()

@@ -1,27 +1,80 @@
 """Chat templates and label masks.
 
-A conversation is rendered with the tokenizer's chat template (or the built-in ChatML
-one), tokenized once with character offsets, and each token carries loss iff it starts
-inside an assistant span. An assistant span runs from the end of the generation prompt
-to the end of the end-of-turn token that closes the reply, so the loss covers exactly the
-response text plus its end-of-turn token: nothing of the prompt, nothing after the token.
+A conversation is rendered with the tokenizer's chat template (or a built-in one: chatml,
+llama-3, mistral, alpaca), tokenized once with character offsets, and each token carries
+loss iff it starts inside a trained span. An assistant span runs from the end of the
+generation prompt to the end of the end-of-turn token that closes the reply, so the loss
+covers exactly the response text plus its end-of-turn token: nothing of the prompt,
+nothing after the token. Tool outputs never carry loss, not even with ``train_on: all``.
+
+The built-in templates mark assistant replies with ``{% generation %}`` so that TRL's
+``assistant_only_loss`` selects the same tokens (tests/unit/test_labels.py checks it).
+
+Templates are compiled once (transformers' own Jinja environment) and rendered directly,
+which is what makes 100k records a minute's work; the output equals
+``tokenizer.apply_chat_template`` (tested).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
-from trainpipe.errors import ModelLoadError
+import numpy as np
 
-from trainpipe.data.collate import IGNORE_INDEX  # noqa: E402
+from trainpipe.data.collate import IGNORE_INDEX
+from trainpipe.errors import ModelLoadError
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}{{ '\n' }}"
+    "{% else %}{{ message['content'] + '<|im_end|>' + '\n' }}{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-CHATML_TOKENS = ("<|im_start|>", "<|im_end|>")
+LLAMA3_TEMPLATE = (
+    "{{ '<|begin_of_text|>' }}"
+    "{% for message in messages %}"
+    "{% set role = 'ipython' if message['role'] == 'tool' else message['role'] %}"
+    "{{ '<|start_header_id|>' + role + '<|end_header_id|>\n\n' }}"
+    "{% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] + '<|eot_id|>' }}{% endgeneration %}"
+    "{% else %}{{ message['content'] + '<|eot_id|>' }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+)
+MISTRAL_TEMPLATE = (
+    "{{ bos_token }}{% set ns = namespace(sys='') %}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}{% set ns.sys = message['content'] + '\n\n' %}"
+    "{% elif message['role'] == 'user' %}{{ '[INST] ' + ns.sys + message['content'] + ' [/INST]' }}{% set ns.sys = '' %}"
+    "{% elif message['role'] == 'tool' %}{{ '[TOOL_RESULTS] ' + message['content'] + ' [/TOOL_RESULTS]' }}"
+    "{% else %}{% generation %}{{ ' ' + message['content'] + eos_token }}{% endgeneration %}{% endif %}"
+    "{% endfor %}"
+)
+ALPACA_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}{{ message['content'] + '\n\n' }}"
+    "{% elif message['role'] == 'user' %}{{ '### Instruction:\n' + message['content'] + '\n\n' }}"
+    "{% elif message['role'] == 'tool' %}{{ '### Input:\n' + message['content'] + '\n\n' }}"
+    "{% else %}{{ '### Response:\n' }}{% generation %}{{ message['content'] + eos_token }}{% endgeneration %}{{ '\n\n' }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '### Response:\n' }}{% endif %}"
+)
+BUILTIN = {
+    "chatml": (CHATML_TEMPLATE, ("<|im_start|>", "<|im_end|>")),
+    "llama-3": (LLAMA3_TEMPLATE, ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")),
+    "mistral": (MISTRAL_TEMPLATE, ("bos_token", "eos_token")),
+    "alpaca": (ALPACA_TEMPLATE, ("eos_token",)),
+}
+CHATML_TOKENS = BUILTIN["chatml"][1]
+PROBE = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "Say one."},
+    {"role": "assistant", "content": "one"},
+    {"role": "user", "content": "Say two."},
+    {"role": "assistant", "content": "two"},
+]
 
 
 class TemplateError(ValueError):
@@ -29,29 +82,74 @@ class TemplateError(ValueError):
 
 
 def setup_chat_template(tokenizer, choice: str, model_path: str) -> str:
-    """Install the chat template chosen by ``data.chat_template`` on ``tokenizer``; return its name."""
-    has_own = bool(getattr(tokenizer, "chat_template", None))
+    """Install the chat template chosen by ``data.chat_template`` on ``tokenizer``, check it against the
+    tokenizer's special tokens (before any training), and return its name."""
+    has_own = bool(getattr(tokenizer, "chat_template", None)) and tokenizer.chat_template not in [t for t, _ in BUILTIN.values()]
     if choice == "tokenizer" and not has_own:
         raise ModelLoadError(
             f"`data.chat_template: tokenizer` but the tokenizer of `{model_path}` has no chat template. "
             "Set `data.chat_template: chatml` (or `auto`) to use the built-in ChatML template."
         )
     if choice == "tokenizer" or (choice == "auto" and has_own):
+        check_template(tokenizer, "tokenizer", model_path)
         return "tokenizer"
+    name = "chatml" if choice == "auto" else choice
+    text, needs = BUILTIN[name]
     vocab = tokenizer.get_vocab()
-    missing = [t for t in CHATML_TOKENS if t not in vocab]
+    missing = []
+    for t in needs:
+        if t.endswith("_token"):
+            if getattr(tokenizer, t, None) is None:
+                missing.append(f"a {t.replace('_token', '').upper()} token")
+        elif t not in vocab:
+            missing.append(t)
     if missing:
+        need = ", ".join(n if not n.endswith("_token") else n.replace("_token", "").upper() for n in needs)
         raise ModelLoadError(
-            f"The built-in ChatML template needs the tokens {', '.join(CHATML_TOKENS)}, but the tokenizer of "
+            f"The built-in {name} template needs the tokens {need}, but the tokenizer of "
             f"`{model_path}` lacks {', '.join(missing)}. Use a tokenizer that has a chat template "
-            "(`data.chat_template: tokenizer`) or one that reserves the ChatML tokens."
+            "(`data.chat_template: tokenizer`) or a built-in template whose tokens it has (chatml, llama-3, mistral, alpaca)."
         )
-    tokenizer.chat_template = CHATML_TEMPLATE
-    return "chatml"
+    tokenizer.chat_template = text
+    check_template(tokenizer, name, model_path)
+    return name
 
 
-def render(tokenizer, messages: list[dict], add_generation_prompt: bool = False) -> str:
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+_SPECIAL_LIKE = re.compile(r"<\|[A-Za-z0-9_]+\|>|<\/?s>|\[/?INST\]")
+
+
+def check_template(tokenizer, name: str, model_path: str) -> None:
+    """A template that emits special-token strings the tokenizer does not have as single tokens, or that never
+    closes an assistant turn with a special token, is an error here, before any training."""
+    tpl = Template(tokenizer, name)
+    text = tpl.render(PROBE)
+    vocab = tokenizer.get_vocab()
+    specials = set(tpl.specials)
+    bad = sorted({s for s in _SPECIAL_LIKE.findall(text) if s.startswith("<|") and (s not in vocab or s not in specials)})
+    if bad:
+        raise ModelLoadError(
+            f"The {name} chat template emits {', '.join(bad)}, which the tokenizer of `{model_path}` does not have as "
+            "special tokens, so they would be split into pieces and the model would never see a real turn boundary. "
+            "Choose a template that matches the tokenizer (`data.chat_template`: tokenizer, chatml, llama-3, mistral, alpaca) "
+            "or add the tokens to the tokenizer."
+        )
+    try:
+        tpl.spans(PROBE, "assistant")
+    except TemplateError as exc:
+        raise ModelLoadError(f"The {name} chat template cannot be used with the tokenizer of `{model_path}`: {exc}.") from None
+
+
+def end_of_turn_ids(tokenizer) -> list[int]:
+    """Ids of the special tokens the installed template closes assistant turns with (generation stops there)."""
+    tpl = Template(tokenizer)
+    text, spans, _ = tpl.spans(PROBE, "assistant")
+    found = []
+    for _, end in spans:
+        for s in tpl.specials:
+            if text.endswith(s, 0, end):
+                found.append(tokenizer.convert_tokens_to_ids(s))
+                break
+    return list(dict.fromkeys(i for i in found if i is not None))
 
 
 def _special_strings(tokenizer) -> list[str]:
@@ -62,42 +160,71 @@ def _special_strings(tokenizer) -> list[str]:
     return sorted((s for s in specials if s), key=len, reverse=True)
 
 
-def assistant_spans(tokenizer, messages: list[dict], train_on: str = "assistant") -> tuple[str, list[tuple[int, int]], list[str]]:
-    """Render ``messages`` and return (text, character spans that carry loss, end-of-turn tokens seen)."""
-    text = render(tokenizer, messages)
-    if train_on == "all":
-        return text, [(0, len(text))], []
-    specials = _special_strings(tokenizer)
-    idx = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
-    if train_on == "last_assistant":
-        idx = idx[-1:]
-    spans, eots = [], []
-    for i in idx:
-        prefix = render(tokenizer, messages[:i], add_generation_prompt=True)
-        upto = render(tokenizer, messages[: i + 1])
-        if not upto.startswith(prefix) or not text.startswith(upto):
-            raise TemplateError(
-                "the chat template does not render a conversation as a prefix of its continuation, "
-                "so the assistant turns cannot be located for label masking; use `data.chat_template: chatml`"
-            )
-        content = messages[i]["content"].strip()
-        pos = upto.find(content, len(prefix)) if content else len(prefix)
-        if pos < 0:
-            raise TemplateError("the chat template changes the assistant content, so its tokens cannot be located")
-        content_end = pos + len(content)
-        best = None
-        for s in specials:
-            j = upto.find(s, content_end)
-            if j >= 0 and (best is None or j < best[0]):
-                best = (j, s)
-        if best is None:
-            raise TemplateError(
-                "the chat template emits no end-of-turn token after an assistant reply, so the model would never "
-                "learn to stop; use a template that closes turns with a special token (e.g. `data.chat_template: chatml`)"
-            )
-        spans.append((len(prefix), best[0] + len(best[1])))
-        eots.append(best[1])
-    return text, spans, eots
+class Template:
+    """A compiled chat template bound to a tokenizer's special tokens."""
+
+    def __init__(self, tokenizer, name: str = "tokenizer"):
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+
+        if not tokenizer.chat_template:
+            raise TemplateError("the tokenizer has no chat template")
+        self.name = name
+        self.source = tokenizer.chat_template
+        self._compiled = _compile_jinja_template(tokenizer.chat_template)
+        self._kwargs = {k: v for k, v in tokenizer.special_tokens_map.items()}
+        self.specials = _special_strings(tokenizer)
+        self._special_re = re.compile("|".join(re.escape(s) for s in self.specials)) if self.specials else None
+
+    def render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
+        return self._compiled.render(messages=messages, tools=None, documents=None, add_generation_prompt=add_generation_prompt, **self._kwargs)
+
+    def spans(self, messages: list[dict], train_on: str = "assistant") -> tuple[str, list[tuple[int, int]], list[tuple[int, int]]]:
+        """(rendered text, character spans that carry loss, spans that never do: tool outputs)."""
+        text = self.render(messages)
+        masked = []
+        if train_on == "all":
+            for i, m in enumerate(messages):
+                if m["role"] == "tool":
+                    masked.append((len(self.render(messages[:i])), len(self.render(messages[: i + 1]))))
+            return text, [(0, len(text))], masked
+        idx = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+        if train_on == "last_assistant":
+            idx = idx[-1:]
+        spans = []
+        for i in idx:
+            prefix = self.render(messages[:i], add_generation_prompt=True)
+            if not text.startswith(prefix):
+                raise TemplateError(
+                    "the chat template does not render a conversation as a prefix of its continuation, "
+                    "so the assistant turns cannot be located for label masking; use `data.chat_template: chatml`"
+                )
+            content = messages[i]["content"].strip()
+            pos = text.find(content, len(prefix)) if content else len(prefix)
+            if pos < 0:
+                raise TemplateError("the chat template changes the assistant content, so its tokens cannot be located")
+            m = self._special_re.search(text, pos + len(content)) if self._special_re else None
+            if m is None:
+                raise TemplateError(
+                    "the chat template emits no end-of-turn token after an assistant reply, so the model would never "
+                    "learn to stop; use a template that closes turns with a special token (e.g. `data.chat_template: chatml`)"
+                )
+            spans.append((len(prefix), m.end()))
+        return text, spans, masked
+
+
+def _labels(ids: list[int], offsets, spans, masked) -> list[int]:
+    if not ids:
+        return []
+    off = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+    s, e = off[:, 0], off[:, 1]
+    inside = np.zeros(len(ids), dtype=bool)
+    for a, b in spans:
+        inside |= (s >= a) & (s < b)
+    for a, b in masked:
+        inside &= ~((s >= a) & (s < b))
+    inside &= e > s
+    arr = np.asarray(ids, dtype=np.int64)
+    return np.where(inside, arr, IGNORE_INDEX).tolist()
 
 
 @dataclass
@@ -110,19 +237,135 @@ class Tokenized:
         return sum(1 for x in self.labels if x != IGNORE_INDEX)
 
 
-def tokenize_conversation(tokenizer, messages: list[dict], train_on: str = "assistant") -> Tokenized:
+def _encode(tokenizer, texts: list[str]):
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        raise ModelLoadError("trainpipe needs a fast (Rust `tokenizers`) tokenizer for exact label masks; load it with `use_fast=True`.")
+    return backend.encode_batch(texts, add_special_tokens=False)
+
+
+def tokenize_conversation(tokenizer, messages: list[dict], train_on: str = "assistant", template: Template | None = None) -> Tokenized:
     """Tokenize a conversation with labels masked to the assistant spans (IGNORE_INDEX elsewhere)."""
-    text, spans, _ = assistant_spans(tokenizer, messages, train_on)
-    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    ids = list(enc["input_ids"])
-    labels = []
-    for tok, (s, e) in zip(ids, enc["offset_mapping"]):
-        inside = any(a <= s < b for a, b in spans) and e > s
-        labels.append(tok if inside else IGNORE_INDEX)
-    return Tokenized(ids, labels)
+    tpl = template or Template(tokenizer)
+    text, spans, masked = tpl.spans(messages, train_on)
+    (enc,) = _encode(tokenizer, [text])
+    return Tokenized(list(enc.ids), _labels(enc.ids, enc.offsets, spans, masked))
 
 
-def generation_prompt(tokenizer, messages: list[dict]) -> tuple[str, str]:
+def assistant_spans(tokenizer, messages: list[dict], train_on: str = "assistant"):
+    return Template(tokenizer).spans(messages, train_on)
+
+
+def generation_prompt(tokenizer, messages: list[dict], template: Template | None = None) -> tuple[str, str]:
     """(prompt text ending with the generation prompt, reference reply) for the last assistant turn."""
+    tpl = template or Template(tokenizer)
     last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
-    return render(tokenizer, messages[:last], add_generation_prompt=True), messages[last]["content"]
+    return tpl.render(messages[:last], add_generation_prompt=True), messages[last]["content"]
+
+
+# --------------------------------------------------------------------------- batches of examples
+
+
+@dataclass
+class Encoded:
+    row: dict | None  # the stored example, or None when dropped
+    reason: str | None = None
+    truncated: bool = False
+    generation: dict | None = None
+
+
+def encode_batch(tokenizer, tpl: Template, examples: list[dict], *, train_on: str, max_length: int, truncation: str,
+                 min_tokens: int, max_tokens: int | None, with_generation: bool = False) -> list[Encoded]:
+    """Tokenize a batch of examples (any kind) into stored rows, or a drop reason for each."""
+    out: list[Encoded | None] = [None] * len(examples)
+    sft_i, sft_texts, sft_spans = [], [], []
+    pair_i, pair_texts = [], []
+    eos = tokenizer.eos_token or ""
+    for i, ex in enumerate(examples):
+        kind = ex["kind"]
+        try:
+            if kind == "sft":
+                text, spans, masked = tpl.spans(ex["messages"], train_on)
+                sft_i.append(i)
+                sft_texts.append(text)
+                sft_spans.append((spans, masked))
+            elif kind == "text":
+                text = ex["text"] + eos
+                sft_i.append(i)
+                sft_texts.append(text)
+                sft_spans.append(([(0, len(text))], []))
+            else:
+                prompt = tpl.render(ex["prompt"], add_generation_prompt=True)
+                parts = [prompt]
+                for key in ("chosen", "rejected") if kind == "preference" else ("completion",):
+                    full = tpl.render(ex["prompt"] + ex[key])
+                    if not full.startswith(prompt):
+                        raise TemplateError("the chat template does not render the prompt as a prefix of the prompt with its reply")
+                    parts.append(full[len(prompt):])
+                pair_i.append(i)
+                pair_texts.append(parts)
+        except TemplateError as exc:
+            raise ModelLoadError(f"Chat template problem: {exc}.") from None
+    if sft_texts:
+        for i, enc, (spans, masked) in zip(sft_i, _encode(tokenizer, sft_texts), sft_spans):
+            ids = list(enc.ids)
+            labels = _labels(ids, enc.offsets, spans, masked)
+            truncated = False
+            if len(ids) > max_length:
+                if truncation == "drop":
+                    out[i] = Encoded(None, "too_long")
+                    continue
+                if examples[i]["kind"] == "text":
+                    ids, labels = ids[:max_length], labels[:max_length]
+                else:  # keep the response: cut the prompt from the left
+                    ids, labels = ids[-max_length:], labels[-max_length:]
+                truncated = True
+            n_loss = sum(1 for x in labels if x != IGNORE_INDEX)
+            if n_loss < max(1, min_tokens):
+                out[i] = Encoded(None, "no_loss_tokens" if n_loss == 0 else "too_short", truncated)
+                continue
+            if max_tokens is not None and n_loss > max_tokens:
+                out[i] = Encoded(None, "too_long_response", truncated)
+                continue
+            gen = None
+            if with_generation and examples[i]["kind"] == "sft":
+                p, ref = generation_prompt(tokenizer, examples[i]["messages"], tpl)
+                gen = {"prompt": p, "reference": ref}
+            out[i] = Encoded({"input_ids": ids, "labels": labels}, None, truncated, gen)
+    if pair_texts:
+        flat = [t for parts in pair_texts for t in parts]
+        encs = _encode(tokenizer, flat)
+        k = 0
+        for i, parts in zip(pair_i, pair_texts):
+            ids = [list(e.ids) for e in encs[k : k + len(parts)]]
+            k += len(parts)
+            prompt, replies = ids[0], ids[1:]
+            truncated = False
+            longest = max(len(r) for r in replies)
+            if len(prompt) + longest > max_length:
+                if truncation == "drop" or longest >= max_length:
+                    out[i] = Encoded(None, "too_long")
+                    continue
+                prompt = prompt[-(max_length - longest):]
+                truncated = True
+            if min(len(r) for r in replies) < max(1, min_tokens):
+                out[i] = Encoded(None, "too_short")
+                continue
+            if examples[i]["kind"] == "preference":
+                row = {"prompt_input_ids": prompt, "chosen_input_ids": replies[0], "rejected_input_ids": replies[1]}
+            else:
+                row = {"prompt_input_ids": prompt, "completion_input_ids": replies[0], "label": examples[i]["label"]}
+            out[i] = Encoded(row, None, truncated)
+    return out  # type: ignore[return-value]
+
+
+def row_tokens(row: dict) -> int:
+    if "input_ids" in row:
+        return len(row["input_ids"])
+    return sum(len(v) for k, v in row.items() if k.endswith("_input_ids"))
+
+
+def row_loss_tokens(row: dict) -> int:
+    if "labels" in row:
+        return sum(1 for x in row["labels"] if x != IGNORE_INDEX)
+    return sum(len(v) for k, v in row.items() if k.endswith("_input_ids") and not k.startswith("prompt"))

@@ -113,7 +113,7 @@ def _steps(cfg: RunConfig, plan, hw, run_dir: Path, events: EventLog, config_pat
     from transformers import set_seed
 
     from trainpipe.data.prepare import prepare
-    from trainpipe.data.tokenize import setup_chat_template
+    from trainpipe.data.tokenize import end_of_turn_ids, setup_chat_template
     from trainpipe.export import export_model, stop_token_ids
     from trainpipe.train import sft
     from trainpipe.train.callbacks import EventsCallback, ProgressCallback
@@ -128,12 +128,13 @@ def _steps(cfg: RunConfig, plan, hw, run_dir: Path, events: EventLog, config_pat
     # 2. tokenizer, chat template, data
     tokenizer = load_tokenizer(cfg.model, cfg.model.pad_token)
     template = setup_chat_template(tokenizer, cfg.data.chat_template, cfg.model.name_or_path)
-    stop_ids = stop_token_ids(tokenizer, template)
+    stop_ids = list(dict.fromkeys(stop_token_ids(tokenizer, template) + end_of_turn_ids(tokenizer)))
     with ui.progress() as bar:
         task = bar.add_task("tokenize", total=None)
         data = prepare(
             cfg.data, tokenizer, train_on=cfg.method.train_on, seed=cfg.training.seed, rejected_path=run_dir / "rejected.jsonl",
             progress=lambda n: bar.advance(task, n), on_total=lambda n: bar.update(task, total=n),
+            template_name=template, batch_size_hint=cfg.training.per_device_train_batch_size,
         )
     data.report["chat_template"] = template
     write_json(run_dir / "data_report.json", data.report)
@@ -173,7 +174,7 @@ def _steps(cfg: RunConfig, plan, hw, run_dir: Path, events: EventLog, config_pat
         "final": final,
         "train": asdict(outcome),
         "parameters": params,
-        "data": {k: r[k] for k in ("records", "rejected_total", "rejected", "dropped", "train_examples", "eval_examples", "train_tokens")},
+        "data": {k: r[k] for k in ("records_read", "records_kept", "dropped", "pii", "splits", "records", "rejected_total", "rejected", "train_examples", "eval_examples", "train_tokens")},
         "samples": [{**f, "baseline_prediction": b["prediction"]} for f, b in zip(final_samples[:20], base_samples[:20])],
     }
     card = {

@@ -1,0 +1,151 @@
+"""The prepared-data cache: Arrow files under a content key, written atomically.
+
+The key is the SHA-256 of: every source's content hash (file SHA-256s; hub id/config/split;
+SQL url and query), format and column mapping, weight/max_records/role, every cleaning,
+dedup and decontamination option (benchmark files by content), the tokenizer (its
+``tokenizer.json`` serialisation and special tokens), the chat template text, max length,
+truncation, packing, label mode, seed, and ``DATA_CODE_VERSION``.
+
+A build is written into ``<key>.tmp-<pid>-<random>/``; every file is fsynced, a
+``COMPLETE`` manifest with each file's size and SHA-256 is written last, then the folder
+is renamed to ``<key>/``. A reader uses an entry only when ``COMPLETE`` is there and every
+size matches, so an interrupted write never leaves a cache that a later run reuses.
+Splits are Arrow IPC streams, memory-mapped on read (``datasets.Dataset.from_file``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+DATA_CODE_VERSION = "3"  # bump when a change to trainpipe/data changes prepared output
+
+
+def default_dir() -> Path:
+    env = os.environ.get("TRAINPIPE_CACHE")
+    if env:
+        return Path(env) / "data"
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "trainpipe" / "data"
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    h = hashlib.sha256()
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    h.update((backend.to_str() if backend is not None else json.dumps(sorted(tokenizer.get_vocab().items()))).encode())
+    h.update(json.dumps(tokenizer.special_tokens_map, sort_keys=True, default=str).encode())
+    return h.hexdigest()
+
+
+def make_key(parts: dict) -> str:
+    blob = json.dumps({**parts, "code_version": DATA_CODE_VERSION}, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def _sha(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def lookup(root: Path, key: str) -> Path | None:
+    """The complete cache entry for ``key``, or None (a partial or corrupt entry is never returned)."""
+    d = root / key
+    marker = d / "COMPLETE"
+    if not marker.is_file():
+        return None
+    try:
+        files = json.loads(marker.read_text())["files"]
+    except (ValueError, KeyError):
+        return None
+    for name, meta in files.items():
+        p = d / name
+        if not p.is_file() or p.stat().st_size != meta["size"]:
+            return None
+    return d
+
+
+class Writer:
+    """Builds one cache entry in a temporary folder; ``commit()`` makes it visible atomically."""
+
+    def __init__(self, root: Path, key: str):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.key = key
+        self.tmp = self.root / f"{key}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.tmp.mkdir()
+        self._writers: dict = {}
+
+    def path(self, name: str) -> Path:
+        return self.tmp / name
+
+    def write_rows(self, name: str, rows: list[dict]) -> None:
+        """Append rows to the Arrow stream ``name`` (created on first use with the rows' schema)."""
+        import pyarrow as pa
+
+        if not rows:
+            return
+        table = pa.Table.from_pylist(rows)
+        w = self._writers.get(name)
+        if w is None:
+            sink = pa.OSFile(str(self.tmp / name), "wb")
+            w = self._writers[name] = (sink, pa.ipc.new_stream(sink, table.schema))
+        w[1].write_table(table)
+
+    def write_json(self, name: str, obj) -> None:
+        (self.tmp / name).write_text(json.dumps(obj, indent=2, default=str), encoding="utf-8")
+
+    def commit(self) -> Path:
+        for sink, w in self._writers.values():
+            w.close()
+            sink.close()
+        files = {}
+        for p in sorted(self.tmp.iterdir()):
+            with open(p, "rb") as fh:
+                os.fsync(fh.fileno())
+            files[p.name] = {"size": p.stat().st_size, "sha256": _sha(p)}
+        marker = self.tmp / "COMPLETE"
+        with open(marker, "w", encoding="utf-8") as fh:
+            json.dump({"key": self.key, "code_version": DATA_CODE_VERSION, "files": files}, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        final = self.root / self.key
+        if final.exists():  # a concurrent build won, or a stale partial entry
+            shutil.rmtree(final, ignore_errors=True)
+        os.replace(self.tmp, final)
+        return final
+
+    def abort(self) -> None:
+        for sink, w in self._writers.values():
+            try:
+                w.close()
+                sink.close()
+            except Exception:
+                pass
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def read_split(entry: Path, name: str):
+    """A memory-mapped ``datasets.Dataset`` of split ``name`` (None when the split is empty)."""
+    p = entry / name
+    if not p.exists():
+        return None
+    from datasets import Dataset
+
+    return Dataset.from_file(str(p))
+
+
+def read_rows(entry: Path, name: str) -> list[dict]:
+    import pyarrow as pa
+
+    p = entry / name
+    if not p.exists():
+        return []
+    with pa.memory_map(str(p)) as src:
+        return pa.ipc.open_stream(src).read_all().to_pylist()

@@ -1,0 +1,70 @@
+"""`trainpipe prepare CONFIG` and `trainpipe data inspect CONFIG`: the data step on its own.
+
+The CLI loads the config and the tokenizer and calls these; they print and write files.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from trainpipe.config import RunConfig
+
+
+def _output_dir(cfg: RunConfig) -> Path:
+    return Path(cfg.output_dir or f"runs/{cfg.name or 'run'}").resolve()
+
+
+def run_prepare(cfg: RunConfig, tokenizer, *, quiet: bool = False):
+    from trainpipe import ui
+    from trainpipe.data.prepare import prepare
+    from trainpipe.data.tokenize import setup_chat_template
+
+    out = _output_dir(cfg) / "data"
+    out.mkdir(parents=True, exist_ok=True)
+    template = setup_chat_template(tokenizer, cfg.data.chat_template, cfg.model.name_or_path)
+    with ui.progress() as bar:
+        task = bar.add_task("prepare", total=None)
+        data = prepare(
+            cfg.data, tokenizer, train_on=cfg.method.train_on, seed=cfg.training.seed, rejected_path=out / "rejected.jsonl",
+            report_path=out / "report.json", progress=lambda n: bar.advance(task, n), on_total=lambda n: bar.update(task, total=n),
+            template_name=template, batch_size_hint=cfg.training.per_device_train_batch_size,
+        )
+    if not quiet:
+        from trainpipe.data.report import summary_lines
+
+        con = ui.console()
+        for line in summary_lines(data.report):
+            con.print(line, markup=False, highlight=False)
+        con.print(f"report: {out / 'report.json'}", markup=False, highlight=False)
+    return data
+
+
+def prepare_command(cfg: RunConfig, tokenizer, *, as_json: bool = False) -> None:
+    data = run_prepare(cfg, tokenizer, quiet=as_json)
+    if as_json:
+        print(json.dumps(data.report, indent=2))
+
+
+def inspect_command(cfg: RunConfig, tokenizer, *, n: int = 20, as_json: bool = False, seed: int = 0) -> None:
+    from trainpipe import ui
+    from trainpipe.data.report import inspect_examples, plain_example, render_example
+
+    data = run_prepare(cfg, tokenizer, quiet=True)
+    examples = inspect_examples(data, tokenizer, n=n, seed=seed)
+    if as_json:
+        print(json.dumps(examples, ensure_ascii=False))
+        return
+    from rich.markup import escape
+
+    con = ui.console()
+    plain = con.no_color or not con.is_terminal
+    how = "trained tokens between « and »" if plain else "[bold green]trained tokens[/] in bold green, special tokens reversed, prompt dim"
+    con.print(f"{len(examples)} of {len(data.train)} training rows; {how}", highlight=False)
+    for ex in examples:
+        con.rule(f"row {ex['index']}: {ex['tokens']} tokens, {ex['loss_tokens']} carry loss")
+        if plain:
+            con.print(plain_example(ex), markup=False, soft_wrap=True, highlight=False)
+        else:
+            con.print(render_example(ex), soft_wrap=True, highlight=False)
+        con.print(f"[bold]trained:[/] {escape(repr(ex['trained_text']))}", markup=True, highlight=False, soft_wrap=True)

@@ -1,0 +1,143 @@
+"""Exact dedup, MinHash LSH near dedup (datasketch) and n-gram decontamination.
+
+Texts are normalised once (lower case, words only: punctuation and whitespace runs do not
+count) into word ids; the three checks share them.
+
+- exact: BLAKE2b of the normalised text; the first occurrence is kept.
+- near: MinHash signatures of word shingles, computed vectorised with numpy
+  (multiply-shift hashing of 32-bit shingle hashes), indexed in a datasketch
+  ``MinHashLSH``; an LSH candidate counts only when its estimated Jaccard similarity is
+  at least the threshold. Each duplicate records the key of the record it matched.
+- decontamination: every n-gram (default 13 words) of the eval/test texts and benchmark
+  files is hashed; a training record with any of them is dropped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import zlib
+
+import numpy as np
+
+_WORD = re.compile(r"\w+")
+_MASK32 = np.uint64(0xFFFFFFFF)
+
+
+class Words:
+    """Normalised words -> stable 32-bit ids (CRC32, memoised)."""
+
+    def __init__(self):
+        self._ids: dict[str, int] = {}
+
+    def ids(self, text: str) -> tuple[list[str], np.ndarray]:
+        words = _WORD.findall(text.lower())
+        table = self._ids
+        out = []
+        for w in words:
+            v = table.get(w)
+            if v is None:
+                v = table[w] = zlib.crc32(w.encode())
+                if len(table) > 2_000_000:
+                    table.clear()
+            out.append(v)
+        return words, np.asarray(out, dtype=np.uint64)
+
+
+def exact_key(words: list[str]) -> bytes:
+    return hashlib.blake2b(" ".join(words).encode(), digest_size=16).digest()
+
+
+def ngram_hashes(ids: np.ndarray, n: int) -> np.ndarray:
+    """64-bit hashes of every run of ``n`` word ids (empty when there are fewer words)."""
+    if len(ids) < n:
+        return np.empty(0, dtype=np.uint64)
+    h = np.zeros(len(ids) - n + 1, dtype=np.uint64)
+    mult = np.uint64(0x100000001B3)
+    with np.errstate(over="ignore"):
+        for j in range(n):
+            h = h * mult + ids[j : len(ids) - n + 1 + j] + np.uint64(j + 1)
+            h ^= h >> np.uint64(29)
+    return h
+
+
+class NearDedup:
+    def __init__(self, threshold: float, shingle_size: int, num_perm: int, seed: int = 1):
+        from datasketch import MinHashLSH
+
+        self.threshold = threshold
+        self.k = shingle_size
+        self.num_perm = num_perm
+        rng = np.random.RandomState(seed)
+        self.a = (rng.randint(1, 2**31 - 1, size=num_perm, dtype=np.int64).astype(np.uint64) << np.uint64(32)) | rng.randint(1, 2**31 - 1, size=num_perm, dtype=np.int64).astype(np.uint64) | np.uint64(1)
+        self.b = (rng.randint(0, 2**31 - 1, size=num_perm, dtype=np.int64).astype(np.uint64) << np.uint64(32)) | rng.randint(0, 2**31 - 1, size=num_perm, dtype=np.int64).astype(np.uint64)
+        self.lsh = MinHashLSH(threshold=threshold, num_perm=num_perm)
+        self.sigs: dict[int, np.ndarray] = {}
+
+    def signature(self, ids: np.ndarray) -> np.ndarray:
+        if len(ids) == 0:
+            ids = np.zeros(1, dtype=np.uint64)
+        k = min(self.k, len(ids))
+        sh = ngram_hashes(ids, k) & _MASK32
+        sh = np.unique(sh)
+        with np.errstate(over="ignore"):
+            hv = (np.outer(sh, self.a) + self.b) >> np.uint64(32)
+        return hv.min(axis=0).astype(np.uint64)
+
+    def check_and_add(self, key: int, ids: np.ndarray) -> tuple[int, float] | None:
+        """(key of the earlier record it duplicates, estimated similarity), or None after indexing it."""
+        from datasketch import LeanMinHash
+
+        sig = self.signature(ids)
+        m = object.__new__(LeanMinHash)
+        m._initialize_slots(1, sig)
+        best = None
+        for cand in self.lsh.query(m):
+            sim = float(np.mean(self.sigs[cand] == sig))
+            if sim >= self.threshold and (best is None or sim > best[1] or (sim == best[1] and cand < best[0])):
+                best = (cand, sim)
+        if best is not None:
+            return best
+        self.lsh.insert(key, m, check_duplication=False)
+        self.sigs[key] = sig
+        return None
+
+
+def jaccard(a: str, b: str, k: int = 3) -> float:
+    """Exact Jaccard similarity of word k-shingles (for tests and benchmarks)."""
+    def sh(t):
+        w = _WORD.findall(t.lower())
+        return {tuple(w[i : i + k]) for i in range(max(1, len(w) - k + 1))}
+
+    x, y = sh(a), sh(b)
+    return len(x & y) / max(1, len(x | y))
+
+
+class Contamination:
+    """n-gram hashes of the texts no training record may overlap."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self._parts: list[np.ndarray] = []
+        self._sorted: np.ndarray | None = None
+
+    def add(self, ids: np.ndarray) -> None:
+        h = ngram_hashes(ids, self.n)
+        if len(h):
+            self._parts.append(h)
+            self._sorted = None
+
+    def __len__(self) -> int:
+        return int(sum(len(p) for p in self._parts))
+
+    def hits(self, ids: np.ndarray) -> bool:
+        if not self._parts:
+            return False
+        if self._sorted is None:
+            self._sorted = np.unique(np.concatenate(self._parts))
+        h = ngram_hashes(ids, self.n)
+        if not len(h):
+            return False
+        pos = np.searchsorted(self._sorted, h)
+        pos[pos >= len(self._sorted)] = 0
+        return bool((self._sorted[pos] == h).any())

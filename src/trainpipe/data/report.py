@@ -1,0 +1,81 @@
+"""The data report as text, and `trainpipe data inspect`: prepared examples with the trained tokens visible.
+
+The report contract (``output_dir/data/report.json``): ``records_read``, ``records_kept``,
+``dropped`` (reason -> count), ``pii`` (type -> count), ``splits`` (name -> records, rows,
+tokens, loss_tokens), and ``records_read == records_kept + sum(dropped)`` (``invariant``).
+"""
+
+from __future__ import annotations
+
+import random
+
+from trainpipe.data.collate import IGNORE_INDEX
+
+
+def summary_lines(r: dict) -> list[str]:
+    out = [f"records read {r['records_read']}, kept {r['records_kept']}, dropped {sum(r['dropped'].values())}"
+           f"  (read = kept + dropped: {'holds' if r['invariant']['holds'] else 'BROKEN'})"]
+    for s in r["sources"]:
+        out.append(f"  source {s['source']}: {s['records_read']} read, format {s['format']} ({s['format_chosen_by']})")
+    if r["dropped"]:
+        out.append("dropped: " + ", ".join(f"{k} {v}" for k, v in r["dropped"].items()))
+    out.append("pii replaced: " + (", ".join(f"{k} {v}" for k, v in r["pii"].items()) or "none"))
+    for name, st in r["splits"].items():
+        out.append(f"split {name}: {st['records']} records, {st['rows']} rows, {st['tokens']} tokens ({st['loss_tokens']} carry loss)")
+    ln = r["length"]
+    out.append(f"length p50 {ln['p50']}  p95 {ln['p95']}  max {ln['max']}  (max_length {ln['max_length']}; {ln['dropped_too_long']} dropped, {ln['truncated']} truncated)")
+    b = r["batching"]
+    out.append(f"batching {b['mode']}: non-pad share {b['non_pad_share']:.3f} ({b['basis']}); padding to max_length would give {b['padded_to_max_length_share']:.3f}")
+    c = r.get("cache", {})
+    if c:
+        out.append(f"cache {'reused' if c['hit'] else 'written'}: {c['path']}")
+    return out
+
+
+def inspect_examples(data, tokenizer, n: int = 20, seed: int = 0) -> list[dict]:
+    """``n`` seeded-random prepared training examples, each token with its text and whether it carries loss."""
+    rows = data.train
+    k = len(rows)
+    picks = sorted(random.Random(seed).sample(range(k), min(n, k))) if k else []
+    specials = set(tokenizer.all_special_ids)
+    out = []
+    for i in picks:
+        row = rows[i]
+        ids, labels = list(row["input_ids"]), list(row["labels"])
+        toks = [{"id": t, "text": tokenizer.decode([t], skip_special_tokens=False), "trained": l != IGNORE_INDEX, "special": t in specials}
+                for t, l in zip(ids, labels)]
+        out.append({
+            "index": i,
+            "tokens": len(ids),
+            "loss_tokens": sum(1 for t in toks if t["trained"]),
+            "text": tokenizer.decode(ids, skip_special_tokens=False),
+            "trained_text": tokenizer.decode([t for t, l in zip(ids, labels) if l != IGNORE_INDEX], skip_special_tokens=False),
+            "pieces": toks,
+            **({"position_ids": list(row["position_ids"])} if row.get("position_ids") is not None else {}),
+        })
+    return out
+
+
+def render_example(ex: dict) -> str:
+    """Rich markup: trained tokens bold green, special tokens reverse video, the rest dim."""
+    from rich.markup import escape
+
+    parts = []
+    for p in ex["pieces"]:
+        t = escape(p["text"])
+        style = ("bold green" if p["trained"] else "dim") + (" reverse" if p["special"] else "")
+        parts.append(f"[{style}]{t}[/]")
+    return "".join(parts)
+
+
+def plain_example(ex: dict) -> str:
+    """Plain text: runs of trained tokens between « and » (for logs and NO_COLOR)."""
+    out, inside = [], False
+    for p in ex["pieces"]:
+        if p["trained"] != inside:
+            out.append("«" if p["trained"] else "»")
+            inside = p["trained"]
+        out.append(p["text"])
+    if inside:
+        out.append("»")
+    return "".join(out)
