@@ -71,7 +71,8 @@ class NearDedup:
         rng = np.random.RandomState(seed)
         self.a = (rng.randint(1, 2**31 - 1, size=num_perm, dtype=np.int64).astype(np.uint64) << np.uint64(32)) | rng.randint(1, 2**31 - 1, size=num_perm, dtype=np.int64).astype(np.uint64) | np.uint64(1)
         self.b = (rng.randint(0, 2**31 - 1, size=num_perm, dtype=np.int64).astype(np.uint64) << np.uint64(32)) | rng.randint(0, 2**31 - 1, size=num_perm, dtype=np.int64).astype(np.uint64)
-        self.lsh = MinHashLSH(threshold=threshold, num_perm=num_perm)
+        # favour recall in the index (candidates are verified against the threshold below)
+        self.lsh = MinHashLSH(threshold=threshold, num_perm=num_perm, weights=(0.05, 0.95))
         self.sigs: dict[int, np.ndarray] = {}
 
     def signature(self, ids: np.ndarray) -> np.ndarray:

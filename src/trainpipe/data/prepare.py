@@ -216,7 +216,15 @@ def _build(cfg: DataConfig, tokenizer, tpl: Template, writer, prints: list[dict]
                     why = f"detected from {_where(item.unit, item.line)}: {why}"
                 ex = formats.to_example(data, fmt, cfg.system_prompt)
             except formats.FormatError as exc:
-                rejects.add(Rejected(item.source, item.line, f"{exc} (format {fmt})" if fmt else str(exc), excerpt(json.dumps(item.data, default=str)), item.unit, "format_mismatch"))
+                reason = f"{exc} (format {fmt})" if fmt else str(exc)
+                if src.format == "auto" and fmt:
+                    try:
+                        other = formats.detect(data)[0]
+                    except formats.FormatError:
+                        other = None
+                    if other and other != fmt:
+                        reason += f"; the record looks like {other}, but this source was {why} (one format per source: split the file, or set `format:`)"
+                rejects.add(Rejected(item.source, item.line, reason, excerpt(json.dumps(item.data, default=str)), item.unit, "format_mismatch"))
                 continue
             if reservoir is not None:  # max_records: seeded reservoir sample, original order kept
                 if len(reservoir) < src.max_records:

@@ -84,12 +84,16 @@ class TemplateError(ValueError):
 def setup_chat_template(tokenizer, choice: str, model_path: str) -> str:
     """Install the chat template chosen by ``data.chat_template`` on ``tokenizer``, check it against the
     tokenizer's special tokens (before any training), and return its name."""
-    has_own = bool(getattr(tokenizer, "chat_template", None)) and tokenizer.chat_template not in [t for t, _ in BUILTIN.values()]
+    own = getattr(tokenizer, "chat_template", None)
+    has_own = bool(own)
+    installed = next((n for n, (t, _) in BUILTIN.items() if t == own), None)  # set up before: keep its name
     if choice == "tokenizer" and not has_own:
         raise ModelLoadError(
             f"`data.chat_template: tokenizer` but the tokenizer of `{model_path}` has no chat template. "
             "Set `data.chat_template: chatml` (or `auto`) to use the built-in ChatML template."
         )
+    if (choice == "auto" and installed) or (choice == installed and installed):
+        return installed
     if choice == "tokenizer" or (choice == "auto" and has_own):
         check_template(tokenizer, "tokenizer", model_path)
         return "tokenizer"
