@@ -55,8 +55,12 @@ def run(
     config: ConfigArg,
     set_: SetOpt = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an earlier run in the output directory.")] = False,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue from the newest checkpoint in the output directory whose checksums hold.")] = False,
 ) -> None:
-    """Prepare the data, measure the base model, train, measure again and export the best model."""
+    """Prepare the data, measure the base model, train, measure again and export the best model.
+
+    Exit codes: 0 done; 2 bad config, data or model; 3 training diverged; 4 out of memory with no way forward;
+    75 preempted (SIGTERM/SIGINT: a checkpoint was saved, continue with --resume)."""
     from rich.table import Table
 
     from trainpipe import ui
@@ -64,7 +68,7 @@ def run(
     from trainpipe.pipeline.run import run as run_pipeline
 
     cfg = load_config(config, set_ or [])
-    summary = run_pipeline(cfg, config_path=str(config.resolve()), overwrite=overwrite)
+    summary = run_pipeline(cfg, config_path=str(config.resolve()), overwrite=overwrite, resume=resume)
     con = ui.console()
     table = Table(title=f"{summary['name']}: baseline vs final (eval split, {summary['data']['eval_examples']} examples)")
     table.add_column("metric")

@@ -235,7 +235,7 @@ class TrainingConfig(_Section):
     save_steps: int | None = Field(default=None, ge=1)
     """Save a checkpoint every this many steps; must be a multiple of `eval_steps`. Default: `eval_steps`."""
     save_total_limit: int = Field(default=2, ge=1)
-    """Checkpoints kept on disk; the best one by eval loss is never deleted."""
+    """Newest checkpoints kept on disk (the best `keep_best` by eval loss are kept as well)."""
     logging_steps: int = Field(default=5, ge=1)
     """Write training metrics every this many steps."""
     early_stopping_patience: int | None = Field(default=3, ge=1)
@@ -248,6 +248,26 @@ class TrainingConfig(_Section):
     """float16 mixed precision with loss scaling (GPUs without bfloat16)."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory."""
+    resume: Literal["never", "auto"] = "never"
+    """`auto`: continue from the newest checkpoint in `output_dir` whose checksums hold (as `--resume` does), or start fresh when there is none."""
+    keep_best: int = Field(default=1, ge=0)
+    """Checkpoints kept for their eval loss, in addition to the newest `save_total_limit`; the best is never deleted."""
+    on_checkpoint_error: Literal["continue", "stop"] = "continue"
+    """When writing a checkpoint fails (disk full, I/O error): `continue` training (a later save may succeed) or `stop`."""
+    preemption_grace_seconds: float = Field(default=30.0, gt=0)
+    """After SIGTERM/SIGINT: time allowed to finish the step and save before the process exits regardless."""
+    oom_recovery: bool = True
+    """On out-of-memory: halve the micro-batch (same effective batch), then turn on gradient checkpointing, then stop with a plan."""
+    loss_spike_factor: float = Field(default=3.0, ge=0)
+    """A step loss above this many times the running median counts as a spike (0 turns spike detection off)."""
+    loss_spike_window: int = Field(default=20, ge=10)
+    """Number of recent step losses the running median is taken over."""
+    max_recoveries: int = Field(default=3, ge=0)
+    """Rollbacks after NaN/Inf or a loss spike before the run stops as diverged (0: stop at the first)."""
+    recovery_lr_factor: float = Field(default=0.5, gt=0, le=1)
+    """Factor applied to the learning rate at each rollback."""
+    hang_timeout_seconds: float = Field(default=1800.0, ge=0)
+    """When no step finishes for this long, dump all thread stacks and emit `distributed_hang` (0 turns the watchdog off)."""
 
     @model_validator(mode="after")
     def _save_multiple_of_eval(self) -> "TrainingConfig":

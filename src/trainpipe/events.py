@@ -24,6 +24,19 @@ EVENT_NAMES = {
     "model_exported",
     "run_finished",
     "run_failed",
+    "checkpoint_resumed",
+    "checkpoint_failed",
+    "checkpoint_skipped",
+    "preempted",
+    "cuda_oom",
+    "oom_recovered",
+    "gradient_overflow",
+    "loss_spike",
+    "rolled_back",
+    "training_diverged",
+    "distributed_hang",
+    "nccl_timeout",
+    "gpu_util_low",
 }
 
 LEVELS = ("debug", "info", "warning", "error", "fatal")

@@ -65,7 +65,7 @@ def test_artefact_contract(lora_run):
     assert names.index("training_started") < names.index("training_finished") < names.index("model_exported")
     assert all("time" in e and isinstance(e["step"], int) for e in events)
     saves = [e for e in events if e["event"] == "checkpoint_saved"]
-    assert [e["step"] for e in saves] == [10, 20, 30, 40]
+    assert [e["step"] for e in saves] == [0, 10, 20, 30, 40]  # step 0: the rollback target
     metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert any("loss" in m for m in metrics) and any("eval_loss" in m for m in metrics)
     summary = json.loads((run / "summary.json").read_text())
@@ -188,7 +188,7 @@ def test_early_stopping_with_patience(tmp_path):
     assert len(stopped) == 1 and stopped[0]["step"] == 20
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["train"]["stopped_early"] and summary["train"]["global_step"] == 20
-    assert summary["train"]["best_checkpoint"].endswith("checkpoint-10")
+    assert summary["train"]["best_checkpoint"].endswith("step-10")
 
 
 def test_same_seed_same_weights_to_the_bit(tmp_path):

@@ -15,6 +15,7 @@ Reads top to bottom. The run directory contract:
 
 from __future__ import annotations
 
+import json
 import shutil
 import warnings
 import time
@@ -23,17 +24,19 @@ from pathlib import Path
 
 from trainpipe import ui
 from trainpipe.config import RunConfig, dump_yaml
-from trainpipe.errors import RunDirError
+from trainpipe.errors import RunDirError, TrainpipeError
 from trainpipe.events import EventLog
 from trainpipe.plan import resolve
 from trainpipe.plan.hardware import detect
 from trainpipe.track.manifest import build_manifest, write_json
+from trainpipe.train.loop import EXIT_PREEMPTED, Preempted
 
 
-def prepare_run_dir(output_dir: str, overwrite: bool) -> Path:
+def prepare_run_dir(output_dir: str, overwrite: bool, allow_unfinished: bool = False) -> Path:
     run_dir = Path(output_dir).resolve()
+    unfinished = allow_unfinished and not (run_dir / "summary.json").exists() and not (run_dir / "model").exists()
     if run_dir.exists() and any(run_dir.iterdir()):
-        if not overwrite:
+        if not (overwrite or unfinished):
             raise RunDirError(
                 f"`{run_dir}` already holds files from an earlier run. Pass `--overwrite` to replace them, or choose "
                 "another directory with `--set output_dir=runs/NEW_NAME`."
@@ -41,6 +44,11 @@ def prepare_run_dir(output_dir: str, overwrite: bool) -> Path:
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir
+
+
+class PreemptedExit(TrainpipeError):
+    exit_code = EXIT_PREEMPTED
+    title = "preempted"
 
 
 def preflight(cfg: RunConfig) -> None:
@@ -84,7 +92,7 @@ def _evaluate(model, tokenizer, data, cfg: RunConfig, stop_ids: list[int], phase
     return out, samples
 
 
-def run(cfg: RunConfig, *, config_path: str | None = None, overwrite: bool = False) -> dict:
+def run(cfg: RunConfig, *, config_path: str | None = None, overwrite: bool = False, resume: bool = False) -> dict:
     import transformers
 
     t_start = time.time()
@@ -92,31 +100,104 @@ def run(cfg: RunConfig, *, config_path: str | None = None, overwrite: bool = Fal
     # transformers 5 renamed the property; peft and the Trainer still read the old name (noise, not a problem)
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
 
-    # 1. check the inputs exist, resolve the plan, lay out the run directory
+    # 1. check the inputs exist, resolve the plan, lay out the run directory (or find the checkpoint to resume)
     preflight(cfg)
     hw = detect()
     plan = resolve(cfg, hw)
     cfg = plan.config
-    run_dir = prepare_run_dir(cfg.output_dir, overwrite)
+    resume_from, notes = find_resume_point(cfg, resume or cfg.training.resume == "auto", explicit=resume, overwrite=overwrite)
+    run_dir = Path(cfg.output_dir).resolve() if resume_from is not None else prepare_run_dir(cfg.output_dir, overwrite, allow_unfinished=resume or cfg.training.resume == "auto")
     (run_dir / "config.resolved.yaml").write_text(dump_yaml(cfg), encoding="utf-8")
     events = EventLog(run_dir / "events.jsonl", echo=ui.echo_event)
-    events.emit("run_started", run_dir=str(run_dir), config_hash=cfg.hash())
+    events.emit("run_started", run_dir=str(run_dir), config_hash=cfg.hash(), resume_from=str(resume_from.path) if resume_from else None, resume_notes=notes)
     try:
-        return _steps(cfg, plan, hw, run_dir, events, config_path, t_start)
+        return _steps(cfg, plan, hw, run_dir, events, config_path, t_start, resume_from)
+    except Preempted as exc:
+        raise PreemptedExit(
+            f"Stopped by {exc.signame} at step {exc.step}; the checkpoint {exc.checkpoint} holds the full training state. "
+            f"Continue with `trainpipe run CONFIG --resume` (same config, same output_dir)."
+        ) from None
     except BaseException as exc:
         events.emit("run_failed", level="error", error=type(exc).__name__, message=str(getattr(exc, "message", exc))[:500])
         raise
 
 
-def _steps(cfg: RunConfig, plan, hw, run_dir: Path, events: EventLog, config_path: str | None, t_start: float) -> dict:
+# keys that may differ between a checkpoint's config and the resuming one
+SAFE_TO_RESUME = (
+    "name", "output_dir", "eval.", "training.num_train_epochs", "training.max_steps", "training.logging_steps", "training.eval_steps",
+    "training.save_steps", "training.save_total_limit", "training.keep_best", "training.early_stopping_patience", "training.resume",
+    "training.on_checkpoint_error", "training.preemption_grace_seconds", "training.hang_timeout_seconds", "training.per_device_eval_batch_size",
+    "training.oom_recovery", "training.max_recoveries", "training.loss_spike_factor",
+)
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def config_changes(old: dict, new: dict) -> tuple[list[str], list[str]]:
+    """(unsafe, safe) dotted keys whose values differ."""
+    a, b = _flatten(old), _flatten(new)
+    changed = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    safe = [k for k in changed if any(k == s or (s.endswith(".") and k.startswith(s)) for s in SAFE_TO_RESUME)]
+    return [k for k in changed if k not in safe], safe
+
+
+def find_resume_point(cfg: RunConfig, want: bool, *, explicit: bool, overwrite: bool):
+    """The newest valid checkpoint of this run's output_dir to resume from, or None to start fresh."""
+    import yaml
+
+    from trainpipe.errors import ConfigError
+    from trainpipe.train.checkpoints import CheckpointManager
+
+    run_dir = Path(cfg.output_dir).resolve()
+    if not want or overwrite:
+        return None, []
+    ckdir = run_dir / "checkpoints"
+    if (run_dir / "summary.json").exists():
+        raise RunDirError(f"The run in `{run_dir}` already finished (summary.json exists); there is nothing to resume. Pass `--overwrite` to train again from scratch.")
+    skipped = []
+    info = CheckpointManager(ckdir).latest_valid(on_skip=lambda c, why: skipped.append(f"{c.path.name}: {why}")) if ckdir.is_dir() else None
+    for s in skipped:
+        ui.console().print(f"[yellow]warning:[/] skipping corrupted checkpoint {s}", markup=True, soft_wrap=True)
+    if info is None:
+        if explicit:
+            raise RunDirError(
+                f"`--resume` but `{ckdir}` holds no valid checkpoint{' (' + '; '.join(skipped) + ')' if skipped else ''}. "
+                "Run without `--resume` (add `--overwrite` to clear the directory) to start from scratch."
+            )
+        return None, skipped
+    old = yaml.safe_load((info.path / "config.resolved.yaml").read_text())
+    unsafe, safe = config_changes(old, cfg.model_dump(mode="json"))
+    if unsafe:
+        lines = [f"  - `{k}`: {_flatten(old).get(k)!r} -> {_flatten(cfg.model_dump(mode='json')).get(k)!r}" for k in unsafe]
+        raise ConfigError(
+            f"Cannot resume {info.path}: the config changed in keys that change what is trained:\n" + "\n".join(lines)
+            + "\nRestore them, or start a new run (another `output_dir`, or `--overwrite`).",
+            [f"`{k}` changed" for k in unsafe],
+        )
+    notes = skipped + [f"changed (safe to resume across): {k}" for k in safe]
+    for n in notes:
+        ui.console().print(f"  [dim]resume: {n}[/]", markup=True, soft_wrap=True)
+    return info, notes
+
+
+def _steps(cfg: RunConfig, plan, hw, run_dir: Path, events: EventLog, config_path: str | None, t_start: float, resume_from) -> dict:
     import torch
     from transformers import set_seed
 
     from trainpipe.data.prepare import prepare
     from trainpipe.data.tokenize import end_of_turn_ids, setup_chat_template
     from trainpipe.export import export_model, stop_token_ids
+    from trainpipe.evaluate.evaluator import eval_loss
     from trainpipe.train import sft
-    from trainpipe.train.callbacks import EventsCallback, ProgressCallback
     from trainpipe.train.model import apply_lora, load_model, load_tokenizer, parameter_counts
 
     con = ui.console()
@@ -155,13 +236,22 @@ def _steps(cfg: RunConfig, plan, hw, run_dir: Path, events: EventLog, config_pat
     params = parameter_counts(model)
     con.print(f"  parameters: {params['trainable']:,} trainable of {params['total']:,} ({params['trainable_pct']:.2f} %)")
 
-    # 4. baseline on the eval split
-    baseline, base_samples = _evaluate(model, tokenizer, data, cfg, stop_ids, "baseline")
-    events.emit("eval_done", step=0, phase="baseline", **baseline)
+    # 4. baseline on the eval split (measured once; a resumed run reads it back)
+    baseline_path = run_dir / "baseline.json"
+    if resume_from is not None and baseline_path.exists():
+        saved = json.loads(baseline_path.read_text())
+        baseline, base_samples = saved["metrics"], saved["samples"]
+    else:
+        baseline, base_samples = _evaluate(model, tokenizer, data, cfg, stop_ids, "baseline")
+        write_json(baseline_path, {"metrics": baseline, "samples": base_samples[:20]})
+        events.emit("eval_done", step=0, phase="baseline", **baseline)
 
-    # 5. train
-    callbacks = [EventsCallback(events, run_dir / "metrics.jsonl"), ProgressCallback(ui.progress(_loss_col(), _tps_col()))]
-    outcome = sft.train(model, tokenizer, data.train, data.eval, cfg.training, run_dir / "checkpoints", callbacks)
+    # 5. train (resumable, preemptible, self-healing: see train/loop.py)
+    loop = sft.build_loop(
+        model, tokenizer, data.train, cfg.training, run_dir=run_dir, events=events, config_yaml=dump_yaml(cfg),
+        evaluate=lambda m: eval_loss(m, data.eval, batch_size=cfg.training.per_device_eval_batch_size, pad_id=tokenizer.pad_token_id)["loss"],
+    )
+    outcome = sft.train(loop, resume_from)
 
     # 6. final eval on the same split, with the best checkpoint loaded
     final, final_samples = _evaluate(model, tokenizer, data, cfg, stop_ids, "final")
@@ -190,15 +280,3 @@ def _steps(cfg: RunConfig, plan, hw, run_dir: Path, events: EventLog, config_pat
     write_json(run_dir / "summary.json", summary)
     events.emit("run_finished", step=outcome.global_step, wall_seconds=summary["wall_seconds"])
     return summary
-
-
-def _loss_col():
-    from rich.progress import TextColumn
-
-    return TextColumn("loss {task.fields[loss]}")
-
-
-def _tps_col():
-    from rich.progress import TextColumn
-
-    return TextColumn("{task.fields[tps]} tok/s")

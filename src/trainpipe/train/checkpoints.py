@@ -1,0 +1,183 @@
+"""Checkpoints a reader never sees half of, and that are verified before use.
+
+A checkpoint is written into a temporary sibling folder (``.tmp-step-N``): the trainable
+weights as safetensors, the training state (optimizer, scheduler, grad scaler, RNG streams,
+loop position) as ``state.pt``, the resolved config, then ``manifest.json`` with the size and
+SHA-256 of every file. Every file and the folder are fsynced, then the folder is renamed to
+``step-N``. Loading verifies the manifest first and reads the state with ``weights_only=True``.
+
+Retention: the newest ``keep_last`` checkpoints plus the best ``keep_best`` by eval metric;
+the best is never deleted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainpipe.train import faults
+
+WEIGHTS = "weights.safetensors"
+STATE = "state.pt"
+MANIFEST = "manifest.json"
+_NAME = re.compile(r"^step-(\d+)$")
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written; the previous checkpoints are intact."""
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as fh:
+        os.fsync(fh.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class CheckpointInfo:
+    path: Path
+    step: int
+    metric: float | None
+
+
+def verify(path: Path) -> str | None:
+    """None if the checkpoint at ``path`` is complete and its checksums hold, else the reason."""
+    man = path / MANIFEST
+    if not man.is_file():
+        return "no manifest.json (write never finished)"
+    try:
+        manifest = json.loads(man.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        return f"unreadable manifest.json ({exc})"
+    for name, meta in manifest.get("files", {}).items():
+        f = path / name
+        if not f.is_file():
+            return f"{name} is missing"
+        if f.stat().st_size != meta["size"]:
+            return f"{name} has {f.stat().st_size} bytes, manifest says {meta['size']} (truncated)"
+        if _sha256(f) != meta["sha256"]:
+            return f"{name} fails its SHA-256 check"
+    if WEIGHTS not in manifest.get("files", {}) or STATE not in manifest.get("files", {}):
+        return "manifest lists no weights or state"
+    return None
+
+
+class CheckpointManager:
+    def __init__(self, root: str | Path, keep_last: int = 2, keep_best: int = 1):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.keep_last = keep_last
+        self.keep_best = keep_best
+
+    # ----------------------------------------------------------------- listing
+    def all(self) -> list[CheckpointInfo]:
+        out = []
+        for p in self.root.iterdir():
+            m = _NAME.match(p.name)
+            if m and p.is_dir():
+                metric = None
+                try:
+                    metric = json.loads((p / MANIFEST).read_text()).get("metric")
+                except (OSError, json.JSONDecodeError):
+                    pass
+                out.append(CheckpointInfo(p, int(m.group(1)), metric))
+        return sorted(out, key=lambda c: c.step)
+
+    def latest_valid(self, on_skip=None) -> CheckpointInfo | None:
+        """The newest checkpoint whose checksums hold; ``on_skip(info, reason)`` for each corrupted one."""
+        for info in reversed(self.all()):
+            reason = verify(info.path)
+            if reason is None:
+                return info
+            if on_skip:
+                on_skip(info, reason)
+        return None
+
+    def best(self) -> CheckpointInfo | None:
+        scored = [c for c in self.all() if c.metric is not None and verify(c.path) is None]
+        return min(scored, key=lambda c: (c.metric, c.step)) if scored else None
+
+    # ----------------------------------------------------------------- writing
+    def save(self, step: int, *, weights: dict, state: dict, config_yaml: str, metric: float | None, info: dict) -> CheckpointInfo:
+        """Write checkpoint ``step`` atomically; raises CheckpointWriteError (nothing half-written remains)."""
+        import torch
+        from safetensors.torch import save_file
+
+        final = self.root / f"step-{step}"
+        tmp = self.root / f".tmp-step-{step}-{os.getpid()}"
+        try:
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            tmp.mkdir(parents=True)
+            save_file({k: v.detach().contiguous() for k, v in weights.items()}, str(tmp / WEIGHTS), metadata={"step": str(step)})
+            faults.during_checkpoint_write(step)
+            torch.save(state, tmp / STATE)
+            faults.during_checkpoint_write(step)
+            (tmp / "config.resolved.yaml").write_text(config_yaml, encoding="utf-8")
+            (tmp / "trainer_state.json").write_text(json.dumps({"step": step, "metric": metric, **info}, indent=2, default=str), encoding="utf-8")
+            files = {}
+            for f in sorted(tmp.iterdir()):
+                _fsync_file(f)
+                files[f.name] = {"size": f.stat().st_size, "sha256": _sha256(f)}
+            faults.during_checkpoint_write(step)
+            manifest = {"step": step, "metric": metric, "time": time.time(), "files": files}
+            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+            _fsync_file(tmp / MANIFEST)
+            _fsync_dir(tmp)
+            if final.exists():  # a stale or corrupted checkpoint of the same step
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+            _fsync_dir(self.root)
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise CheckpointWriteError(exc.errno, f"could not write checkpoint step-{step}: {exc.strerror or exc}") from exc
+        return CheckpointInfo(final, step, metric)
+
+    def rotate(self) -> list[Path]:
+        """Delete all but the newest ``keep_last`` and the best ``keep_best``; return what was deleted."""
+        infos = self.all()
+        keep = {c.step for c in infos[-self.keep_last :]} if self.keep_last > 0 else set()
+        scored = sorted((c for c in infos if c.metric is not None), key=lambda c: (c.metric, c.step))
+        keep |= {c.step for c in scored[: self.keep_best]}
+        removed = []
+        for c in infos:
+            if c.step not in keep:
+                shutil.rmtree(c.path, ignore_errors=True)
+                removed.append(c.path)
+        for stale in self.root.glob(".tmp-step-*"):  # leftovers of a killed writer
+            shutil.rmtree(stale, ignore_errors=True)
+        return removed
+
+    # ----------------------------------------------------------------- reading
+    @staticmethod
+    def load(path: Path) -> tuple[dict, dict]:
+        import torch
+        from safetensors.torch import load_file
+
+        reason = verify(path)
+        if reason:
+            raise CheckpointWriteError(0, f"checkpoint {path} is not usable: {reason}")
+        weights = load_file(str(path / WEIGHTS))
+        state = torch.load(path / STATE, weights_only=True, map_location="cpu")
+        return weights, state

@@ -1,0 +1,80 @@
+"""TEST-ONLY fault injection: makes the real failure happen at a chosen moment.
+
+Nothing here runs unless the environment variable ``TRAINPIPE_TEST_FAULTS`` holds a JSON
+object; the tests set it to exercise the same recovery code that runs in production.
+Keys:
+
+- ``oom_at_windows``: [w, ...] raise torch.OutOfMemoryError in the first forward of data window w
+  (``oom_always_at_windows``: at every attempt, whatever the micro-batch)
+- ``nan_at_windows``: [w, ...] make the loss of window w NaN, once each;
+  ``nan_always``: true makes every window's loss NaN
+- ``sleep_at_window``: {"window": w, "seconds": s} stall inside window w (for the hang watchdog)
+- ``slow_checkpoint_seconds``: s, sleep between files of a checkpoint write (to land kills mid-write)
+- ``checkpoint_error_at_steps``: [n, ...] raise OSError(ENOSPC) while writing the checkpoint of step n
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import time
+from functools import lru_cache
+
+ENV = "TRAINPIPE_TEST_FAULTS"
+_fired: set = set()
+
+
+@lru_cache(maxsize=1)
+def _spec_cached(raw: str) -> dict:
+    return json.loads(raw) if raw else {}
+
+
+def spec() -> dict:
+    return _spec_cached(os.environ.get(ENV, ""))
+
+
+def active() -> bool:
+    return bool(spec())
+
+
+def _once(key: str, value) -> bool:
+    token = (key, json.dumps(value))
+    if token in _fired:
+        return False
+    _fired.add(token)
+    return True
+
+
+def before_forward(window: int) -> None:
+    s = spec()
+    if not s:
+        return
+    import torch
+
+    if window in s.get("oom_always_at_windows", []):
+        raise torch.OutOfMemoryError("TEST-ONLY injected out of memory (every attempt)")
+    if window in s.get("oom_at_windows", []) and _once("oom", window):
+        raise torch.OutOfMemoryError("TEST-ONLY injected out of memory")
+    sl = s.get("sleep_at_window")
+    if sl and sl.get("window") == window and _once("sleep", window):
+        time.sleep(float(sl.get("seconds", 1)))
+
+
+def poison_loss(window: int, loss):
+    s = spec()
+    if not s:
+        return loss
+    if s.get("nan_always") or (window in s.get("nan_at_windows", []) and _once("nan", window)):
+        return loss * float("nan")
+    return loss
+
+
+def during_checkpoint_write(step: int) -> None:
+    s = spec()
+    if not s:
+        return
+    if s.get("slow_checkpoint_seconds"):
+        time.sleep(float(s["slow_checkpoint_seconds"]))
+    if step in s.get("checkpoint_error_at_steps", []):
+        raise OSError(errno.ENOSPC, "TEST-ONLY injected: No space left on device")

@@ -1,0 +1,558 @@
+"""trainpipe's training loop: every optimizer step under its control, so that it can be
+checkpointed, resumed to the bit, retried after an OOM and rolled back after divergence.
+
+Data order is a pure function of (seed, data window): window ``w`` of epoch ``e`` is the
+``w``-th slice of ``effective_batch`` examples of a permutation seeded with ``seed + e``. The
+loop position is therefore just the next window, and a resumed run reads exactly the
+examples the uninterrupted one would have, none twice and none skipped. The loss of a
+step is the sum of token losses over the whole window divided by its number of loss
+tokens, so splitting a window into smaller micro-batches (after an OOM) changes nothing
+but rounding.
+
+Failure handling, each with its event (see DESIGN.md):
+- OOM (``cuda_oom`` -> ``oom_recovered``): halve the micro-batch (accumulation grows, the
+  effective batch stays), then turn on gradient checkpointing, then stop with a plan.
+- NaN/Inf loss or gradient norm (``gradient_overflow``) or a loss above k x its running
+  median (``loss_spike``): roll back to the newest good checkpoint, scale the learning
+  rate down, skip the offending window, continue; after ``max_recoveries`` ->
+  ``training_diverged`` (fatal) and a clean stop.
+- SIGTERM/SIGINT (``preempted``): finish the step, save, exit with EXIT_PREEMPTED; a second
+  signal exits at once (checkpoints are atomic, so nothing is corrupted).
+- No step finishing within ``hang_timeout_seconds`` (``distributed_hang``): all thread
+  stacks are dumped to the run directory.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import math
+import os
+import random
+import signal
+import statistics
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from trainpipe.config import TrainingConfig
+from trainpipe.data.collate import IGNORE_INDEX, PadCollator
+from trainpipe.errors import TrainpipeError
+from trainpipe.events import EventLog
+from trainpipe.train import faults
+from trainpipe.train.checkpoints import CheckpointInfo, CheckpointManager, CheckpointWriteError
+
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: "try again" -- rerun with --resume
+EXIT_DIVERGED = 3
+EXIT_OOM = 4
+
+
+class Preempted(Exception):
+    """Training stopped on a signal after saving a checkpoint."""
+
+    def __init__(self, step: int, checkpoint: str | None, signame: str):
+        super().__init__(f"preempted by {signame} at step {step}")
+        self.step, self.checkpoint, self.signame = step, checkpoint, signame
+
+
+class TrainingDiverged(TrainpipeError):
+    exit_code = EXIT_DIVERGED
+    title = "training diverged"
+
+
+class OutOfMemoryPlan(TrainpipeError):
+    exit_code = EXIT_OOM
+    title = "out of memory"
+
+
+class CheckpointFailed(TrainpipeError):
+    exit_code = 1
+    title = "checkpoint failed"
+
+
+@dataclass
+class LoopState:
+    step: int = 0  # optimizer steps done
+    window: int = 0  # next data window to read
+    skipped: list[int] = field(default_factory=list)  # windows skipped after a divergence
+    lr_scale: float = 1.0
+    micro_batch: int = 1
+    gradient_checkpointing: bool = False
+    best_metric: float | None = None
+    best_step: int | None = None
+    evals_without_improvement: int = 0
+    recoveries: int = 0
+    recent_losses: list[float] = field(default_factory=list)
+    tokens_seen: int = 0
+    stopped_early: bool = False
+
+
+@dataclass
+class FitResult:
+    global_step: int
+    best_checkpoint: str | None
+    best_eval_loss: float | None
+    train_loss: float | None
+    train_seconds: float
+    tokens_seen: int
+    stopped_early: bool
+    resumed_from: str | None
+    recoveries: int
+    skipped_windows: list[int]
+    micro_batch: int
+    gradient_checkpointing: bool
+
+
+# ------------------------------------------------------------------------------ RNG state
+
+
+def capture_rng() -> dict:
+    import numpy as np
+    import torch
+
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype("int64")), "pos": int(pos), "has_gauss": int(has_gauss), "cached": float(cached)},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict) -> None:
+    import numpy as np
+    import torch
+
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype("uint32"), n["pos"], n["has_gauss"], n["cached"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def is_oom(exc: BaseException) -> bool:
+    import torch
+
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+
+
+# ------------------------------------------------------------------------------ the loop
+
+
+class TrainLoop:
+    def __init__(
+        self,
+        *,
+        model,
+        train_data: list[dict],
+        pad_id: int,
+        t: TrainingConfig,
+        checkpoint_dir: Path,
+        run_dir: Path,
+        events: EventLog,
+        config_yaml: str,
+        evaluate: Callable[[object], float],
+        metrics_path: Path,
+        progress=None,
+    ):
+        import torch
+
+        self.torch = torch
+        self.model = model
+        self.data = train_data
+        self.pad_id = pad_id
+        self.collate = PadCollator(pad_id)
+        self.t = t
+        self.run_dir = Path(run_dir)
+        self.events = events
+        self.config_yaml = config_yaml
+        self.evaluate = evaluate
+        self.metrics_path = Path(metrics_path)
+        self.progress = progress
+        self.ckpt = CheckpointManager(checkpoint_dir, keep_last=t.save_total_limit, keep_best=t.keep_best)
+        self.device = next(model.parameters()).device
+        self.params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.effective = t.per_device_train_batch_size * t.gradient_accumulation_steps
+        n = len(train_data)
+        self.steps_per_epoch = max(1, math.ceil(n / self.effective))
+        self.total_windows = t.max_steps if t.max_steps > 0 else max(1, math.ceil(t.num_train_epochs * self.steps_per_epoch))
+        self.state = LoopState(micro_batch=t.per_device_train_batch_size, gradient_checkpointing=t.gradient_checkpointing)
+        self.optimizer = self._optimizer()
+        self.base_lrs = [g["lr"] for g in self.optimizer.param_groups]
+        self.scheduler = self._scheduler()
+        self.scaler = torch.amp.GradScaler("cuda") if (t.fp16 and self.device.type == "cuda") else None
+        self._perm_cache: dict[int, list[int]] = {}
+        self._stop_signal: str | None = None
+        self._heartbeat = time.time()
+        self._watchdog_stop = threading.Event()
+        self.last_saved: CheckpointInfo | None = None
+
+    # ------------------------------------------------------------------ set-up
+    def _optimizer(self):
+        torch = self.torch
+        decay = [p for n, p in self.params if p.ndim >= 2]
+        no_decay = [p for n, p in self.params if p.ndim < 2]
+        groups = [g for g in ({"params": decay, "weight_decay": self.t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}) if g["params"]]
+        lr = self.t.learning_rate
+        if self.t.optim in ("adamw_torch", "adamw_torch_fused"):
+            fused = self.t.optim == "adamw_torch_fused" and self.device.type == "cuda"
+            return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-8, fused=fused or None)
+        if self.t.optim == "sgd":
+            return torch.optim.SGD(groups, lr=lr, momentum=0.9)
+        from transformers.optimization import Adafactor
+
+        return Adafactor(groups, lr=lr, scale_parameter=False, relative_step=False, warmup_init=False)
+
+    def _scheduler(self):
+        from transformers import get_scheduler
+
+        warm = self.t.warmup_steps if self.t.warmup_steps is not None else math.ceil(self.t.warmup_ratio * self.total_windows)
+        return get_scheduler(self.t.lr_scheduler_type, self.optimizer, num_warmup_steps=warm, num_training_steps=self.total_windows)
+
+    def _apply_lr_scale(self) -> None:
+        self.scheduler.base_lrs = [lr * self.state.lr_scale for lr in self.base_lrs]
+        for i, g in enumerate(self.optimizer.param_groups):
+            g["lr"] = self.scheduler.base_lrs[i] * self.scheduler.lr_lambdas[i](self.scheduler.last_epoch)
+
+    def _set_gradient_checkpointing(self, on: bool) -> None:
+        if on:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if hasattr(self.model, "config"):
+                self.model.config.use_cache = False
+        self.state.gradient_checkpointing = on
+
+    # ------------------------------------------------------------------ data
+    def window_indices(self, w: int) -> list[int]:
+        epoch, k = divmod(w, self.steps_per_epoch)
+        if epoch not in self._perm_cache:
+            g = self.torch.Generator().manual_seed(self.t.seed + epoch)
+            self._perm_cache = {epoch: self.torch.randperm(len(self.data), generator=g).tolist()}
+        perm = self._perm_cache[epoch]
+        return perm[k * self.effective : (k + 1) * self.effective]
+
+    # ------------------------------------------------------------------ one step
+    def _forward_backward(self, w: int) -> tuple[float, int, float]:
+        torch = self.torch
+        examples = [self.data[i] for i in self.window_indices(w)]
+        n_tokens = sum(sum(1 for x in ex["labels"][1:] if x != IGNORE_INDEX) for ex in examples)
+        denom = max(n_tokens, 1)
+        total = torch.zeros((), device=self.device)
+        micro = self.state.micro_batch
+        amp = self.device.type == "cuda" and (self.t.bf16 or self.t.fp16)
+        amp_dtype = torch.bfloat16 if self.t.bf16 else torch.float16
+        for i in range(0, len(examples), micro):
+            faults.before_forward(w)
+            batch = {k: (v.to(self.device) if hasattr(v, "to") else v) for k, v in self.collate(examples[i : i + micro]).items()}
+            labels = batch.pop("labels")
+            with torch.autocast(self.device.type, dtype=amp_dtype, enabled=amp):
+                logits = self.model(**batch).logits
+            ce = torch.nn.functional.cross_entropy(
+                logits[:, :-1].float().reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
+            )
+            loss = faults.poison_loss(w, ce / denom)
+            (self.scaler.scale(loss) if self.scaler else loss).backward()
+            total += loss.detach()
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
+        gnorm = torch.nn.utils.clip_grad_norm_([p for _, p in self.params], self.t.max_grad_norm)
+        return float(total), n_tokens, float(gnorm)
+
+    def _step_with_oom_recovery(self, w: int) -> tuple[float, int, float]:
+        rng = capture_rng()
+        attempt = 0
+        while True:
+            try:
+                if attempt:
+                    restore_rng(rng)  # the retried step draws the same dropout masks
+                out = self._forward_backward(w)
+                if attempt:
+                    self.events.emit(
+                        "oom_recovered", step=self.state.step + 1, micro_batch=self.state.micro_batch,
+                        gradient_accumulation_steps=math.ceil(self.effective / self.state.micro_batch),
+                        effective_batch=self.effective, gradient_checkpointing=self.state.gradient_checkpointing,
+                    )
+                return out
+            except Exception as exc:  # noqa: BLE001 - classified below, re-raised when not an OOM
+                if not is_oom(exc) or not self.t.oom_recovery:
+                    raise
+                self.optimizer.zero_grad(set_to_none=True)
+                if self.device.type == "cuda":
+                    self.torch.cuda.empty_cache()
+                before = {"micro_batch": self.state.micro_batch, "gradient_checkpointing": self.state.gradient_checkpointing}
+                if self.state.micro_batch > 1:
+                    self.state.micro_batch //= 2
+                    action = "halved the micro-batch"
+                elif not self.state.gradient_checkpointing:
+                    self._set_gradient_checkpointing(True)
+                    action = "turned on gradient checkpointing"
+                else:
+                    self.events.emit("cuda_oom", step=self.state.step + 1, level="fatal", **before, error=str(exc)[:200], action="stop")
+                    raise OutOfMemoryPlan(
+                        f"Out of memory at step {self.state.step + 1} even with micro-batch 1 and gradient checkpointing "
+                        f"({str(exc)[:120]}). What would fit: a shorter `data.max_length`, LoRA instead of a full fine-tune "
+                        "(`method.peft: lora`), a smaller model, or a GPU with more memory. Resume from the newest "
+                        "checkpoint with `--resume` after the change."
+                    ) from None
+                self.events.emit(
+                    "cuda_oom", step=self.state.step + 1, level="warning", error=str(exc)[:200], action=action, **{f"before_{k}": v for k, v in before.items()},
+                    micro_batch=self.state.micro_batch, gradient_accumulation_steps=math.ceil(self.effective / self.state.micro_batch),
+                    effective_batch=self.effective, gradient_checkpointing=self.state.gradient_checkpointing,
+                )
+                attempt += 1
+
+    # ------------------------------------------------------------------ divergence
+    def _diverged(self, loss: float, gnorm: float) -> tuple[str, dict] | None:
+        if not math.isfinite(loss) or not math.isfinite(gnorm):
+            return "gradient_overflow", {"loss": loss, "grad_norm": gnorm}
+        hist = self.state.recent_losses
+        if self.t.loss_spike_factor and len(hist) >= 10:
+            med = statistics.median(hist)
+            if med > 0 and loss > self.t.loss_spike_factor * med:
+                return "loss_spike", {"loss": loss, "running_median": med, "factor": self.t.loss_spike_factor}
+        return None
+
+    def _recover(self, w: int, kind: str, figures: dict) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        self.events.emit(kind, step=self.state.step + 1, level="warning", window=w, **figures)
+        if self.state.recoveries >= self.t.max_recoveries:
+            self.events.emit(
+                "training_diverged", step=self.state.step + 1, level="fatal", recoveries=self.state.recoveries,
+                skipped_windows=self.state.skipped + [w], last_event=kind, **figures,
+            )
+            raise TrainingDiverged(
+                f"Training diverged at step {self.state.step + 1} ({kind}: {figures}) after {self.state.recoveries} "
+                f"rollback(s) with the learning rate scaled to {self.state.lr_scale:g}x. Likely causes: a learning rate "
+                "too high (lower `training.learning_rate`), fp16 overflow (use bf16 or fp32), or bad data in the skipped "
+                f"windows {self.state.skipped + [w]}. `trainpipe diagnose {self.run_dir}` shows the evidence."
+            )
+        good = self.ckpt.latest_valid(on_skip=self._on_corrupt)
+        if good is None:
+            raise TrainingDiverged(f"{kind} at step {self.state.step + 1} and no valid checkpoint to roll back to.")
+        keep = {"recoveries": self.state.recoveries + 1, "skipped": sorted(set(self.state.skipped + [w])), "lr_scale": self.state.lr_scale * self.t.recovery_lr_factor}
+        self._load(good)
+        self.state.recoveries, self.state.skipped, self.state.lr_scale = keep["recoveries"], keep["skipped"], keep["lr_scale"]
+        self._apply_lr_scale()
+        self.events.emit(
+            "rolled_back", step=self.state.step, level="warning", checkpoint=str(good.path), lr_scale=self.state.lr_scale,
+            skipped_windows=self.state.skipped, recoveries=self.state.recoveries,
+        )
+
+    # ------------------------------------------------------------------ checkpoints
+    def _weights(self) -> dict:
+        return {n: p for n, p in self.params}
+
+    def _state(self) -> dict:
+        st = {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "rng": capture_rng(),
+            "loop": asdict(self.state),
+        }
+        if self.scaler:
+            st["scaler"] = self.scaler.state_dict()
+        return st
+
+    def save(self, metric: float | None) -> CheckpointInfo | None:
+        t0 = time.time()
+        try:
+            info = self.ckpt.save(
+                self.state.step, weights=self._weights(), state=self._state(), config_yaml=self.config_yaml, metric=metric,
+                info={"window": self.state.window, "micro_batch": self.state.micro_batch},
+            )
+        except CheckpointWriteError as exc:
+            self.events.emit("checkpoint_failed", step=self.state.step, level="error", cause=str(exc), policy=self.t.on_checkpoint_error)
+            if self.t.on_checkpoint_error == "stop":
+                raise CheckpointFailed(
+                    f"Writing the checkpoint of step {self.state.step} failed ({exc}); the earlier checkpoints are intact. "
+                    "Free disk space, then continue with `--resume`."
+                ) from None
+            return None
+        size = sum(f.stat().st_size for f in info.path.iterdir())
+        self.ckpt.rotate()
+        self.last_saved = info
+        self.events.emit("checkpoint_saved", step=self.state.step, path=str(info.path), eval_loss=metric, size_bytes=size, seconds=round(time.time() - t0, 3))
+        return info
+
+    def _load(self, info: CheckpointInfo) -> None:
+        weights, st = CheckpointManager.load(info.path)
+        result = self.model.load_state_dict(weights, strict=False)
+        trainable = {n for n, _ in self.params}
+        missing = trainable - set(weights)
+        if result.unexpected_keys or missing:
+            raise TrainpipeError(f"Checkpoint {info.path} does not match the model (missing {sorted(missing)[:3]}, unexpected {result.unexpected_keys[:3]}).")
+        self.optimizer.load_state_dict(st["optimizer"])
+        self.scheduler.load_state_dict(st["scheduler"])
+        if self.scaler and "scaler" in st:
+            self.scaler.load_state_dict(st["scaler"])
+        loop = st["loop"]
+        self.state = LoopState(**loop)
+        if self.state.gradient_checkpointing:
+            self._set_gradient_checkpointing(True)
+        restore_rng(st["rng"])
+
+    def _on_corrupt(self, info: CheckpointInfo, reason: str) -> None:
+        self.events.emit("checkpoint_skipped", step=info.step, level="warning", path=str(info.path), reason=reason)
+
+    def load_best_weights(self) -> CheckpointInfo | None:
+        best = self.ckpt.best()
+        if best is not None:
+            weights, _ = CheckpointManager.load(best.path)
+            self.model.load_state_dict(weights, strict=False)
+        return best
+
+    # ------------------------------------------------------------------ signals, watchdog
+    def _on_signal(self, signum, frame) -> None:
+        name = signal.Signals(signum).name
+        if self._stop_signal is not None:  # second signal: out now; checkpoints are atomic
+            os._exit(128 + signum)
+        self._stop_signal = name
+        timer = threading.Timer(self.t.preemption_grace_seconds, lambda: os._exit(EXIT_PREEMPTED))
+        timer.daemon = True
+        timer.start()
+
+    def _watchdog(self) -> None:
+        timeout = self.t.hang_timeout_seconds
+        fired_for = None
+        while not self._watchdog_stop.wait(min(max(timeout / 4, 0.05), 5.0)):
+            beat = self._heartbeat
+            if time.time() - beat > timeout and fired_for != beat:
+                fired_for = beat
+                path = self.run_dir / f"hang-stacks-step-{self.state.step}.txt"
+                with open(path, "w") as fh:
+                    faulthandler.dump_traceback(file=fh, all_threads=True)
+                name = "distributed_hang"
+                try:
+                    import torch.distributed as dist
+
+                    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
+                        name = "nccl_timeout"
+                except Exception:  # noqa: BLE001
+                    pass
+                self.events.emit(name, step=self.state.step, level="error", seconds_without_progress=round(time.time() - beat, 1), stacks=str(path))
+
+    # ------------------------------------------------------------------ fit
+    def fit(self, resume_from: CheckpointInfo | None = None) -> FitResult:
+        t0 = time.time()
+        if resume_from is not None:
+            self._load(resume_from)
+            self._apply_lr_scale()
+            self.events.emit("checkpoint_resumed", step=self.state.step, checkpoint=str(resume_from.path), window=self.state.window)
+        elif self.state.gradient_checkpointing:
+            self._set_gradient_checkpointing(True)
+        self.model.train()
+        self.events.emit(
+            "training_started", step=self.state.step, max_steps=self.total_windows, micro_batch=self.state.micro_batch,
+            gradient_accumulation_steps=self.t.gradient_accumulation_steps, effective_batch=self.effective,
+            learning_rate=self.t.learning_rate, examples=len(self.data), resumed=resume_from is not None,
+        )
+        if resume_from is None and self.t.max_recoveries > 0:
+            self.save(metric=None)  # step 0: a rollback target before the first regular save
+
+        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)} if threading.current_thread() is threading.main_thread() else {}
+        watchdog = threading.Thread(target=self._watchdog, name="trainpipe-watchdog", daemon=True) if self.t.hang_timeout_seconds else None
+        if watchdog:
+            watchdog.start()
+        if self.progress:
+            self.progress.start(self.total_windows, self.state.step)
+        losses: list[float] = []
+        t_log, tok_log = time.time(), self.state.tokens_seen
+        try:
+            while self.state.window < self.total_windows:
+                w = self.state.window
+                if w in self.state.skipped:
+                    self.state.window += 1
+                    continue
+                self._heartbeat = time.time()
+                loss, n_tok, gnorm = self._step_with_oom_recovery(w)
+                bad = self._diverged(loss, gnorm)
+                if bad:
+                    self._recover(w, *bad)
+                    continue
+                if self.scaler:
+                    self.scaler.step(self.optimizer)
+                    self.scaler.update()
+                else:
+                    self.optimizer.step()
+                self.scheduler.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                st = self.state
+                st.step += 1
+                st.window += 1
+                st.tokens_seen += n_tok
+                st.recent_losses = (st.recent_losses + [loss])[-self.t.loss_spike_window :]
+                losses.append(loss)
+                self._heartbeat = time.time()
+                if st.step % self.t.logging_steps == 0:
+                    dt = max(time.time() - t_log, 1e-9)
+                    rec = {
+                        "time": time.time(), "step": st.step, "epoch": round(st.window / self.steps_per_epoch, 4), "loss": loss,
+                        "learning_rate": self.optimizer.param_groups[0]["lr"], "grad_norm": gnorm, "tokens_seen": st.tokens_seen,
+                        "tokens_per_second": (st.tokens_seen - tok_log) / dt,
+                    }
+                    self._metric(rec)
+                    if self.progress:
+                        self.progress.log(rec, self.total_windows)
+                    t_log, tok_log = time.time(), st.tokens_seen
+                if self.progress:
+                    self.progress.update(st.step, loss)
+                metric = None
+                last = st.window >= self.total_windows
+                if st.step % self.t.eval_steps == 0 or last:
+                    metric = self._eval()
+                    if st.stopped_early:
+                        last = True
+                if st.step % self.t.save_steps == 0 or last or self._stop_signal:
+                    self.save(metric)
+                if self._stop_signal:
+                    self.events.emit("preempted", step=st.step, level="warning", signal=self._stop_signal, checkpoint=str(self.last_saved.path) if self.last_saved else None)
+                    raise Preempted(st.step, str(self.last_saved.path) if self.last_saved else None, self._stop_signal)
+                if st.stopped_early:
+                    self.events.emit("early_stopped", step=st.step, best_metric=st.best_metric, best_step=st.best_step, patience=self.t.early_stopping_patience)
+                    break
+        finally:
+            self._watchdog_stop.set()
+            for s, h in old.items():
+                signal.signal(s, h)
+            if self.progress:
+                self.progress.stop()
+        best = self.ckpt.best()
+        seconds = round(time.time() - t0, 3)
+        self.events.emit(
+            "training_finished", step=self.state.step, seconds=seconds, best_checkpoint=str(best.path) if best else None,
+            best_eval_loss=best.metric if best else None, tokens_seen=self.state.tokens_seen,
+        )
+        return FitResult(
+            global_step=self.state.step, best_checkpoint=str(best.path) if best else None, best_eval_loss=best.metric if best else None,
+            train_loss=sum(losses) / len(losses) if losses else None, train_seconds=seconds, tokens_seen=self.state.tokens_seen,
+            stopped_early=self.state.stopped_early, resumed_from=str(resume_from.path) if resume_from else None,
+            recoveries=self.state.recoveries, skipped_windows=list(self.state.skipped), micro_batch=self.state.micro_batch,
+            gradient_checkpointing=self.state.gradient_checkpointing,
+        )
+
+    def _eval(self) -> float:
+        metric = float(self.evaluate(self.model))
+        self.model.train()
+        st = self.state
+        self.events.emit("eval_done", step=st.step, phase="train", eval_loss=metric)
+        self._metric({"time": time.time(), "step": st.step, "eval_loss": metric})
+        if st.best_metric is None or metric < st.best_metric:
+            st.best_metric, st.best_step, st.evals_without_improvement = metric, st.step, 0
+        else:
+            st.evals_without_improvement += 1
+            if self.t.early_stopping_patience and st.evals_without_improvement >= self.t.early_stopping_patience:
+                st.stopped_early = True
+        return metric
+
+    def _metric(self, rec: dict) -> None:
+        import json
+
+        with open(self.metrics_path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(rec) + "\n")
