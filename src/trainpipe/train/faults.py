@@ -9,6 +9,7 @@ Keys:
 - ``nan_at_windows``: [w, ...] make the loss of window w NaN, once each;
   ``nan_always``: true makes every window's loss NaN
 - ``sleep_at_window``: {"window": w, "seconds": s} stall inside window w (for the hang watchdog)
+- ``step_seconds``: s, sleep before every forward (a slower step, so that kills land mid-step)
 - ``slow_checkpoint_seconds``: s, sleep between files of a checkpoint write (to land kills mid-write)
 - ``checkpoint_error_at_steps``: [n, ...] raise OSError(ENOSPC) while writing the checkpoint of step n
 """
@@ -56,6 +57,8 @@ def before_forward(window: int) -> None:
         raise torch.OutOfMemoryError("TEST-ONLY injected out of memory (every attempt)")
     if window in s.get("oom_at_windows", []) and _once("oom", window):
         raise torch.OutOfMemoryError("TEST-ONLY injected out of memory")
+    if s.get("step_seconds"):
+        time.sleep(float(s["step_seconds"]))
     sl = s.get("sleep_at_window")
     if sl and sl.get("window") == window and _once("sleep", window):
         time.sleep(float(sl.get("seconds", 1)))
