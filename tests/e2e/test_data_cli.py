@@ -70,3 +70,20 @@ def test_bad_data_exit_2_without_traceback_and_skip_writes_rejected(tmp_path, ba
     rows = [json.loads(x) for x in (tmp_path / "out" / "data" / "rejected.jsonl").read_text().splitlines()]
     assert [(r["line"], r["kind"]) for r in rows] == [(6, "invalid_json"), (7, "format_mismatch")]
     assert "missing field `instruction`" in rows[1]["reason"] and "looks like chat" in rows[1]["reason"]
+
+
+@pytest.mark.parametrize("packing", ["pack", "padding_free"])
+def test_run_trains_on_packed_and_padding_free_batches(tmp_path, base, packing):
+    cfg = make(tmp_path, base, RECS * 1 + [{"instruction": "Reverse the order of the words.", "input": f"stone lamp v{i}", "output": f"v{i} lamp stone"} for i in range(30)],
+               packing=packing)
+    data = yaml.safe_load(cfg.read_text())
+    data["training"] = {"max_steps": 4, "eval_steps": 4, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 1, "early_stopping_patience": None}
+    data["eval"] = {"metrics": ["loss"]}
+    cfg.write_text(yaml.safe_dump(data))
+    assert main(["run", str(cfg)]) == 0
+    report = json.loads((tmp_path / "out" / "data_report.json").read_text())
+    assert report["batching"]["mode"] == packing
+    if packing == "pack":
+        assert report["splits"]["train"]["packed_rows"] < report["splits"]["train"]["records"]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["train"]["global_step"] == 4 and summary["data"]["records_kept"] == 60

@@ -39,7 +39,9 @@ _SECRET_PATTERNS = [
 _ASSIGN = re.compile(
     r"(?i)\b((?:aws_secret_access_key|password|passwd|pwd|secret(?:_key)?|api[_-]?key|access[_-]?token|auth[_-]?token|token)\s*[:=]\s*)([\"']?)([^\s\"',;]{4,})\2"
 )
-_SECRET_HINT = re.compile(r"(?i)BEGIN|AKIA|ASIA|AGPA|AIDA|AROA|gh[pousr]_|github_pat|xox|sk-|AIza|pass|pwd|secret|key|token")
+_SECRET_HINTS = ("BEGIN", "AKIA", "ASIA", "AGPA", "AIDA", "AROA", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat", "xox", "sk-", "AIza")
+_ASSIGN_HINTS = ("pass", "pwd", "secret", "key", "token")
+_DIGIT = re.compile(r"\d")
 _EMAIL = re.compile(r"(?<![\w.+-])[A-Za-z0-9][A-Za-z0-9._%+-]{0,63}@[A-Za-z0-9](?:[A-Za-z0-9-]{0,62}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,62}[A-Za-z0-9])?)*\.[A-Za-z]{2,24}\b")
 _IPV4 = re.compile(r"(?<![\w.])(?:(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)(?![\w]|\.\d)")
 _IPV6 = re.compile(r"(?<![\w:])(?:[0-9A-Fa-f]{1,4}:|:){2,7}(?:[0-9A-Fa-f]{1,4}|:)(?![\w:])")
@@ -89,18 +91,26 @@ class Scrubber:
 
     def _sub(self, pattern: re.Pattern, kind: str, text: str, check=None) -> str:
         def repl(m: re.Match) -> str:
-            if check is not None and not check(m.group(0)):
-                return m.group(0)
-            self.counts[kind] += 1
-            return PLACEHOLDERS[kind]
+            found = m.group(0)
+            if check is None or check(found):
+                self.counts[kind] += 1
+                return PLACEHOLDERS[kind]
+            # a greedy match can swallow a neighbouring number ("+49 30 1234567 1925"): try it without its tail groups
+            for cut in range(len(found) - 1, 0, -1):
+                if found[cut] in " -./" and pattern.fullmatch(found[:cut]) and check(found[:cut]):
+                    self.counts[kind] += 1
+                    return PLACEHOLDERS[kind] + found[cut:]
+            return found
 
         return pattern.sub(repl, text)
 
     def __call__(self, text: str) -> str:
         t = self.types
-        if "secret" in t and _SECRET_HINT.search(text):
+        if "secret" in t and any(h in text for h in _SECRET_HINTS):
             for pat in _SECRET_PATTERNS:
                 text = self._sub(pat, "secret", text)
+        low = text.lower() if "secret" in t else ""
+        if "secret" in t and any(h in low for h in _ASSIGN_HINTS):
 
             def assign(m: re.Match) -> str:
                 if m.group(3).startswith("<"):
@@ -111,7 +121,7 @@ class Scrubber:
             text = _ASSIGN.sub(assign, text)
         if "email" in t and "@" in text:
             text = self._sub(_EMAIL, "email", text)
-        has_digit = any(c.isdigit() for c in text)
+        has_digit = _DIGIT.search(text) is not None
         if has_digit:
             if "iban" in t:
                 text = self._sub(_IBAN, "iban", text, iban_ok)

@@ -24,24 +24,23 @@ _WORD = re.compile(r"\w+")
 _MASK32 = np.uint64(0xFFFFFFFF)
 
 
+class _Ids(dict):
+    def __missing__(self, w: str) -> int:
+        v = self[w] = zlib.crc32(w.encode())
+        return v
+
+
 class Words:
     """Normalised words -> stable 32-bit ids (CRC32, memoised)."""
 
     def __init__(self):
-        self._ids: dict[str, int] = {}
+        self._ids = _Ids()
 
     def ids(self, text: str) -> tuple[list[str], np.ndarray]:
         words = _WORD.findall(text.lower())
-        table = self._ids
-        out = []
-        for w in words:
-            v = table.get(w)
-            if v is None:
-                v = table[w] = zlib.crc32(w.encode())
-                if len(table) > 2_000_000:
-                    table.clear()
-            out.append(v)
-        return words, np.asarray(out, dtype=np.uint64)
+        if len(self._ids) > 2_000_000:
+            self._ids.clear()
+        return words, np.fromiter(map(self._ids.__getitem__, words), dtype=np.uint64, count=len(words))
 
 
 def exact_key(words: list[str]) -> bytes:
@@ -92,15 +91,16 @@ class NearDedup:
         sig = self.signature(ids)
         m = object.__new__(LeanMinHash)
         m._initialize_slots(1, sig)
+        sig32 = sig.astype(np.uint32)  # stored: 512 bytes a record
         best = None
         for cand in self.lsh.query(m):
-            sim = float(np.mean(self.sigs[cand] == sig))
+            sim = float(np.mean(self.sigs[cand] == sig32))
             if sim >= self.threshold and (best is None or sim > best[1] or (sim == best[1] and cand < best[0])):
                 best = (cand, sim)
         if best is not None:
             return best
         self.lsh.insert(key, m, check_duplication=False)
-        self.sigs[key] = sig
+        self.sigs[key] = sig32
         return None
 
 
@@ -142,3 +142,25 @@ class Contamination:
         pos = np.searchsorted(self._sorted, h)
         pos[pos >= len(self._sorted)] = 0
         return bool((self._sorted[pos] == h).any())
+
+    def hits_batch(self, arrays: list[np.ndarray]) -> np.ndarray:
+        """``hits`` for many id arrays at once (one vectorised pass; no n-gram crosses two arrays)."""
+        out = np.zeros(len(arrays), dtype=bool)
+        if not self._parts or not arrays:
+            return out
+        if self._sorted is None:
+            self._sorted = np.unique(np.concatenate(self._parts))
+        lens = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
+        if lens.sum() < self.n:
+            return out
+        h = ngram_hashes(np.concatenate(arrays), self.n)
+        starts = np.concatenate(([0], np.cumsum(lens)[:-1]))
+        rec = np.repeat(np.arange(len(arrays)), lens)[: len(h)]
+        pos = np.arange(len(h))
+        valid = pos - starts[rec] <= lens[rec] - self.n
+        h, rec = h[valid], rec[valid]
+        idx = np.searchsorted(self._sorted, h)
+        idx[idx >= len(self._sorted)] = 0
+        hit = self._sorted[idx] == h
+        out[np.unique(rec[hit])] = True
+        return out

@@ -292,12 +292,11 @@ def _build(cfg: DataConfig, tokenizer, tpl: Template, writer, prints: list[dict]
                             cont.add(words.ids(s)[1])
         if len(cont):
             keep = []
-            for i in assign["train"]:
-                ex = load(i)
-                if any(cont.hits(words.ids(s)[1]) for s in formats.strings(ex)):
-                    dropped["decontaminated"] += 1
-                else:
-                    keep.append(i)
+            for k in range(0, len(assign["train"]), CHUNK):
+                part = assign["train"][k : k + CHUNK]
+                hits = cont.hits_batch([words.ids("\n".join(formats.strings(load(i))))[1] for i in part])
+                dropped["decontaminated"] += int(hits.sum())
+                keep.extend(i for i, h in zip(part, hits) if not h)
             stages.mark("decontamination", len(assign["train"]) - len(keep), len(keep))
             assign["train"] = keep
 
@@ -500,14 +499,24 @@ def _work(job):
 
 
 def _pool(n: int, tokenizer, tpl, opts):
+    """Forked worker processes for tokenization (None where fork is unavailable: one process). The children are
+    told not to use the Rust tokenizer's thread pool, which a fork can leave locked."""
     import multiprocessing as mp
 
-    _STATE.update(tok=tokenizer, tpl=tpl, opts=opts)
     try:
         ctx = mp.get_context("fork")
-    except ValueError:  # no fork on this platform: one process
+    except ValueError:
         return None
-    return ctx.Pool(n)
+    _STATE.update(tok=tokenizer, tpl=tpl, opts=opts)
+    saved = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    try:
+        return ctx.Pool(n)
+    finally:
+        if saved is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = saved
 
 
 def _pack_split(writer, max_length: int) -> int:

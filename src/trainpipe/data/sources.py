@@ -76,6 +76,18 @@ def expand(path: str) -> list[Path]:
     return [p]
 
 
+def check_sources(sources) -> None:
+    """Fail fast (before a run directory is written) when a file source names nothing readable.
+    Hub and SQL sources are checked when they are read."""
+    for i, src in enumerate(sources):
+        if src.path is None:
+            continue
+        try:
+            expand(src.path)
+        except DataError as exc:
+            raise DataError(f"`data.sources[{i}].path`: {exc.message}") from None
+
+
 def describe(src) -> str:
     if src.path is not None:
         return src.path

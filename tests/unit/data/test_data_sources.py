@@ -77,6 +77,8 @@ def test_txt_files_are_raw_text_records(tmp_path, tok):
 def test_sql_source_on_sqlite(tmp_path):
     import sqlite3
 
+    pytest.importorskip("sqlalchemy")
+
     db = tmp_path / "d.db"
     con = sqlite3.connect(db)
     con.execute("create table t (instruction text, input text, output text)")
