@@ -122,6 +122,30 @@ def data_inspect(
     inspect_command(cfg, load_tokenizer(cfg.model, cfg.model.pad_token), n=n, as_json=json_, seed=seed)
 
 
+@app.command()
+def diagnose(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory (output_dir of a run), finished or crashed.", show_default=False)],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the findings as JSON.")] = False,
+) -> None:
+    """Say what happened to a run: the evidence, the likely cause and the fix."""
+    from trainpipe.errors import RunDirError
+    from trainpipe.report.diagnose import diagnose as run_diagnose
+
+    if not run_dir.is_dir():
+        raise RunDirError(f"`{run_dir}` is not a directory; pass the `output_dir` of a run (it holds events.jsonl).")
+    findings = run_diagnose(run_dir)
+    if as_json:
+        typer.echo(json.dumps([f.to_dict() for f in findings], indent=2))
+        return
+    from trainpipe import ui
+
+    con = ui.console()
+    for f in findings:
+        con.print(f"[bold]{f.severity}: {f.kind}[/] - {f.cause}", markup=True, soft_wrap=True)
+        con.print(f"  evidence: {f.evidence}", markup=False, soft_wrap=True)
+        con.print(f"  fix:      {f.fix}", markup=False, soft_wrap=True)
+
+
 @config_app.command("validate")
 def config_validate(config: ConfigArg, set_: SetOpt = None) -> None:
     """Check a config; list every problem with its key path."""

@@ -194,6 +194,8 @@ class TrainLoop:
         self._heartbeat = time.time()
         self._watchdog_stop = threading.Event()
         self.last_saved: CheckpointInfo | None = None
+        self._input_seconds = 0.0
+        self._gpu_low_fired = False
 
     # ------------------------------------------------------------------ set-up
     def _optimizer(self):
@@ -250,7 +252,9 @@ class TrainLoop:
         amp_dtype = torch.bfloat16 if self.t.bf16 else torch.float16
         for i in range(0, len(examples), micro):
             faults.before_forward(w)
+            tc = time.perf_counter()
             batch = {k: (v.to(self.device) if hasattr(v, "to") else v) for k, v in self.collate(examples[i : i + micro]).items()}
+            self._input_seconds += time.perf_counter() - tc
             labels = batch.pop("labels")
             with torch.autocast(self.device.type, dtype=amp_dtype, enabled=amp):
                 logits = self.model(**batch).logits
@@ -497,7 +501,10 @@ class TrainLoop:
                         "learning_rate": self.optimizer.param_groups[0]["lr"], "grad_norm": gnorm, "tokens_seen": st.tokens_seen,
                         "tokens_per_second": (st.tokens_seen - tok_log) / dt,
                     }
+                    rec["input_share"] = round(self._input_seconds / dt, 4)
+                    self._input_seconds = 0.0
                     self._metric(rec)
+                    self._check_gpu_util(rec)
                     if self.progress:
                         self.progress.log(rec, self.total_windows)
                     t_log, tok_log = time.time(), st.tokens_seen
@@ -536,6 +543,21 @@ class TrainLoop:
             recoveries=self.state.recoveries, skipped_windows=list(self.state.skipped), micro_batch=self.state.micro_batch,
             gradient_checkpointing=self.state.gradient_checkpointing,
         )
+
+    def _check_gpu_util(self, rec: dict) -> None:
+        """On a GPU: low device utilisation while input preparation takes a large share of the step (off on CPU)."""
+        if self.device.type != "cuda" or self._gpu_low_fired:
+            return
+        try:
+            util = self.torch.cuda.utilization(self.device)
+        except Exception:  # noqa: BLE001 - needs pynvml; without it the check is off
+            return
+        if util < 50 and rec["input_share"] > 0.3:
+            self._gpu_low_fired = True
+            self.events.emit(
+                "gpu_util_low", step=rec["step"], level="warning", gpu_util=util, dataloader_share=rec["input_share"],
+                fix="more data-loader workers or prefetch, packing (`data.packing`), or a pre-tokenized cache",
+            )
 
     def _eval(self) -> float:
         metric = float(self.evaluate(self.model))
