@@ -227,6 +227,25 @@ def test_nan_once_rolls_back_lowers_lr_skips_and_completes(tmp_path, base, monke
     assert summary["final"]["loss"] < summary["baseline"]["loss"]
 
 
+def test_loss_spike_rolls_back(tmp_path, base, monkeypatch):
+    cfg = config(tmp_path, base)
+    monkeypatch.setenv("TRAINPIPE_TEST_FAULTS", json.dumps({"spike_at_windows": [17]}))
+    from trainpipe.train import faults
+
+    faults._spec_cached.cache_clear()
+    faults._fired.clear()
+    try:
+        assert main(["run", str(cfg)]) == 0
+    finally:
+        monkeypatch.delenv("TRAINPIPE_TEST_FAULTS")
+        faults._spec_cached.cache_clear()
+    ev = events(tmp_path / "run")
+    (spike,) = [e for e in ev if e["event"] == "loss_spike"]
+    assert spike["window"] == 17 and spike["loss"] > 3 * spike["running_median"]
+    (back,) = [e for e in ev if e["event"] == "rolled_back"]
+    assert back["step"] == 16 and back["skipped_windows"] == [17]
+
+
 def test_repeated_nan_stops_as_diverged(tmp_path, base, capsys, monkeypatch):
     cfg = config(tmp_path, base, **{"training.max_recoveries": 2})
     monkeypatch.setenv("TRAINPIPE_TEST_FAULTS", json.dumps({"nan_always": True}))

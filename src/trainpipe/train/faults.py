@@ -8,6 +8,7 @@ Keys:
   (``oom_always_at_windows``: at every attempt, whatever the micro-batch)
 - ``nan_at_windows``: [w, ...] make the loss of window w NaN, once each;
   ``nan_always``: true makes every window's loss NaN
+- ``spike_at_windows``: [w, ...] multiply the loss of window w by 50, once each (a loss spike)
 - ``sleep_at_window``: {"window": w, "seconds": s} stall inside window w (for the hang watchdog)
 - ``step_seconds``: s, sleep before every forward (a slower step, so that kills land mid-step)
 - ``slow_checkpoint_seconds``: s, sleep between files of a checkpoint write (to land kills mid-write)
@@ -70,6 +71,8 @@ def poison_loss(window: int, loss):
         return loss
     if s.get("nan_always") or (window in s.get("nan_at_windows", []) and _once("nan", window)):
         return loss * float("nan")
+    if window in s.get("spike_at_windows", []) and _once("spike", window):
+        return loss * 50.0
     return loss
 
 
