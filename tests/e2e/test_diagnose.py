@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from test_resilience import BASE_OVERRIDES, config, events
+from test_resilience import config, events, run_with_faults
 from tiny import build_tiny_model
 from trainpipe.cli import main
 from trainpipe.report.diagnose import diagnose
@@ -20,19 +20,6 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("m") / "base")
-
-
-def run_with_faults(monkeypatch, cfg, faults_spec, *extra):
-    from trainpipe.train import faults
-
-    monkeypatch.setenv("TRAINPIPE_TEST_FAULTS", json.dumps(faults_spec))
-    faults._spec_cached.cache_clear()
-    faults._fired.clear()
-    try:
-        return main(["run", str(cfg), *extra])
-    finally:
-        monkeypatch.delenv("TRAINPIPE_TEST_FAULTS")
-        faults._spec_cached.cache_clear()
 
 
 def kinds(run):

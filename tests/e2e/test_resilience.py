@@ -53,6 +53,20 @@ def cli(args, faults=None, **kw):
     return subprocess.Popen([sys.executable, "-m", "trainpipe.cli", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
 
 
+def run_with_faults(monkeypatch, cfg: Path, spec: dict, *args: str) -> int:
+    """`trainpipe run` in this process with the TEST-ONLY fault spec set (and cleared after)."""
+    from trainpipe.train import faults
+
+    monkeypatch.setenv("TRAINPIPE_TEST_FAULTS", json.dumps(spec))
+    faults._spec_cached.cache_clear()
+    faults._fired.clear()
+    try:
+        return main(["run", str(cfg), *args])
+    finally:
+        monkeypatch.delenv("TRAINPIPE_TEST_FAULTS")
+        faults._spec_cached.cache_clear()
+
+
 def events(run: Path) -> list[dict]:
     return [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines() if x.strip()]
 
@@ -160,16 +174,7 @@ def test_sigterm_saves_and_exits_within_grace_then_resume_matches(tmp_path, base
 
 def test_injected_oom_halves_micro_batch_keeps_effective_batch(tmp_path, base, reference, monkeypatch):
     cfg = config(tmp_path, base)
-    monkeypatch.setenv("TRAINPIPE_TEST_FAULTS", json.dumps({"oom_at_windows": [3, 10]}))
-    from trainpipe.train import faults
-
-    faults._spec_cached.cache_clear()
-    faults._fired.clear()
-    try:
-        assert main(["run", str(cfg)]) == 0
-    finally:
-        monkeypatch.delenv("TRAINPIPE_TEST_FAULTS")
-        faults._spec_cached.cache_clear()
+    assert run_with_faults(monkeypatch, cfg, {"oom_at_windows": [3, 10]}) == 0
     run = tmp_path / "run"
     ev = events(run)
     ooms = [e for e in ev if e["event"] == "cuda_oom"]
@@ -188,15 +193,7 @@ def test_injected_oom_halves_micro_batch_keeps_effective_batch(tmp_path, base, r
 
 def test_oom_at_micro_batch_one_turns_on_checkpointing_then_stops_with_a_plan(tmp_path, base, capsys, monkeypatch):
     cfg = config(tmp_path, base, **{"training.per_device_train_batch_size": 1, "training.gradient_accumulation_steps": 2})
-    monkeypatch.setenv("TRAINPIPE_TEST_FAULTS", json.dumps({"oom_always_at_windows": [2]}))
-    from trainpipe.train import faults
-
-    faults._spec_cached.cache_clear()
-    try:
-        assert main(["run", str(cfg)]) == 4
-    finally:
-        monkeypatch.delenv("TRAINPIPE_TEST_FAULTS")
-        faults._spec_cached.cache_clear()
+    assert run_with_faults(monkeypatch, cfg, {"oom_always_at_windows": [2]}) == 4
     out = capsys.readouterr().out
     assert "What would fit" in out and "Traceback" not in out
     ooms = [e for e in events(tmp_path / "run") if e["event"] == "cuda_oom"]
@@ -206,16 +203,7 @@ def test_oom_at_micro_batch_one_turns_on_checkpointing_then_stops_with_a_plan(tm
 
 def test_nan_once_rolls_back_lowers_lr_skips_and_completes(tmp_path, base, monkeypatch):
     cfg = config(tmp_path, base)
-    monkeypatch.setenv("TRAINPIPE_TEST_FAULTS", json.dumps({"nan_at_windows": [13]}))
-    from trainpipe.train import faults
-
-    faults._spec_cached.cache_clear()
-    faults._fired.clear()
-    try:
-        assert main(["run", str(cfg)]) == 0
-    finally:
-        monkeypatch.delenv("TRAINPIPE_TEST_FAULTS")
-        faults._spec_cached.cache_clear()
+    assert run_with_faults(monkeypatch, cfg, {"nan_at_windows": [13]}) == 0
     ev = events(tmp_path / "run")
     over = [e for e in ev if e["event"] == "gradient_overflow"]
     back = [e for e in ev if e["event"] == "rolled_back"]
@@ -229,16 +217,7 @@ def test_nan_once_rolls_back_lowers_lr_skips_and_completes(tmp_path, base, monke
 
 def test_loss_spike_rolls_back(tmp_path, base, monkeypatch):
     cfg = config(tmp_path, base)
-    monkeypatch.setenv("TRAINPIPE_TEST_FAULTS", json.dumps({"spike_at_windows": [17]}))
-    from trainpipe.train import faults
-
-    faults._spec_cached.cache_clear()
-    faults._fired.clear()
-    try:
-        assert main(["run", str(cfg)]) == 0
-    finally:
-        monkeypatch.delenv("TRAINPIPE_TEST_FAULTS")
-        faults._spec_cached.cache_clear()
+    assert run_with_faults(monkeypatch, cfg, {"spike_at_windows": [17]}) == 0
     ev = events(tmp_path / "run")
     (spike,) = [e for e in ev if e["event"] == "loss_spike"]
     assert spike["window"] == 17 and spike["loss"] > 3 * spike["running_median"]
@@ -248,15 +227,7 @@ def test_loss_spike_rolls_back(tmp_path, base, monkeypatch):
 
 def test_repeated_nan_stops_as_diverged(tmp_path, base, capsys, monkeypatch):
     cfg = config(tmp_path, base, **{"training.max_recoveries": 2})
-    monkeypatch.setenv("TRAINPIPE_TEST_FAULTS", json.dumps({"nan_always": True}))
-    from trainpipe.train import faults
-
-    faults._spec_cached.cache_clear()
-    try:
-        assert main(["run", str(cfg)]) == 3
-    finally:
-        monkeypatch.delenv("TRAINPIPE_TEST_FAULTS")
-        faults._spec_cached.cache_clear()
+    assert run_with_faults(monkeypatch, cfg, {"nan_always": True}) == 3
     out = capsys.readouterr().out
     assert "Training diverged" in out and "Traceback" not in out
     ev = events(tmp_path / "run")
@@ -319,15 +290,7 @@ def test_resume_without_checkpoint_is_an_error(tmp_path, base, capsys):
 
 def test_checkpoint_write_error_is_reported_and_training_continues(tmp_path, base, monkeypatch):
     cfg = config(tmp_path, base, **{"training.max_steps": 12})
-    monkeypatch.setenv("TRAINPIPE_TEST_FAULTS", json.dumps({"checkpoint_error_at_steps": [8]}))
-    from trainpipe.train import faults
-
-    faults._spec_cached.cache_clear()
-    try:
-        assert main(["run", str(cfg)]) == 0
-    finally:
-        monkeypatch.delenv("TRAINPIPE_TEST_FAULTS")
-        faults._spec_cached.cache_clear()
+    assert run_with_faults(monkeypatch, cfg, {"checkpoint_error_at_steps": [8]}) == 0
     run = tmp_path / "run"
     failed = [e for e in events(run) if e["event"] == "checkpoint_failed"]
     assert len(failed) == 1 and failed[0]["step"] == 8 and "No space left" in failed[0]["cause"]
@@ -337,15 +300,7 @@ def test_checkpoint_write_error_is_reported_and_training_continues(tmp_path, bas
 
 def test_checkpoint_write_error_stop_policy(tmp_path, base, monkeypatch, capsys):
     cfg = config(tmp_path, base, **{"training.max_steps": 12, "training.on_checkpoint_error": "stop"})
-    monkeypatch.setenv("TRAINPIPE_TEST_FAULTS", json.dumps({"checkpoint_error_at_steps": [8]}))
-    from trainpipe.train import faults
-
-    faults._spec_cached.cache_clear()
-    try:
-        assert main(["run", str(cfg)]) == 1
-    finally:
-        monkeypatch.delenv("TRAINPIPE_TEST_FAULTS")
-        faults._spec_cached.cache_clear()
+    assert run_with_faults(monkeypatch, cfg, {"checkpoint_error_at_steps": [8]}) == 1
     assert "earlier checkpoints are intact" in capsys.readouterr().out
     from trainpipe.train.checkpoints import CheckpointManager
 
@@ -354,16 +309,7 @@ def test_checkpoint_write_error_stop_policy(tmp_path, base, monkeypatch, capsys)
 
 def test_hang_watchdog_dumps_stacks(tmp_path, base, monkeypatch):
     cfg = config(tmp_path, base, **{"training.max_steps": 8, "training.hang_timeout_seconds": 0.3})
-    monkeypatch.setenv("TRAINPIPE_TEST_FAULTS", json.dumps({"sleep_at_window": {"window": 5, "seconds": 1.5}}))
-    from trainpipe.train import faults
-
-    faults._spec_cached.cache_clear()
-    faults._fired.clear()
-    try:
-        assert main(["run", str(cfg)]) == 0
-    finally:
-        monkeypatch.delenv("TRAINPIPE_TEST_FAULTS")
-        faults._spec_cached.cache_clear()
+    assert run_with_faults(monkeypatch, cfg, {"sleep_at_window": {"window": 5, "seconds": 1.5}}) == 0
     hangs = [e for e in events(tmp_path / "run") if e["event"] == "distributed_hang"]
     assert len(hangs) == 1
     stacks = Path(hangs[0]["stacks"]).read_text()

@@ -195,6 +195,7 @@ class TrainLoop:
         self._watchdog_stop = threading.Event()
         self.last_saved: CheckpointInfo | None = None
         self._input_seconds = 0.0
+        self._grace_timer: threading.Timer | None = None
         self._gpu_low_fired = False
 
     # ------------------------------------------------------------------ set-up
@@ -418,9 +419,9 @@ class TrainLoop:
         if self._stop_signal is not None:  # second signal: out now; checkpoints are atomic
             os._exit(128 + signum)
         self._stop_signal = name
-        timer = threading.Timer(self.t.preemption_grace_seconds, lambda: os._exit(EXIT_PREEMPTED))
-        timer.daemon = True
-        timer.start()
+        self._grace_timer = threading.Timer(self.t.preemption_grace_seconds, lambda: os._exit(EXIT_PREEMPTED))
+        self._grace_timer.daemon = True
+        self._grace_timer.start()
 
     def _watchdog(self) -> None:
         timeout = self.t.hang_timeout_seconds
@@ -445,6 +446,8 @@ class TrainLoop:
     # ------------------------------------------------------------------ fit
     def fit(self, resume_from: CheckpointInfo | None = None) -> FitResult:
         t0 = time.time()
+        # signals first: a SIGTERM from here on is a clean, checkpointed stop
+        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)} if threading.current_thread() is threading.main_thread() else {}
         if resume_from is not None:
             self._load(resume_from)
             self._apply_lr_scale()
@@ -460,7 +463,6 @@ class TrainLoop:
         if resume_from is None and self.t.max_recoveries > 0:
             self.save(metric=None)  # step 0: a rollback target before the first regular save
 
-        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)} if threading.current_thread() is threading.main_thread() else {}
         watchdog = threading.Thread(target=self._watchdog, name="trainpipe-watchdog", daemon=True) if self.t.hang_timeout_seconds else None
         if watchdog:
             watchdog.start()
@@ -526,6 +528,10 @@ class TrainLoop:
                     break
         finally:
             self._watchdog_stop.set()
+            if watchdog:
+                watchdog.join(timeout=2)
+            if self._grace_timer is not None:  # the stop finished in time
+                self._grace_timer.cancel()
             for s, h in old.items():
                 signal.signal(s, h)
             if self.progress:
