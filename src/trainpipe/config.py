@@ -61,6 +61,8 @@ class DataSource(_Section):
     """Configuration (subset) name of the hub dataset."""
     hub_split: str = "train"
     """Split of the hub dataset or of a `save_to_disk` DatasetDict to read."""
+    hub_revision: str | None = None
+    """Hub revision (branch, tag or commit) of the dataset; pin it so the cache key names the exact data."""
     sql: SqlSource | None = None
     """Rows of a SQL query through SQLAlchemy (`{url, query}`)."""
     format: Literal["auto", "alpaca", "chat", "sharegpt", "preference", "kto", "text"] = "auto"

@@ -30,6 +30,11 @@ def run_prepare(cfg: RunConfig, tokenizer, *, quiet: bool = False):
             report_path=out / "report.json", progress=lambda n: bar.advance(task, n), on_total=lambda n: bar.update(task, total=n),
             template_name=template, batch_size_hint=cfg.training.per_device_train_batch_size,
         )
+    dups = data.cache_path / "duplicates.jsonl"
+    if dups.exists():
+        import shutil
+
+        shutil.copyfile(dups, out / "duplicates.jsonl")
     if not quiet:
         from trainpipe.data.report import summary_lines
 

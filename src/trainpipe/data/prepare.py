@@ -106,6 +106,7 @@ def prepare(
     on_total: Callable[[int], None] | None = None,
     template_name: str = "tokenizer",
     batch_size_hint: int = 8,
+    for_method: str | None = None,
 ) -> PreparedData:
     """Prepare (or reuse from the cache) the tokenized splits of ``cfg``; see the module docstring."""
     t0 = time.time()
@@ -141,6 +142,12 @@ def prepare(
         else:
             Path(dst).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     train = cache_mod.read_split(entry, "train.arrow")
+    if for_method == "sft" and train is not None and "input_ids" not in train.column_names:
+        kind = "preference pairs" if "chosen_input_ids" in train.column_names else "KTO examples"
+        raise DataError(
+            f"The data is {kind} (prompt/chosen/rejected or prompt/completion/label), which `method.name: sft` cannot train on. "
+            "Give SFT data (alpaca, chat, ShareGPT or raw text), or prepare it with `trainpipe prepare` for a DPO/KTO-style trainer."
+        )
     gens = json.loads((entry / "eval_generation.json").read_text(encoding="utf-8"))
     return PreparedData(train if train is not None else [], cache_mod.read_rows(entry, "eval.arrow"), gens, report,
                         cache_mod.read_rows(entry, "test.arrow"), entry)

@@ -41,7 +41,12 @@ def inspect_examples(data, tokenizer, n: int = 20, seed: int = 0) -> list[dict]:
     out = []
     for i in picks:
         row = rows[i]
-        ids, labels = list(row["input_ids"]), list(row["labels"])
+        if "input_ids" in row:
+            ids, labels = list(row["input_ids"]), list(row["labels"])
+        else:  # preference / KTO: the prompt, then the chosen (or the completion) reply as the trained part
+            reply = list(row.get("chosen_input_ids") or row.get("completion_input_ids") or [])
+            ids = list(row["prompt_input_ids"]) + reply
+            labels = [IGNORE_INDEX] * len(row["prompt_input_ids"]) + reply
         toks = [{"id": t, "text": tokenizer.decode([t], skip_special_tokens=False), "trained": l != IGNORE_INDEX, "special": t in specials}
                 for t, l in zip(ids, labels)]
         out.append({
@@ -52,6 +57,8 @@ def inspect_examples(data, tokenizer, n: int = 20, seed: int = 0) -> list[dict]:
             "trained_text": tokenizer.decode([t for t, l in zip(ids, labels) if l != IGNORE_INDEX], skip_special_tokens=False),
             "pieces": toks,
             **({"position_ids": list(row["position_ids"])} if row.get("position_ids") is not None else {}),
+            **({"rejected_text": tokenizer.decode(row["rejected_input_ids"], skip_special_tokens=False)} if row.get("rejected_input_ids") else {}),
+            **({"label": row["label"]} if "label" in row else {}),
         })
     return out
 

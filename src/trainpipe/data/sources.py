@@ -104,7 +104,7 @@ def fingerprint(src) -> dict:
             files.append({"path": str(f), "sha256": sha256_path(f)})
         return {"kind": "files", "files": files}
     if src.hub is not None:
-        return {"kind": "hub", "id": src.hub, "config": src.hub_config, "split": src.hub_split}
+        return {"kind": "hub", "id": src.hub, "config": src.hub_config, "split": src.hub_split, "revision": src.hub_revision}
     return {"kind": "sql", "url": src.sql.url, "query": src.sql.query}
 
 
@@ -123,7 +123,7 @@ def sha256_path(path: Path) -> str:
 def iter_source(src) -> Iterator[Record | Rejected]:
     """Every record of one configured source, in order."""
     if src.hub is not None:
-        yield from read_hub(src.hub, src.hub_config, src.hub_split)
+        yield from read_hub(src.hub, src.hub_config, src.hub_split, src.hub_revision)
         return
     if src.sql is not None:
         yield from read_sql(src.sql.url, src.sql.query)
@@ -268,11 +268,11 @@ def read_arrow_dir(p: Path, split: str = "train") -> Iterator[Record]:
         yield Record(str(p), i, rec, unit="row")
 
 
-def read_hub(name: str, config: str | None, split: str) -> Iterator[Record]:
+def read_hub(name: str, config: str | None, split: str, revision: str | None = None) -> Iterator[Record]:
     import datasets
 
     try:
-        ds = datasets.load_dataset(name, config, split=split, streaming=True)
+        ds = datasets.load_dataset(name, config, split=split, streaming=True, revision=revision)
         it = iter(ds)
         first = next(it, None)
     except Exception as exc:  # offline, unknown id, missing config: datasets raises many types

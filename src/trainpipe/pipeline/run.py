@@ -215,7 +215,7 @@ def _steps(cfg: RunConfig, plan, hw, run_dir: Path, events: EventLog, config_pat
         data = prepare(
             cfg.data, tokenizer, train_on=cfg.method.train_on, seed=cfg.training.seed, rejected_path=run_dir / "rejected.jsonl",
             progress=lambda n: bar.advance(task, n), on_total=lambda n: bar.update(task, total=n),
-            template_name=template, batch_size_hint=cfg.training.per_device_train_batch_size,
+            template_name=template, batch_size_hint=cfg.training.per_device_train_batch_size, for_method=cfg.method.name,
         )
     data.report["chat_template"] = template
     write_json(run_dir / "data_report.json", data.report)
