@@ -195,6 +195,14 @@ def main(argv: list[str] | None = None) -> int:
         from trainpipe import ui
 
         ui.console().print(f"[bold red]{exc.title}:[/] {escape(exc.message)}", markup=True, highlight=False, soft_wrap=True)
+        if exc.exit_code == 75 and argv is None:
+            # preempted: the checkpoint is on disk; leave at once, skipping interpreter teardown (which can
+            # abort in native thread pools while a signal-driven stop is in flight) so the exit code is ours
+            import os
+
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(75)
         return exc.exit_code
     except click.exceptions.Exit as exc:
         return exc.exit_code
