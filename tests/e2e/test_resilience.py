@@ -172,6 +172,28 @@ def test_sigterm_saves_and_exits_within_grace_then_resume_matches(tmp_path, base
     assert_bit_identical(weights(run), weights(reference))
 
 
+def test_second_signal_exits_at_once_without_corrupting(tmp_path, base):
+    from trainpipe.train.checkpoints import CheckpointManager, verify
+
+    cfg = config(tmp_path, base)
+    run = tmp_path / "run"
+    # window 6 stalls for 20 s: the first SIGTERM waits for the step, the second must not
+    p = cli(["run", str(cfg)], faults={"sleep_at_window": {"window": 6, "seconds": 20}})
+    while p.poll() is None and not ((run / "checkpoints" / "step-4").exists()):
+        time.sleep(0.02)
+    time.sleep(0.5)
+    p.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    t0 = time.time()
+    p.send_signal(signal.SIGTERM)
+    p.communicate(timeout=15)
+    assert time.time() - t0 < 5
+    assert p.returncode == 128 + signal.SIGTERM
+    infos = CheckpointManager(run / "checkpoints").all()
+    assert infos and all(verify(c.path) is None for c in infos)
+    assert not (run / "model").exists()
+
+
 def test_injected_oom_halves_micro_batch_keeps_effective_batch(tmp_path, base, reference, monkeypatch):
     cfg = config(tmp_path, base)
     assert run_with_faults(monkeypatch, cfg, {"oom_at_windows": [3, 10]}) == 0
