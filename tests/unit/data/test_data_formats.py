@@ -95,3 +95,17 @@ def test_record_that_fits_no_format_is_rejected_with_reason(tmp_path, tiny_token
     p.write_text(json.dumps({"question": "?"}) + "\n")
     with pytest.raises(DataError, match=r"line 1: fits no known format \(fields: question\).*columns:"):
         prepare(DataConfig(sources=[{"path": str(p)}], cache_dir=str(tmp_path / "c")), tiny_tokenizer, train_on="assistant", seed=0)
+
+
+def test_preference_data_under_sft_is_a_clear_error_and_inspect_shows_pairs(tmp_path, tiny_tokenizer):
+    from trainpipe.data.report import inspect_examples
+
+    setup_chat_template(tiny_tokenizer, "auto", "tiny")
+    p = tmp_path / "pref.jsonl"
+    p.write_text("".join(json.dumps({"prompt": f"Say {i} apple.", "chosen": f"apple {i}", "rejected": f"river {i}"}) + "\n" for i in range(10)))
+    cfg = DataConfig(sources=[{"path": str(p)}], eval_split=2, cache_dir=str(tmp_path / "c"))
+    with pytest.raises(DataError, match="preference pairs .* `method.name: sft` cannot train on"):
+        prepare(cfg, tiny_tokenizer, train_on="assistant", seed=0, for_method="sft")
+    data = prepare(cfg, tiny_tokenizer, train_on="assistant", seed=0)
+    (ex,) = inspect_examples(data, tiny_tokenizer, n=1)
+    assert ex["trained_text"].startswith("apple ") and ex["rejected_text"].startswith("river ")

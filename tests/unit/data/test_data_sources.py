@@ -146,3 +146,12 @@ def test_weight_and_max_records_mix_deterministically(tmp_path, tok):
     rep = prepare(up, tok, train_on="assistant", seed=0).report
     assert rep["splits"]["train"]["records"] == 90 and 90 * 2 < rep["splits"]["train"]["rows"] < 90 * 3
     assert rep["repeated"] == rep["splits"]["train"]["rows"] - 90 and rep["records_kept"] == 100
+
+
+def test_check_sources_names_the_source_index(tmp_path):
+    from trainpipe.data.sources import check_sources
+
+    (tmp_path / "a.jsonl").write_text("{}\n")
+    check_sources([DataSource(path=str(tmp_path / "a.jsonl")), DataSource(hub="x/y")])
+    with pytest.raises(DataError, match=r"`data.sources\[1\].path`: The glob .* matches no data file"):
+        check_sources([DataSource(path=str(tmp_path / "a.jsonl")), DataSource(path=str(tmp_path / "*.parquet"))])
