@@ -60,7 +60,7 @@ def model_card(card: dict) -> str:
     lines = [f"# {card.get('name', 'trainpipe model')}", "", f"Trained with trainpipe {card.get('trainpipe_version', '')}.", ""]
     lines += [f"- base model: `{card.get('base_model')}`", f"- method: {card.get('method')}", f"- config hash: `{card.get('config_hash')}`"]
     for f in card.get("data_files", []):
-        lines.append(f"- data: `{f['path']}` sha256 `{f['sha256']}`")
+        lines.append(f"- data: `{f.get('path')}` sha256 `{f.get('sha256')}`")
     lines += ["", "## Metrics (eval split)", "", "| metric | baseline | final |", "|---|---|---|"]
     for k, v in card.get("final", {}).items():
         b = card.get("baseline", {}).get(k)

@@ -330,10 +330,10 @@ def test_checkpoint_write_error_stop_policy(tmp_path, base, monkeypatch, capsys)
 
 
 def test_hang_watchdog_dumps_stacks(tmp_path, base, monkeypatch):
-    cfg = config(tmp_path, base, **{"training.max_steps": 8, "training.hang_timeout_seconds": 0.3})
-    assert run_with_faults(monkeypatch, cfg, {"sleep_at_window": {"window": 5, "seconds": 1.5}}) == 0
+    cfg = config(tmp_path, base, **{"training.max_steps": 8, "training.hang_timeout_seconds": 1.0})
+    assert run_with_faults(monkeypatch, cfg, {"sleep_at_window": {"window": 5, "seconds": 4}}) == 0
     hangs = [e for e in events(tmp_path / "run") if e["event"] == "distributed_hang"]
-    assert len(hangs) == 1
-    stacks = Path(hangs[0]["stacks"]).read_text()
-    assert "trainpipe-watchdog" in stacks or "Thread" in stacks
-    assert "before_forward" in stacks  # the stalled frame is in the dump
+    assert hangs and all(e["seconds_without_progress"] >= 1.0 for e in hangs)
+    # the stall inside window 5 is caught with the stalled frame in the dump (a loaded machine may add slow steps)
+    dumps = [Path(e["stacks"]).read_text() for e in hangs]
+    assert any("before_forward" in d for d in dumps)

@@ -53,16 +53,11 @@ class PreemptedExit(TrainpipeError):
 
 def preflight(cfg: RunConfig) -> None:
     """Fail before anything is written when an input is missing."""
-    from trainpipe.errors import DataError
+    from trainpipe.data.sources import check_sources
     from trainpipe.train.model import check_model_source
 
     check_model_source(cfg.model)
-    for i, src in enumerate(cfg.data.sources):
-        if not Path(src.path).is_file():
-            raise DataError(
-                f"`data.sources[{i}].path` is `{src.path}`, which is not a file. Check the path (relative paths are "
-                "resolved against the config file's folder)."
-            )
+    check_sources(cfg.data.sources)  # files, globs and folders; hub and SQL sources are checked when read
 
 
 def _evaluate(model, tokenizer, data, cfg: RunConfig, stop_ids: list[int], phase: str) -> tuple[dict, list[dict]]:
@@ -222,7 +217,7 @@ def _steps(cfg: RunConfig, plan, hw, run_dir: Path, events: EventLog, config_pat
     write_json(
         run_dir / "manifest.json",
         build_manifest(
-            config_hash=cfg.hash(), config_path=config_path, data_files=[{"path": s["path"], "sha256": s["sha256"]} for s in data.report["sources"]],
+            config_hash=cfg.hash(), config_path=config_path, data_files=[{"path": s.get("path") or s.get("source"), "sha256": s.get("sha256")} for s in data.report["sources"]],
             seed=cfg.training.seed, hardware={**hw.to_dict(), "torch_threads": torch.get_num_threads()}, decisions=[asdict(d) for d in plan.decisions],
         ),
     )
@@ -269,7 +264,7 @@ def _steps(cfg: RunConfig, plan, hw, run_dir: Path, events: EventLog, config_pat
     }
     card = {
         "name": cfg.name, "base_model": cfg.model.name_or_path, "method": f"{cfg.method.name} / {cfg.method.peft}", "config_hash": cfg.hash(),
-        "data_files": [{"path": s["path"], "sha256": s["sha256"]} for s in r["sources"]], "baseline": baseline, "final": final,
+        "data_files": [{"path": s.get("path") or s.get("source"), "sha256": s.get("sha256")} for s in r["sources"]], "baseline": baseline, "final": final,
         "config": cfg.model_dump(mode="json"), "trainpipe_version": __import__("trainpipe").__version__,
     }
     model_dir = export_model(run_dir=run_dir, model=model, tokenizer=tokenizer, base=cfg.model, peft=cfg.method.peft, stop_ids=stop_ids, card=card)
