@@ -91,6 +91,44 @@ def run(
 
 
 @app.command()
+def plan(
+    config: Annotated[Optional[Path], typer.Argument(help="Run config (YAML); or leave out and use --model.", show_default=False)] = None,
+    set_: SetOpt = None,
+    model: Annotated[Optional[str], typer.Option("--model", help="Hub id from the catalog, or a local folder with config.json.")] = None,
+    method: Annotated[str, typer.Option(help="auto|full|freeze|lora|dora|qlora")] = "auto",
+    lora_r: Annotated[int, typer.Option("--lora-r", help="LoRA rank.")] = 16,
+    lora_targets: Annotated[str, typer.Option("--lora-targets", help="attention|all-linear|q,k,v,o,gate,up,down or module names.")] = "attention",
+    precision: Annotated[str, typer.Option(help="auto|bf16|bf16-true|fp16|fp32 (bf16/fp16: mixed, fp32 masters).")] = "auto",
+    micro_batch: Annotated[Optional[int], typer.Option("--micro-batch", help="Per-device micro-batch (default: the largest that fits).")] = None,
+    seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per sequence.")] = 1024,
+    grad_ckpt: Annotated[Optional[bool], typer.Option("--grad-ckpt/--no-grad-ckpt", help="Gradient checkpointing (default: only when memory-bound).")] = None,
+    optimizer: Annotated[str, typer.Option(help="adamw|adamw_8bit|paged_adamw_8bit|adafactor|sgd")] = "adamw",
+    gpu: Annotated[Optional[str], typer.Option(help="GPU type, e.g. A100-80GB, H100, L4, RTX-4090 (default: every GPU in the catalog).")] = None,
+    num_gpus: Annotated[int, typer.Option("--num-gpus", help="GPUs per node.")] = 1,
+    nodes: Annotated[int, typer.Option(help="Nodes.")] = 1,
+    strategy: Annotated[str, typer.Option(help="auto|single|ddp|fsdp|zero1|zero2|zero3")] = "auto",
+    offload: Annotated[str, typer.Option(help="none|optimizer|params")] = "none",
+    tokens: Annotated[Optional[float], typer.Option(help="Training tokens per epoch.")] = None,
+    examples: Annotated[Optional[int], typer.Option(help="Training examples (with --avg-len).")] = None,
+    avg_len: Annotated[Optional[float], typer.Option("--avg-len", help="Average tokens per example.")] = None,
+    epochs: Annotated[float, typer.Option(help="Epochs.")] = 1.0,
+    budget_usd: Annotated[Optional[float], typer.Option("--budget-usd", help="Rank GPU x count x method by cost under this budget.")] = None,
+    deadline_hours: Annotated[Optional[float], typer.Option("--deadline-hours", help="Rank by time under this deadline.")] = None,
+    mfu: Annotated[Optional[float], typer.Option(help="Model-FLOPs utilisation to assume (default by GPU, method and size).")] = None,
+    gpu_file: Annotated[Optional[Path], typer.Option("--gpu-file", help="GPU catalog JSON that overrides/extends the built-in one.")] = None,
+    max_quality: Annotated[bool, typer.Option("--max-quality", help="Prefer a full fine-tune when memory allows.")] = False,
+    json_: Annotated[bool, typer.Option("--json", help="Print the plan as one JSON object.")] = False,
+) -> None:
+    """Plan a run before spending anything: method, strategy, memory per GPU, time and cost, each choice with its rule."""
+    from trainpipe.plan.command import plan_command
+
+    plan_command(config=config, overrides=set_ or [], model=model, method=method, lora_r=lora_r, lora_targets=lora_targets, precision=precision,
+                 micro_batch=micro_batch, seq_len=seq_len, grad_ckpt=grad_ckpt, optimizer=optimizer, gpu=gpu, num_gpus=num_gpus, nodes=nodes,
+                 strategy=strategy, offload=offload, tokens=tokens, examples=examples, avg_len=avg_len, epochs=epochs, budget_usd=budget_usd,
+                 deadline_hours=deadline_hours, mfu=mfu, gpu_file=str(gpu_file) if gpu_file else None, max_quality=max_quality, as_json=json_)
+
+
+@app.command()
 def prepare(
     config: ConfigArg,
     set_: SetOpt = None,

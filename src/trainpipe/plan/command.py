@@ -1,0 +1,408 @@
+"""`trainpipe plan`: method, strategy, memory, time and cost before a cent is spent.
+
+`make_plan(PlanRequest(...))` returns the plan as one JSON-able dict (the `--json` contract:
+`decision`, `memory.per_device`, `memory.fits`, `compute`, `cost`, `recommendation`);
+`request_from_config(cfg)` maps a RunConfig onto a request; `print_plan` renders the tables.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from trainpipe.plan import compute as C
+from trainpipe.plan import decisions as D
+from trainpipe.plan.catalog import ModelSpec, find_model
+from trainpipe.plan.decisions import Decision, PlanError
+from trainpipe.plan.gpus import GIB, GPU, catalog as gpu_catalog, find_gpu
+from trainpipe.plan.memory import ATTENTION, METHODS, OFFLOADS, OPTIMIZERS, PRECISIONS, STRATEGIES, Breakdown, Setup, estimate
+
+DEFAULT_GPU_COUNTS = (1, 2, 4, 8)
+
+
+@dataclass
+class PlanRequest:
+    model: str
+    method: str = "auto"
+    lora_r: int = 16
+    lora_targets: str = "attention"
+    lora_dropout: float = 0.05
+    precision: str = "auto"
+    micro_batch: int | None = None
+    seq_len: int = 1024
+    grad_ckpt: bool | None = None
+    optimizer: str = "adamw"
+    gpu: str | None = None
+    num_gpus: int = 1
+    nodes: int = 1
+    strategy: str = "auto"
+    offload: str = "none"
+    tokens: float | None = None
+    examples: int | None = None
+    avg_len: float | None = None
+    epochs: float = 1.0
+    budget_usd: float | None = None
+    deadline_hours: float | None = None
+    mfu: float | None = None
+    gpu_file: str | None = None
+    max_quality: bool = False
+    attention: str = "sdpa"
+    preemptions_per_hour: float = 0.1
+    target_effective_batch: int = 32
+
+
+def _check(req: PlanRequest) -> None:
+    def one_of(name, value, allowed):
+        if value not in allowed:
+            raise PlanError(f"`--{name}` must be one of {', '.join(allowed)}, got `{value}`.")
+
+    one_of("method", req.method, ("auto", *METHODS))
+    one_of("precision", req.precision, ("auto", *PRECISIONS))
+    one_of("optimizer", req.optimizer, OPTIMIZERS)
+    one_of("strategy", req.strategy, ("auto", *STRATEGIES))
+    one_of("offload", req.offload, OFFLOADS)
+    one_of("attention", req.attention, ATTENTION)
+    for name, v in (("num-gpus", req.num_gpus), ("nodes", req.nodes), ("seq-len", req.seq_len), ("lora-r", req.lora_r)):
+        if v < 1:
+            raise PlanError(f"`--{name}` must be >= 1, got {v}.")
+    if req.micro_batch is not None and req.micro_batch < 1:
+        raise PlanError(f"`--micro-batch` must be >= 1, got {req.micro_batch}. Use 1 for the least memory, or leave it out and the planner picks the largest that fits.")
+    if req.method == "qlora" and req.offload == "params":
+        raise PlanError("QLoRA with `--offload params` (ZeRO-3 offload of the quantized weights) is not supported: bitsandbytes 4-bit weights cannot be partitioned or offloaded by ZeRO-3. Use `--offload optimizer`, or LoRA with ZeRO-3 offload.")
+    if req.method == "qlora" and req.strategy in ("zero3", "fsdp") and req.offload != "none":
+        raise PlanError(f"QLoRA with `--strategy {req.strategy}` and `--offload {req.offload}`: offloading quantized weights is not supported. Use `--offload none`, or plain LoRA.")
+    if req.offload != "none" and req.strategy in ("single", "ddp"):
+        raise PlanError(f"`--offload {req.offload}` needs DeepSpeed ZeRO (`--strategy zero2`/`zero3`) or FSDP; `{req.strategy}` keeps everything on the GPU.")
+    if req.offload == "params" and req.strategy in ("zero1", "zero2"):
+        raise PlanError(f"`--offload params` needs ZeRO-3 or FSDP (parameters are only partitioned at stage 3); got `--strategy {req.strategy}`.")
+    if req.tokens is None and (req.examples is None) != (req.avg_len is None):
+        raise PlanError("`--examples` needs `--avg-len` (tokens per example) and vice versa; or give `--tokens N`.")
+
+
+def total_tokens(req: PlanRequest) -> float | None:
+    if req.tokens is not None:
+        return float(req.tokens) * req.epochs
+    if req.examples is not None and req.avg_len is not None:
+        return float(req.examples) * float(req.avg_len) * req.epochs
+    return None
+
+
+def _setup(req: PlanRequest, method: str, precision: str, world: int) -> Setup:
+    return Setup(method=method, precision=precision, optimizer=req.optimizer, micro_batch=req.micro_batch or 1, seq_len=req.seq_len,
+                 grad_ckpt=bool(req.grad_ckpt), strategy="single" if world == 1 else "ddp", num_gpus=world, offload=req.offload,
+                 lora_r=req.lora_r, lora_targets=req.lora_targets, lora_dropout=req.lora_dropout, attention=req.attention)
+
+
+def _fits(b: Breakdown, gpu: GPU) -> bool:
+    return b.total_bytes <= gpu.memory_bytes * (1 - D.HEADROOM)
+
+
+def _best_strategy_fit(spec: ModelSpec, s: Setup, gpu: GPU, world: int, requested: str) -> tuple[bool, str, str]:
+    """Does `s` fit somewhere at this world size? Returns (fits, strategy, offload)."""
+    if world == 1:
+        return _fits(estimate(spec, replace(s, strategy="single")), gpu), "single", s.offload
+    options = [requested] if requested != "auto" else ["ddp", "zero2", "fsdp", "zero3"]
+    for st in options:
+        for off in ([s.offload] if s.offload != "none" or requested != "auto" else ["none", "optimizer"]):
+            if off != "none" and st in ("ddp", "single"):
+                continue
+            if _fits(estimate(spec, replace(s, strategy=st, offload=off)), gpu):
+                return True, st, off
+    return False, options[-1], s.offload
+
+
+def plan_on(spec: ModelSpec, req: PlanRequest, gpu: GPU | None, examples: int | None) -> dict:
+    """Every decision for one GPU type and count; the chosen setup and its memory."""
+    world = req.num_gpus * req.nodes
+    precision = D.decide_precision(gpu, req.precision)
+    decisions: list[Decision] = [precision]
+    if gpu is None:
+        method = req.method if req.method != "auto" else ("full" if spec.total_params < 1e9 else "lora")
+        if method == "qlora":
+            raise PlanError("QLoRA needs a CUDA GPU for training speed and memory; on CPU use `--method lora`, or plan for a GPU with `--gpu NAME`.")
+        decisions.append(Decision("method", method, "as requested" if req.method != "auto" else "CPU: full fine-tune below 1B parameters, else LoRA", D._watch_method(method)))
+        s = replace(_setup(req, method, "fp32", 1), micro_batch=req.micro_batch or 4, grad_ckpt=bool(req.grad_ckpt))
+        decisions.append(Decision("strategy", "single", "CPU: one process", ""))
+        decisions += D.decide_batch(requested_micro_batch=s.micro_batch, requested_ckpt=s.grad_ckpt, world=1, fits=lambda mb, ck: True, target_effective=req.target_effective_batch)
+        decisions.append(D.decide_learning_rate(method))
+        return {"decisions": decisions, "setup": s, "memory": estimate(spec, s), "fits": True}
+    base_prec = precision.value
+
+    def fits_method(m: str) -> bool:
+        s = replace(_setup(req, m, base_prec, world), micro_batch=1, grad_ckpt=True if req.grad_ckpt is None else req.grad_ckpt)
+        return _best_strategy_fit(spec, s, gpu, world, req.strategy)[0]
+
+    mdec = D.decide_method(requested=req.method, gpu_memory_gib=gpu.memory_gib, total_memory_gib=gpu.memory_gib * world,
+                           model_16bit_gib=D.model_16bit_gib(spec.total_params), fits=fits_method, max_quality=req.max_quality, examples=examples)
+    decisions.append(mdec)
+    method = mdec.value
+    probe = replace(_setup(req, method, base_prec, world), micro_batch=1, grad_ckpt=True if req.grad_ckpt is None else req.grad_ckpt)
+    fr = world > 1 and _fits(estimate(spec, replace(probe, strategy="ddp", offload="none")), gpu)
+    fz2 = world > 1 and _fits(estimate(spec, replace(probe, strategy="zero2", offload="none")), gpu)
+    fz3 = world > 1 and _fits(estimate(spec, replace(probe, strategy="zero3", offload="none")), gpu)
+    sdec, offload = D.decide_strategy(requested=req.strategy, num_gpus=world, params=spec.total_params, fits_replicated=fr, fits_zero2=fz2, fits_zero3=fz3)
+    if req.offload != "none":
+        offload = req.offload
+    decisions.append(sdec)
+    if offload != "none":
+        decisions.append(Decision("offload", offload, "as requested" if req.offload != "none" else "the sharded state still does not fit the GPUs: optimizer states to CPU",
+                                  "CPU RAM must hold the offloaded states; step time grows with the PCIe transfers (expect 1.5-3x)"))
+    base = replace(_setup(req, method, base_prec, world), strategy=sdec.value, offload=offload)
+
+    def fits_batch(mb: int, ck: bool) -> bool:
+        return _fits(estimate(spec, replace(base, micro_batch=mb, grad_ckpt=ck)), gpu)
+
+    bdec = D.decide_batch(requested_micro_batch=req.micro_batch, requested_ckpt=req.grad_ckpt, world=world, fits=fits_batch, target_effective=req.target_effective_batch)
+    decisions += bdec
+    decisions.append(D.decide_learning_rate(method))
+    s = replace(base, micro_batch=bdec[0].value, grad_ckpt=bdec[1].value)
+    b = estimate(spec, s)
+    return {"decisions": decisions, "setup": s, "memory": b, "fits": _fits(b, gpu)}
+
+
+def _suggestions(spec: ModelSpec, req: PlanRequest, gpu: GPU) -> list[str]:
+    """What would fit, nearest change first."""
+    out: list[str] = []
+    world = req.num_gpus * req.nodes
+    tries = [
+        ("--micro-batch 1", replace(req, micro_batch=1)),
+        ("--micro-batch 1 --grad-ckpt", replace(req, micro_batch=1, grad_ckpt=True)),
+        ("--method qlora --micro-batch 1 --grad-ckpt", replace(req, method="qlora", micro_batch=1, grad_ckpt=True, strategy="auto", offload="none")),
+        ("--method lora --micro-batch 1 --grad-ckpt", replace(req, method="lora", micro_batch=1, grad_ckpt=True)),
+    ]
+    for n in (2, 4, 8):
+        if n > world and n <= gpu.max_per_node:
+            tries.append((f"--num-gpus {n} --strategy zero3", replace(req, num_gpus=n, nodes=1, strategy="zero3", micro_batch=1, grad_ckpt=True)))
+    tries.append((f"--num-gpus {gpu.max_per_node} --strategy zero3 --offload optimizer", replace(req, num_gpus=gpu.max_per_node, strategy="zero3", offload="optimizer", micro_batch=1, grad_ckpt=True, method="lora" if req.method == "qlora" else req.method)))
+    for nodes in (2, 4, 8, 16):
+        tries.append((f"--num-gpus {gpu.max_per_node} --nodes {nodes} --strategy zero3", replace(req, num_gpus=gpu.max_per_node, nodes=nodes, strategy="zero3", micro_batch=1, grad_ckpt=True, method="lora" if req.method == "qlora" else req.method, offload="none")))
+    for label, r in tries:
+        try:
+            p = plan_on(spec, r, gpu, r.examples)
+        except PlanError:
+            continue
+        if p["fits"]:
+            out.append(f"`{label}` ({p['memory'].total_bytes / GIB:.1f} of {gpu.memory_gib:g} GiB)")
+        if len(out) >= 3:
+            break
+    bigger = [g.name for g in sorted(gpu_catalog(req.gpu_file), key=lambda g: g.memory_gib) if g.memory_gib > gpu.memory_gib]
+    if bigger:
+        out.append(f"a larger GPU ({', '.join(bigger[:3])})")
+    return out
+
+
+def _rank(spec: ModelSpec, req: PlanRequest, tokens: float, examples: int | None) -> list[dict]:
+    """GPU type x count x method among those that fit, ranked by cost (budget) or time (deadline); top five."""
+    rows = []
+    gpus = [find_gpu(req.gpu, req.gpu_file)] if req.gpu else gpu_catalog(req.gpu_file)
+    methods = [req.method] if req.method != "auto" else ["full", "lora", "qlora"]
+    for g in gpus:
+        for n in DEFAULT_GPU_COUNTS:
+            if n > g.max_per_node:
+                continue
+            for m in methods:
+                r = replace(req, gpu=g.name, num_gpus=n, nodes=1, method=m, micro_batch=req.micro_batch, grad_ckpt=req.grad_ckpt)
+                try:
+                    p = plan_on(spec, r, g, examples)
+                except PlanError:
+                    continue
+                if not p["fits"]:
+                    continue
+                s: Setup = p["setup"]
+                comp = C.compute(spec, m, tokens, s.seq_len, s.grad_ckpt, g, n, s.precision, req.mfu, p["memory"].trainable_params)
+                cst = C.cost(comp.hours, n, g, _checkpoint_bytes(p["memory"]), req.preemptions_per_hour)
+                rows.append({"gpu": g.name, "num_gpus": n, "method": m, "strategy": s.strategy, "micro_batch": s.micro_batch, "gradient_checkpointing": s.grad_ckpt,
+                             "hours": comp.hours, "on_demand_usd": cst.on_demand_usd, "spot_usd": cst.spot_usd,
+                             "memory_margin_gib": (g.memory_bytes - p["memory"].total_bytes) / GIB})
+    if req.budget_usd is not None:
+        rows = [r for r in rows if r["on_demand_usd"] <= req.budget_usd]
+        for r in rows:
+            r["budget_margin_usd"] = req.budget_usd - r["on_demand_usd"]
+    if req.deadline_hours is not None:
+        rows = [r for r in rows if r["hours"] <= req.deadline_hours]
+        for r in rows:
+            r["deadline_margin_hours"] = req.deadline_hours - r["hours"]
+    key = (lambda r: (r["hours"], r["on_demand_usd"])) if (req.deadline_hours is not None and req.budget_usd is None) else (lambda r: (r["on_demand_usd"], r["hours"]))
+    rows.sort(key=key)
+    return rows[:5]
+
+
+def _checkpoint_bytes(b: Breakdown) -> float:
+    return float(b.weights_bytes + b.optimizer_bytes) * 1.0 if b.trainable_params == b.total_params else float(b.trainable_params * 12)
+
+
+def make_plan(req: PlanRequest) -> dict:
+    _check(req)
+    spec = find_model(req.model)
+    gpu = find_gpu(req.gpu, req.gpu_file) if req.gpu else None
+    if gpu is not None and req.num_gpus > gpu.max_per_node:
+        raise PlanError(f"`--num-gpus {req.num_gpus}` is more GPUs per node than {gpu.name} machines have ({gpu.max_per_node}). Use `--num-gpus {gpu.max_per_node} --nodes {math.ceil(req.num_gpus / gpu.max_per_node)}`.")
+    tokens = total_tokens(req)
+    examples = req.examples
+    considered: list[GPU] = [gpu] if gpu else []
+    if gpu is None and req.gpu is None:
+        # no GPU named: size every catalog GPU at this count and recommend the cheapest per unit of work that fits
+        cands = []
+        for g in gpu_catalog(req.gpu_file):
+            if req.num_gpus > g.max_per_node:
+                continue
+            try:
+                p = plan_on(spec, replace(req, gpu=g.name), g, examples)
+            except PlanError:
+                continue
+            cands.append((g, p))
+        fitting = [(g, p) for g, p in cands if p["fits"]]
+        fits_map = {g.name: p["fits"] for g, p in cands}
+        if not fitting:
+            big = max(gpu_catalog(req.gpu_file), key=lambda g: g.memory_gib)
+            sug = _suggestions(spec, replace(req, gpu=big.name), big)
+            raise PlanError(f"`{spec.id}` ({spec.total_params / 1e9:.1f}B params) trained as asked fits no GPU in the catalog with {req.num_gpus * req.nodes} GPU(s). What would fit on a {big.name}: {'; '.join(sug) or 'nothing found: reduce --seq-len'}.")
+        gpu, chosen = min(fitting, key=lambda gp: gp[0].on_demand_usd / (gp[0].peak_tflops(gp[1]["setup"].precision) or 1))
+        considered = [g for g, _ in cands]
+    else:
+        chosen = plan_on(spec, req, gpu, examples)
+        fits_map = {gpu.name: chosen["fits"]}
+        if not chosen["fits"]:
+            sug = _suggestions(spec, req, gpu)
+            b = chosen["memory"]
+            raise PlanError(
+                f"`{spec.id}` with {chosen['setup'].method} on {req.num_gpus * req.nodes} x {gpu.name} needs {b.total_bytes / GIB:.1f} GiB per GPU "
+                f"(weights {b.weights_bytes / GIB:.1f}, gradients {b.gradients_bytes / GIB:.1f}, optimizer {b.optimizer_bytes / GIB:.1f}, activations {b.activations_bytes / GIB:.1f}) "
+                f"but the GPU has {gpu.memory_gib:g} GiB (planned with {int(D.HEADROOM * 100)} % headroom). What would fit: {'; '.join(sug) or 'nothing on this GPU type: a larger GPU'}."
+            )
+    s: Setup = chosen["setup"]
+    b: Breakdown = chosen["memory"]
+    world = req.num_gpus * req.nodes if gpu else 1
+    out = {
+        "model": {"id": spec.id, "source": spec.source, "model_type": spec.model_type, "params": spec.total_params, "trainable_params": b.trainable_params, "note": spec.note},
+        "decision": [asdict(d) for d in chosen["decisions"]],
+        "memory": {
+            "per_device": {k: getattr(b, k) for k in ("weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes", "overhead_bytes")} | {"total_bytes": b.total_bytes, "cpu_offload_bytes": b.cpu_bytes},
+            "fits": fits_map,
+            "gpu_memory_bytes": gpu.memory_bytes if gpu else None,
+            "detail": b.detail,
+        },
+        "compute": None,
+        "cost": None,
+        "recommendation": {
+            "method": s.method, "micro_batch": s.micro_batch, "gradient_accumulation": next(d.value for d in chosen["decisions"] if d.key == "gradient_accumulation"),
+            "precision": s.precision, "gradient_checkpointing": s.grad_ckpt, "strategy": s.strategy, "offload": s.offload,
+            "gpu": gpu.name if gpu else "cpu", "num_gpus": world, "nodes": req.nodes if gpu else 1,
+            "lora_r": s.lora_r if s.method in ("lora", "dora", "qlora") else None,
+            "learning_rate": next(d.value for d in chosen["decisions"] if d.key == "learning_rate"),
+        },
+        "setup": asdict(s),
+    }
+    out["recommendation"]["effective_batch"] = s.micro_batch * out["recommendation"]["gradient_accumulation"] * world
+    if gpu is not None:
+        tk = tokens if tokens is not None else 0.0
+        comp = C.compute(spec, s.method, tk, s.seq_len, s.grad_ckpt, gpu, world, s.precision, req.mfu, b.trainable_params, req.nodes)
+        out["compute"] = comp.to_dict() | {"flops_per_token": C.flops_per_token(spec, s.method, s.seq_len, s.grad_ckpt, b.trainable_params), "tokens_known": tokens is not None}
+        cst = C.cost(comp.hours, world, gpu, _checkpoint_bytes(b), req.preemptions_per_hour)
+        out["cost"] = cst.to_dict()
+        if req.budget_usd is not None or req.deadline_hours is not None:
+            if tokens is None:
+                raise PlanError("`--budget-usd`/`--deadline-hours` rank setups by cost or time, which needs the amount of data: add `--tokens N` or `--examples N --avg-len L`.")
+            out["ranking"] = _rank(spec, replace(req, gpu=req.gpu), tokens, examples)
+    return out
+
+
+# --------------------------------------------------------------------------- from a run config
+
+
+def request_from_config(cfg, *, gpu: str | None = None, num_gpus: int | None = None, hw=None) -> PlanRequest:
+    """Map a RunConfig onto a plan request (the data size is estimated from the local data files when they exist)."""
+    t = cfg.training
+    method = "full" if cfg.method.peft == "none" else "lora"
+    precision = "bf16" if t.bf16 else "fp16" if t.fp16 else ("auto" if t.bf16 is None else "fp32")
+    optim = {"adamw_torch": "adamw", "adamw_torch_fused": "adamw", "adafactor": "adafactor", "sgd": "sgd"}[t.optim]
+    targets = cfg.method.lora.target_modules
+    if gpu is None and hw is not None and hw.accelerator == "cuda" and hw.device_names:
+        gpu = _gpu_from_device_name(hw.device_names[0])
+        num_gpus = num_gpus or hw.device_count
+    examples, avg = _data_size(cfg)
+    return PlanRequest(
+        model=cfg.model.name_or_path, method=method, lora_r=cfg.method.lora.r, lora_targets=targets if isinstance(targets, str) else ",".join(targets),
+        lora_dropout=cfg.method.lora.dropout, precision=precision if gpu else "auto", micro_batch=t.per_device_train_batch_size, seq_len=cfg.data.max_length,
+        grad_ckpt=t.gradient_checkpointing or None, optimizer=optim, gpu=gpu, num_gpus=num_gpus or 1, examples=examples, avg_len=avg,
+        epochs=t.num_train_epochs, target_effective_batch=t.target_effective_batch_size,
+    )
+
+
+def _gpu_from_device_name(name: str) -> str | None:
+    from trainpipe.plan.gpus import UnknownGPUError
+
+    n = name.upper().replace("NVIDIA", "").strip()
+    for cand in (n, n.replace(" ", "-"), n.split()[0] if n.split() else n):
+        try:
+            return find_gpu(cand).name
+        except UnknownGPUError:
+            continue
+    return None
+
+
+def _data_size(cfg) -> tuple[int | None, float | None]:
+    """Records and an estimate of tokens per record (bytes / 4, capped at max_length) from local JSONL/JSON/TXT sources."""
+    n = 0
+    size = 0
+    for src in cfg.data.sources:
+        if not src.path:
+            return None, None
+        p = Path(src.path)
+        files = [p] if p.is_file() else sorted(p.glob("*.jsonl")) if p.is_dir() else []
+        if not files:
+            return None, None
+        for f in files:
+            if f.suffix not in (".jsonl", ".txt"):
+                return None, None
+            with f.open("rb") as fh:
+                for line in fh:
+                    if line.strip():
+                        n += 1
+                        size += len(line)
+    if n == 0:
+        return None, None
+    return n, min(float(cfg.data.max_length), size / n / 4)
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def run_plan(req: PlanRequest, *, as_json: bool = False) -> dict:
+    plan = make_plan(req)
+    if as_json:
+        import typer
+
+        typer.echo(json.dumps(plan, indent=2, default=str))
+    else:
+        from trainpipe.plan.report import print_plan
+
+        print_plan(plan)
+    return plan
+
+
+def plan_command(*, config=None, overrides=(), model=None, as_json=False, gpu=None, num_gpus=1, **flags) -> dict:
+    """`trainpipe plan`: from a run config (flags given explicitly override it) or from `--model` and the flags."""
+    if config is None and model is None:
+        raise PlanError("`trainpipe plan` needs a run config (`trainpipe plan run.yaml`) or `--model NAME_OR_PATH` (a catalog hub id or a folder with config.json).")
+    if config is not None:
+        from trainpipe.config import load_config
+
+        cfg = load_config(config, list(overrides))
+        hw = None
+        if gpu is None:
+            from trainpipe.plan.hardware import detect
+
+            hw = detect()
+        req = request_from_config(cfg, gpu=gpu, num_gpus=num_gpus if num_gpus != 1 else None, hw=hw)
+        defaults = PlanRequest(model="")
+        for k, v in flags.items():  # flags the user changed from their defaults win over the config
+            if hasattr(defaults, k) and v != getattr(defaults, k):
+                setattr(req, k, v)
+        if model:
+            req.model = model
+    else:
+        req = PlanRequest(model=model, gpu=gpu, num_gpus=num_gpus, **{k: v for k, v in flags.items() if hasattr(PlanRequest, k) or k in PlanRequest.__dataclass_fields__})
+    return run_plan(req, as_json=as_json)

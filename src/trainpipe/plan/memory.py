@@ -1,0 +1,335 @@
+"""Peak GPU memory of one training step, per device, from the architecture.
+
+Every figure is in bytes and is what the PyTorch caching allocator would have *allocated* at
+the step's peak (`torch.cuda.max_memory_allocated`), except `overhead`, which is what a GPU
+needs beyond that (CUDA context, allocator fragmentation, communication buffers); `total` is
+what must fit in the GPU's memory. The pieces:
+
+weights     parameters as stored: fp32 (4 B), 16-bit (2 B), NF4 (0.5 B + absmax: 4/64 B, or with
+            double quantization 1/64 + 4/(64*256) B) or int8 (1 B + 4/row); trainable parameters
+            under mixed precision are fp32 masters plus the 16-bit working copy autocast keeps
+            alive for the backward pass (2 B). LoRA/DoRA adapters are fp32 (PEFT's default).
+gradients   one per trainable parameter, in the parameter's dtype; DDP adds its bucket copy.
+optimizer   AdamW 2 states per trainable parameter in the parameter's dtype (8 B for fp32);
+            8-bit AdamW 2 B (+ absmax 8/256 B) for tensors of >= 4096 elements; Adafactor the
+            factored row+column second moments (fp32); SGD a momentum buffer. DeepSpeed ZeRO
+            keeps 16-bit parameters and gradients and an fp32 master copy in the optimizer
+            (2 + 2 + 12 B, the ZeRO paper's 16 B/parameter).
+activations tensors autograd saves for the backward pass, per decoder layer, counted from the
+            modules (norms, projections, attention kernel, gated or plain MLP, MoE top-k),
+            with what a frozen weight does *not* save (its input), plus the logits and the
+            fp32 cross-entropy (~14 B per token and vocabulary entry); eager attention adds the
+            s^2 scores; gradient checkpointing keeps one layer input per layer and recomputes
+            one layer at a time.
+sharding    ZeRO-1 divides optimizer states by the data-parallel size N, ZeRO-2 also gradients,
+            ZeRO-3/FSDP also weights, plus the gathered 16-bit weights of the layers in flight;
+            offload moves optimizer states (and for `params` the weights) to CPU memory.
+
+The constants that are not from first principles (context size, fragmentation) are calibrated
+against published measurements: see plan/data/measurements.json and benchmarks/plan_accuracy.py.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from trainpipe.plan.catalog import ModelSpec
+
+GIB = 1024**3
+METHODS = ("full", "freeze", "lora", "dora", "qlora")
+PRECISIONS = ("bf16", "bf16-true", "fp16", "fp32")
+OPTIMIZERS = ("adamw", "adamw_8bit", "paged_adamw_8bit", "adafactor", "sgd")
+STRATEGIES = ("single", "ddp", "fsdp", "zero1", "zero2", "zero3")
+OFFLOADS = ("none", "optimizer", "params")
+ATTENTION = ("sdpa", "flash", "eager")
+
+CUDA_CONTEXT = int(0.5 * GIB)  # CUDA 12 context with lazy module loading, cuBLAS/cuDNN handles (measured 0.3-0.6 GiB on A100/H100)
+FRAGMENTATION = 0.05  # caching allocator: reserved is typically 2-10 % above allocated in steady training
+NCCL_BUFFERS = int(0.25 * GIB)  # NCCL communicators and their buffers per process (multi-GPU only)
+
+
+@dataclass
+class Setup:
+    """One training configuration to size. All choices explicit (the decisions fill the `auto`s)."""
+
+    method: str = "lora"
+    precision: str = "bf16"
+    optimizer: str = "adamw"
+    micro_batch: int = 4
+    seq_len: int = 1024
+    grad_ckpt: bool = False
+    strategy: str = "single"
+    num_gpus: int = 1
+    offload: str = "none"
+    lora_r: int = 16
+    lora_targets: str | list[str] = "attention"
+    lora_dropout: float = 0.05
+    attention: str = "sdpa"
+    double_quant: bool = True
+    freeze_layers: int = 2
+    fused_optimizer: bool = False
+
+
+@dataclass
+class Breakdown:
+    weights_bytes: int
+    gradients_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int
+    overhead_bytes: int
+    total_params: int
+    trainable_params: int
+    cpu_bytes: int = 0
+    detail: dict = field(default_factory=dict)
+
+    @property
+    def allocated_bytes(self) -> int:
+        """Predicted `torch.cuda.max_memory_allocated`."""
+        return self.weights_bytes + self.gradients_bytes + self.optimizer_bytes + self.activations_bytes
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Predicted `torch.cuda.max_memory_reserved` (allocator cache on top of allocated)."""
+        return int(self.allocated_bytes * (1 + FRAGMENTATION))
+
+    @property
+    def total_bytes(self) -> int:
+        return self.allocated_bytes + self.overhead_bytes
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["total_bytes"] = self.total_bytes
+        return d
+
+
+def act_bytes(precision: str) -> int:
+    return 4 if precision == "fp32" else 2
+
+
+def _is_zero(strategy: str) -> bool:
+    return strategy in ("zero1", "zero2", "zero3")
+
+
+def trainable_params(spec: ModelSpec, s: Setup) -> int:
+    if s.method == "full":
+        return spec.total_params
+    if s.method == "freeze":
+        return spec.layer_params * min(s.freeze_layers, spec.layers)
+    return spec.lora_params(s.lora_r, s.lora_targets, dora=s.method == "dora")
+
+
+def nf4_bytes(n: int, double_quant: bool) -> float:
+    """Bytes of n weights in bitsandbytes NF4 (blocksize 64): packed 4-bit + absmax (+ nested absmax with double quantization)."""
+    blocks = math.ceil(n / 64)
+    if double_quant:
+        return math.ceil(n / 2) + blocks + 4 * math.ceil(blocks / 256) + 4 * 256 + 4 + 16 * 4
+    return math.ceil(n / 2) + 4 * blocks + 16 * 4
+
+
+def weights_bytes(spec: ModelSpec, s: Setup, trainable: int) -> tuple[int, dict]:
+    """Stored parameters (+ the 16-bit working copies of fp32 trainable weights under autocast)."""
+    N = spec.total_params
+    mixed = s.precision in ("bf16", "fp16")
+    half = 2 if s.precision != "fp32" else 4
+    d: dict = {}
+    if s.method == "full":
+        if _is_zero(s.strategy) and mixed:
+            d["params_16bit"] = 2 * N  # DeepSpeed holds 16-bit params; the fp32 master lives in the optimizer
+            return 2 * N, d
+        master = (4 if s.precision != "bf16-true" else 2) * N
+        d["master"] = master
+        copy = 2 * N if mixed else 0  # autocast's cast of each fp32 weight, saved for backward
+        d["autocast_copies"] = copy
+        return master + copy, d
+    if s.method == "freeze":
+        frozen = N - trainable
+        tw = (2 if (s.precision == "bf16-true" or (_is_zero(s.strategy) and mixed)) else 4) * trainable
+        copy = 2 * trainable if (mixed and not _is_zero(s.strategy)) else 0
+        d.update(frozen=half * frozen, trainable=tw, autocast_copies=copy)
+        return half * frozen + tw + copy, d
+    adapters = 4 * trainable  # PEFT upcasts adapter weights to fp32 (autocast_adapter_dtype=True)
+    if s.method == "qlora":
+        q = spec.linear_params
+        rest = N - q  # embeddings, lm_head, norms, biases stay in the 16-bit compute dtype
+        quant = int(sum(nf4_bytes(li.fan_in * li.fan_out, s.double_quant) * li.count for li in spec.linears))
+        d.update(nf4=quant, unquantized=2 * rest, adapters=adapters)
+        return quant + 2 * rest + adapters, d
+    d.update(base=half * N, adapters=adapters)
+    return half * N + adapters, d
+
+
+def gradient_bytes(spec: ModelSpec, s: Setup, trainable: int) -> int:
+    if s.method in ("lora", "dora", "qlora"):
+        return 4 * trainable  # fp32 adapters
+    if _is_zero(s.strategy) and s.precision in ("bf16", "fp16"):
+        return 2 * trainable
+    return (2 if s.precision == "bf16-true" else 4) * trainable
+
+
+def optimizer_bytes(spec: ModelSpec, s: Setup, trainable: int) -> int:
+    peft = s.method in ("lora", "dora", "qlora")
+    state = 4 if (peft or s.precision != "bf16-true") else 2
+    master = 4 * trainable if (_is_zero(s.strategy) and s.precision in ("bf16", "fp16") and not peft) else 0
+    if s.optimizer == "adamw":
+        return 2 * state * trainable + master
+    if s.optimizer in ("adamw_8bit", "paged_adamw_8bit"):
+        return int(2 * trainable * (1 + 4 / 256)) + master
+    if s.optimizer == "adafactor":
+        # factored second moment: rows + columns per matrix (fp32); ~ 2*sqrt(n) per matrix, bounded below by vectors
+        if s.method == "full":
+            n = sum((li.fan_in + li.fan_out) * li.count for li in spec.linears) + spec.embedding_params // max(1, spec.hidden) + spec.hidden
+            return 4 * n + master
+        return 4 * int(2 * math.sqrt(max(1, trainable)) * 32) + master
+    if s.optimizer == "sgd":
+        return state * trainable + master
+    raise ValueError(s.optimizer)
+
+
+def _linear_lookup(spec: ModelSpec, s: Setup) -> tuple[set[str], set[str]]:
+    """(paths whose base weights train, paths with LoRA adapters)."""
+    paths = {li.path or li.name for li in spec.linears if li.in_layers}
+    if s.method == "full":
+        return paths, set()
+    if s.method == "freeze":
+        return paths, set()  # handled per layer
+    adapted = {li.path or li.name for li in spec.resolve_targets(s.lora_targets) if li.in_layers}
+    return set(), adapted
+
+
+def layer_activation_bytes(spec: ModelSpec, s: Setup, tokens: int, *, trained: bool | None = None) -> int:
+    """Bytes autograd saves in one decoder layer for `tokens` = micro_batch * seq_len tokens."""
+    a = act_bytes(s.precision)
+    A = spec.arch
+    h, heads, kv, hd, i = A["hidden"], A["heads"], A["kv_heads"], A["head_dim"], A["intermediate"]
+    q_dim, kv_dim = heads * hd, kv * hd
+    k_act = A.get("experts_per_token") or 1
+    base_trained, adapted = _linear_lookup(spec, s)
+    full_layer = s.method == "full" or (s.method == "freeze" and trained)
+    linears = [li for li in spec.linears if li.in_layers]
+    per_layer = max(1, spec.layers)
+
+    def trains(li) -> bool:
+        return full_layer
+
+    saved = 0.0
+    # two norms: the fp32 upcast of the input (HF RMSNorm/LayerNorm in 16-bit) + normalised output when the norm weight trains
+    saved += 2 * tokens * h * (4 + (a if full_layer else 0))
+    # inputs of Linear modules whose weight trains (shared by modules reading the same tensor)
+    inputs_seen: set[tuple] = set()
+    autocast = s.precision in ("bf16", "fp16")
+    for li in linears:
+        path = li.path or li.name
+        count = li.count / per_layer
+        group = (li.fan_in, path.split(".")[0], li.leaf in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "query", "key", "value", "q", "k", "v", "wi_0", "wi_1"))
+        is_expert = ".experts." in path
+        mult = k_act if is_expert else 1
+        if trains(li) and group not in inputs_seen:
+            saved += a * tokens * li.fan_in * mult * (1 if group[2] else count)
+            inputs_seen.add(group)
+        if path in adapted:
+            per = (4 if not autocast else a) + (1 if s.lora_dropout > 0 else 0)
+            if s.lora_dropout == 0 and autocast:
+                per = a if group not in inputs_seen else 0
+            saved += per * tokens * li.fan_in * count + 4 * tokens * s.lora_r * count
+    # attention kernel: q, k, v (repeated to all heads except flash), output, its contiguous copy for o_proj
+    kv_saved = 2 * (kv_dim if s.attention == "flash" else q_dim)
+    saved += a * tokens * (q_dim + kv_saved + q_dim)
+    if s.attention == "eager":
+        b = max(1, s.micro_batch)
+        seq = tokens // b
+        saved += (4 + a) * b * heads * seq * seq
+    # MLP: gated (act(gate), gate, up saved; their product feeds down) or plain (act input, act output)
+    if A.get("gated_mlp"):
+        saved += 3 * a * tokens * i * k_act
+    else:
+        saved += 2 * a * tokens * i * k_act
+    if A.get("experts"):
+        saved += a * tokens * h * k_act + 4 * tokens * A["experts"]  # dispatched copies, router logits
+    return int(saved)
+
+
+def logits_bytes(spec: ModelSpec, s: Setup, tokens: int) -> int:
+    """lm_head output + fp32 upcast/log-softmax + their gradients at the start of backward."""
+    a = act_bytes(s.precision)
+    return int(tokens * spec.vocab * (a + 4 + 4 + 4))
+
+
+def activation_bytes(spec: ModelSpec, s: Setup) -> tuple[int, dict]:
+    tokens = s.micro_batch * s.seq_len
+    a = act_bytes(s.precision)
+    L = spec.layers
+    if s.method == "freeze":
+        trained_layers = min(s.freeze_layers, L)
+        per_t = layer_activation_bytes(spec, s, tokens, trained=True)
+        layers_total = trained_layers * per_t
+        per_layer = per_t
+        n_layers_saving = trained_layers
+    else:
+        per_layer = layer_activation_bytes(spec, s, tokens)
+        layers_total = L * per_layer
+        n_layers_saving = L
+    logits = logits_bytes(spec, s, tokens)
+    if spec.task == "masked-lm" or spec.task == "seq2seq-lm":
+        logits = int(logits * (1.0 if spec.task == "seq2seq-lm" else 1.0))
+    d = {"per_layer": per_layer, "logits": logits, "tokens_per_micro_batch": tokens}
+    if s.grad_ckpt:
+        kept = n_layers_saving * a * tokens * spec.hidden
+        total = kept + max(logits, per_layer + 2 * a * tokens * spec.hidden)
+        d["checkpointed_inputs"] = kept
+    else:
+        total = layers_total + logits + a * tokens * spec.hidden * 2
+    if s.method == "qlora":  # one dequantized weight in flight
+        biggest = max((li.fan_in * li.fan_out for li in spec.linears), default=0)
+        total += 2 * biggest
+    return int(total), d
+
+
+def estimate(spec: ModelSpec, s: Setup) -> Breakdown:
+    """Peak memory per device for `spec` trained as `s`."""
+    N = spec.total_params
+    trainable = trainable_params(spec, s)
+    W, wd = weights_bytes(spec, s, trainable)
+    G = gradient_bytes(spec, s, trainable)
+    O = optimizer_bytes(spec, s, trainable)
+    A, ad = activation_bytes(spec, s)
+    n = max(1, s.num_gpus)
+    cpu = 0
+    detail = {"weights": wd, "activations": ad}
+    st = s.strategy
+    if st == "ddp" and n > 1:
+        G += G  # DDP's flat gradient buckets (gradient_as_bucket_view=False)
+        detail["ddp_buckets"] = True
+    if st in ("zero1", "zero2", "zero3", "fsdp") and n > 1:
+        O = O // n
+        if st != "zero1":
+            G = G // n
+        if st in ("zero3", "fsdp"):
+            gathered = 2 * 2 * spec.layer_params + (2 * spec.embedding_params if st == "fsdp" else 0)  # layer in use + prefetched one, 16-bit
+            W = W // n + gathered
+            detail["gathered_bytes"] = gathered
+    if s.offload in ("optimizer", "params"):
+        cpu += O
+        O = 0
+        if _is_zero(st):
+            cpu += 4 * trainable // n  # fp32 gradient partitions on CPU
+    if s.offload == "params":
+        cpu += W - detail.get("gathered_bytes", 0)
+        W = detail.get("gathered_bytes", 2 * 2 * spec.layer_params)
+    # the optimizer step's temporaries (foreach AdamW: one fp32 tensor list of the trainable size) vs the activations
+    step_temp = 0
+    if s.optimizer in ("adamw",) and not s.fused_optimizer and s.offload == "none":
+        step_temp = (4 if s.precision != "bf16-true" or s.method in ("lora", "dora", "qlora") else 2) * trainable
+        if st in ("zero1", "zero2", "zero3", "fsdp") and n > 1:
+            step_temp //= n
+        if _is_zero(st):
+            step_temp = 0  # DeepSpeed's fused Adam
+    A_peak = max(A, step_temp)
+    detail["optimizer_step_temporaries"] = step_temp
+    allocated = W + G + O + A_peak
+    overhead = CUDA_CONTEXT + int(FRAGMENTATION * allocated) + (NCCL_BUFFERS if n > 1 else 0)
+    return Breakdown(int(W), int(G), int(O), int(A_peak), int(overhead), N, trainable, int(cpu), detail)
+
+
+def fits(b: Breakdown, memory_bytes: int, headroom: float = 0.0) -> bool:
+    return b.total_bytes <= memory_bytes * (1 - headroom)
