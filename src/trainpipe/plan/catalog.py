@@ -199,6 +199,7 @@ def arch_from_config(model_type: str, c: dict) -> dict:
         "vocab": g("vocab_size"), "experts": experts, "experts_per_token": g("num_experts_per_tok", "top_k", default=0) or 0,
         "gated_mlp": gated, "max_positions": g("max_position_embeddings", "n_positions", default=None),
         "tied": bool(c.get("tie_word_embeddings", model_type in ("gpt2", "t5"))),
+        "dropout": model_type in ("bert", "roberta", "gpt2", "t5") and float(c.get("hidden_dropout_prob", c.get("resid_pdrop", c.get("dropout_rate", 0.1))) or 0) > 0,
     }
 
 

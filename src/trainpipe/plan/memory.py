@@ -69,6 +69,7 @@ class Setup:
     double_quant: bool = True
     freeze_layers: int = 2
     fused_optimizer: bool = False
+    lm_head: bool = True  # False: a classification head (no vocabulary logits)
 
 
 @dataclass
@@ -238,7 +239,7 @@ def layer_activation_bytes(spec: ModelSpec, s: Setup, tokens: int, *, trained: b
     if s.attention == "eager":
         b = max(1, s.micro_batch)
         seq = tokens // b
-        saved += (4 + a) * b * heads * seq * seq
+        saved += (4 + (a if a != 4 else 0)) * b * heads * seq * seq  # fp32 softmax output (+ its 16-bit cast)
     # MLP: gated (act(gate), gate, up saved; their product feeds down) or plain (act input, act output)
     if A.get("gated_mlp"):
         saved += 3 * a * tokens * i * k_act
@@ -246,11 +247,19 @@ def layer_activation_bytes(spec: ModelSpec, s: Setup, tokens: int, *, trained: b
         saved += 2 * a * tokens * i * k_act
     if A.get("experts"):
         saved += a * tokens * h * k_act + 4 * tokens * A["experts"]  # dispatched copies, router logits
+    if A.get("dropout"):  # BERT/GPT-2/T5-style dropout: a bool mask and the output after attention and after the MLP
+        saved += 2 * tokens * h * (1 + a)
+        if s.attention == "eager":
+            b = max(1, s.micro_batch)
+            seq = tokens // b
+            saved += (1 + a) * b * heads * seq * seq
     return int(saved)
 
 
 def logits_bytes(spec: ModelSpec, s: Setup, tokens: int) -> int:
     """lm_head output + fp32 upcast/log-softmax + their gradients at the start of backward."""
+    if not s.lm_head:
+        return 0
     a = act_bytes(s.precision)
     return int(tokens * spec.vocab * (a + 4 + 4 + 4))
 

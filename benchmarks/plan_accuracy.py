@@ -1,0 +1,34 @@
+"""Predicted vs published measured peak GPU memory, and the share within +/-15 %.
+
+    python benchmarks/plan_accuracy.py
+
+Reads src/trainpipe/plan/data/measurements.json (each figure with its source). Only
+`well_specified` rows count in the share; the others are printed for information. Also
+prints how long a 70B plan takes (the issue's < 2 s target) as a plain timing.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from trainpipe.plan.accuracy import evaluate
+
+
+def main() -> int:
+    rows, share, n = evaluate()
+    print(f"{'measurement':48s} {'metric':11s} {'measured':>10s} {'predicted':>10s} {'error':>8s}  counted")
+    for r in rows:
+        print(f"{r['id']:48s} {r['metric']:11s} {r['measured_mib']:10.0f} {r['predicted_mib']:10.0f} {100 * r['error']:+7.1f}%  {'yes' if r['well_specified'] else 'no'}")
+    print(f"\nwithin +/-15 %: {share * 100:.0f} % of {n} well-specified measurements (target >= 80 %)")
+    from trainpipe.plan.command import PlanRequest, make_plan
+
+    t = time.perf_counter()
+    make_plan(PlanRequest(model="meta-llama/Llama-3.1-70B", gpu="H100", num_gpus=8, tokens=1e8))
+    dt = time.perf_counter() - t
+    print(f"70B plan: {dt:.3f} s (target < 2 s; ratio to target {dt / 2:.2f})")
+    return 0 if share >= 0.8 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

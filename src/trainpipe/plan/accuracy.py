@@ -1,0 +1,43 @@
+"""Compare the memory model with the published measurements in plan/data/measurements.json."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+from trainpipe.plan import memory
+from trainpipe.plan.catalog import find_model
+
+MIB = 1024**2
+TOLERANCE = 0.15
+
+
+def measurements() -> list[dict]:
+    return json.loads(resources.files("trainpipe.plan").joinpath("data", "measurements.json").read_text(encoding="utf-8"))["measurements"]
+
+
+def predict_mib(m: dict) -> float:
+    """The prediction in the metric the source measured."""
+    spec = find_model(m["model"])
+    s = memory.Setup(method=m["method"], precision=m["precision"], optimizer=m["optimizer"], micro_batch=m["micro_batch"], seq_len=m["seq_len"],
+                     grad_ckpt=m["grad_ckpt"], strategy=m.get("strategy", "single" if m["gpus"] == 1 else "ddp"), num_gpus=m["gpus"],
+                     offload=m.get("offload", "none"), lora_r=m.get("lora_r", 16), lora_targets=m.get("lora_targets", "attention"),
+                     lora_dropout=m.get("lora_dropout", 0.05), attention=m.get("attention", "sdpa"), lm_head=m.get("head", "lm") != "classification",
+                     fused_optimizer=m.get("fused_optimizer", True))
+    b = memory.estimate(spec, s)
+    if m["metric"] == "allocated":
+        return b.allocated_bytes / MIB
+    if m["metric"] == "reserved":
+        return b.reserved_bytes / MIB
+    ctx = m.get("context_mib")
+    return (b.reserved_bytes / MIB) + (ctx if ctx is not None else memory.CUDA_CONTEXT / MIB)
+
+
+def evaluate() -> tuple[list[dict], float, int]:
+    rows = []
+    for m in measurements():
+        p = predict_mib(m)
+        rows.append({**m, "predicted_mib": p, "error": p / m["measured_mib"] - 1})
+    counted = [r for r in rows if r["well_specified"]]
+    within = [r for r in counted if abs(r["error"]) <= TOLERANCE]
+    return rows, (len(within) / len(counted) if counted else 0.0), len(counted)
