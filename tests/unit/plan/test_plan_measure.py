@@ -30,7 +30,7 @@ def _step(model, opt_name="adamw"):
     return opt
 
 
-def _same(measured, predicted):
+def assert_same_bytes(measured, predicted):
     for k in ("parameters_bytes", "gradients_bytes", "optimizer_bytes"):
         assert measured[k] == predicted[k], (k, measured[k], predicted[k])
 
@@ -39,7 +39,7 @@ def _same(measured, predicted):
 def test_full_fine_tune(dtype, opt):
     m = _model(getattr(torch, dtype))
     o = _step(m, opt)
-    _same(measure_state_bytes(m, o), predict_state_bytes(CFG, method="full", dtype=dtype, optimizer=opt))
+    assert_same_bytes(measure_state_bytes(m, o), predict_state_bytes(CFG, method="full", dtype=dtype, optimizer=opt))
 
 
 @pytest.mark.parametrize("dtype,targets,method", [("float32", "attention", "lora"), ("bfloat16", "all-linear", "lora"), ("bfloat16", "attention", "dora")])
@@ -51,7 +51,7 @@ def test_lora(dtype, targets, method):
     m = _model(getattr(torch, dtype))
     pm = get_peft_model(m, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.05, target_modules=resolve_lora_targets(m, targets), task_type="CAUSAL_LM", use_dora=method == "dora"))
     o = _step(pm)
-    _same(measure_state_bytes(pm, o), predict_state_bytes(CFG, method=method, dtype=dtype, lora_r=8, lora_alpha=16, lora_targets=targets))
+    assert_same_bytes(measure_state_bytes(pm, o), predict_state_bytes(CFG, method=method, dtype=dtype, lora_r=8, lora_alpha=16, lora_targets=targets))
 
 
 def test_trainpipe_apply_lora_matches():
@@ -60,7 +60,7 @@ def test_trainpipe_apply_lora_matches():
 
     m = apply_lora(_model(torch.float32), LoraConfig(r=4, alpha=8))
     o = _step(m)
-    _same(measure_state_bytes(m, o), predict_state_bytes(CFG, method="lora", dtype="float32", lora_r=4, lora_alpha=8))
+    assert_same_bytes(measure_state_bytes(m, o), predict_state_bytes(CFG, method="lora", dtype="float32", lora_r=4, lora_alpha=8))
 
 
 @pytest.mark.parametrize("double_quant", [True, False])
@@ -83,4 +83,4 @@ def test_qlora_bitsandbytes(tmp_path, double_quant):
     o = _step(pm)
     measured = measure_state_bytes(pm, o)
     assert measured["quant_state_bytes"] > 0
-    _same(measured, predict_state_bytes(CFG, method="qlora", dtype="bfloat16", lora_r=8, lora_alpha=16, double_quant=double_quant))
+    assert_same_bytes(measured, predict_state_bytes(CFG, method="qlora", dtype="bfloat16", lora_r=8, lora_alpha=16, double_quant=double_quant))
