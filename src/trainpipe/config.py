@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from trainpipe.errors import ConfigError
 
-SECTIONS = ("model", "data", "method", "training", "eval", "output_dir", "name")
+SECTIONS = ("model", "data", "method", "training", "eval", "output_dir", "name", "stages")
 
 
 class _Section(BaseModel):
@@ -41,6 +41,8 @@ class ModelConfig(_Section):
     """Run Python code shipped with the model. Off unless you trust its source."""
     revision: str | None = None
     """Hub revision (branch, tag or commit) to load; ignored for local folders."""
+    init_from_config: str | None = None
+    """Train from scratch: a `config.json` (or a folder with one) whose architecture is built with random weights; `name_or_path` then only supplies the tokenizer."""
     pad_token: str | None = None
     """Token used for padding when the tokenizer has none (e.g. its EOS token); padding never carries loss."""
 
@@ -194,15 +196,119 @@ class LoraConfig(_Section):
     """Modules that get adapters: `attention` (the attention projections of the architecture), `all-linear`, or a list of module names."""
 
 
+class FreezeConfig(_Section):
+    trainable_layers: int = Field(default=2, ge=1)
+    """`peft: freeze`: train only the last this many transformer blocks (plus the final norm and the LM head); everything else stays frozen."""
+    train_embeddings: bool = False
+    """Also train the input embeddings (needed when new tokens are added)."""
+
+
+class QuantizationConfig(_Section):
+    quant_type: Literal["nf4", "fp4"] = "nf4"
+    """4-bit data type for `peft: qlora` (bitsandbytes); NF4 is the QLoRA paper's choice."""
+    double_quant: bool = True
+    """Quantize the quantization constants too (QLoRA's double quantization, ~0.4 bit/parameter saved)."""
+    compute_dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    """Dtype the 4-bit weights are dequantized to for the matmuls. `auto`: bfloat16 on GPUs with it, float32 otherwise."""
+
+
+class IA3Config(_Section):
+    target_modules: list[str] | Literal["auto"] = "auto"
+    """Modules whose activations IA3 rescales: `auto` (keys, values and the MLP down projection of the architecture) or a list of module names."""
+    feedforward_modules: list[str] | Literal["auto"] = "auto"
+    """Those of `target_modules` that are feed-forward layers (scaled on their input): `auto` or a list."""
+
+
+class PromptTuningConfig(_Section):
+    num_virtual_tokens: int = Field(default=20, ge=1)
+    """Virtual tokens prepended to every input (`peft: prompt_tuning` or `prefix_tuning`)."""
+    init_text: str | None = None
+    """`prompt_tuning` only: initialise the virtual tokens from this text's embeddings (random when null)."""
+
+
+class PreferenceConfig(_Section):
+    beta: float = Field(default=0.1, gt=0)
+    """Strength of the implicit KL penalty to the reference model (DPO/IPO/KTO beta; SimPO's reward scale; ORPO's lambda)."""
+    loss_type: Literal["sigmoid", "ipo", "hinge", "simpo"] = "sigmoid"
+    """`method.name: dpo` loss: `sigmoid` (DPO), `ipo` (IPO), `hinge` (SLiC), `simpo` (SimPO: length-normalised, no reference model)."""
+    simpo_gamma: float = Field(default=0.5, ge=0)
+    """SimPO target reward margin gamma (in units of beta)."""
+    label_smoothing: float = Field(default=0.0, ge=0, lt=0.5)
+    """Conservative DPO: assumed share of flipped preference labels."""
+    sft_weight: float = Field(default=0.0, ge=0)
+    """Add this times the SFT loss on the chosen reply (RPO; ORPO always has its own SFT term)."""
+    desirable_weight: float = Field(default=1.0, gt=0)
+    """KTO: weight of desirable (label true) examples."""
+    undesirable_weight: float = Field(default=1.0, gt=0)
+    """KTO: weight of undesirable (label false) examples."""
+
+
+class RLConfig(_Section):
+    algorithm: Literal["grpo", "rloo"] = "grpo"
+    """Online policy optimisation: `grpo` (group-normalised advantages) or `rloo` (leave-one-out baseline). TRL 1.x dropped PPO; see docs."""
+    reward_model: str | None = None
+    """Folder of a reward model trained by `method.name: reward` (its `model/`), scoring prompt + completion."""
+    reward_function: str | None = None
+    """Python reward function by import path, `package.module:function`, called as `f(prompts: list[str], completions: list[str]) -> list[float]`."""
+    num_generations: int = Field(default=4, ge=2)
+    """Completions sampled per prompt (the group the advantage is computed within)."""
+    max_new_tokens: int = Field(default=32, ge=1)
+    """Longest sampled completion."""
+    temperature: float = Field(default=1.0, gt=0)
+    """Sampling temperature of the completions."""
+    kl_coef: float = Field(default=0.05, ge=0)
+    """Weight of the KL penalty to the reference (the base model; with PEFT, the base with the adapter switched off)."""
+
+    @model_validator(mode="after")
+    def _one_reward(self) -> "RLConfig":
+        if self.reward_model is not None and self.reward_function is not None:
+            raise ValueError("give `reward_model` or `reward_function`, not both")
+        return self
+
+
+class PretrainConfig(_Section):
+    new_tokens: list[str] = Field(default_factory=list)
+    """Tokens added to the vocabulary before training; the embeddings are resized, old token embeddings stay unchanged, new rows start at the mean embedding."""
+
+
+class AdapterConfig(_Section):
+    name: str = Field(pattern=r"^[A-Za-z0-9_\-]+$")
+    """Adapter name (a folder name): one adapter per task on the shared base."""
+    data: DataConfig
+    """This adapter's training data."""
+
+
 class MethodConfig(_Section):
-    name: Literal["sft"] = "sft"
-    """Training objective. `sft`: supervised fine-tuning on instruction or chat data, loss on the responses only."""
-    peft: Literal["lora", "none"] = "lora"
-    """Parameter-efficient method: `lora`, or `none` for a full fine-tune."""
+    name: Literal["sft", "pretrain", "dpo", "orpo", "kto", "reward", "rl"] = "sft"
+    """Training objective. `sft`: supervised fine-tuning, loss on the responses; `pretrain`: continued pretraining on raw text; `dpo` (with `preference.loss_type` sigmoid/ipo/hinge/simpo), `orpo`, `kto`: preference optimisation; `reward`: a reward model from preference pairs; `rl`: online RL (GRPO/RLOO) against a reward model or function."""
+    peft: Literal["none", "freeze", "lora", "rslora", "dora", "qlora", "qlora8", "ia3", "prompt_tuning", "prefix_tuning"] = "lora"
+    """Which parameters train: `none` (full fine-tune), `freeze` (last N blocks), `lora`, `rslora` (rank-stabilised scaling), `dora` (weight-decomposed), `qlora` (LoRA on a 4-bit NF4 base, bitsandbytes), `qlora8` (LoRA on an 8-bit base), `ia3`, `prompt_tuning`, `prefix_tuning`."""
     lora: LoraConfig = Field(default_factory=LoraConfig)
-    """LoRA settings (used when `peft: lora`)."""
+    """LoRA settings (used by lora, rslora, dora, qlora, qlora8)."""
+    freeze: FreezeConfig = Field(default_factory=FreezeConfig)
+    """Settings of `peft: freeze`."""
+    quantization: QuantizationConfig = Field(default_factory=QuantizationConfig)
+    """4-bit settings of `peft: qlora`."""
+    ia3: IA3Config = Field(default_factory=IA3Config)
+    """Settings of `peft: ia3`."""
+    prompt_tuning: PromptTuningConfig = Field(default_factory=PromptTuningConfig)
+    """Settings of `peft: prompt_tuning` and `prefix_tuning`."""
+    preference: PreferenceConfig = Field(default_factory=PreferenceConfig)
+    """Settings of `dpo`, `orpo` and `kto`."""
+    rl: RLConfig = Field(default_factory=RLConfig)
+    """Settings of `method.name: rl`."""
+    pretrain: PretrainConfig = Field(default_factory=PretrainConfig)
+    """Settings of `method.name: pretrain`."""
+    adapters: list[AdapterConfig] = Field(default_factory=list)
+    """Multi-task: several named adapters trained one after another on the shared base, each on its own data (needs a LoRA-family `peft`)."""
     train_on: Literal["assistant", "last_assistant", "all"] = "assistant"
     """Tokens that carry loss: every assistant turn (default), the last assistant turn only, or everything."""
+
+    @model_validator(mode="after")
+    def _adapters_need_lora(self) -> "MethodConfig":
+        if self.adapters and self.peft not in ("lora", "rslora", "dora", "qlora", "qlora8"):
+            raise ValueError(f"`adapters` (one per task) need a LoRA-family `peft` (lora, rslora, dora, qlora, qlora8), got `{self.peft}`")
+        return self
 
 
 class TrainingConfig(_Section):
@@ -230,8 +336,8 @@ class TrainingConfig(_Section):
     """Decoupled weight decay (AdamW)."""
     max_grad_norm: float = Field(default=1.0, gt=0)
     """Gradient clipping by global norm."""
-    optim: Literal["adamw_torch", "adamw_torch_fused", "adafactor", "sgd"] = "adamw_torch"
-    """Optimizer."""
+    optim: Literal["adamw_torch", "adamw_torch_fused", "adamw_8bit", "paged_adamw_8bit", "adafactor", "sgd"] = "adamw_torch"
+    """Optimizer: `adamw_torch`, `adamw_torch_fused` (CUDA), `adamw_8bit` / `paged_adamw_8bit` (bitsandbytes), `adafactor`, `sgd` (momentum 0.9)."""
     eval_steps: int = Field(default=50, ge=1)
     """Evaluate on the eval split every this many optimizer steps."""
     save_steps: int | None = Field(default=None, ge=1)
@@ -249,7 +355,11 @@ class TrainingConfig(_Section):
     fp16: bool = False
     """float16 mixed precision with loss scaling (GPUs without bfloat16)."""
     gradient_checkpointing: bool = False
-    """Recompute activations in the backward pass to save memory."""
+    """Recompute activations in the backward pass to save memory (non-reentrant)."""
+    tf32: bool | None = None
+    """Allow TF32 matmuls on Ampere and newer GPUs (default: on there; no effect on CPU)."""
+    torch_compile: bool = False
+    """Compile the model with `torch.compile` before training."""
     resume: Literal["never", "auto"] = "never"
     """`auto`: continue from the newest checkpoint in `output_dir` whose checksums hold (as `--resume` does), or start fresh when there is none."""
     keep_best: int = Field(default=1, ge=0)
@@ -292,6 +402,21 @@ class EvalConfig(_Section):
     """Evaluate generated metrics on at most this many eval records (all when null)."""
 
 
+class StageConfig(_Section):
+    """One stage of a multi-stage run: its method and, optionally, its own data and training settings."""
+
+    name: str | None = None
+    """Stage name (its run directory under `output_dir`); default: the method name."""
+    method: dict[str, Any] = Field(default_factory=dict)
+    """Keys of `method` for this stage, over the run's `method` (e.g. `{name: reward}`)."""
+    data: DataConfig | None = None
+    """This stage's data (default: the run's `data`)."""
+    training: dict[str, Any] = Field(default_factory=dict)
+    """Keys of `training` for this stage, over the run's `training`."""
+    eval: dict[str, Any] = Field(default_factory=dict)
+    """Keys of `eval` for this stage, over the run's `eval`."""
+
+
 class RunConfig(_Section):
     """One training run: what to train, on what, how, and where to write it."""
 
@@ -309,6 +434,15 @@ class RunConfig(_Section):
     """Evaluation before and after training."""
     output_dir: str | None = None
     """Run directory (default: `runs/<name>`), relative to the working directory."""
+    stages: list[StageConfig] | None = None
+    """Several stages in one run, e.g. RLHF `[{method: {name: sft}}, {method: {name: reward}, data: ...}, {method: {name: rl}}]`: each stage's model is the next one's input; one run directory per stage under `output_dir`, one summary. A stage may be written as just its method name (`[sft, reward, rl]`)."""
+
+    @field_validator("stages", mode="before")
+    @classmethod
+    def _stage_names(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            return [{"method": {"name": x}} if isinstance(x, str) else x for x in v]
+        return v
 
     def hash(self) -> str:
         """SHA-256 of the canonical JSON of this config (the cache and manifest key)."""

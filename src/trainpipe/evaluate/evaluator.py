@@ -75,3 +75,31 @@ def normalize_answer(text: str) -> str:
 def exact_match(predictions: list[str], references: list[str]) -> float:
     hits = sum(normalize_answer(p) == normalize_answer(r) for p, r in zip(predictions, references))
     return hits / max(len(references), 1)
+
+
+def evaluate_lm(model, tokenizer, data, ev, *, batch_size: int, stop_ids: list[int], phase: str) -> tuple[dict, list[dict]]:
+    """The LM metrics of ``ev`` (an EvalConfig) on ``data.eval``: loss, perplexity and, with
+    `exact_match`, greedy generations against the references. Returns (metrics, samples)."""
+    from trainpipe import ui
+
+    out: dict = {}
+    with ui.progress() as bar:
+        task = bar.add_task(f"eval ({phase}) loss", total=len(data.eval))
+        res = eval_loss(model, data.eval, batch_size=batch_size, pad_id=tokenizer.pad_token_id, advance=lambda n: bar.advance(task, n))
+    if "loss" in ev.metrics:
+        out["loss"] = res["loss"]
+    if "perplexity" in ev.metrics:
+        out["perplexity"] = res["perplexity"]
+    samples: list[dict] = []
+    if "exact_match" in ev.metrics:
+        gens = data.eval_generation[: ev.max_samples] if ev.max_samples else data.eval_generation
+        with ui.progress() as bar:
+            task = bar.add_task(f"eval ({phase}) generate", total=len(gens))
+            preds = generate(
+                model, tokenizer, [g["prompt"] for g in gens], max_new_tokens=ev.max_new_tokens,
+                batch_size=batch_size * 4, stop_ids=stop_ids, advance=lambda n: bar.advance(task, n),
+            )
+        refs = [g["reference"] for g in gens]
+        out["exact_match"] = exact_match(preds, refs)
+        samples = [{"prompt": g["prompt"], "reference": r, "prediction": p} for g, r, p in zip(gens, refs, preds)]
+    return out, samples

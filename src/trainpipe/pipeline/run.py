@@ -60,33 +60,6 @@ def preflight(cfg: RunConfig) -> None:
     check_sources(cfg.data.sources)  # files, globs and folders; hub and SQL sources are checked when read
 
 
-def _evaluate(model, tokenizer, data, cfg: RunConfig, stop_ids: list[int], phase: str) -> tuple[dict, list[dict]]:
-    from trainpipe.evaluate.evaluator import eval_loss, exact_match, generate
-
-    metrics = cfg.eval.metrics
-    out: dict = {}
-    with ui.progress() as bar:
-        task = bar.add_task(f"eval ({phase}) loss", total=len(data.eval))
-        res = eval_loss(model, data.eval, batch_size=cfg.training.per_device_eval_batch_size, pad_id=tokenizer.pad_token_id, advance=lambda n: bar.advance(task, n))
-    if "loss" in metrics:
-        out["loss"] = res["loss"]
-    if "perplexity" in metrics:
-        out["perplexity"] = res["perplexity"]
-    samples = []
-    if "exact_match" in metrics:
-        gens = data.eval_generation[: cfg.eval.max_samples] if cfg.eval.max_samples else data.eval_generation
-        with ui.progress() as bar:
-            task = bar.add_task(f"eval ({phase}) generate", total=len(gens))
-            preds = generate(
-                model, tokenizer, [g["prompt"] for g in gens], max_new_tokens=cfg.eval.max_new_tokens,
-                batch_size=cfg.training.per_device_eval_batch_size * 4, stop_ids=stop_ids, advance=lambda n: bar.advance(task, n),
-            )
-        refs = [g["reference"] for g in gens]
-        out["exact_match"] = exact_match(preds, refs)
-        samples = [{"prompt": g["prompt"], "reference": r, "prediction": p} for g, r, p in zip(gens, refs, preds)]
-    return out, samples
-
-
 def run(cfg: RunConfig, *, config_path: str | None = None, overwrite: bool = False, resume: bool = False) -> dict:
     import transformers
 
@@ -190,10 +163,8 @@ def _steps(cfg: RunConfig, plan, hw, run_dir: Path, events: EventLog, config_pat
 
     from trainpipe.data.prepare import prepare
     from trainpipe.data.tokenize import end_of_turn_ids, setup_chat_template
-    from trainpipe.export import export_model, stop_token_ids
-    from trainpipe.evaluate.evaluator import eval_loss
-    from trainpipe.train import sft
-    from trainpipe.train.model import apply_lora, load_model, load_tokenizer, parameter_counts
+    from trainpipe.export import stop_token_ids
+    from trainpipe.train.model import load_tokenizer
 
     con = ui.console()
     con.print(f"[bold]trainpipe run[/] {cfg.name}  ->  {run_dir}")
@@ -224,54 +195,21 @@ def _steps(cfg: RunConfig, plan, hw, run_dir: Path, events: EventLog, config_pat
     r = data.report
     events.emit("data_prepared", train=r["train_examples"], eval=r["eval_examples"], rejected=r["rejected_total"], dropped=sum(r["dropped"].values()))
 
-    # 3. model (+ LoRA)
-    model = load_model(cfg.model, cfg.model.dtype)
-    if cfg.method.peft == "lora":
-        model = apply_lora(model, cfg.method.lora)
-    params = parameter_counts(model)
-    con.print(f"  parameters: {params['trainable']:,} trainable of {params['total']:,} ({params['trainable_pct']:.2f} %)")
+    # 3. the recipe of `method.name` trains, evaluates, exports and returns the summary
+    from trainpipe.train.context import RunContext
 
-    # 4. baseline on the eval split (measured once; a resumed run reads it back)
-    baseline_path = run_dir / "baseline.json"
-    if resume_from is not None and baseline_path.exists():
-        saved = json.loads(baseline_path.read_text())
-        baseline, base_samples = saved["metrics"], saved["samples"]
-    else:
-        baseline, base_samples = _evaluate(model, tokenizer, data, cfg, stop_ids, "baseline")
-        write_json(baseline_path, {"metrics": baseline, "samples": base_samples[:20]})
-        events.emit("eval_done", step=0, phase="baseline", **baseline)
-
-    # 5. train (resumable, preemptible, self-healing: see train/loop.py)
-    loop = sft.build_loop(
-        model, tokenizer, data.train, cfg.training, run_dir=run_dir, events=events, config_yaml=dump_yaml(cfg),
-        evaluate=lambda m: eval_loss(m, data.eval, batch_size=cfg.training.per_device_eval_batch_size, pad_id=tokenizer.pad_token_id)["loss"],
-    )
-    outcome = sft.train(loop, resume_from)
-
-    # 6. final eval on the same split, with the best checkpoint loaded
-    final, final_samples = _evaluate(model, tokenizer, data, cfg, stop_ids, "final")
-    events.emit("eval_done", step=outcome.global_step, phase="final", **final)
-
-    # 7. export the best model
-    summary = {
-        "name": cfg.name,
-        "baseline": baseline,
-        "final": final,
-        "train": asdict(outcome),
-        "parameters": params,
-        "data": {k: r[k] for k in ("records_read", "records_kept", "dropped", "pii", "splits", "records", "rejected_total", "rejected", "train_examples", "eval_examples", "train_tokens")},
-        "samples": [{**f, "baseline_prediction": b["prediction"]} for f, b in zip(final_samples[:20], base_samples[:20])],
-    }
-    card = {
-        "name": cfg.name, "base_model": cfg.model.name_or_path, "method": f"{cfg.method.name} / {cfg.method.peft}", "config_hash": cfg.hash(),
-        "data_files": [{"path": s.get("path") or s.get("source"), "sha256": s.get("sha256")} for s in r["sources"]], "baseline": baseline, "final": final,
-        "config": cfg.model_dump(mode="json"), "trainpipe_version": __import__("trainpipe").__version__,
-    }
-    model_dir = export_model(run_dir=run_dir, model=model, tokenizer=tokenizer, base=cfg.model, peft=cfg.method.peft, stop_ids=stop_ids, card=card)
-    events.emit("model_exported", step=outcome.global_step, path=str(model_dir))
-
+    ctx = RunContext(cfg=cfg, run_dir=run_dir, events=events, tokenizer=tokenizer, template=template, stop_ids=stop_ids, data=data,
+                     resume_from=resume_from, hardware=hw)
+    summary = recipe_for(cfg.method.name).run(ctx)
     summary["wall_seconds"] = round(time.time() - t_start, 2)
-    summary["artifacts"] = {"run_dir": str(run_dir), "model": str(model_dir), "adapter": str(model_dir / "adapter") if cfg.method.peft == "lora" else None, "events": str(run_dir / "events.jsonl")}
     write_json(run_dir / "summary.json", summary)
-    events.emit("run_finished", step=outcome.global_step, wall_seconds=summary["wall_seconds"])
+    events.emit("run_finished", step=summary.get("train", {}).get("global_step", 0), wall_seconds=summary["wall_seconds"])
     return summary
+
+
+def recipe_for(method: str):
+    """The module that runs `method.name` (each reads top to bottom: model, trainer, train, evaluate, export)."""
+    import importlib
+
+    module = {"sft": "sft", "pretrain": "pretrain", "dpo": "preference", "orpo": "preference", "kto": "preference", "reward": "reward", "rl": "rl"}[method]
+    return importlib.import_module(f"trainpipe.train.{module}")

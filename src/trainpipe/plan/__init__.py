@@ -13,8 +13,26 @@ from dataclasses import dataclass, field
 from trainpipe.config import RunConfig
 from trainpipe.plan.hardware import Hardware
 
-# Learning rates the field uses by method (LoRA papers / axolotl / LLaMA-Factory defaults).
-DEFAULT_LR = {"lora": 2e-4, "none": 5e-5}
+# Learning rates the field uses (LoRA/QLoRA papers, axolotl, LLaMA-Factory, TRL docs), by objective and by
+# whether the whole network trains ("full": none, freeze) or a small adapter does ("adapter").
+DEFAULT_LR = {
+    ("sft", "full"): 5e-5, ("sft", "adapter"): 2e-4,
+    ("pretrain", "full"): 2e-5, ("pretrain", "adapter"): 2e-4,
+    ("dpo", "full"): 5e-7, ("dpo", "adapter"): 5e-6,
+    ("orpo", "full"): 8e-6, ("orpo", "adapter"): 5e-5,
+    ("kto", "full"): 5e-7, ("kto", "adapter"): 5e-6,
+    ("reward", "full"): 1e-5, ("reward", "adapter"): 1e-4,
+    ("rl", "full"): 1e-6, ("rl", "adapter"): 1e-5,
+}
+# IA3 and soft prompts train so few parameters that they need far larger steps (PEFT's examples).
+PEFT_LR = {"ia3": 3e-3, "prompt_tuning": 3e-2, "prefix_tuning": 1e-2}
+
+
+def default_learning_rate(method: str, peft: str) -> tuple[float, str]:
+    if peft in PEFT_LR and method in ("sft", "pretrain"):
+        return PEFT_LR[peft], f"default for peft={peft}"
+    kind = "full" if peft in ("none", "freeze") else "adapter"
+    return DEFAULT_LR[(method, kind)], f"default for {method} with {'full/freeze' if kind == 'full' else 'an adapter (' + peft + ')'}"
 
 
 @dataclass
@@ -37,8 +55,8 @@ def resolve(cfg: RunConfig, hw: Hardware) -> Resolved:
     t = cfg.training
 
     if t.learning_rate is None:
-        t.learning_rate = DEFAULT_LR[cfg.method.peft]
-        out.decisions.append(Decision("training.learning_rate", t.learning_rate, f"default for peft={cfg.method.peft}"))
+        t.learning_rate, why = default_learning_rate(cfg.method.name, cfg.method.peft)
+        out.decisions.append(Decision("training.learning_rate", t.learning_rate, why))
 
     world = max(1, hw.device_count) if hw.accelerator == "cuda" else 1
     if t.gradient_accumulation_steps is None:

@@ -144,6 +144,58 @@ def is_oom(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
 
 
+# ------------------------------------------------------------------------------ objectives
+
+
+class Objective:
+    """What one training step minimises. The loop reads a window of examples, asks ``weight`` for
+    the window's denominator (loss tokens for cross-entropy, pairs for DPO, prompts for RL), splits
+    the window into micro-batches, and for each calls ``collate`` then ``loss_sum`` (the *sum* of the
+    per-unit losses in that micro-batch, plus figures to log as sums). The step loss is
+    sum / weight, so any micro-batch x accumulation split of a window gives the same gradient."""
+
+    def weight(self, examples: list[dict]) -> int:
+        raise NotImplementedError
+
+    def tokens(self, examples: list[dict]) -> int:
+        from trainpipe.data.tokenize import row_tokens
+
+        return sum(row_tokens(ex) for ex in examples)
+
+    def collate(self, examples: list[dict]) -> dict:
+        raise NotImplementedError
+
+    def loss_sum(self, model, batch: dict):
+        """(sum of per-unit losses as a 0-dim tensor with grad, {name: summed float figure})."""
+        raise NotImplementedError
+
+
+class TokenCrossEntropy(Objective):
+    """Next-token cross-entropy over the labelled tokens (SFT, continued pretraining)."""
+
+    def __init__(self, pad_id: int):
+        self._collate = PadCollator(pad_id)
+
+    def weight(self, examples: list[dict]) -> int:
+        return sum(sum(1 for x in ex["labels"][1:] if x != IGNORE_INDEX) for ex in examples)
+
+    def tokens(self, examples: list[dict]) -> int:
+        return self.weight(examples)
+
+    def collate(self, examples: list[dict]) -> dict:
+        return self._collate(examples)
+
+    def loss_sum(self, model, batch: dict):
+        import torch
+
+        labels = batch.pop("labels")
+        logits = model(**batch).logits
+        ce = torch.nn.functional.cross_entropy(
+            logits[:, :-1].float().reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
+        )
+        return ce, {}
+
+
 # ------------------------------------------------------------------------------ the loop
 
 
@@ -162,6 +214,7 @@ class TrainLoop:
         evaluate: Callable[[object], float],
         metrics_path: Path,
         progress=None,
+        objective: "Objective | None" = None,
     ):
         import torch
 
@@ -169,7 +222,8 @@ class TrainLoop:
         self.model = model
         self.data = train_data
         self.pad_id = pad_id
-        self.collate = PadCollator(pad_id)
+        self.objective = objective if objective is not None else TokenCrossEntropy(pad_id)
+        self._extras: dict[str, float] = {}
         self.t = t
         self.run_dir = Path(run_dir)
         self.events = events
@@ -245,29 +299,30 @@ class TrainLoop:
     def _forward_backward(self, w: int) -> tuple[float, int, float]:
         torch = self.torch
         examples = [self.data[i] for i in self.window_indices(w)]
-        n_tokens = sum(sum(1 for x in ex["labels"][1:] if x != IGNORE_INDEX) for ex in examples)
-        denom = max(n_tokens, 1)
+        obj = self.objective
+        denom = max(obj.weight(examples), 1)  # loss = sum over the whole window / its weight: exact under any micro-batching
+        n_tokens = obj.tokens(examples)
         total = torch.zeros((), device=self.device)
         micro = self.state.micro_batch
         amp = self.device.type == "cuda" and (self.t.bf16 or self.t.fp16)
         amp_dtype = torch.bfloat16 if self.t.bf16 else torch.float16
+        extras: dict[str, float] = {}
         for i in range(0, len(examples), micro):
             faults.before_forward(w)
             tc = time.perf_counter()
-            batch = {k: (v.to(self.device) if hasattr(v, "to") else v) for k, v in self.collate(examples[i : i + micro]).items()}
+            batch = {k: (v.to(self.device) if hasattr(v, "to") else v) for k, v in obj.collate(examples[i : i + micro]).items()}
             self._input_seconds += time.perf_counter() - tc
-            labels = batch.pop("labels")
             with torch.autocast(self.device.type, dtype=amp_dtype, enabled=amp):
-                logits = self.model(**batch).logits
-            ce = torch.nn.functional.cross_entropy(
-                logits[:, :-1].float().reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
-            )
-            loss = faults.poison_loss(w, ce / denom)
+                loss_sum, extra = obj.loss_sum(self.model, batch)
+            for k, v in extra.items():
+                extras[k] = extras.get(k, 0.0) + float(v)
+            loss = faults.poison_loss(w, loss_sum / denom)
             (self.scaler.scale(loss) if self.scaler else loss).backward()
             total += loss.detach()
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         gnorm = torch.nn.utils.clip_grad_norm_([p for _, p in self.params], self.t.max_grad_norm)
+        self._extras = {k: v / denom for k, v in extras.items()}
         return float(total), n_tokens, float(gnorm)
 
     def _step_with_oom_recovery(self, w: int) -> tuple[float, int, float]:
@@ -503,6 +558,7 @@ class TrainLoop:
                         "learning_rate": self.optimizer.param_groups[0]["lr"], "grad_norm": gnorm, "tokens_seen": st.tokens_seen,
                         "tokens_per_second": (st.tokens_seen - tok_log) / dt,
                     }
+                    rec.update(self._extras)  # objective-specific figures (e.g. DPO reward margin), per unit of weight
                     rec["input_share"] = round(self._input_seconds / dt, 4)
                     self._input_seconds = 0.0
                     self._metric(rec)

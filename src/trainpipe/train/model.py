@@ -136,6 +136,21 @@ def apply_lora(model, lora: LoraConfig):
     return get_peft_model(model, peft_cfg)
 
 
+def build_model(model_cfg: ModelConfig, method, *, tokenizer=None):
+    """The model to train: the base (loaded, or built from `model.init_from_config`) wrapped by `method.peft`."""
+    model = load_model(model_cfg, model_cfg.dtype)
+    return apply_peft(model, method)
+
+
+def apply_peft(model, method):
+    """Wrap ``model`` for `method.peft` (a MethodConfig): `none` trains everything, `lora` adds adapters."""
+    if method.peft == "none":
+        return model
+    if method.peft == "lora":
+        return apply_lora(model, method.lora)
+    raise ModelLoadError(f"`method.peft: {method.peft}` is not implemented yet.")
+
+
 def parameter_counts(model) -> dict:
     total = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)

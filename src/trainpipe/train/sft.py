@@ -1,25 +1,76 @@
-"""Supervised fine-tuning: loss only on the tokens the data step labelled (responses and their
-end-of-turn token), run by trainpipe's resilient loop (train/loop.py): evaluation every
-`eval_steps`, atomic checksummed checkpoints, the best by eval loss kept and loaded at the
-end, early stopping with patience, resume to the bit, OOM and divergence recovery.
+"""Supervised fine-tuning, top to bottom: base model (+ PEFT) -> baseline eval -> train with
+next-token cross-entropy on the tokens the data step labelled (responses and their end-of-turn
+token) -> final eval with the best checkpoint -> export.
+
+Training runs in trainpipe's resilient loop (train/loop.py): evaluation every `eval_steps`,
+atomic checksummed checkpoints, the best by eval loss kept and loaded at the end, early
+stopping with patience, resume to the bit, OOM and divergence recovery.
 """
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
+from trainpipe import ui
 from trainpipe.config import TrainingConfig
 from trainpipe.events import EventLog
 from trainpipe.train.checkpoints import CheckpointInfo
-from trainpipe.train.loop import FitResult, TrainLoop
+from trainpipe.train.context import RunContext
+from trainpipe.train.loop import FitResult, Objective, TrainLoop
 from trainpipe.train.progress import TrainProgress
 
 
-def build_loop(model, tokenizer, train_data, t: TrainingConfig, *, run_dir: Path, events: EventLog, config_yaml: str, evaluate: Callable[[object], float]) -> TrainLoop:
+def run(ctx: RunContext) -> dict:
+    from trainpipe.evaluate.evaluator import eval_loss, evaluate_lm
+    from trainpipe.export import export_model
+    from trainpipe.train.model import build_model, parameter_counts
+
+    cfg, data, tok = ctx.cfg, ctx.data, ctx.tokenizer
+    bs = cfg.training.per_device_eval_batch_size
+
+    # 1. model (+ PEFT)
+    model = build_model(cfg.model, cfg.method, tokenizer=tok)
+    params = parameter_counts(model)
+    ui.console().print(f"  parameters: {params['trainable']:,} trainable of {params['total']:,} ({params['trainable_pct']:.2f} %)")
+
+    # 2. baseline on the eval split (measured once; a resumed run reads it back)
+    baseline, base_samples = ctx.baseline_once(lambda: evaluate_lm(model, tok, data, cfg.eval, batch_size=bs, stop_ids=ctx.stop_ids, phase="baseline"))
+
+    # 3. train
+    loop = build_loop(
+        model, tok, data.train, cfg.training, run_dir=ctx.run_dir, events=ctx.events, config_yaml=ctx.config_yaml,
+        evaluate=lambda m: eval_loss(m, data.eval, batch_size=bs, pad_id=tok.pad_token_id)["loss"],
+    )
+    outcome = train(loop, ctx.resume_from)
+
+    # 4. final eval on the same split, with the best checkpoint loaded
+    final, final_samples = evaluate_lm(model, tok, data, cfg.eval, batch_size=bs, stop_ids=ctx.stop_ids, phase="final")
+    ctx.events.emit("eval_done", step=outcome.global_step, phase="final", **final)
+
+    # 5. export the best model
+    model_dir = export_model(run_dir=ctx.run_dir, model=model, tokenizer=tok, base=cfg.model, peft=cfg.method.peft, stop_ids=ctx.stop_ids, card=ctx.card(baseline, final))
+    ctx.events.emit("model_exported", step=outcome.global_step, path=str(model_dir))
+    return {
+        "name": cfg.name, "method": cfg.method.name, "peft": cfg.method.peft,
+        "baseline": baseline, "final": final, "train": asdict(outcome), "parameters": params, "data": ctx.data_summary(),
+        "samples": [{**f, "baseline_prediction": b["prediction"]} for f, b in zip(final_samples[:20], base_samples[:20])],
+        "artifacts": artifacts(ctx.run_dir, model_dir, cfg.method.peft),
+    }
+
+
+def artifacts(run_dir: Path, model_dir: Path, peft: str) -> dict:
+    adapter = model_dir / "adapter"
+    return {"run_dir": str(run_dir), "model": str(model_dir), "adapter": str(adapter) if adapter.is_dir() else None, "events": str(run_dir / "events.jsonl")}
+
+
+def build_loop(model, tokenizer, train_data, t: TrainingConfig, *, run_dir: Path, events: EventLog, config_yaml: str,
+               evaluate: Callable[[object], float], objective: Objective | None = None) -> TrainLoop:
     return TrainLoop(
         model=model, train_data=train_data, pad_id=tokenizer.pad_token_id, t=t, checkpoint_dir=run_dir / "checkpoints", run_dir=run_dir,
         events=events, config_yaml=config_yaml, evaluate=evaluate, metrics_path=run_dir / "metrics.jsonl", progress=TrainProgress(),
+        objective=objective,
     )
 
 

@@ -1,0 +1,60 @@
+"""What every recipe (sft, pretrain, dpo/orpo/kto, reward, rl) receives from `trainpipe run`.
+
+`pipeline/run.py` checks the inputs, lays out the run directory, loads the tokenizer, prepares
+the data and writes the manifest; then it hands a RunContext to the recipe of
+`method.name`, whose `run(ctx)` trains, evaluates, exports and returns the summary.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from trainpipe.config import RunConfig, dump_yaml
+from trainpipe.events import EventLog
+
+
+@dataclass
+class RunContext:
+    cfg: RunConfig
+    run_dir: Path
+    events: EventLog
+    tokenizer: Any
+    template: str
+    stop_ids: list[int]
+    data: Any  # trainpipe.data.prepare.PreparedData
+    resume_from: Any = None  # trainpipe.train.checkpoints.CheckpointInfo | None
+    hardware: Any = None
+    extra: dict = field(default_factory=dict)  # e.g. the plan's predictions, filled by pipeline/run.py
+
+    @property
+    def config_yaml(self) -> str:
+        return dump_yaml(self.cfg)
+
+    def baseline_once(self, measure: Callable[[], tuple[dict, list[dict]]]) -> tuple[dict, list[dict]]:
+        """Measure the baseline before training, or read it back when resuming (it was measured on the untrained model)."""
+        path = self.run_dir / "baseline.json"
+        if self.resume_from is not None and path.exists():
+            saved = json.loads(path.read_text())
+            return saved["metrics"], saved["samples"]
+        metrics, samples = measure()
+        path.write_text(json.dumps({"metrics": metrics, "samples": samples[:20]}, indent=2, default=str) + "\n", encoding="utf-8")
+        self.events.emit("eval_done", step=0, phase="baseline", **metrics)
+        return metrics, samples
+
+    def data_summary(self) -> dict:
+        r = self.data.report
+        return {k: r[k] for k in ("records_read", "records_kept", "dropped", "pii", "splits", "records", "rejected_total", "rejected", "train_examples", "eval_examples", "train_tokens") if k in r}
+
+    def data_files(self) -> list[dict]:
+        return [{"path": s.get("path") or s.get("source"), "sha256": s.get("sha256")} for s in self.data.report["sources"]]
+
+    def card(self, baseline: dict, final: dict, **more) -> dict:
+        cfg = self.cfg
+        return {
+            "name": cfg.name, "base_model": cfg.model.name_or_path, "method": f"{cfg.method.name} / {cfg.method.peft}", "config_hash": cfg.hash(),
+            "data_files": self.data_files(), "baseline": baseline, "final": final, "config": cfg.model_dump(mode="json"),
+            "trainpipe_version": __import__("trainpipe").__version__, **more,
+        }
