@@ -197,10 +197,10 @@ def config_validate(config: ConfigArg, set_: SetOpt = None) -> None:
 def config_show(config: ConfigArg, set_: SetOpt = None) -> None:
     """Print the resolved config: defaults, the file and overrides, with `auto` values filled in for this machine."""
     from trainpipe.config import dump_yaml, load_config
-    from trainpipe.plan import resolve
     from trainpipe.plan.hardware import detect
+    from trainpipe.plan.run_plan import plan_run
 
-    plan = resolve(load_config(config, set_ or []), detect())
+    plan = plan_run(load_config(config, set_ or []), detect())
     for d in plan.decisions:
         typer.echo(f"# {d.key}: {d.value} ({d.rule})")
     typer.echo(dump_yaml(plan.config), nl=False)

@@ -18,7 +18,7 @@ import difflib
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -281,8 +281,8 @@ class AdapterConfig(_Section):
 class MethodConfig(_Section):
     name: Literal["sft", "pretrain", "dpo", "orpo", "kto", "reward", "rl"] = "sft"
     """Training objective. `sft`: supervised fine-tuning, loss on the responses; `pretrain`: continued pretraining on raw text; `dpo` (with `preference.loss_type` sigmoid/ipo/hinge/simpo), `orpo`, `kto`: preference optimisation; `reward`: a reward model from preference pairs; `rl`: online RL (GRPO/RLOO) against a reward model or function."""
-    peft: Literal["none", "freeze", "lora", "rslora", "dora", "qlora", "qlora8", "ia3", "prompt_tuning", "prefix_tuning"] = "lora"
-    """Which parameters train: `none` (full fine-tune), `freeze` (last N blocks), `lora`, `rslora` (rank-stabilised scaling), `dora` (weight-decomposed), `qlora` (LoRA on a 4-bit NF4 base, bitsandbytes), `qlora8` (LoRA on an 8-bit base), `ia3`, `prompt_tuning`, `prefix_tuning`."""
+    peft: Literal["auto", "none", "freeze", "lora", "rslora", "dora", "qlora", "qlora8", "ia3", "prompt_tuning", "prefix_tuning"] = "lora"
+    """Which parameters train: `auto` (the planner's choice for this model and hardware: full fine-tune, LoRA or QLoRA, with the rule printed), `none` (full fine-tune), `freeze` (last N blocks), `lora`, `rslora` (rank-stabilised scaling), `dora` (weight-decomposed), `qlora` (LoRA on a 4-bit NF4 base, bitsandbytes), `qlora8` (LoRA on an 8-bit base), `ia3`, `prompt_tuning`, `prefix_tuning`."""
     lora: LoraConfig = Field(default_factory=LoraConfig)
     """LoRA settings (used by lora, rslora, dora, qlora, qlora8)."""
     freeze: FreezeConfig = Field(default_factory=FreezeConfig)
@@ -318,8 +318,8 @@ class TrainingConfig(_Section):
     """Passes over the training data (ignored when `max_steps` > 0)."""
     max_steps: int = -1
     """Total optimizer steps; -1 trains for `num_train_epochs`."""
-    per_device_train_batch_size: int = Field(default=4, ge=1)
-    """Micro-batch size per device."""
+    per_device_train_batch_size: Annotated[int, Field(ge=1)] | Literal["auto"] = 4
+    """Micro-batch size per device; `auto`: the largest the planner predicts to fit (with 10 % headroom)."""
     per_device_eval_batch_size: int = Field(default=8, ge=1)
     """Batch size for evaluation."""
     gradient_accumulation_steps: int | None = Field(default=None, ge=1)
@@ -354,8 +354,8 @@ class TrainingConfig(_Section):
     """bfloat16 mixed precision. Default: on for GPUs that support it, off on CPU."""
     fp16: bool = False
     """float16 mixed precision with loss scaling (GPUs without bfloat16)."""
-    gradient_checkpointing: bool = False
-    """Recompute activations in the backward pass to save memory (non-reentrant)."""
+    gradient_checkpointing: bool | Literal["auto"] = False
+    """Recompute activations in the backward pass to save memory (non-reentrant); `auto`: on only when the planner predicts the micro-batch does not fit without it."""
     tf32: bool | None = None
     """Allow TF32 matmuls on Ampere and newer GPUs (default: on there; no effect on CPU)."""
     torch_compile: bool = False
@@ -555,11 +555,30 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+_UNION_TAGS = ("constrained-", "literal[", "function-")
+_TYPE_TAGS = {"int", "bool", "str", "float", "list[str]", "dict[str,any]", "list", "dict"}
+
+
+def _strip_union_tags(loc: tuple) -> tuple:
+    """pydantic names the branch of a union in the location (`x.constrained-int`, `x.literal['auto']`); drop it."""
+    return tuple(p for p in loc if not (isinstance(p, str) and (p.startswith(_UNION_TAGS) or p in _TYPE_TAGS)))
+
+
 def format_validation_error(exc: ValidationError, source: str) -> ConfigError:
     problems: list[str] = []
+    union_seen: dict[str, int] = {}
     for err in exc.errors():
-        loc = tuple(err["loc"])
+        raw = tuple(err["loc"])
+        loc = _strip_union_tags(raw)
         path = _dotted(loc)
+        if loc != raw:  # one problem per key for a union (`4` or `auto`): the branches' messages joined
+            msg = err["msg"].removeprefix("Value error, ")
+            if path in union_seen:
+                problems[union_seen[path]] = problems[union_seen[path]][:-len(f" (got {_short(err.get('input'))})")] + f", or {msg.lower()} (got {_short(err.get('input'))})"
+                continue
+            union_seen[path] = len(problems)
+            problems.append(f"`{path}`: {msg} (got {_short(err.get('input'))})")
+            continue
         kind = err["type"]
         if kind == "extra_forbidden":
             name = str(loc[-1])
@@ -604,6 +623,8 @@ def _resolve_paths(cfg: RunConfig, base_dir: Path) -> RunConfig:
     dec.benchmarks = [resolve(b) for b in dec.benchmarks]
     if cfg.data.cache_dir is not None:
         cfg.data.cache_dir = resolve(cfg.data.cache_dir)
+    if cfg.model.init_from_config is not None:
+        cfg.model.init_from_config = resolve(cfg.model.init_from_config)
     mp = cfg.model.name_or_path
     local = Path(mp).expanduser()
     if mp.startswith((".", "/", "~")) or (base_dir / local).exists():

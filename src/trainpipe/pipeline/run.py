@@ -26,7 +26,7 @@ from trainpipe import ui
 from trainpipe.config import RunConfig, dump_yaml
 from trainpipe.errors import RunDirError, TrainpipeError
 from trainpipe.events import EventLog
-from trainpipe.plan import resolve
+from trainpipe.plan.run_plan import compare as compare_plan, plan_run
 from trainpipe.plan.hardware import detect
 from trainpipe.track.manifest import build_manifest, write_json
 from trainpipe.train.loop import EXIT_PREEMPTED, Preempted
@@ -71,7 +71,7 @@ def run(cfg: RunConfig, *, config_path: str | None = None, overwrite: bool = Fal
     # 1. check the inputs exist, resolve the plan, lay out the run directory (or find the checkpoint to resume)
     preflight(cfg)
     hw = detect()
-    plan = resolve(cfg, hw)
+    plan = plan_run(cfg, hw)  # every `auto` resolved through the planner, with its predictions for this setup
     cfg = plan.config
     resume_from, notes = find_resume_point(cfg, resume or cfg.training.resume == "auto", explicit=resume, overwrite=overwrite)
     run_dir = Path(cfg.output_dir).resolve() if resume_from is not None else prepare_run_dir(cfg.output_dir, overwrite, allow_unfinished=resume or cfg.training.resume == "auto")
@@ -201,6 +201,7 @@ def _steps(cfg: RunConfig, plan, hw, run_dir: Path, events: EventLog, config_pat
     ctx = RunContext(cfg=cfg, run_dir=run_dir, events=events, tokenizer=tokenizer, template=template, stop_ids=stop_ids, data=data,
                      resume_from=resume_from, hardware=hw)
     summary = recipe_for(cfg.method.name).run(ctx)
+    summary["plan"] = compare_plan(plan, run_dir)  # plan vs measured: state bytes, peak memory, throughput
     summary["wall_seconds"] = round(time.time() - t_start, 2)
     write_json(run_dir / "summary.json", summary)
     events.emit("run_finished", step=summary.get("train", {}).get("global_step", 0), wall_seconds=summary["wall_seconds"])

@@ -40,6 +40,7 @@ class Decision:
     key: str
     value: object
     rule: str
+    watch: str = ""  # what to look at to know the choice works
 
 
 @dataclass

@@ -315,9 +315,11 @@ def make_plan(req: PlanRequest) -> dict:
 def request_from_config(cfg, *, gpu: str | None = None, num_gpus: int | None = None, hw=None) -> PlanRequest:
     """Map a RunConfig onto a plan request (the data size is estimated from the local data files when they exist)."""
     t = cfg.training
-    method = "full" if cfg.method.peft == "none" else "lora"
+    from trainpipe.plan.run_plan import PLAN_METHOD, PLAN_OPTIM
+
+    method = "auto" if cfg.method.peft == "auto" else PLAN_METHOD.get(cfg.method.peft, "lora")
     precision = "bf16" if t.bf16 else "fp16" if t.fp16 else ("auto" if t.bf16 is None else "fp32")
-    optim = {"adamw_torch": "adamw", "adamw_torch_fused": "adamw", "adafactor": "adafactor", "sgd": "sgd"}[t.optim]
+    optim = PLAN_OPTIM[t.optim]
     targets = cfg.method.lora.target_modules
     if gpu is None and hw is not None and hw.accelerator == "cuda" and hw.device_names:
         gpu = _gpu_from_device_name(hw.device_names[0])
@@ -325,8 +327,8 @@ def request_from_config(cfg, *, gpu: str | None = None, num_gpus: int | None = N
     examples, avg = _data_size(cfg)
     return PlanRequest(
         model=cfg.model.name_or_path, method=method, lora_r=cfg.method.lora.r, lora_targets=targets if isinstance(targets, str) else ",".join(targets),
-        lora_dropout=cfg.method.lora.dropout, precision=precision if gpu else "auto", micro_batch=t.per_device_train_batch_size, seq_len=cfg.data.max_length,
-        grad_ckpt=t.gradient_checkpointing or None, optimizer=optim, gpu=gpu, num_gpus=num_gpus or 1, examples=examples, avg_len=avg,
+        lora_dropout=cfg.method.lora.dropout, precision=precision if gpu else "auto", micro_batch=t.per_device_train_batch_size if isinstance(t.per_device_train_batch_size, int) else None,
+        seq_len=cfg.data.max_length, grad_ckpt=t.gradient_checkpointing if isinstance(t.gradient_checkpointing, bool) and t.gradient_checkpointing else None, optimizer=optim, gpu=gpu, num_gpus=num_gpus or 1, examples=examples, avg_len=avg,
         epochs=t.num_train_epochs, target_effective_batch=t.target_effective_batch_size,
     )
 

@@ -224,6 +224,7 @@ class TrainLoop:
         self.pad_id = pad_id
         self.objective = objective if objective is not None else TokenCrossEntropy(pad_id)
         self._extras: dict[str, float] = {}
+        self._measured = False
         self.t = t
         self.run_dir = Path(run_dir)
         self.events = events
@@ -524,6 +525,7 @@ class TrainLoop:
         if self.progress:
             self.progress.start(self.total_windows, self.state.step)
         losses: list[float] = []
+        tokens_at_start = self.state.tokens_seen
         t_log, tok_log = time.time(), self.state.tokens_seen
         try:
             while self.state.window < self.total_windows:
@@ -542,6 +544,8 @@ class TrainLoop:
                     self.scaler.update()
                 else:
                     self.optimizer.step()
+                if not self._measured:
+                    self._measure_memory()  # plan meets reality: the live state's bytes, gradients still present
                 self.scheduler.step()
                 self.optimizer.zero_grad(set_to_none=True)
                 st = self.state
@@ -594,6 +598,7 @@ class TrainLoop:
                 self.progress.stop()
         best = self.ckpt.best()
         seconds = round(time.time() - t0, 3)
+        self._measure_memory(final=True, seconds=seconds, tokens=self.state.tokens_seen - tokens_at_start)
         self.events.emit(
             "training_finished", step=self.state.step, seconds=seconds, best_checkpoint=str(best.path) if best else None,
             best_eval_loss=best.metric if best else None, tokens_seen=self.state.tokens_seen,
@@ -605,6 +610,28 @@ class TrainLoop:
             recoveries=self.state.recoveries, skipped_windows=list(self.state.skipped), micro_batch=self.state.micro_batch,
             gradient_checkpointing=self.state.gradient_checkpointing,
         )
+
+    def _measure_memory(self, final: bool = False, seconds: float | None = None, tokens: int | None = None) -> None:
+        """Write `measured_memory.json`: after the first optimizer step the exact bytes of parameters, gradients and
+        optimizer state (plan/measure.py); at the end the CUDA peak and the throughput of this process."""
+        import json
+
+        from trainpipe.plan.measure import measure_state_bytes
+
+        path = self.run_dir / "measured_memory.json"
+        rec = json.loads(path.read_text()) if path.exists() else {}
+        if not final:
+            rec["state_bytes"] = measure_state_bytes(self.model, self.optimizer) | {"after_step": self.state.step + 1}
+            self._measured = True
+        else:
+            if self.device.type == "cuda":
+                rec["cuda_max_memory_allocated"] = int(self.torch.cuda.max_memory_allocated(self.device))
+                rec["cuda_max_memory_reserved"] = int(self.torch.cuda.max_memory_reserved(self.device))
+            if seconds and tokens:
+                rec["tokens_per_second"] = round(tokens / seconds, 2)
+            rec["micro_batch"] = self.state.micro_batch
+            rec["gradient_checkpointing"] = self.state.gradient_checkpointing
+        path.write_text(json.dumps(rec, indent=2) + "\n", encoding="utf-8")
 
     def _check_gpu_util(self, rec: dict) -> None:
         """On a GPU: low device utilisation while input preparation takes a large share of the step (off on CPU)."""
