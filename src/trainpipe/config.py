@@ -612,17 +612,22 @@ def _resolve_paths(cfg: RunConfig, base_dir: Path) -> RunConfig:
         path = Path(p).expanduser()
         return str(path if path.is_absolute() else (base_dir / path).resolve())
 
-    for src in cfg.data.sources:
-        if src.path is not None:
-            src.path = resolve(src.path)
-        if src.sql is not None and src.sql.url.startswith("sqlite:///") and not src.sql.url.startswith("sqlite:////"):
-            rel = src.sql.url[len("sqlite:///"):]
-            if rel and rel != ":memory:":
-                src.sql.url = "sqlite:///" + resolve(rel)
-    dec = cfg.data.decontamination
-    dec.benchmarks = [resolve(b) for b in dec.benchmarks]
-    if cfg.data.cache_dir is not None:
-        cfg.data.cache_dir = resolve(cfg.data.cache_dir)
+    datas = [cfg.data] + [a.data for a in cfg.method.adapters] + [s.data for s in cfg.stages or [] if s.data is not None]
+    for data in datas:  # the run's data, each adapter's and each stage's
+        for src in data.sources:
+            if src.path is not None:
+                src.path = resolve(src.path)
+            if src.sql is not None and src.sql.url.startswith("sqlite:///") and not src.sql.url.startswith("sqlite:////"):
+                rel = src.sql.url[len("sqlite:///"):]
+                if rel and rel != ":memory:":
+                    src.sql.url = "sqlite:///" + resolve(rel)
+        dec = data.decontamination
+        dec.benchmarks = [resolve(b) for b in dec.benchmarks]
+        if data.cache_dir is not None:
+            data.cache_dir = resolve(data.cache_dir)
+    rm = cfg.method.rl.reward_model
+    if rm is not None and (rm.startswith((".", "~")) or (base_dir / rm).exists()):
+        cfg.method.rl.reward_model = resolve(rm)
     if cfg.model.init_from_config is not None:
         cfg.model.init_from_config = resolve(cfg.model.init_from_config)
     mp = cfg.model.name_or_path
