@@ -174,6 +174,8 @@ def _steps(cfg: RunConfig, plan, hw, run_dir: Path, events: EventLog, config_pat
 
     # 2. tokenizer, chat template, data
     tokenizer = load_tokenizer(cfg.model, cfg.model.pad_token)
+    if cfg.method.name == "pretrain" and cfg.method.pretrain.new_tokens:  # vocabulary extension before the data is tokenized (train/pretrain.py resizes the embeddings)
+        tokenizer.add_tokens(cfg.method.pretrain.new_tokens)
     template = setup_chat_template(tokenizer, cfg.data.chat_template, cfg.model.name_or_path)
     stop_ids = list(dict.fromkeys(stop_token_ids(tokenizer, template) + end_of_turn_ids(tokenizer)))
     with ui.progress() as bar:
