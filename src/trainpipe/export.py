@@ -26,11 +26,12 @@ def stop_token_ids(tokenizer, template: str) -> list[int]:
     return list(dict.fromkeys(i for i in ids if i is not None))
 
 
-def export_model(*, run_dir: Path, model, tokenizer, base: ModelConfig, peft: str, stop_ids: list[int], card: dict) -> Path:
+def export_model(*, run_dir: Path, model, tokenizer, base: ModelConfig, peft: str, stop_ids: list[int], card: dict, dest: Path | None = None) -> Path:
+    """Write the export to ``dest`` (default ``run_dir/model``) through ``<dest>.tmp`` and a rename."""
     from trainpipe.train.model import load_model
 
-    tmp = run_dir / "model.tmp"
-    final = run_dir / "model"
+    final = Path(dest) if dest is not None else run_dir / "model"
+    tmp = final.with_name(final.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
