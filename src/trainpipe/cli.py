@@ -61,8 +61,6 @@ def run(
 
     Exit codes: 0 done; 2 bad config, data or model; 3 training diverged; 4 out of memory with no way forward;
     75 preempted (SIGTERM/SIGINT: a checkpoint was saved, continue with --resume)."""
-    from rich.table import Table
-
     from trainpipe import ui
     from trainpipe.config import load_config
     from trainpipe.pipeline.run import run as run_pipeline
@@ -70,24 +68,46 @@ def run(
     cfg = load_config(config, set_ or [])
     summary = run_pipeline(cfg, config_path=str(config.resolve()), overwrite=overwrite, resume=resume)
     con = ui.console()
-    table = Table(title=f"{summary['name']}: baseline vs final (eval split, {summary['data']['eval_examples']} examples)")
+    parts = summary.get("adapters") or summary.get("stages")  # multi-adapter / multi-stage runs: one table per part
+    if isinstance(parts, dict):
+        parts = list(parts.items())
+    elif isinstance(parts, list):
+        parts = [(p.get("name", str(i)), p) for i, p in enumerate(parts)]
+    else:
+        parts = [(summary.get("name"), summary)]
+    for name, part in parts:
+        _print_result(con, str(name), part)
+    con.print(f"run dir: {summary['artifacts']['run_dir']}")
+
+
+def _print_result(con, name: str, summary: dict) -> None:
+    from rich.table import Table
+
+    data = summary.get("data") or {}
+    n = f", {data['eval_examples']} examples" if "eval_examples" in data else ""
+    table = Table(title=f"{name}: baseline vs final (eval split{n})")
     table.add_column("metric")
     table.add_column("baseline", justify="right")
     table.add_column("final", justify="right")
     table.add_column("change", justify="right")
-    for k, v in summary["final"].items():
-        b = summary["baseline"][k]
-        if k == "exact_match":
+    for k, v in (summary.get("final") or {}).items():
+        b = (summary.get("baseline") or {}).get(k)
+        if not isinstance(v, (int, float)) or not isinstance(b, (int, float)):
+            table.add_row(k, str(b), str(v), "")
+        elif k in ("exact_match", "accuracy"):
             table.add_row(k, f"{100 * b:.1f} %", f"{100 * v:.1f} %", f"{100 * (v - b):+.1f} pts")
         else:
             table.add_row(k, f"{b:.4f}", f"{v:.4f}", f"{v - b:+.4f}")
     con.print(table)
-    t = summary["train"]
-    con.print(f"steps {t['global_step']}  train time {t['train_seconds']:.1f} s  wall time {summary['wall_seconds']:.1f} s" + ("  (stopped early)" if t["stopped_early"] else ""))
-    con.print(f"model:   {summary['artifacts']['model']}")
-    if summary["artifacts"]["adapter"]:
-        con.print(f"adapter: {summary['artifacts']['adapter']}")
-    con.print(f"run dir: {summary['artifacts']['run_dir']}")
+    t = summary.get("train") or {}
+    if t:
+        wall = f"  wall time {summary['wall_seconds']:.1f} s" if "wall_seconds" in summary else ""
+        con.print(f"steps {t.get('global_step')}  train time {t.get('train_seconds', 0):.1f} s{wall}" + ("  (stopped early)" if t.get("stopped_early") else ""))
+    art = summary.get("artifacts") or {}
+    if art.get("model"):
+        con.print(f"model:   {art['model']}")
+    if art.get("adapter"):
+        con.print(f"adapter: {art['adapter']}")
 
 
 @app.command()
@@ -158,6 +178,21 @@ def data_inspect(
 
     cfg = load_config(config, set_ or [])
     inspect_command(cfg, load_tokenizer(cfg.model, cfg.model.pad_token), n=n, as_json=json_, seed=seed)
+
+
+@app.command()
+def export(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory (the `output_dir` of a run).", show_default=False)],
+    adapter: Annotated[Optional[str], typer.Option("--adapter", help="Multi-adapter run: export this adapter merged into the base.")] = None,
+    combine: Annotated[Optional[str], typer.Option("--combine", help="Multi-adapter run: merge a weighted combination, e.g. `sql=0.5,chat=0.5`.")] = None,
+    combination: Annotated[str, typer.Option("--combination", help="How `--combine` mixes LoRA adapters: cat (exact weighted sum of updates), linear, svd.")] = "cat",
+    out: Annotated[Optional[Path], typer.Option("--out", help="Write here instead of RUN_DIR/model (or RUN_DIR/export/NAME).")] = None,
+) -> None:
+    """Export the best checkpoint of a run (merged safetensors, adapter, tokenizer, model card); or one adapter / a combination of a multi-adapter run."""
+    from trainpipe.pipeline.export_run import export_run, parse_combine
+
+    path = export_run(run_dir, adapter=adapter, combine=parse_combine(combine) if combine else None, combination=combination, out=out)
+    typer.echo(f"exported: {path}")
 
 
 @app.command()

@@ -354,6 +354,8 @@ class TrainingConfig(_Section):
     """bfloat16 mixed precision. Default: on for GPUs that support it, off on CPU."""
     fp16: bool = False
     """float16 mixed precision with loss scaling (GPUs without bfloat16)."""
+    precision_fallback: Literal["warn", "error"] = "warn"
+    """`bf16`/`fp16` set on hardware without that mixed precision (the CPU; bf16 on GPUs before Ampere): `warn` trains in fp32 with one warning, `error` stops before anything is loaded."""
     gradient_checkpointing: bool | Literal["auto"] = False
     """Recompute activations in the backward pass to save memory (non-reentrant); `auto`: on only when the planner predicts the micro-batch does not fit without it."""
     tf32: bool | None = None
@@ -424,8 +426,6 @@ class RunConfig(_Section):
     """Run name (default: the config file's name)."""
     model: ModelConfig
     """The base model."""
-    data: DataConfig
-    """The training data."""
     method: MethodConfig = Field(default_factory=MethodConfig)
     """What is trained and how (objective, PEFT)."""
     training: TrainingConfig = Field(default_factory=TrainingConfig)
@@ -437,12 +437,35 @@ class RunConfig(_Section):
     stages: list[StageConfig] | None = None
     """Several stages in one run, e.g. RLHF `[{method: {name: sft}}, {method: {name: reward}, data: ...}, {method: {name: rl}}]`: each stage's model is the next one's input; one run directory per stage under `output_dir`, one summary. A stage may be written as just its method name (`[sft, reward, rl]`)."""
 
+    data: DataConfig | None = None
+    """The training data (required, except when every adapter of `method.adapters` or every stage brings its own)."""
+
+    @field_validator("data", mode="after")
+    @classmethod
+    def _data_given(cls, v: Any, info: Any) -> Any:
+        if v is not None:
+            return v
+        method, stages = info.data.get("method"), info.data.get("stages")
+        if method is not None and method.adapters:
+            return v
+        if stages and all(st.data is not None for st in stages):
+            return v
+        raise ValueError("required key is missing" + (" (give a `data` for the run or for every stage)" if stages else ""))
+
     @field_validator("stages", mode="before")
     @classmethod
     def _stage_names(cls, v: Any) -> Any:
         if isinstance(v, list):
             return [{"method": {"name": x}} if isinstance(x, str) else x for x in v]
         return v
+
+    def first_data(self) -> "DataConfig":
+        """The run's data, else the first adapter's or stage's (for sizing a plan)."""
+        if self.data is not None:
+            return self.data
+        if self.method.adapters:
+            return self.method.adapters[0].data
+        return next(st.data for st in self.stages or [] if st.data is not None)
 
     def hash(self) -> str:
         """SHA-256 of the canonical JSON of this config (the cache and manifest key)."""
@@ -601,7 +624,7 @@ def format_validation_error(exc: ValidationError, source: str) -> ConfigError:
             msg = err["msg"]
             if msg.startswith("Value error, "):
                 msg = msg[len("Value error, ") :]
-            problems.append(f"`{path}`: {msg} (got {_short(err.get('input'))})")
+            problems.append(f"`{path}`: {msg}" + ("" if msg.startswith("required key is missing") else f" (got {_short(err.get('input'))})"))
     n = len(problems)
     head = f"{source} has {n} problem{'s' if n != 1 else ''}:"
     return ConfigError(head + "\n" + "\n".join(f"  - {p}" for p in problems), problems)
@@ -612,7 +635,7 @@ def _resolve_paths(cfg: RunConfig, base_dir: Path) -> RunConfig:
         path = Path(p).expanduser()
         return str(path if path.is_absolute() else (base_dir / path).resolve())
 
-    datas = [cfg.data] + [a.data for a in cfg.method.adapters] + [s.data for s in cfg.stages or [] if s.data is not None]
+    datas = ([cfg.data] if cfg.data is not None else []) + [a.data for a in cfg.method.adapters] + [s.data for s in cfg.stages or [] if s.data is not None]
     for data in datas:  # the run's data, each adapter's and each stage's
         for src in data.sources:
             if src.path is not None:

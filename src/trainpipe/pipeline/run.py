@@ -68,6 +68,11 @@ def run(cfg: RunConfig, *, config_path: str | None = None, overwrite: bool = Fal
     # transformers 5 renamed the property; peft and the Trainer still read the old name (noise, not a problem)
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
 
+    if cfg.method.adapters:  # one adapter per task on the shared base: one ordinary run per adapter (pipeline/adapters.py)
+        from trainpipe.pipeline.adapters import run_adapters
+
+        return run_adapters(cfg, config_path=config_path, overwrite=overwrite, resume=resume)
+
     # 1. check the inputs exist, resolve the plan, lay out the run directory (or find the checkpoint to resume)
     preflight(cfg)
     hw = detect()

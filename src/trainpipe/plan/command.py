@@ -328,7 +328,7 @@ def request_from_config(cfg, *, gpu: str | None = None, num_gpus: int | None = N
     return PlanRequest(
         model=cfg.model.name_or_path, method=method, lora_r=cfg.method.lora.r, lora_targets=targets if isinstance(targets, str) else ",".join(targets),
         lora_dropout=cfg.method.lora.dropout, precision=precision if gpu else "auto", micro_batch=t.per_device_train_batch_size if isinstance(t.per_device_train_batch_size, int) else None,
-        seq_len=cfg.data.max_length, grad_ckpt=t.gradient_checkpointing if isinstance(t.gradient_checkpointing, bool) and t.gradient_checkpointing else None, optimizer=optim, gpu=gpu, num_gpus=num_gpus or 1, examples=examples, avg_len=avg,
+        seq_len=cfg.first_data().max_length, grad_ckpt=t.gradient_checkpointing if isinstance(t.gradient_checkpointing, bool) and t.gradient_checkpointing else None, optimizer=optim, gpu=gpu, num_gpus=num_gpus or 1, examples=examples, avg_len=avg,
         epochs=t.num_train_epochs, target_effective_batch=t.target_effective_batch_size,
     )
 
@@ -349,7 +349,7 @@ def _data_size(cfg) -> tuple[int | None, float | None]:
     """Records and an estimate of tokens per record (bytes / 4, capped at max_length) from local JSONL/JSON/TXT sources."""
     n = 0
     size = 0
-    for src in cfg.data.sources:
+    for src in cfg.first_data().sources:
         if not src.path:
             return None, None
         p = Path(src.path)
@@ -366,7 +366,7 @@ def _data_size(cfg) -> tuple[int | None, float | None]:
                         size += len(line)
     if n == 0:
         return None, None
-    return n, min(float(cfg.data.max_length), size / n / 4)
+    return n, min(float(cfg.first_data().max_length), size / n / 4)
 
 
 # --------------------------------------------------------------------------- the command

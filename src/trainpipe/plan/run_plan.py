@@ -84,7 +84,7 @@ def _setup(cfg: RunConfig, method: str, precision: str, world: int):
     return Setup(
         method=method, precision=precision, optimizer=PLAN_OPTIM[m.optim],
         micro_batch=m.per_device_train_batch_size if isinstance(m.per_device_train_batch_size, int) else 1,
-        seq_len=cfg.data.max_length, grad_ckpt=m.gradient_checkpointing is True, strategy="single" if world == 1 else "ddp", num_gpus=world,
+        seq_len=cfg.first_data().max_length, grad_ckpt=m.gradient_checkpointing is True, strategy="single" if world == 1 else "ddp", num_gpus=world,
         lora_r=t.lora.r, lora_targets=targets if isinstance(targets, str) else list(targets), lora_dropout=t.lora.dropout,
         double_quant=t.quantization.double_quant, freeze_layers=t.freeze.trainable_layers, lm_head=cfg.method.name != "reward",
     )
@@ -183,8 +183,8 @@ def predict(cfg: RunConfig, spec, gpu, world: int, precision: str) -> dict:
         b = estimate(spec, _setup(cfg, method, precision, world))
         pred["memory"] = b.to_dict() | {"allocated_bytes": b.allocated_bytes}
         if gpu is not None:
-            tokens_per_step = cfg.training.per_device_train_batch_size * cfg.data.max_length * world
-            comp = C.compute(spec, method, tokens_per_step, cfg.data.max_length, bool(cfg.training.gradient_checkpointing), gpu, world, precision, None, b.trainable_params)
+            tokens_per_step = cfg.training.per_device_train_batch_size * cfg.first_data().max_length * world
+            comp = C.compute(spec, method, tokens_per_step, cfg.first_data().max_length, bool(cfg.training.gradient_checkpointing), gpu, world, precision, None, b.trainable_params)
             pred["tokens_per_second"] = round(tokens_per_step / max(comp.hours * 3600, 1e-12), 1)
             pred["mfu_assumed"] = comp.mfu_assumed
     pred["state_bytes"] = _predict_state(cfg, spec)

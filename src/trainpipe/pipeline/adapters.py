@@ -1,0 +1,82 @@
+"""Multi-task adapters on a shared base: one LoRA adapter per task, trained one after another.
+
+`method.adapters: [{name: sql, data: {...}}, {name: summarise, data: {...}}]` runs the ordinary
+pipeline once per adapter (same base, same method and training settings, the adapter's own data)
+into `OUTPUT_DIR/adapters/<name>/` (each a full run directory: data report, checkpoints, baseline and
+final eval, `model/adapter/`), then writes `OUTPUT_DIR/adapters.json` (name -> adapter folder, data
+hashes, metrics) and one `OUTPUT_DIR/summary.json`.
+
+`trainpipe export OUTPUT_DIR --adapter NAME` merges one of them into the base; `--combine a=0.5,b=0.5`
+merges their weighted sum (PEFT `add_weighted_adapter`); `trainpipe.pipeline.export_run.load_adapters`
+loads all of them on one base to switch between them with `model.set_adapter(name)`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+from trainpipe import ui
+from trainpipe.config import RunConfig, dump_yaml
+from trainpipe.errors import RunDirError
+from trainpipe.track.manifest import write_json
+
+
+def adapter_config(cfg: RunConfig, name: str, root: Path) -> RunConfig:
+    """The run config of one adapter: the run's config with the adapter's data and its own output directory."""
+    a = next(x for x in cfg.method.adapters if x.name == name)
+    sub = cfg.model_copy(deep=True)
+    sub.data = a.data.model_copy(deep=True)
+    sub.method.adapters = []
+    sub.name = f"{cfg.name or 'run'}-{name}"
+    sub.output_dir = str(root / "adapters" / name)
+    return sub
+
+
+def run_adapters(cfg: RunConfig, *, config_path: str | None, overwrite: bool, resume: bool) -> dict:
+    from trainpipe.pipeline.run import run
+
+    t0 = time.time()
+    names = [a.name for a in cfg.method.adapters]
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise RunDirError(f"`method.adapters` names {dup} more than once; give every adapter its own name (it is its folder).")
+    root = Path(cfg.output_dir or f"runs/{cfg.name or 'run'}").resolve()
+    if root.exists() and any(root.iterdir()):
+        if overwrite:
+            shutil.rmtree(root)
+        elif not (resume or cfg.training.resume == "auto"):
+            raise RunDirError(
+                f"`{root}` already holds files from an earlier run. Pass `--overwrite` to replace them, `--resume` to continue "
+                "(finished adapters are kept), or choose another directory with `--set output_dir=runs/NEW_NAME`."
+            )
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.resolved.yaml").write_text(dump_yaml(cfg), encoding="utf-8")
+    results: dict[str, dict] = {}
+    for name in names:
+        sub = adapter_config(cfg, name, root)
+        done = Path(sub.output_dir) / "summary.json"
+        if done.exists() and not overwrite:
+            ui.console().print(f"[bold]adapter {name}[/]: finished earlier, kept ({done})", markup=True)
+            results[name] = json.loads(done.read_text())
+            continue
+        ui.console().print(f"[bold]adapter {name}[/] ({names.index(name) + 1}/{len(names)})", markup=True)
+        results[name] = run(sub, config_path=config_path, overwrite=overwrite, resume=resume)
+    index = {
+        "base_model": cfg.model.name_or_path,
+        "peft": cfg.method.peft,
+        "adapters": {
+            n: {"adapter": s["artifacts"]["adapter"], "model": s["artifacts"]["model"], "run_dir": s["artifacts"]["run_dir"],
+                "baseline": s["baseline"], "final": s["final"], "data_files": json.loads((Path(s["artifacts"]["run_dir"]) / "manifest.json").read_text()).get("data_files")}
+            for n, s in results.items()
+        },
+    }
+    write_json(root / "adapters.json", index)
+    summary = {
+        "name": cfg.name, "method": cfg.method.name, "peft": cfg.method.peft, "adapters": {n: {k: s[k] for k in ("baseline", "final", "train", "parameters", "artifacts")} for n, s in results.items()},
+        "artifacts": {"run_dir": str(root), "adapters_index": str(root / "adapters.json")}, "wall_seconds": round(time.time() - t0, 2),
+    }
+    write_json(root / "summary.json", summary)
+    return summary

@@ -1,0 +1,158 @@
+"""`trainpipe export RUN_DIR`: the export step on its own.
+
+- A run directory: rebuild the model of its resolved config, load the best checkpoint (by eval
+  loss; the newest valid one when none was evaluated) and export it as `run` does (merged
+  full-precision weights, adapter, tokenizer, generation config, model card) to `RUN_DIR/model`
+  or `--out`.
+- A multi-adapter run directory (`method.adapters`, it holds `adapters.json`): `--adapter NAME`
+  merges that adapter into the base; `--combine a=0.7,b=0.3` merges the weighted combination
+  (PEFT `add_weighted_adapter`; `cat` by default, which makes the merged update exactly
+  0.7·ΔW_a + 0.3·ΔW_b); `load_adapters(RUN_DIR)` loads every adapter on one base in memory so a
+  program can switch with `model.set_adapter(name)`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+
+import yaml
+
+from trainpipe.config import RunConfig, build_config
+from trainpipe.errors import RunDirError, TrainpipeError
+
+COMBINATIONS = ("cat", "linear", "svd")
+EXPORTABLE = ("sft", "pretrain", "dpo", "orpo", "kto")
+
+
+def _resolved_config(run_dir: Path) -> RunConfig:
+    path = run_dir / "config.resolved.yaml"
+    if not path.is_file():
+        raise RunDirError(f"`{run_dir}` is not a trainpipe run directory (no config.resolved.yaml). Give the `output_dir` of a run.")
+    return build_config(yaml.safe_load(path.read_text(encoding="utf-8")), source=f"`{path}`")
+
+
+def _generation_stop_ids(model_dir: Path) -> list[int]:
+    gen = json.loads((model_dir / "generation_config.json").read_text())
+    eos = gen.get("eos_token_id")
+    return eos if isinstance(eos, list) else [eos]
+
+
+def export_run(run_dir: str | Path, *, adapter: str | None = None, combine: dict[str, float] | None = None, combination: str = "cat",
+               out: str | Path | None = None) -> Path:
+    run_dir = Path(run_dir).resolve()
+    if (run_dir / "adapters.json").is_file():
+        return export_adapters(run_dir, adapter=adapter, combine=combine, combination=combination, out=out)
+    if adapter or combine:
+        raise RunDirError(f"`--adapter`/`--combine` need a multi-adapter run (one with `method.adapters`); `{run_dir}` has no adapters.json.")
+    return export_single(run_dir, out=out)
+
+
+def export_single(run_dir: Path, *, out: str | Path | None = None) -> Path:
+    from trainpipe.data.tokenize import end_of_turn_ids, setup_chat_template
+    from trainpipe.export import export_model, stop_token_ids
+    from trainpipe.train.checkpoints import CheckpointManager
+    from trainpipe.train.model import build_model, load_tokenizer
+
+    cfg = _resolved_config(run_dir)
+    if cfg.method.name not in EXPORTABLE or cfg.method.pretrain.new_tokens:
+        raise TrainpipeError(f"`trainpipe export` re-exports causal-LM runs ({', '.join(EXPORTABLE)}, without new tokens); this run is `{cfg.method.name}`. "
+                             "Its `model/` was written by `trainpipe run`; rerun with `--resume` to write it again.")
+    ck = CheckpointManager(run_dir / "checkpoints")
+    info = ck.best() if (run_dir / "checkpoints").is_dir() else None
+    if info is None and (run_dir / "checkpoints").is_dir():
+        info = ck.latest_valid()
+    if info is None:
+        raise RunDirError(f"`{run_dir}/checkpoints` holds no valid checkpoint to export. Train first (`trainpipe run CONFIG`).")
+    tok = load_tokenizer(cfg.model, cfg.model.pad_token)
+    template = setup_chat_template(tok, cfg.first_data().chat_template, cfg.model.name_or_path)
+    stop_ids = list(dict.fromkeys(stop_token_ids(tok, template) + end_of_turn_ids(tok)))
+    model = build_model(cfg.model, cfg.method, tokenizer=tok)
+    weights, _ = CheckpointManager.load(info.path)
+    model.load_state_dict(weights, strict=False)
+    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
+    card = {"name": cfg.name, "base_model": cfg.model.name_or_path, "method": f"{cfg.method.name} / {cfg.method.peft}", "config_hash": cfg.hash(),
+            "baseline": summary.get("baseline", {}), "final": summary.get("final", {}), "config": cfg.model_dump(mode="json"),
+            "checkpoint": str(info.path), "trainpipe_version": __import__("trainpipe").__version__}
+    return export_model(run_dir=run_dir, model=model, tokenizer=tok, base=cfg.model, peft=cfg.method.peft, stop_ids=stop_ids, card=card,
+                        dest=Path(out).resolve() if out else None)
+
+
+# --------------------------------------------------------------------------- several adapters on one base
+
+
+def load_adapters(run_dir: str | Path):
+    """(PeftModel with every adapter of the run loaded under its name, tokenizer, names); switch with `model.set_adapter(name)`."""
+    from peft import PeftModel
+    from transformers import AutoTokenizer
+
+    from trainpipe.train.model import load_model
+
+    run_dir = Path(run_dir).resolve()
+    index = json.loads((run_dir / "adapters.json").read_text())
+    cfg = _resolved_config(run_dir)
+    names = list(index["adapters"])
+    base = load_model(cfg.model, "float32")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        model = PeftModel.from_pretrained(base, index["adapters"][names[0]]["adapter"], adapter_name=names[0])
+        for n in names[1:]:
+            model.load_adapter(index["adapters"][n]["adapter"], adapter_name=n)
+    tok = AutoTokenizer.from_pretrained(index["adapters"][names[0]]["model"])
+    model.eval()
+    return model, tok, names
+
+
+def parse_combine(text: str) -> dict[str, float]:
+    """`a=0.7,b=0.3` -> {"a": 0.7, "b": 0.3}."""
+    out: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, w = part.partition("=")
+        try:
+            out[name.strip()] = float(w) if sep else 1.0
+        except ValueError:
+            raise TrainpipeError(f"`--combine {text}`: `{part}` is not NAME=WEIGHT (e.g. `--combine sql=0.5,summarise=0.5`).") from None
+    return out
+
+
+def export_adapters(run_dir: Path, *, adapter: str | None, combine: dict[str, float] | None, combination: str, out: str | Path | None) -> Path:
+    from trainpipe.export import export_model
+
+    if (adapter is None) == (combine is None):
+        raise TrainpipeError(f"`{run_dir}` holds several adapters: give `--adapter NAME` to export one, or `--combine a=0.5,b=0.5` to merge a weighted combination.")
+    if combination not in COMBINATIONS:
+        raise TrainpipeError(f"`--combination` must be one of {', '.join(COMBINATIONS)}, got `{combination}`.")
+    model, tok, names = load_adapters(run_dir)
+    wanted = [adapter] if adapter else list(combine)
+    unknown = [n for n in wanted if n not in names]
+    if unknown:
+        raise TrainpipeError(f"Adapter(s) {unknown} are not in `{run_dir}`; it has {', '.join(names)}.")
+    if combine:
+        name = "combined"
+        model.add_weighted_adapter(adapters=list(combine), weights=list(combine.values()), adapter_name=name, combination_type=combination)
+    else:
+        name = adapter
+    model.set_adapter(name)
+    cfg = _resolved_config(run_dir)
+    index = json.loads((run_dir / "adapters.json").read_text())
+    stop_ids = _generation_stop_ids(Path(index["adapters"][names[0]]["model"]))
+    with tempfile.TemporaryDirectory() as tmpdir:
+        model.save_pretrained(tmpdir, selected_adapters=[name], safe_serialization=True)  # PEFT puts a non-default adapter in tmpdir/<name>
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            merged = model.merge_and_unload(adapter_names=[name])
+        dest = Path(out).resolve() if out else run_dir / "export" / name
+        card = {"name": f"{cfg.name}-{name}", "base_model": cfg.model.name_or_path, "method": f"{cfg.method.name} / {cfg.method.peft}, adapter `{name}`"
+                + (f" = {combination} of " + ", ".join(f"{w:g} x {n}" for n, w in combine.items()) if combine else ""),
+                "config_hash": cfg.hash(), "baseline": index["adapters"][wanted[0]]["baseline"] if adapter else {},
+                "final": index["adapters"][wanted[0]]["final"] if adapter else {}, "config": cfg.model_dump(mode="json"),
+                "trainpipe_version": __import__("trainpipe").__version__}
+        final = export_model(run_dir=run_dir, model=merged, tokenizer=tok, base=cfg.model, peft="none", stop_ids=stop_ids, card=card, dest=dest)
+        src = Path(tmpdir) / name if (Path(tmpdir) / name).is_dir() else Path(tmpdir)
+        if (final / "adapter").exists():
+            shutil.rmtree(final / "adapter")
+        shutil.copytree(src, final / "adapter")
+    return final
