@@ -148,7 +148,11 @@ EXAMPLES = sorted((REPO / "examples").rglob("*.yaml"))
 @pytest.mark.parametrize("path", EXAMPLES, ids=[str(p.relative_to(REPO)) for p in EXAMPLES])
 def test_every_example_validates(path):
     cfg = load_config(path)
-    assert Path(cfg.data.sources[0].path).exists(), "examples must ship their data"
+    datas = ([cfg.data] if cfg.data else []) + [a.data for a in cfg.method.adapters] + [s.data for s in cfg.stages or [] if s.data]
+    assert datas
+    for data in datas:
+        for src in data.sources:
+            assert src.path and Path(src.path).exists(), f"examples must ship their data ({src.path})"
 
 
 def test_examples_exist():
