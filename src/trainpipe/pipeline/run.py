@@ -26,10 +26,10 @@ from trainpipe import ui
 from trainpipe.config import RunConfig, dump_yaml
 from trainpipe.errors import RunDirError, TrainpipeError
 from trainpipe.events import EventLog
-from trainpipe.plan.run_plan import compare as compare_plan, plan_run
+from trainpipe.plan.run_plan import compare as compare_plan, plan_run, what_would_fit
 from trainpipe.plan.hardware import detect
 from trainpipe.track.manifest import build_manifest, write_json
-from trainpipe.train.loop import EXIT_PREEMPTED, Preempted
+from trainpipe.train.loop import EXIT_PREEMPTED, OutOfMemoryPlan, Preempted
 
 
 def prepare_run_dir(output_dir: str, overwrite: bool, allow_unfinished: bool = False) -> Path:
@@ -90,6 +90,12 @@ def run(cfg: RunConfig, *, config_path: str | None = None, overwrite: bool = Fal
             f"Stopped by {exc.signame} at step {exc.step}; the checkpoint {exc.checkpoint} holds the full training state. "
             f"Continue with `trainpipe run CONFIG --resume` (same config, same output_dir)."
         ) from None
+    except OutOfMemoryPlan as exc:
+        fits = what_would_fit(cfg, hw)  # the planner's nearest setups that fit this GPU
+        if fits:
+            exc.message += " The planner says these would fit: " + "; ".join(fits) + "."
+        events.emit("run_failed", level="error", error=type(exc).__name__, message=exc.message[:500])
+        raise
     except BaseException as exc:
         events.emit("run_failed", level="error", error=type(exc).__name__, message=str(getattr(exc, "message", exc))[:500])
         raise

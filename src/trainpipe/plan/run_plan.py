@@ -222,3 +222,18 @@ def compare(plan: RunPlan, run_dir: Path) -> dict:
     if plan.predicted.get("tokens_per_second") and measured.get("tokens_per_second"):
         out["throughput_ratio"] = round(measured["tokens_per_second"] / plan.predicted["tokens_per_second"], 4)
     return out
+
+
+def what_would_fit(cfg: RunConfig, hw: Hardware) -> list[str]:
+    """After an out-of-memory stop on a catalog GPU: the planner's nearest changes that fit (empty on the CPU)."""
+    from trainpipe.plan.command import _suggestions, request_from_config
+
+    gpu = _gpu(hw)
+    if gpu is None:
+        return []
+    try:
+        spec = _spec(cfg)
+        req = request_from_config(cfg, gpu=gpu.name, num_gpus=hw.device_count, hw=hw)
+        return _suggestions(spec, req, gpu)
+    except Exception:  # noqa: BLE001 - advice only
+        return []
