@@ -124,3 +124,15 @@ def test_init_from_config_trains_from_scratch(tmp_path, tiny_model_dir):
     w1 = load_file(str(tmp_path / "run" / "model" / "model.safetensors"))
     key = "model.layers.0.mlp.down_proj.weight"
     assert w1[key].shape == w0[key].shape and not torch.allclose(w1[key], w0[key])
+
+
+def test_chat_data_is_not_raw_text(tmp_path, tiny_model_dir, capsys):
+    from tiny import chat_records
+
+    cfg = write_config(tmp_path, tiny_model_dir, method={"peft": "lora"})
+    write_jsonl(tmp_path / "data" / "text.jsonl", chat_records(40, seed=2))
+    data = yaml.safe_load(cfg.read_text())
+    data["data"]["sources"][0]["format"] = "auto"
+    cfg.write_text(yaml.safe_dump(data))
+    assert main(["run", str(cfg)]) == 2
+    assert "pretrain needs raw text; this data is chat" in capsys.readouterr().out.replace("\n", " ")
