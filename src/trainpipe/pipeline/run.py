@@ -60,13 +60,18 @@ def preflight(cfg: RunConfig) -> None:
     check_sources(cfg.data.sources)  # files, globs and folders; hub and SQL sources are checked when read
 
 
-def run(cfg: RunConfig, *, config_path: str | None = None, overwrite: bool = False, resume: bool = False) -> dict:
+def run(cfg: RunConfig, *, config_path: str | None = None, overwrite: bool = False, resume: bool = False, lineage: dict | None = None) -> dict:
     import transformers
 
     t_start = time.time()
     transformers.utils.logging.disable_progress_bar()  # trainpipe draws its own bars
     # transformers 5 renamed the property; peft and the Trainer still read the old name (noise, not a problem)
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+
+    if cfg.stages:  # several stages (e.g. RLHF: sft, reward, rl), each an ordinary run fed by the one before (pipeline/stages.py)
+        from trainpipe.pipeline.stages import run_stages
+
+        return run_stages(cfg, config_path=config_path, overwrite=overwrite, resume=resume)
 
     if cfg.method.adapters:  # one adapter per task on the shared base: one ordinary run per adapter (pipeline/adapters.py)
         from trainpipe.pipeline.adapters import run_adapters
@@ -84,7 +89,7 @@ def run(cfg: RunConfig, *, config_path: str | None = None, overwrite: bool = Fal
     events = EventLog(run_dir / "events.jsonl", echo=ui.echo_event)
     events.emit("run_started", run_dir=str(run_dir), config_hash=cfg.hash(), resume_from=str(resume_from.path) if resume_from else None, resume_notes=notes)
     try:
-        return _steps(cfg, plan, hw, run_dir, events, config_path, t_start, resume_from)
+        return _steps(cfg, plan, hw, run_dir, events, config_path, t_start, resume_from, lineage=lineage)
     except Preempted as exc:
         raise PreemptedExit(
             f"Stopped by {exc.signame} at step {exc.step}; the checkpoint {exc.checkpoint} holds the full training state. "
@@ -168,7 +173,7 @@ def find_resume_point(cfg: RunConfig, want: bool, *, explicit: bool, overwrite: 
     return info, notes
 
 
-def _steps(cfg: RunConfig, plan, hw, run_dir: Path, events: EventLog, config_path: str | None, t_start: float, resume_from) -> dict:
+def _steps(cfg: RunConfig, plan, hw, run_dir: Path, events: EventLog, config_path: str | None, t_start: float, resume_from, lineage: dict | None = None) -> dict:
     import torch
     from transformers import set_seed
 
@@ -203,7 +208,7 @@ def _steps(cfg: RunConfig, plan, hw, run_dir: Path, events: EventLog, config_pat
         build_manifest(
             config_hash=cfg.hash(), config_path=config_path, data_files=[{"path": s.get("path") or s.get("source"), "sha256": s.get("sha256")} for s in data.report["sources"]],
             seed=cfg.training.seed, hardware={**hw.to_dict(), "torch_threads": torch.get_num_threads()}, decisions=[asdict(d) for d in plan.decisions],
-        ),
+        ) | ({"lineage": lineage} if lineage else {}),  # a stage of `stages:`: the model it starts from (pipeline/stages.py)
     )
     r = data.report
     events.emit("data_prepared", train=r["train_examples"], eval=r["eval_examples"], rejected=r["rejected_total"], dropped=sum(r["dropped"].values()))

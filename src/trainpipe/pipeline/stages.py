@@ -1,0 +1,185 @@
+"""Several stages in one run, e.g. RLHF: `stages: [sft, reward, rl]`.
+
+Each stage is an ordinary `trainpipe run` of its own config into `OUTPUT_DIR/<stage name>/` (a
+full run directory: data report, checkpoints, baseline and final eval, `model/`). A stage's config
+is the run's config with the stage's `method`, `training` and `eval` keys laid over the run's, its
+`data` when it gives one, and `model.name_or_path` set by the chain:
+
+- a policy stage (sft, pretrain, dpo, orpo, kto, rl) starts from the model exported by the last
+  policy stage before it (the run's `model` for the first); its exported model feeds the next.
+- a reward stage starts from the same policy model (InstructGPT's choice: the reward model is
+  initialised from the SFT model, so it reads text the way the policy writes it); it does not
+  advance the policy chain. Its exported model becomes `method.rl.reward_model` of every later rl
+  stage that sets neither `reward_model` nor `reward_function`.
+
+Lineage: each stage's manifest.json has a `lineage` key naming the stage, its input model (path,
+the stage that produced it, the SHA-256 of its config.json and of its weight files, that stage's
+config hash) and, for rl, the reward model the same way. `OUTPUT_DIR/summary.json` lists every
+stage with its input, output and metrics; `OUTPUT_DIR/config.resolved.yaml` is the whole config.
+
+`--resume`: finished stages (summary.json present) are kept, the unfinished one continues from its
+newest valid checkpoint (or starts), later ones run. `--overwrite` clears OUTPUT_DIR first.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import shutil
+import time
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from trainpipe import ui
+from trainpipe.config import RunConfig, dump_yaml, format_validation_error
+from trainpipe.errors import ConfigError, RunDirError
+from trainpipe.track.manifest import write_json
+
+POLICY_METHODS = ("sft", "pretrain", "dpo", "orpo", "kto", "rl")
+
+
+def run_stages(cfg: RunConfig, *, config_path: str | None, overwrite: bool, resume: bool) -> dict:
+    from trainpipe.pipeline.run import run
+
+    t0 = time.time()
+    root = Path(cfg.output_dir or f"runs/{cfg.name or 'run'}").resolve()
+    plan = stage_plan(cfg, root)  # every stage's config, validated before anything runs
+    if root.exists() and any(root.iterdir()):
+        if overwrite:
+            shutil.rmtree(root)
+        elif not (resume or cfg.training.resume == "auto"):
+            raise RunDirError(
+                f"`{root}` already holds files from an earlier run. Pass `--overwrite` to replace them, `--resume` to continue "
+                "(finished stages are kept), or choose another directory with `--set output_dir=runs/NEW_NAME`."
+            )
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.resolved.yaml").write_text(dump_yaml(cfg), encoding="utf-8")
+
+    results = []
+    for i, st in enumerate(plan):
+        name, sub = st["name"], st["config"]
+        done = Path(sub.output_dir) / "summary.json"
+        if done.exists() and not overwrite:
+            ui.console().print(f"[bold]stage {name}[/] ({i + 1}/{len(plan)}): finished earlier, kept ({done})", markup=True)
+            results.append(stage_entry(st, json.loads(done.read_text()), skipped=True))
+            continue
+        ui.console().print(f"[bold]stage {name}[/] ({i + 1}/{len(plan)}): {sub.method.name} from {sub.model.name_or_path}", markup=True)
+        lineage = stage_lineage(st, i, len(plan), root)
+        if resume or cfg.training.resume == "auto":
+            sub = sub.model_copy(update={"training": sub.training.model_copy(update={"resume": "auto"})})  # continue it, or start it
+        results.append(stage_entry(st, run(sub, config_path=config_path, overwrite=overwrite, lineage=lineage), skipped=False))
+
+    last = results[-1]
+    policy = next((r for r in reversed(results) if r["method"] in POLICY_METHODS), last)
+    summary = {
+        "name": cfg.name, "method": "stages", "stages": results, "final_model": policy["artifacts"]["model"],
+        "artifacts": {"run_dir": str(root), "model": policy["artifacts"]["model"]}, "wall_seconds": round(time.time() - t0, 2),
+    }
+    write_json(root / "summary.json", summary)
+    return summary
+
+
+def stage_plan(cfg: RunConfig, root: Path) -> list[dict]:
+    """[{name, config, input_model, input_stage, reward_model, reward_stage}] for every stage, in order."""
+    names = stage_names(cfg)
+    run_data = cfg.model_dump(mode="json")
+    run_data["stages"] = None
+    policy_in, policy_stage = None, None  # None: the run's own model
+    reward_in, reward_stage = None, None
+    plan = []
+    for name, stage in zip(names, cfg.stages):
+        d = copy.deepcopy(run_data)
+        d["method"] = merge(d["method"], stage.method)
+        d["training"] = merge(d["training"], stage.training)
+        d["eval"] = merge(d["eval"], stage.eval)
+        if stage.data is not None:
+            d["data"] = stage.data.model_dump(mode="json")
+        d["name"] = f"{cfg.name or 'run'}-{name}"
+        d["output_dir"] = str(root / name)
+        if policy_in is not None:
+            d["model"].update(name_or_path=policy_in, init_from_config=None, revision=None)
+        method = d["method"].get("name", "sft")
+        rl = d["method"].setdefault("rl", {})
+        uses_reward = method == "rl" and not rl.get("reward_model") and not rl.get("reward_function") and reward_in is not None
+        if uses_reward:
+            rl["reward_model"] = reward_in
+        try:
+            sub = RunConfig.model_validate(d)
+        except ValidationError as exc:
+            raise format_validation_error(exc, f"stage `{name}`") from None
+        plan.append({
+            "name": name, "config": sub, "input_model": sub.model.name_or_path, "input_stage": policy_stage,
+            "reward_model": sub.method.rl.reward_model if method == "rl" else None, "reward_stage": reward_stage if uses_reward else None,
+        })
+        out = str(root / name / "model")
+        if method == "reward":
+            reward_in, reward_stage = out, name
+        elif method in POLICY_METHODS:
+            policy_in, policy_stage = out, name
+    return plan
+
+
+def stage_names(cfg: RunConfig) -> list[str]:
+    """A stage's name is its folder: the given `name`, else the method name (`sft`, `sft-2` when it repeats)."""
+    given = [s.name for s in cfg.stages if s.name]
+    dup = sorted({n for n in given if given.count(n) > 1})
+    if dup:
+        raise ConfigError(f"`stages` names {dup} more than once; every stage needs its own `name` (it is its run directory).", [f"`stages`: duplicate name {d}" for d in dup])
+    out: list[str] = []
+    for s in cfg.stages:
+        name = s.name or s.method.get("name", cfg.method.name)
+        k = 2
+        base = name
+        while name in out or (not s.name and name in given):
+            name, k = f"{base}-{k}", k + 1
+        out.append(name)
+    return out
+
+
+def merge(base: dict, over: dict) -> dict:
+    """``over`` laid over ``base``, nested mappings key by key."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def stage_lineage(st: dict, index: int, count: int, root: Path) -> dict:
+    """The manifest's `lineage` of a stage: what it starts from (and, for rl, which reward model scores it)."""
+    return {
+        "pipeline": str(root), "stage": st["name"], "index": index, "stages": count, "method": st["config"].method.name,
+        "input_model": model_identity(st["input_model"], st["input_stage"], root),
+        "reward_model": model_identity(st["reward_model"], st["reward_stage"], root) if st["reward_model"] else None,
+    }
+
+
+def model_identity(path: str, stage: str | None, root: Path) -> dict:
+    """A model folder by content: SHA-256 of config.json and of each weight file, plus the producing stage's config hash."""
+    p = Path(path)
+    ident = {"path": str(path), "produced_by": f"stage {stage}" if stage else "the run's model"}
+    if not p.is_dir():
+        ident["hub_id"] = path
+        return ident
+    ident["config_sha256"] = _sha256(p / "config.json") if (p / "config.json").is_file() else None
+    ident["weights_sha256"] = {f.name: _sha256(f) for f in sorted(p.glob("*.safetensors"))}
+    if stage:
+        manifest = root / stage / "manifest.json"
+        ident["run_config_hash"] = json.loads(manifest.read_text()).get("config_hash") if manifest.exists() else None
+    return ident
+
+
+def stage_entry(st: dict, summary: dict, *, skipped: bool) -> dict:
+    """One stage of the top-level summary: what went in, what came out, its metrics."""
+    keep = ("peft", "baseline", "final", "train", "data", "artifacts", "wall_seconds")
+    return {"name": st["name"], "method": st["config"].method.name, **{k: summary.get(k) for k in keep}, "input_model": st["input_model"], "input_stage": st["input_stage"],
+            "reward_model": st["reward_model"], "kept_from_earlier_run": skipped}
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
