@@ -25,6 +25,7 @@ def eval_loss(model, examples: list[dict], *, batch_size: int, pad_id: int, adva
             batch = pad_batch(examples[i : i + batch_size], pad_id)
             batch = {k: v.to(device) for k, v in batch.items()}
             logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
+            logits = logits[:, logits.size(1) - batch["input_ids"].size(1) :]  # prompt tuning: drop its virtual tokens' logits
             shift_logits = logits[:, :-1].reshape(-1, logits.size(-1))
             shift_labels = batch["labels"][:, 1:].reshape(-1)
             loss = torch.nn.functional.cross_entropy(shift_logits, shift_labels, ignore_index=IGNORE_INDEX, reduction="sum")

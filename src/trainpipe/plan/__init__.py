@@ -35,6 +35,33 @@ def default_learning_rate(method: str, peft: str) -> tuple[float, str]:
     return DEFAULT_LR[(method, kind)], f"default for {method} with {'full/freeze' if kind == 'full' else 'an adapter (' + peft + ')'}"
 
 
+def precision_fallback(t, hw: Hardware, out: "Resolved") -> None:
+    """`bf16: true` / `fp16: true` on hardware without that mixed precision (autocast runs on CUDA only; bf16 needs
+    Ampere or newer): train in fp32 with one warning, or raise when `training.precision_fallback: error`."""
+    asked = "bf16" if t.bf16 else "fp16" if t.fp16 else None
+    if asked is None or (hw.accelerator == "cuda" and (asked == "fp16" or hw.bf16_supported)):
+        return
+    kind = "bfloat16" if asked == "bf16" else "float16"
+    where = f"{hw.accelerator} ({', '.join(hw.device_names) or 'unknown'})"
+    fix = "`training.fp16: true` (float16 with loss scaling) suits this GPU" if hw.accelerator == "cuda" else "mixed precision needs a CUDA GPU"
+    if t.precision_fallback == "error":
+        from trainpipe.errors import ConfigError
+
+        raise ConfigError(
+            f"`training.{asked}: true`, but this machine's {where} has no {kind} mixed precision, and "
+            f"`training.precision_fallback` is `error`. Set `training.{asked}: false` to train in fp32 ({fix}), or set "
+            "`training.precision_fallback: warn` to fall back to fp32 automatically."
+        )
+    setattr(t, asked, False)
+    out.decisions.append(Decision(f"training.{asked}", False, f"requested, but {where} has no {kind} mixed precision: fp32 (warned)"))
+    from trainpipe import ui
+
+    ui.console().print(
+        f"[yellow]warning:[/] `training.{asked}: true`, but {where} has no {kind} mixed precision: training in fp32 instead "
+        f"({fix}; `training.precision_fallback: error` makes this an error).", markup=True, soft_wrap=True,
+    )
+
+
 @dataclass
 class Decision:
     key: str
@@ -76,6 +103,8 @@ def resolve(cfg: RunConfig, hw: Hardware) -> Resolved:
         t.bf16 = bool(hw.accelerator == "cuda" and hw.bf16_supported and not t.fp16)
         why = "the GPU supports bfloat16" if t.bf16 else f"{hw.accelerator} without bfloat16 mixed precision: fp32"
         out.decisions.append(Decision("training.bf16", t.bf16, why))
+    else:
+        precision_fallback(t, hw, out)
 
     if cfg.model.dtype == "auto":
         cfg.model.dtype = "bfloat16" if (hw.accelerator == "cuda" and hw.bf16_supported and cfg.method.peft != "none") else "float32"

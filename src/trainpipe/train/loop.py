@@ -190,6 +190,7 @@ class TokenCrossEntropy(Objective):
 
         labels = batch.pop("labels")
         logits = model(**batch).logits
+        logits = logits[:, logits.size(1) - labels.size(1) :]  # prompt tuning returns logits for its virtual tokens too: drop them
         ce = torch.nn.functional.cross_entropy(
             logits[:, :-1].float().reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
         )
@@ -240,6 +241,7 @@ class TrainLoop:
         self.steps_per_epoch = max(1, math.ceil(n / self.effective))
         self.total_windows = t.max_steps if t.max_steps > 0 else max(1, math.ceil(t.num_train_epochs * self.steps_per_epoch))
         self.state = LoopState(micro_batch=t.per_device_train_batch_size, gradient_checkpointing=t.gradient_checkpointing)
+        self._set_precision()
         self.optimizer = self._optimizer()
         self.base_lrs = [g["lr"] for g in self.optimizer.param_groups]
         self.scheduler = self._scheduler()
@@ -265,9 +267,44 @@ class TrainLoop:
             return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-8, fused=fused or None)
         if self.t.optim == "sgd":
             return torch.optim.SGD(groups, lr=lr, momentum=0.9)
+        if self.t.optim in ("adamw_8bit", "paged_adamw_8bit"):
+            return self._adamw_8bit(groups, lr)
         from transformers.optimization import Adafactor
 
         return Adafactor(groups, lr=lr, scale_parameter=False, relative_step=False, warmup_init=False)
+
+    def _adamw_8bit(self, groups: list[dict], lr: float):
+        """bitsandbytes AdamW with 8-bit block-wise quantized moments (Dettmers et al. 2022); `paged_` keeps them in
+        CUDA unified memory so spikes page out to the CPU instead of OOM-ing. On the CPU there is nothing to page."""
+        try:
+            import bitsandbytes as bnb
+        except ImportError:
+            raise TrainpipeError(
+                f"`training.optim: {self.t.optim}` is bitsandbytes' 8-bit AdamW, and bitsandbytes is not installed. Install it "
+                "with `pip install 'trainpipe[qlora]'`, or use `training.optim: adamw_torch`."
+            ) from None
+        paged = self.t.optim == "paged_adamw_8bit"
+        if paged and self.device.type != "cuda":
+            from trainpipe import ui
+
+            ui.console().print(
+                f"[yellow]warning:[/] `training.optim: paged_adamw_8bit` pages optimizer state between GPU and CPU memory; "
+                f"on {self.device.type} there is nothing to page, so `adamw_8bit` (the same update) is used.", markup=True, soft_wrap=True,
+            )
+            paged = False
+        cls = bnb.optim.PagedAdamW8bit if paged else bnb.optim.AdamW8bit
+        return cls(groups, lr=lr, betas=(0.9, 0.999), eps=1e-8)
+
+    def _set_precision(self) -> None:
+        """TF32 matmuls on CUDA (`training.tf32`; unset: on) and `torch.compile` of the model (`training.torch_compile`,
+        in place: parameter names, and so checkpoints, stay the same). bf16/fp16 autocast is applied per step; on
+        hardware without it the plan has already fallen back to fp32 (plan.resolve)."""
+        torch = self.torch
+        if self.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = self.t.tf32 is not False
+            torch.backends.cudnn.allow_tf32 = self.t.tf32 is not False
+        if self.t.torch_compile:
+            self.model.compile()
 
     def _scheduler(self):
         from transformers import get_scheduler
