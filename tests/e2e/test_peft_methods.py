@@ -276,3 +276,27 @@ def test_qlora_without_bitsandbytes(tmp_path, capsys, monkeypatch):
     assert main(["run", str(cfg)]) == 2
     out = " ".join(capsys.readouterr().out.split())
     assert "pip install 'trainpipe[qlora]'" in out and "bitsandbytes" in out
+
+
+# ------------------------------------------------------------------------------ optimizers
+
+
+@pytest.mark.parametrize("optim", ["adamw_8bit", "paged_adamw_8bit", "adafactor", "sgd"])
+def test_optimizer_learns(optim, tiny_model_dir, tmp_path, capsys):
+    import torch
+
+    # a full fine-tune: bitsandbytes quantizes the state of tensors of 4096+ elements, so the tiny model's matrices qualify
+    lr = {"sgd": 1e-1, "adafactor": 1e-3}.get(optim, 2e-3)
+    cfg = write_config(tmp_path, tiny_model_dir, "none", lr=lr, training={"optim": optim})
+    assert main(["run", str(cfg)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    # paged optimizers page state between GPU and CPU memory: on the CPU one warning, and the unpaged 8-bit AdamW
+    assert out.count("nothing to page") == (1 if optim == "paged_adamw_8bit" else 0)
+    run = tmp_path / "run"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["final"]["loss"] < summary["baseline"]["loss"] - 0.2, (summary["baseline"], summary["final"])
+    state = torch.load(Path(summary["train"]["best_checkpoint"]) / "state.pt", weights_only=True)["optimizer"]["state"]
+    if optim.endswith("adamw_8bit"):
+        # the moments of the big matrices really are 8-bit (bitsandbytes keeps tensors under 4096 elements in fp32)
+        moments = [s["__bnb_optimizer_quant_state__"]["state1"] for s in state.values()]
+        assert any(m.dtype == torch.uint8 for m in moments) and any(m.dtype == torch.float32 for m in moments)

@@ -103,8 +103,7 @@ def resolve(cfg: RunConfig, hw: Hardware) -> Resolved:
         t.bf16 = bool(hw.accelerator == "cuda" and hw.bf16_supported and not t.fp16)
         why = "the GPU supports bfloat16" if t.bf16 else f"{hw.accelerator} without bfloat16 mixed precision: fp32"
         out.decisions.append(Decision("training.bf16", t.bf16, why))
-    else:
-        precision_fallback(t, hw, out)
+    precision_fallback(t, hw, out)
 
     if cfg.model.dtype == "auto":
         cfg.model.dtype = "bfloat16" if (hw.accelerator == "cuda" and hw.bf16_supported and cfg.method.peft != "none") else "float32"
