@@ -367,6 +367,8 @@ def init_model(cfg: ModelConfig, seed: int):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(mcfg, dtype=getattr(torch, DTYPES[cfg.dtype if cfg.dtype in DTYPES else "float32"]), trust_remote_code=cfg.trust_remote_code)
+    if torch.cuda.is_available():  # where load_model puts pretrained weights: this process's GPU
+        model = model.to(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}")
     return model
 
 
