@@ -222,7 +222,8 @@ class PolicyGradient(Objective):
         ids = torch.cat([p_ids, comp], dim=1)
         attn = torch.cat([p_mask, c_mask.long()], dim=1)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)  # as generate() numbered the left-padded positions
-        logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, p_ids.shape[1] - 1 : -1].float() / self.rl.temperature
+        T = comp.shape[1]  # the last T+1 positions predict the completion (soft-prompt methods prepend virtual tokens in front)
+        logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, -T - 1 : -1].float() / self.rl.temperature
         return torch.log_softmax(logits, dim=-1).gather(-1, comp.unsqueeze(-1)).squeeze(-1)
 
     def reference_logprobs(self, model, p_ids, p_mask, comp, c_mask):
