@@ -245,7 +245,7 @@ class PreferenceConfig(_Section):
 
 class RLConfig(_Section):
     algorithm: Literal["grpo", "rloo"] = "grpo"
-    """Online policy optimisation: `grpo` (group-normalised advantages) or `rloo` (leave-one-out baseline). TRL 1.x dropped PPO; see docs."""
+    """Online policy optimisation: `grpo` (group-normalised advantages) or `rloo` (leave-one-out baseline), both without a value model. There is no `ppo`: TRL 1.x removed PPOTrainer and no maintained PPO implementation remains to build on (train/rl.py)."""
     reward_model: str | None = None
     """Folder of a reward model trained by `method.name: reward` (its `model/`), scoring prompt + completion."""
     reward_function: str | None = None
