@@ -96,7 +96,9 @@ def how_to_load(peft: str) -> str:
             "```python\nfrom peft import PeftModel\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
             'base = AutoModelForCausalLM.from_pretrained("model")\nmodel = PeftModel.from_pretrained(base, "model/adapter")\n'
             'tokenizer = AutoTokenizer.from_pretrained("model")\n```\n'
-        )
+        ) + ("\nWith peft 0.21 and transformers 5, `PeftModel.generate` silently drops a prefix (it passes it as "
+             "`past_key_values`, which generate's own `cache` overrides); `trainpipe.evaluate.evaluator.generate` decodes "
+             "with the prefix as the initial key/value cache, as in training.\n" if peft == "prefix_tuning" else "")
     if peft in MERGEABLE:
         note = (" The adapter was trained on a quantized base and merged into the float32 unquantized base here; "
                 "`adapter/` with the base loaded quantized as in training reproduces the trained model exactly.") if peft in QUANTIZED else ""

@@ -39,7 +39,7 @@ ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
 def write_config(tmp: Path, model_dir: Path, peft: str, *, steps: int = 24, lr: float | None = None, method: dict | None = None,
-                 training: dict | None = None) -> Path:
+                 training: dict | None = None, eval_cfg: dict | None = None) -> Path:
     write_jsonl(tmp / "data" / "train.jsonl", alpaca_records(160, seed=5))
     rate, extra = METHODS.get(peft, (5e-3, {}))
     cfg = {
@@ -50,7 +50,7 @@ def write_config(tmp: Path, model_dir: Path, peft: str, *, steps: int = 24, lr: 
         "training": {"max_steps": steps, "eval_steps": steps, "logging_steps": 1, "per_device_train_batch_size": 8,
                      "gradient_accumulation_steps": 1, "learning_rate": lr or rate, "early_stopping_patience": None,
                      "warmup_steps": 0, "hang_timeout_seconds": 0, **(training or {})},
-        "eval": {"metrics": ["loss"]},
+        "eval": eval_cfg or {"metrics": ["loss"]},
         "output_dir": str(tmp / "run"),
     }
     p = tmp / "run.yaml"
@@ -92,7 +92,9 @@ def test_method_learns_changes_only_its_parameters_and_exports(peft, tiny_model_
 
     from trainpipe.evaluate.evaluator import eval_loss
 
-    assert main(["run", str(write_config(tmp_path, tiny_model_dir, peft))]) == 0
+    # prompt/prefix tuning also generate in the eval (exact_match): virtual tokens through evaluator.generate
+    ev = {"metrics": ["loss", "exact_match"], "max_new_tokens": 4, "max_samples": 4} if peft in ("prompt_tuning", "prefix_tuning") else None
+    assert main(["run", str(write_config(tmp_path, tiny_model_dir, peft, eval_cfg=ev))]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert out.count("never into quantized weights") == (1 if peft in ("qlora", "qlora8") else 0)
     run = tmp_path / "run"
@@ -156,6 +158,8 @@ def test_method_learns_changes_only_its_parameters_and_exports(peft, tiny_model_
     assert "## Loading" in card
     if peft in ("prompt_tuning", "prefix_tuning"):
         from peft import PeftModel
+
+        assert 0.0 <= summary["final"]["exact_match"] <= 1.0 and len(summary["samples"]) == 4
 
         assert "PeftModel.from_pretrained" in card
         model = PeftModel.from_pretrained(plain, run / "model" / "adapter")

@@ -160,3 +160,51 @@ def test_torch_compile_compiles_the_model_in_place(tmp_path, tiny_model_dir):
     assert loop.model is model and model._compiled_call_impl is not None  # compiled lazily on the first forward
     assert [n for n, _ in model.named_parameters()] == names  # checkpoints keep their keys
     assert _loop(tmp_path / "b", AutoModelForCausalLM.from_pretrained(tiny_model_dir)).model._compiled_call_impl is None
+
+
+def _greedy_by_forward(model, tok, prompt: str, n: int) -> list[int]:
+    """Greedy decoding with the full forward and no cache: slow, but exactly what the trained model computes. Stops
+    before a near-tie (top-2 logits within 1e-3), where cached and uncached float32 arithmetic may pick differently."""
+    import torch
+
+    ids = torch.tensor([tok(prompt, add_special_tokens=False)["input_ids"]])
+    out = []
+    with torch.no_grad():
+        for _ in range(n):
+            logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0, -1]
+            top = logits.topk(2).values
+            if float(top[0] - top[1]) < 1e-3:
+                break
+            out.append(int(logits.argmax()))
+            ids = torch.cat([ids, torch.tensor([[out[-1]]])], 1)
+    return out
+
+
+@pytest.mark.parametrize("peft", ["prompt_tuning", "prefix_tuning"])
+def test_generate_uses_the_virtual_tokens(peft, tiny_model_dir, tiny_tokenizer):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from trainpipe.evaluate.evaluator import generate
+    from trainpipe.train.model import apply_peft
+
+    def attentive():  # the untrained tiny model barely reads its context; louder attention makes the virtual tokens count
+        m = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+        with torch.no_grad():
+            for layer in m.model.layers:
+                layer.self_attn.o_proj.weight.mul_(30)
+        return m
+
+    torch.manual_seed(0)
+    base = attentive()
+    model = apply_peft(attentive(), MethodConfig(peft=peft, prompt_tuning={"num_virtual_tokens": 5}))
+    with torch.no_grad():
+        model.prompt_encoder.default.embedding.weight.normal_(0, 2.0)
+    tok = tiny_tokenizer
+    prompts = ["Reverse the order of the words. apple river stone", "Say blue then", "You repeat words. Say tiger then lamp."]
+    got = generate(model, tok, prompts, max_new_tokens=6, batch_size=3, stop_ids=[-1])  # batched as evaluate_lm asks
+    want = [_greedy_by_forward(model, tok, p, 6) for p in prompts]
+    plain = [_greedy_by_forward(base, tok, p, 6) for p in prompts]
+    assert [w[:2] for w in want] != [w[:2] for w in plain]  # the virtual tokens change these replies, so the check below can tell
+    for g, w in zip(got, want):
+        assert len(w) >= 2 and g.startswith(tok.decode(w, skip_special_tokens=True)), (g, tok.decode(w))

@@ -39,10 +39,15 @@ def eval_loss(model, examples: list[dict], *, batch_size: int, pad_id: int, adva
 
 
 def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, batch_size: int, stop_ids: list[int], advance: Callable[[int], None] | None = None) -> list[str]:
-    """Greedy generations for ``prompts`` (left-padded batches), cut at the first stop token."""
+    """Greedy generations for ``prompts`` (left-padded batches), cut at the first stop token. Prompt- and
+    prefix-tuned models decode one prompt at a time: left padding between the virtual tokens and the prompt would
+    shift the prompt's positions away from those training used (and PEFT's own `generate` drops a prefix)."""
     import torch
     from transformers import GenerationConfig
 
+    virtual = _virtual_tokens(model)
+    if virtual:
+        batch_size = 1
     was_training = model.training
     model.eval()
     side = tokenizer.padding_side
@@ -57,8 +62,11 @@ def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, batch
             for i in range(0, len(prompts), batch_size):
                 chunk = prompts[i : i + batch_size]
                 enc = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
-                seqs = model.generate(**enc, generation_config=gen_cfg)
-                for row in seqs[:, enc["input_ids"].shape[1] :].tolist():
+                if virtual == "PREFIX_TUNING":
+                    rows = [greedy_with_prefix(model, enc["input_ids"], max_new_tokens, stop_ids)]
+                else:
+                    rows = model.generate(**enc, generation_config=gen_cfg)[:, enc["input_ids"].shape[1] :].tolist()
+                for row in rows:
                     cut = next((j for j, t in enumerate(row) if t in stop_ids), len(row))
                     out.append(tokenizer.decode(row[:cut], skip_special_tokens=True))
                 if advance:
@@ -66,6 +74,36 @@ def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, batch
     finally:
         tokenizer.padding_side = side
         model.train(was_training)
+    return out
+
+
+def _virtual_tokens(model) -> str | None:
+    """`PROMPT_TUNING` / `PREFIX_TUNING` for a PeftModel that prepends virtual tokens, else None."""
+    from peft import PeftModel
+
+    if isinstance(model, PeftModel) and model.active_peft_config.is_prompt_learning:
+        return str(model.active_peft_config.peft_type.value)
+    return None
+
+
+def greedy_with_prefix(model, input_ids, max_new_tokens: int, stop_ids: list[int]) -> list[int]:
+    """Greedy decoding of one prompt for a prefix-tuned PeftModel. PEFT 0.21's `generate` hands the learned prefix to
+    transformers 5 as `past_key_values`, which generate's own (empty) `cache` overrides, so the prefix is silently
+    ignored; here the base model decodes with the prefix as its initial key/value cache, exactly as training saw it
+    (one prompt at a time: no left padding to shift the positions after the prefix)."""
+    import torch
+
+    base = model.get_base_model()
+    cache = model.get_prompt(batch_size=1)  # the prefix as a key/value cache of num_virtual_tokens positions
+    mask = torch.ones(1, cache.get_seq_length() + input_ids.size(1), dtype=torch.long, device=input_ids.device)
+    ids, out = input_ids, []
+    for _ in range(max_new_tokens):
+        nxt = int(base(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True).logits[0, -1].argmax())
+        out.append(nxt)
+        if nxt in stop_ids:
+            break
+        ids = torch.tensor([[nxt]], device=input_ids.device)
+        mask = torch.cat([mask, mask.new_ones(1, 1)], 1)
     return out
 
 
