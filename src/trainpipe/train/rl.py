@@ -63,6 +63,12 @@ def run(ctx: RunContext) -> dict:
 
     cfg, data, tok = ctx.cfg, ctx.data, ctx.tokenizer
     rl = cfg.method.rl
+    if cfg.method.peft in ("prompt_tuning", "prefix_tuning"):
+        raise ConfigError(
+            f"`method.name: rl` with `peft: {cfg.method.peft}` is not supported: sampling left-padded batches from a soft-prompt "
+            "model shifts positions after the virtual tokens (and PEFT 0.21's generate drops a prefix under transformers 5), so the "
+            "samples would not come from the policy being trained. Use `peft: lora` (or another LoRA-family method, ia3, freeze, none)."
+        )
     if cfg.data.packing == "pack":
         raise ConfigError("`method.name: rl` samples completions of single prompts, but `data.packing: pack` joins several examples into one row. Set `data.packing: none`.")
     ev_prompts = [prompt_ids(r) for r in data.eval][: cfg.eval.max_samples or None]
