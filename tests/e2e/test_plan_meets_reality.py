@@ -41,6 +41,9 @@ def _run(tmp: Path, model_dir: Path, name: str, method: dict, training: dict | N
         ("full_sgd", {"peft": "none"}, {"optim": "sgd"}),
         ("lora", {"peft": "lora", "lora": {"r": 4, "alpha": 8}}, {}),
         ("lora_all_linear", {"peft": "lora", "lora": {"r": 2, "alpha": 4, "target_modules": "all-linear"}}, {}),
+        ("dora", {"peft": "dora", "lora": {"r": 4, "alpha": 8}}, {}),
+        ("qlora", {"peft": "qlora", "lora": {"r": 4, "alpha": 8}}, {}),
+        ("qlora_single_quant", {"peft": "qlora", "lora": {"r": 4, "alpha": 8}, "quantization": {"double_quant": False}}, {}),
     ],
 )
 def test_predicted_state_bytes_equal_measured(tmp_path, tiny_model_dir, name, method, training):

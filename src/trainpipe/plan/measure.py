@@ -69,10 +69,17 @@ def measure_state_bytes(model, optimizer=None) -> dict:
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
-def nf4_state_bytes(numel: int, double_quant: bool, blocksize: int = 64) -> int:
-    """bitsandbytes NF4: packed 4-bit data + absmax (+ nested absmax, its 256-entry code and offset) + the 16-entry code."""
+def nf4_state_bytes(numel: int, double_quant: bool, blocksize: int = 64, cpu_repacked: bool = False) -> int:
+    """bitsandbytes NF4: packed 4-bit data + absmax (+ nested absmax, its 256-entry code and offset) + the 16-entry code.
+
+    ``cpu_repacked``: on the CPU, bitsandbytes repacks a 4-bit weight for its CPU kernel at the first forward in eval
+    mode (trainpipe's baseline evaluation): the nested (double) quantization is undone into one bfloat16 absmax per
+    block; the 16-entry code and, with double quantization, the fp32 offset stay.
+    """
     blocks = math.ceil(numel / blocksize)
     packed = math.ceil(numel / 2)
+    if cpu_repacked:
+        return packed + 2 * blocks + 4 * 16 + (4 if double_quant else 0)
     if double_quant:
         return packed + blocks + 4 * math.ceil(blocks / 256) + 4 * 256 + 4 + 4 * 16
     return packed + 4 * blocks + 4 * 16
@@ -80,7 +87,7 @@ def nf4_state_bytes(numel: int, double_quant: bool, blocksize: int = 64) -> int:
 
 def predict_state_bytes(model_config: dict, *, method: str = "lora", dtype: str = "float32", optimizer: str = "adamw",
                         lora_r: int = 16, lora_alpha: int = 32, lora_dropout: float = 0.05, lora_targets="attention",
-                        double_quant: bool = True, task: str = "causal-lm") -> dict:
+                        double_quant: bool = True, task: str = "causal-lm", cpu_repacked: bool = False) -> dict:
     """Predict `measure_state_bytes` for a model built from `model_config` (a config.json mapping) and trained so.
 
     method: full | lora | dora | qlora. dtype: the dtype the base is loaded in (`model.dtype` of the run).
@@ -108,7 +115,7 @@ def predict_state_bytes(model_config: dict, *, method: str = "lora", dtype: str 
         if id(p) in seen:
             continue
         seen.add(id(p))
-        params += nf4_state_bytes(p.numel(), double_quant) if id(p) in quantized else p.numel() * base_bytes
+        params += nf4_state_bytes(p.numel(), double_quant, cpu_repacked=cpu_repacked) if id(p) in quantized else p.numel() * base_bytes
     trainable: list = []
     if method == "full":
         trainable = [p for p in {id(p): p for p in model.parameters()}.values()]

@@ -84,3 +84,29 @@ def test_qlora_bitsandbytes(tmp_path, double_quant):
     measured = measure_state_bytes(pm, o)
     assert measured["quant_state_bytes"] > 0
     assert_same_bytes(measured, predict_state_bytes(CFG, method="qlora", dtype="bfloat16", lora_r=8, lora_alpha=16, double_quant=double_quant))
+
+
+@pytest.mark.parametrize("double_quant", [True, False])
+def test_qlora_after_an_eval_forward_on_cpu(tmp_path, double_quant):
+    """bitsandbytes repacks 4-bit weights for its CPU kernel at the first eval-mode forward (trainpipe's baseline
+    eval does one): the prediction with `cpu_repacked` matches that layout to the byte."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    from trainpipe.train.model import resolve_lora_targets
+
+    _model(torch.float32).save_pretrained(tmp_path)
+    warnings.filterwarnings("ignore")
+    q = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32, device_map="cpu", quantization_config=BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=double_quant, bnb_4bit_compute_dtype=torch.float32))
+    pm = get_peft_model(q, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=resolve_lora_targets(q, "attention"), task_type="CAUSAL_LM"))
+    before = measure_state_bytes(pm)["parameters_bytes"]
+    pm.eval()
+    with torch.no_grad():
+        pm(input_ids=torch.tensor([[1, 2, 3]]))
+    pm.train()
+    o = _step(pm)
+    measured = measure_state_bytes(pm, o)
+    assert measured["parameters_bytes"] < before  # the repack really happened
+    assert_same_bytes(measured, predict_state_bytes(CFG, method="qlora", dtype="float32", lora_r=8, lora_alpha=16, lora_dropout=0.0,
+                                                    double_quant=double_quant, cpu_repacked=True))
