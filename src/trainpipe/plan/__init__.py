@@ -101,7 +101,14 @@ def resolve(cfg: RunConfig, hw: Hardware) -> Resolved:
 
     if t.bf16 is None:
         t.bf16 = bool(hw.accelerator == "cuda" and hw.bf16_supported and not t.fp16)
-        why = "the GPU supports bfloat16" if t.bf16 else f"{hw.accelerator} without bfloat16 mixed precision: fp32"
+        if t.bf16:
+            why = "the GPU supports bfloat16 (Ampere or newer)"
+        elif hw.accelerator == "cuda" and not t.fp16:
+            t.fp16 = True  # before Ampere: float16 with dynamic loss scaling
+            why = "a GPU without bfloat16 (before Ampere): fp16 mixed precision with loss scaling instead"
+            out.decisions.append(Decision("training.fp16", True, why, "`gradient_overflow` events mean the loss scale keeps overflowing: lower the lr"))
+        else:
+            why = f"{hw.accelerator} without bfloat16 mixed precision: fp32" if not t.fp16 else "fp16 requested"
         out.decisions.append(Decision("training.bf16", t.bf16, why))
     precision_fallback(t, hw, out)
 

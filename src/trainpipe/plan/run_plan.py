@@ -109,7 +109,10 @@ def plan_run(cfg: RunConfig, hw: Hardware) -> RunPlan:
     on_gpu = gpu is not None
     precision = "fp32"
     if on_gpu:
-        precision = "bf16" if (t.bf16 or (t.bf16 is None and gpu.bf16 and not t.fp16)) else "fp16" if t.fp16 else "fp32"
+        if t.bf16 is None and not t.fp16:  # auto: bf16 on Ampere and newer, fp16 with loss scaling before (as plan.resolve)
+            precision = "bf16" if gpu.bf16 else "fp16"
+        else:
+            precision = "bf16" if t.bf16 else "fp16" if t.fp16 else "fp32"
     if hw.accelerator == "cuda" and gpu is None:
         notes.append(f"GPU `{hw.device_names[0] if hw.device_names else '?'}` is not in the GPU catalog: sized as a CPU run")
 

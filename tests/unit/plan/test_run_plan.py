@@ -39,7 +39,7 @@ def test_8b_on_an_a100_is_lora_with_a_micro_batch_that_fits():
 def test_8b_on_a_t4_is_qlora_in_fp16():
     p = plan_run(cfg(), FAKE_T4)
     assert p.config.method.peft == "qlora"
-    assert p.config.training.bf16 is False
+    assert p.config.training.bf16 is False and p.config.training.fp16 is True  # before Ampere: fp16 with loss scaling
 
 
 def test_a_smaller_micro_batch_or_checkpointing_when_memory_bound():
