@@ -52,7 +52,9 @@ from trainpipe.train import sft
 from trainpipe.train.context import RunContext
 from trainpipe.train.loop import Objective
 
-RewardFn = Callable[[list[str], list[str]], list[float]]
+RewardFn = Callable[[list[str], list[str]], list[float]]  # a user's reward function: (prompts, completions) -> rewards
+# what the objective calls: (prompts, completions, prompt token ids, completion token ids) -> rewards
+Reward = Callable[[list[str], list[str], list[list[int]], list[list[int]]], list[float]]
 
 
 def run(ctx: RunContext) -> dict:
@@ -77,7 +79,7 @@ def run(ctx: RunContext) -> dict:
     reward, reward_source = load_reward(rl)
     model = build_model(cfg.model, cfg.method, tokenizer=tok, seed=cfg.training.seed)
     reference = None if isinstance(model, PeftModel) else frozen_copy(model)  # PEFT: the base with the adapter off
-    reward = reward(next(model.parameters()).device)
+    reward = reward(next(model.parameters()).device, tok)
     params = parameter_counts(model)
     ui.console().print(f"  parameters: {params['trainable']:,} trainable of {params['total']:,} ({params['trainable_pct']:.2f} %)")
     objective = PolicyGradient(tok, reward, rl, stop_ids=ctx.stop_ids, reference=reference)
@@ -152,7 +154,7 @@ def left_pad(prompts: list[list[int]], pad_id: int):
 class PolicyGradient(Objective):
     """GRPO / RLOO as a loop objective: a unit is a prompt; `loss_sum` samples, scores and returns the summed per-prompt losses."""
 
-    def __init__(self, tokenizer, reward: RewardFn, rl: RLConfig, *, stop_ids: list[int], reference=None):
+    def __init__(self, tokenizer, reward: Reward, rl: RLConfig, *, stop_ids: list[int], reference=None):
         self.tok, self.reward, self.rl = tokenizer, reward, rl
         self.stop_ids = list(stop_ids) or [tokenizer.eos_token_id]
         self.reference = reference
@@ -217,9 +219,13 @@ class PolicyGradient(Objective):
         return out[:, p_ids.shape[1]:]
 
     def score(self, p_ids, p_mask, comp, c_mask) -> list[float]:
-        prompts = [self.tok.decode(ids[m.bool()].tolist(), skip_special_tokens=False) for ids, m in zip(p_ids, p_mask)]
-        completions = [self.tok.decode(ids[m.bool()].tolist(), skip_special_tokens=True) for ids, m in zip(comp, c_mask)]
-        return self.reward(prompts, completions)
+        """Rewards of the completions: the reward sees the prompt and completion as text and as the token ids the policy
+        read and wrote (prompt without padding + completion through its stop token)."""
+        prompt_tokens = [ids[m.bool()].tolist() for ids, m in zip(p_ids, p_mask)]
+        completion_tokens = [ids[m.bool()].tolist() for ids, m in zip(comp, c_mask)]
+        prompts = [self.tok.decode(t, skip_special_tokens=False) for t in prompt_tokens]
+        completions = [self.tok.decode(t, skip_special_tokens=True) for t in completion_tokens]
+        return self.reward(prompts, completions, prompt_tokens, completion_tokens)
 
     def logprobs(self, model, p_ids, p_mask, comp, c_mask):
         """log p(completion token | prefix) per completion position (temperature-scaled logits, as sampled)."""
@@ -316,11 +322,11 @@ def evaluate_policy(model, obj: PolicyGradient, prompts: list[list[int]], *, bat
 
 
 def load_reward(rl: RLConfig):
-    """(factory(device) -> reward function, description). The function import and the reward model folder are checked
-    here, before any weights load; the reward model itself loads when the factory is called with the policy's device."""
+    """(factory(device, policy tokenizer) -> Reward, description). The function import and the reward model folder are
+    checked here, before any weights load; the reward model loads when the factory is called."""
     if rl.reward_function:
-        fn = import_reward_function(rl.reward_function)
-        return (lambda device: checked(fn, rl.reward_function)), {"kind": "function", "source": rl.reward_function}
+        fn = checked(import_reward_function(rl.reward_function), rl.reward_function)
+        return (lambda device, tokenizer: lambda p, c, pt, ct: fn(p, c)), {"kind": "function", "source": rl.reward_function}
     if rl.reward_model:
         path = Path(rl.reward_model)
         if not (path / "config.json").is_file():
@@ -328,22 +334,61 @@ def load_reward(rl: RLConfig):
                 f"`method.rl.reward_model` is `{rl.reward_model}`, which is not a model folder (no config.json). Point it at the "
                 "`model/` folder of a run with `method.name: reward`, or use `method.rl.reward_function: package.module:function`."
             )
-
-        def factory(device):
-            from transformers import AutoTokenizer
-
-            from trainpipe.train.reward import load_reward_model, score
-
-            rm = load_reward_model(str(path)).to(device).eval()
-            rtok = AutoTokenizer.from_pretrained(str(path))
-            return checked(lambda prompts, completions: score(rm, rtok, prompts, completions), str(path))
-
-        return factory, {"kind": "model", "source": str(path)}
+        return (lambda device, tokenizer: reward_model_scorer(path, device, tokenizer)), {"kind": "model", "source": str(path)}
     raise ConfigError(
         "`method.name: rl` needs a reward: set `method.rl.reward_model` to the `model/` folder of a run with `method.name: reward`, "
         "or `method.rl.reward_function` to a Python function (`package.module:function` or `path/to/file.py:function`) "
         "called as f(prompts, completions) -> list of floats. In `stages: [sft, reward, rl]` the reward stage's model is used."
     )
+
+
+def reward_model_scorer(path: Path, device, tokenizer) -> Reward:
+    """A reward model (train/reward.py's export) scoring the exact tokens the policy read and wrote: prompt ids +
+    completion ids (+ what the chat template writes after an end-of-turn token, as in the reward model's training pairs),
+    the reward `logits[:, 0]` at the last non-pad token (train/reward.py's pooling). Needs the policy's vocabulary."""
+    import torch
+
+    from trainpipe.train.reward import load_reward_model
+
+    rm, rtok = load_reward_model(str(path))
+    if rtok.get_vocab() != tokenizer.get_vocab():
+        raise ConfigError(
+            f"The reward model `{path}` has another vocabulary than the policy ({len(rtok)} vs {len(tokenizer)} tokens), so it cannot "
+            "score the policy's tokens. Train the reward model from the policy's base (as `stages: [sft, reward, rl]` does)."
+        )
+    rm = rm.to(device).eval()
+    pad = rm.config.pad_token_id if rm.config.pad_token_id is not None else tokenizer.pad_token_id
+    suffix = turn_suffix_ids(tokenizer)
+
+    def score(prompts, completions, prompt_tokens, completion_tokens) -> list[float]:
+        seqs = [pt + ct + (suffix if ct and ct[-1] in stops else []) for pt, ct in zip(prompt_tokens, completion_tokens)]
+        n = max(len(x) for x in seqs)
+        ids = torch.full((len(seqs), n), pad, dtype=torch.long)
+        att = torch.zeros((len(seqs), n), dtype=torch.long)
+        for j, x in enumerate(seqs):
+            ids[j, : len(x)] = torch.tensor(x, dtype=torch.long)
+            att[j, : len(x)] = 1
+        with torch.no_grad():
+            return rm(input_ids=ids.to(device), attention_mask=att.to(device)).logits[:, 0].float().tolist()
+
+    from trainpipe.data.tokenize import end_of_turn_ids
+
+    stops = set(end_of_turn_ids(tokenizer)) | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
+    return checked(score, str(path))
+
+
+def turn_suffix_ids(tokenizer) -> list[int]:
+    """Token ids the chat template writes after an assistant turn's end-of-turn token (ChatML: a newline), which the
+    preference pairs the reward model learned from end with."""
+    from trainpipe.data.tokenize import Template, _encode
+
+    tpl = Template(tokenizer)
+    msgs = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+    text = tpl.render(msgs)
+    pos = text.rfind("b") + 1
+    m = tpl._special_re.search(text, pos) if tpl._special_re else None
+    rest = text[m.end():] if m else ""
+    return list(_encode(tokenizer, [rest])[0].ids) if rest else []
 
 
 def import_reward_function(spec: str) -> RewardFn:
@@ -375,11 +420,11 @@ def import_reward_function(spec: str) -> RewardFn:
     return fn
 
 
-def checked(fn: RewardFn, source: str) -> RewardFn:
-    """The reward function, with its answer checked: one finite number per completion."""
+def checked(fn, source: str):
+    """The reward, with its answer checked: one finite number per completion (the completions are the 2nd argument)."""
 
-    def call(prompts: list[str], completions: list[str]) -> list[float]:
-        out = fn(prompts, completions)
+    def call(prompts: list[str], completions: list[str], *more) -> list[float]:
+        out = fn(prompts, completions, *more)
         try:
             values = [float(x) for x in out]
         except (TypeError, ValueError):
