@@ -95,6 +95,17 @@ def test_resume_keeps_finished_stages(rlhf, capsys):
     assert before == {n: (root / n / "model" / "model.safetensors").stat().st_mtime_ns for n in ("sft", "reward", "rl")}
     assert "finished earlier, kept" in capsys.readouterr().out
     assert main(["run", str(cfg)]) == 2  # neither --resume nor --overwrite: the earlier run is not touched
+    # an unfinished last stage (no summary, no export) continues from its newest checkpoint; the others stay kept
+    import shutil
+
+    (root / "rl" / "summary.json").unlink()
+    shutil.rmtree(root / "rl" / "model")
+    assert main(["run", str(cfg), "--resume"]) == 0
+    s = json.loads((root / "summary.json").read_text())
+    assert [st["kept_from_earlier_run"] for st in s["stages"]] == [True, True, False]
+    events = [json.loads(x) for x in (root / "rl" / "events.jsonl").read_text().splitlines()]
+    assert any(e["event"] == "checkpoint_resumed" and e["step"] == 4 for e in events)
+    assert (root / "rl" / "model" / "model.safetensors").exists() and json.loads((root / "rl" / "manifest.json").read_text())["lineage"]["stage"] == "rl"
 
 
 def test_stage_plan_merges_and_chains(tmp_path):

@@ -20,11 +20,13 @@ to build on); GRPO and RLOO need no value model and are TRL's maintained online 
 
 - Reference: with PEFT the base with the adapter switched off (`model.disable_adapter()`, no
   second copy); under a full fine-tune a frozen copy of the starting model.
-- Reward: `method.rl.reward_model` (a folder written by `method.name: reward`, scored through
-  train/reward.py) or `method.rl.reward_function` (`package.module:function` or
-  `path/to/file.py:function`), called as f(prompts, completions) -> list of floats. Prompts are
-  the text the policy saw (chat template included); completions are plain text, cut at the first
-  end-of-turn/EOS token.
+- Reward: `method.rl.reward_function` (`package.module:function` or `path/to/file.py:function`),
+  called as f(prompts, completions) -> list of floats, prompts being the text the policy saw
+  (chat template included) and completions plain text cut at the first end-of-turn/EOS token;
+  or `method.rl.reward_model` (the `model/` folder of a `method.name: reward` run, loaded with
+  train/reward.py's `load_reward_model`), which scores the exact tokens the policy read and wrote
+  (prompt ids + completion ids through the stop token + the template's turn suffix), so it must
+  share the policy's vocabulary (it does when trained from the same base, as in stages).
 - Prompts: SFT rows give the tokens before the first labelled token (the conversation up to the
   first reply); preference and KTO rows their `prompt_input_ids`.
 - Sampling draws from the torch RNG, which the loop checkpoints: a resumed run samples exactly
