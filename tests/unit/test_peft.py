@@ -208,3 +208,9 @@ def test_generate_uses_the_virtual_tokens(peft, tiny_model_dir, tiny_tokenizer):
     assert [w[:2] for w in want] != [w[:2] for w in plain]  # the virtual tokens change these replies, so the check below can tell
     for g, w in zip(got, want):
         assert len(w) >= 2 and g.startswith(tok.decode(w, skip_special_tokens=True)), (g, tok.decode(w))
+
+
+@pytest.mark.parametrize("peft,dtype", [("none", "float32"), ("freeze", "float32"), ("lora", "bfloat16"), ("qlora", "bfloat16")])
+def test_base_dtype_keeps_fp32_master_weights_where_whole_blocks_train(peft, dtype):
+    cfg = RunConfig.model_validate({"model": {"name_or_path": "m"}, "data": {"sources": [{"path": "d.jsonl"}]}, "method": {"peft": peft}})
+    assert resolve(cfg, A100).config.model.dtype == dtype

@@ -113,9 +113,9 @@ def resolve(cfg: RunConfig, hw: Hardware) -> Resolved:
     precision_fallback(t, hw, out)
 
     if cfg.model.dtype == "auto":
-        cfg.model.dtype = "bfloat16" if (hw.accelerator == "cuda" and hw.bf16_supported and cfg.method.peft != "none") else "float32"
+        cfg.model.dtype = "bfloat16" if (hw.accelerator == "cuda" and hw.bf16_supported and cfg.method.peft not in ("none", "freeze")) else "float32"
         out.decisions.append(
-            Decision("model.dtype", cfg.model.dtype, "bf16 base weights under LoRA on bf16 GPUs; float32 otherwise (full fine-tune keeps fp32 master weights)")
+            Decision("model.dtype", cfg.model.dtype, "bf16 base weights under adapters on bf16 GPUs; float32 otherwise (full and freeze fine-tunes keep fp32 master weights)")
         )
 
     if t.save_steps is None:
