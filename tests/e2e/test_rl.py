@@ -118,3 +118,25 @@ def test_raw_text_has_no_prompts(tmp_path, base_dir, capsys):
     write_jsonl(tmp_path / "data" / "chat.jsonl", [{"text": f"plain text number {i} with some words"} for i in range(40)])
     assert main(["run", str(cfg)]) == 2
     assert "rl needs prompts to complete; this data is text" in capsys.readouterr().out.replace("\n", " ")
+
+
+def test_reward_model_raises_its_reward(tmp_path, base_dir):
+    """`method.rl.reward_model`: a sequence-classification model folder (as `method.name: reward` exports; here its score
+    head is random, built in code) scores the policy's tokens; GRPO raises that reward (measured greedy -0.06 -> 0.27)."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    rm_dir = tmp_path / "reward-model"
+    tok = AutoTokenizer.from_pretrained(base_dir)
+    torch.manual_seed(1)
+    rm = AutoModelForSequenceClassification.from_pretrained(base_dir, num_labels=1)
+    rm.config.pad_token_id = tok.pad_token_id
+    rm.save_pretrained(rm_dir)
+    tok.save_pretrained(rm_dir)
+    cfg = write_config(tmp_path, base_dir, peft="none", steps=20, lr=3e-3, rl={"reward_function": None, "reward_model": str(rm_dir)})
+    assert main(["run", str(cfg)]) == 0
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())
+    b, f = s["baseline"], s["final"]
+    assert s["reward"] == {"kind": "model", "source": str(rm_dir)}
+    assert f["reward_greedy"] > b["reward_greedy"] + 0.15 and f["reward"] > b["reward"], (b, f)
+    assert 0 < f["kl"] < 5.0
