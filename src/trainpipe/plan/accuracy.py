@@ -23,7 +23,8 @@ def predict_mib(m: dict) -> float:
                      grad_ckpt=m["grad_ckpt"], strategy=m.get("strategy", "single" if m["gpus"] == 1 else "ddp"), num_gpus=m["gpus"],
                      offload=m.get("offload", "none"), lora_r=m.get("lora_r", 16), lora_targets=m.get("lora_targets", "attention"),
                      lora_dropout=m.get("lora_dropout", 0.05), attention=m.get("attention", "sdpa"), lm_head=m.get("head", "lm") != "classification",
-                     fused_optimizer=m.get("fused_optimizer", True))
+                     fused_optimizer=m.get("fused_optimizer", True), double_quant=m.get("double_quant", True),
+                     framework=m.get("framework", "transformers"))
     b = memory.estimate(spec, s)
     if m["metric"] == "allocated":
         return b.allocated_bytes / MIB

@@ -43,6 +43,14 @@ OPTIMIZERS = ("adamw", "adamw_8bit", "paged_adamw_8bit", "adafactor", "sgd")
 STRATEGIES = ("single", "ddp", "fsdp", "zero1", "zero2", "zero3")
 OFFLOADS = ("none", "optimizer", "params")
 ATTENTION = ("sdpa", "flash", "eager")
+# The training code whose autograd graph is sized. The tensors saved for backward differ by
+# implementation, not only by architecture (see layer_activation_bytes and logits_bytes):
+# transformers  Hugging Face transformers + PEFT (trainpipe's own stack; the default)
+# litgpt        Lightning-AI/litgpt: adapters in the model dtype, fused qkv (one LoRA dropout for q/k/v),
+#               native tanh-GELU, bf16 logits and a bf16 cross-entropy
+# torchtune     pytorch/torchtune: adapters in the model dtype, chunked cross-entropy (8 fp32 chunks)
+# torchtitan    pytorch/torchtitan: full-vocabulary logits cast to fp32 for the loss, as transformers
+FRAMEWORKS = ("transformers", "litgpt", "torchtune", "torchtitan")
 
 CUDA_CONTEXT = int(0.5 * GIB)  # CUDA 12 context with lazy module loading, cuBLAS/cuDNN handles (measured 0.3-0.6 GiB on A100/H100)
 FRAGMENTATION = 0.05  # caching allocator: reserved is typically 2-10 % above allocated in steady training
@@ -70,6 +78,7 @@ class Setup:
     freeze_layers: int = 2
     fused_optimizer: bool = False
     lm_head: bool = True  # False: a classification head (no vocabulary logits)
+    framework: str = "transformers"  # whose training code saves the activations (FRAMEWORKS)
 
 
 @dataclass
@@ -198,8 +207,21 @@ def _linear_lookup(spec: ModelSpec, s: Setup) -> tuple[set[str], set[str]]:
     return set(), adapted
 
 
+def _python_tanh_gelu(spec: ModelSpec, s: Setup) -> bool:
+    """transformers' `gelu_new` is written in Python (0.5*x*(1+tanh(...))): autograd keeps four tensors of the
+    MLP width; litgpt/torchtune call the fused F.gelu(approximate="tanh"), which keeps only its input."""
+    act = spec.config.get("hidden_act") or spec.config.get("activation_function") or ""
+    return s.framework == "transformers" and act in ("gelu_new", "gelu_fast")
+
+
 def layer_activation_bytes(spec: ModelSpec, s: Setup, tokens: int, *, trained: bool | None = None) -> int:
-    """Bytes autograd saves in one decoder layer for `tokens` = micro_batch * seq_len tokens."""
+    """Bytes autograd saves in one decoder layer for `tokens` = micro_batch * seq_len tokens.
+
+    A Linear saves its input only when its weight trains (a frozen weight's backward needs the weight,
+    not the input), except bitsandbytes' 4-bit matmul (QLoRA), whose autograd function keeps the input
+    for every call (`MatMul4Bit.forward`: ctx.tensors = (A, B)). Modules reading the same tensor share
+    one saved copy (q/k/v read the norm output, gate/up read the second norm output).
+    """
     a = act_bytes(s.precision)
     A = spec.arch
     h, heads, kv, hd, i = A["hidden"], A["heads"], A["kv_heads"], A["head_dim"], A["intermediate"]
@@ -209,42 +231,54 @@ def layer_activation_bytes(spec: ModelSpec, s: Setup, tokens: int, *, trained: b
     full_layer = s.method == "full" or (s.method == "freeze" and trained)
     linears = [li for li in spec.linears if li.in_layers]
     per_layer = max(1, spec.layers)
-
-    def trains(li) -> bool:
-        return full_layer
+    autocast = s.precision in ("bf16", "fp16")
+    # PEFT upcasts adapters to fp32 and casts the adapter's input to fp32 before its dropout; litgpt and
+    # torchtune keep adapters in the model dtype. Under autocast the adapter input is the 16-bit cast.
+    fp32_adapters = s.framework == "transformers" and not autocast and a != 4
+    adapter_in = 4 if fp32_adapters else a
 
     saved = 0.0
     # two norms: the fp32 upcast of the input (HF RMSNorm/LayerNorm in 16-bit) + normalised output when the norm weight trains
     saved += 2 * tokens * h * (4 + (a if full_layer else 0))
-    # inputs of Linear modules whose weight trains (shared by modules reading the same tensor)
     inputs_seen: set[tuple] = set()
-    autocast = s.precision in ("bf16", "fp16")
+    dropout_seen: set[tuple] = set()
     for li in linears:
         path = li.path or li.name
         count = li.count / per_layer
-        group = (li.fan_in, path.split(".")[0], li.leaf in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "query", "key", "value", "q", "k", "v", "wi_0", "wi_1"))
+        shared = li.leaf in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "query", "key", "value", "q", "k", "v", "wi_0", "wi_1")
+        group = (li.fan_in, path.split(".")[0], shared)
         is_expert = ".experts." in path
         mult = k_act if is_expert else 1
-        if trains(li) and group not in inputs_seen:
+        keeps_input = full_layer or s.method == "qlora"  # trained weight, or bitsandbytes' 4-bit matmul
+        if keeps_input and group not in inputs_seen:
             saved += a * tokens * li.fan_in * mult * (1 if group[2] else count)
             inputs_seen.add(group)
         if path in adapted:
-            per = (4 if not autocast else a) + (1 if s.lora_dropout > 0 else 0)
-            if s.lora_dropout == 0 and autocast:
-                per = a if group not in inputs_seen else 0
-            saved += per * tokens * li.fan_in * count + 4 * tokens * s.lora_r * count
-    # attention kernel: q, k, v (repeated to all heads except flash), output, its contiguous copy for o_proj
+            if s.lora_dropout > 0:
+                # dropout keeps its bool mask and its output (lora_A's input); litgpt's fused qkv has one dropout for q/k/v
+                dgroup = group if (s.framework == "litgpt" and shared and path.split(".")[0] in ("self_attn", "attn", "attention")) else (path,)
+                if dgroup not in dropout_seen:
+                    saved += (1 + adapter_in) * tokens * li.fan_in * count
+                    dropout_seen.add(dgroup)
+            elif adapter_in != a:
+                saved += adapter_in * tokens * li.fan_in * count  # the fp32 cast lora_A saves
+            elif group not in inputs_seen:
+                saved += a * tokens * li.fan_in * count  # lora_A keeps the (shared) input itself
+                inputs_seen.add(group)
+            saved += (4 if fp32_adapters else a) * tokens * s.lora_r * count  # lora_A output, lora_B's input
+    # attention kernel: q, k, v (repeated to all heads except flash), output
     kv_saved = 2 * (kv_dim if s.attention == "flash" else q_dim)
     saved += a * tokens * (q_dim + kv_saved + q_dim)
     if s.attention == "eager":
         b = max(1, s.micro_batch)
         seq = tokens // b
         saved += (4 + (a if a != 4 else 0)) * b * heads * seq * seq  # fp32 softmax output (+ its 16-bit cast)
-    # MLP: gated (act(gate), gate, up saved; their product feeds down) or plain (act input, act output)
+    # MLP: gated: act(gate)'s input, its output and up (the product feeds down: saved above when down keeps its
+    # input); plain: the activation's input (four tensors for transformers' Python tanh-GELU)
     if A.get("gated_mlp"):
         saved += 3 * a * tokens * i * k_act
     else:
-        saved += 2 * a * tokens * i * k_act
+        saved += (4 if _python_tanh_gelu(spec, s) else 1) * a * tokens * i * k_act
     if A.get("experts"):
         saved += a * tokens * h * k_act + 4 * tokens * A["experts"]  # dispatched copies, router logits
     if A.get("dropout"):  # BERT/GPT-2/T5-style dropout: a bool mask and the output after attention and after the MLP
@@ -257,11 +291,18 @@ def layer_activation_bytes(spec: ModelSpec, s: Setup, tokens: int, *, trained: b
 
 
 def logits_bytes(spec: ModelSpec, s: Setup, tokens: int) -> int:
-    """lm_head output + fp32 upcast/log-softmax + their gradients at the start of backward."""
+    """Per token and vocabulary entry, what the loss keeps at the start of the backward pass.
+
+    transformers/torchtitan: the 16-bit lm_head output, its fp32 upcast, the fp32 log-softmax and its
+    gradient (a + 4 + 4 + 4). litgpt: a 16-bit cross-entropy on the 16-bit logits (output, log-softmax
+    and their gradients, 4 x a). torchtune: the 16-bit logits, their gradient and one of 8 chunks upcast
+    to fp32 at a time (2 a + 12 / 8).
+    """
     if not s.lm_head:
         return 0
     a = act_bytes(s.precision)
-    return int(tokens * spec.vocab * (a + 4 + 4 + 4))
+    per = {"litgpt": 4 * a, "torchtune": 2 * a + 12 / 8}.get(s.framework, a + 4 + 4 + 4)
+    return int(tokens * spec.vocab * per)
 
 
 def activation_bytes(spec: ModelSpec, s: Setup) -> tuple[int, dict]:
