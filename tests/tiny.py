@@ -85,3 +85,27 @@ def build_tiny_model(path: str | Path, *, pad: bool = True, seed: int = 0) -> Pa
     model.save_pretrained(path, safe_serialization=True)
     tok.save_pretrained(path)
     return path
+
+
+def preference_records(n: int, seed: int = 3) -> list[dict]:
+    """A learnable preference: the chosen reply reverses the words, the rejected one repeats them in the given order."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        words = rng.sample(WORDS, 3)
+        out.append({
+            "prompt": "Reverse the order of the words.\n\n" + " ".join(words),
+            "chosen": " ".join(reversed(words)),
+            "rejected": " ".join(words),
+        })
+    return out
+
+
+def kto_records(n: int, seed: int = 4) -> list[dict]:
+    """Unpaired KTO rows of the same task: each prompt once, with the reversal (label true) or the copy (label false)."""
+    rng = random.Random(seed)
+    out = []
+    for r in preference_records(n, seed):
+        good = rng.random() < 0.5
+        out.append({"prompt": r["prompt"], "completion": r["chosen"] if good else r["rejected"], "label": good})
+    return out

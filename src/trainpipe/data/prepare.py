@@ -148,9 +148,58 @@ def prepare(
             f"The data is {kind} (prompt/chosen/rejected or prompt/completion/label), which `method.name: sft` cannot train on. "
             "Give SFT data (alpaca, chat, ShareGPT or raw text), or prepare it with `trainpipe prepare` for a DPO/KTO-style trainer."
         )
+    if train is not None:
+        check_kind_for_method(for_method, train.column_names, report)
+        check_text_or_prompts(for_method, report)  # pretrain: raw text; rl: prompts to complete
     gens = json.loads((entry / "eval_generation.json").read_text(encoding="utf-8"))
     return PreparedData(train if train is not None else [], cache_mod.read_rows(entry, "eval.arrow"), gens, report,
                         cache_mod.read_rows(entry, "test.arrow"), entry)
+
+
+PAIR_METHODS = ("dpo", "orpo", "reward")
+
+
+def check_kind_for_method(method: str | None, columns: list[str], report: dict) -> None:
+    """dpo/orpo/reward train on preference pairs; kto on KTO rows (prompt/completion/label) or on pairs,
+    which it unpairs (chosen -> desirable, rejected -> undesirable, as TRL's `unpair_preference_dataset`)."""
+    if method not in PAIR_METHODS + ("kto",):
+        return
+    pairs, unpaired = "chosen_input_ids" in columns, "completion_input_ids" in columns
+    if (method == "kto" and (pairs or unpaired)) or (method in PAIR_METHODS and pairs):
+        return
+    found = ", ".join(sorted({str(s.get("format")) for s in report.get("sources", []) if s.get("format")})) or "not preference data"
+    if method == "kto":
+        raise DataError(
+            f"kto needs KTO rows (prompt/completion/label) or preference pairs (prompt/chosen/rejected); this data is {found}. "
+            "Map your fields with `data.sources[].columns` (e.g. `columns: {completion: answer, label: thumbs_up}`, or "
+            "`{chosen: good, rejected: bad}` for pairs)."
+        )
+    if unpaired:
+        raise DataError(
+            f"{method} needs preference pairs (prompt/chosen/rejected); this data is kto (unpaired prompt/completion/label). "
+            "Use `method.name: kto` for unpaired labels, or give pairs with `chosen` and `rejected` fields."
+        )
+    raise DataError(
+        f"{method} needs preference pairs (prompt/chosen/rejected); this data is {found}. Map `chosen`/`rejected` with "
+        "`data.sources[].columns` (e.g. `columns: {prompt: question, chosen: good_answer, rejected: bad_answer}`)."
+    )
+
+
+def check_text_or_prompts(method: str | None, report: dict) -> None:
+    """`pretrain` trains on raw text (`format: text`); `rl` needs prompts to complete (chat, alpaca, ShareGPT,
+    preference or KTO records), which raw text has not."""
+    found_formats = sorted({str(s.get("format")) for s in report.get("sources", []) if s.get("format")})
+    found = ", ".join(found_formats) or "of no known format"
+    if method == "pretrain" and any(f != "text" for f in found_formats):
+        raise DataError(
+            f"pretrain needs raw text; this data is {found}. Set `format: text` on sources whose records have a `text` field "
+            "(or map another field with `columns: {text: FIELD}`), or train on conversations with `method.name: sft`."
+        )
+    if method == "rl" and "text" in found_formats:
+        raise DataError(
+            f"rl needs prompts to complete; this data is {found}, and raw text has no prompt. Give chat, alpaca, ShareGPT, "
+            "preference or KTO records (map fields with `columns:`, e.g. `{instruction: question, output: answer}`)."
+        )
 
 
 # --------------------------------------------------------------------------- the build

@@ -1,0 +1,438 @@
+"""Preference optimisation, top to bottom: check the data kind -> model (+ PEFT) -> reference
+policy -> baseline eval -> train the objective in trainpipe's resilient loop -> final eval
+with the best checkpoint -> export.
+
+`method.name` picks the objective (each equal to TRL's maintained implementation on the
+same batch; tests/unit/test_preference_losses.py runs both):
+
+- ``dpo`` with `method.preference.loss_type`
+  (Δ = [log π(y_c|x) − log π_ref(y_c|x)] − [log π(y_r|x) − log π_ref(y_r|x)], log-probs summed
+  over the reply tokens):
+  ``sigmoid`` (DPO): −(1−ε)·log σ(βΔ) − ε·log σ(−βΔ), ε = `label_smoothing` (conservative
+  DPO; ε = 0 is TRL's ``sigmoid``); ``hinge`` (SLiC): max(0, 1 − βΔ); ``ipo``: (Δ̄ − 1/(2β))²
+  with Δ̄ the per-token (length-normalised) Δ, as TRL and the IPO authors use it; ``simpo``:
+  −log σ(β·(mean log π(y_c) − mean log π(y_r)) − γ), no reference model (TRL's CPOTrainer
+  with loss_type simpo). `sft_weight` > 0 adds that times the NLL of the chosen replies
+  (RPO; TRL's ``["sigmoid", "sft"]`` with `loss_weights`).
+- ``orpo``: NLL of the chosen replies − β·log σ(log odds(ȳ_c) − log odds(ȳ_r)), with ȳ the
+  per-token mean log-prob; no reference model. One deliberate difference from TRL's
+  experimental ORPOTrainer: its NLL also counts the *prompt* tokens (huggingface/trl#1676);
+  here it is the reply tokens only, as in the ORPO paper and trainpipe's SFT loss.
+- ``kto`` (unpaired labels): desirable w_d·(1 − σ(β(r − z))), undesirable w_u·(1 − σ(β(z − r))),
+  r = log π(y|x) − log π_ref(y|x); the reference point z = max(0, mean over the micro-batch
+  of the same ratio on mismatched pairs (x_i, y_{i−1})), detached -- as TRL does (it rotates
+  the completions within each device batch). Preference pairs are unpaired for it (chosen ->
+  desirable, rejected -> undesirable, as TRL's `unpair_preference_dataset`).
+
+The NLL terms (ORPO, `sft_weight`) are token means over the whole optimizer window, so any
+micro-batch x accumulation split gives the same step (the loop's contract). KTO's reference
+point z is estimated per micro-batch, like TRL's per device batch, so a KTO step depends on
+the micro-batch size (an OOM-halving changes it slightly); with a micro-batch of 1 the
+"mismatched" pair is the example itself, so keep `per_device_train_batch_size` >= 2.
+
+Reference model: with PEFT, the base itself with the adapter switched off (`disable_adapter`,
+as TRL does, no second copy); with a full fine-tune (`peft: none` or `freeze`), a frozen deep
+copy of the base made once before training (simple and exact; it costs one more copy of the
+weights in memory -- precomputed reference log-probs would save it for large models).
+
+Eval metrics (summary `baseline` and `final`, on the same held-out split):
+`loss` (the objective; it picks the best checkpoint), `accuracy` (share of pairs where the
+model itself gives the chosen reply the higher score: summed log-prob for dpo sigmoid/ipo/
+hinge, per-token mean for simpo/orpo), `margin` (mean score(chosen) − score(rejected)),
+`reward_accuracy` / `reward_margin` (TRL's rewards/accuracies and rewards/margins: the implicit
+reward β·log π/π_ref, for simpo/orpo β·mean log π; 0 for the base by construction).
+For kto: `accuracy` and `margin` compare the desirable and the undesirable completion of each
+eval prompt that has both (all desirable x undesirable combinations, per-token mean log-prob,
+when none has both), and `reward_accuracy` is the share of examples whose implicit reward has
+the sign of its label.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict
+
+from trainpipe import ui
+from trainpipe.errors import ConfigError
+from trainpipe.train.context import RunContext
+from trainpipe.train.loop import Objective
+from trainpipe.train.sft import artifacts, build_loop, train
+
+
+def run(ctx: RunContext) -> dict:
+    from trainpipe.export import export_model
+    from trainpipe.train.model import build_model, parameter_counts
+
+    cfg, data, tok = ctx.cfg, ctx.data, ctx.tokenizer
+    method, pref = cfg.method.name, cfg.method.preference
+    bs = cfg.training.per_device_eval_batch_size
+
+    # 1. settings and data kind (the data step already checked that the kind fits the method)
+    check_settings(method, pref, cfg.training.per_device_train_batch_size)
+    train_rows, eval_rows = data.train, data.eval
+    if method == "kto" and len(train_rows) and "chosen_input_ids" in train_rows[0]:  # pairs: unpair them, as TRL does
+        train_rows, eval_rows = Unpaired(train_rows), list(Unpaired(eval_rows))
+
+    # 2. model (+ PEFT)
+    model = build_model(cfg.model, cfg.method, tokenizer=tok)
+    params = parameter_counts(model)
+    ui.console().print(f"  parameters: {params['trainable']:,} trainable of {params['total']:,} ({params['trainable_pct']:.2f} %)")
+
+    # 3. reference policy: the base with the adapter off (PEFT) or a frozen copy (full fine-tune); none for simpo/orpo
+    reference = Reference(model) if needs_reference(method, pref) else None
+    objective = make_objective(method, pref, reference, tok.pad_token_id)
+
+    # 4. baseline on the eval split (measured once; a resumed run reads it back)
+    baseline, _ = ctx.baseline_once(lambda: (evaluate(model, objective, eval_rows, batch_size=bs), []))
+
+    # 5. train: the best checkpoint by the objective's eval loss
+    loop = build_loop(
+        model, tok, train_rows, cfg.training, run_dir=ctx.run_dir, events=ctx.events, config_yaml=ctx.config_yaml,
+        evaluate=lambda m: evaluate(m, objective, eval_rows, batch_size=bs)["loss"], objective=objective,
+    )
+    outcome = train(loop, ctx.resume_from)
+
+    # 6. final eval on the same split, with the best checkpoint loaded
+    final = evaluate(model, objective, eval_rows, batch_size=bs)
+    ctx.events.emit("eval_done", step=outcome.global_step, phase="final", **final)
+
+    # 7. export the best policy (LoRA merged into a float32 copy of the base)
+    model_dir = export_model(run_dir=ctx.run_dir, model=model, tokenizer=tok, base=cfg.model, peft=cfg.method.peft, stop_ids=ctx.stop_ids, card=ctx.card(baseline, final))
+    ctx.events.emit("model_exported", step=outcome.global_step, path=str(model_dir))
+    return {
+        "name": cfg.name, "method": method, "peft": cfg.method.peft, "loss_type": pref.loss_type if method == "dpo" else method,
+        "reference": None if reference is None else reference.kind,
+        "baseline": baseline, "final": final, "train": asdict(outcome), "parameters": params, "data": ctx.data_summary(),
+        "artifacts": artifacts(ctx.run_dir, model_dir, cfg.method.peft),
+    }
+
+
+def check_settings(method: str, pref, micro_batch: int) -> None:
+    if method != "dpo" and pref.loss_type != "sigmoid":
+        raise ConfigError(
+            f"`method.preference.loss_type: {pref.loss_type}` is a `dpo` loss, but `method.name` is `{method}`. "
+            f"Set `method.name: dpo` to train with {pref.loss_type}, or remove `loss_type` for {method}."
+        )
+    if method == "kto" and micro_batch < 2:
+        ui.console().print(
+            "[yellow]warning:[/] kto estimates its reference point from mismatched prompt/completion pairs within a "
+            "micro-batch; with `training.per_device_train_batch_size: 1` there are none. Use 2 or more.", markup=True, soft_wrap=True,
+        )
+
+
+def needs_reference(method: str, pref) -> bool:
+    return method == "kto" or (method == "dpo" and pref.loss_type != "simpo")
+
+
+def make_objective(method: str, pref, reference: "Reference | None", pad_id: int) -> Objective:
+    if method == "kto":
+        return KTOObjective(pref, reference, pad_id)
+    return PairObjective(method, pref, reference, pad_id)
+
+
+# ------------------------------------------------------------------------------ data
+
+
+class Unpaired:
+    """Preference pairs seen as KTO rows: row 2i is pair i's chosen reply (desirable), row 2i+1 its rejected one."""
+
+    def __init__(self, pairs):
+        self.pairs = pairs
+
+    def __len__(self) -> int:
+        return 2 * len(self.pairs)
+
+    def __getitem__(self, i: int) -> dict:
+        p = self.pairs[i // 2]
+        key = "chosen_input_ids" if i % 2 == 0 else "rejected_input_ids"
+        return {"prompt_input_ids": p["prompt_input_ids"], "completion_input_ids": p[key], "label": i % 2 == 0}
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+
+def _pad(seqs: list[list[int]], masks: list[list[int]], pad_id: int) -> dict:
+    import torch
+
+    n = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), n), pad_id, dtype=torch.long)
+    att = torch.zeros((len(seqs), n), dtype=torch.long)
+    loss = torch.zeros((len(seqs), n), dtype=torch.long)
+    for i, (s, m) in enumerate(zip(seqs, masks)):
+        ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+        att[i, : len(s)] = 1
+        loss[i, : len(s)] = torch.tensor(m, dtype=torch.long)
+    return {"input_ids": ids, "attention_mask": att, "loss_mask": loss}
+
+
+def collate_pairs(examples: list[dict], pad_id: int) -> dict:
+    """[prompt + chosen for each pair; prompt + rejected for each pair], right-padded, loss mask on the replies."""
+    seqs, masks = [], []
+    for key in ("chosen_input_ids", "rejected_input_ids"):
+        for ex in examples:
+            p, r = list(ex["prompt_input_ids"]), list(ex[key])
+            seqs.append(p + r)
+            masks.append([0] * len(p) + [1] * len(r))
+    return _pad(seqs, masks, pad_id)
+
+
+# ------------------------------------------------------------------------------ log-probs and the reference
+
+
+def sequence_logps(model, input_ids, attention_mask, loss_mask):
+    """(sum of the log-probs of the reply tokens, number of reply tokens) per row, in float32."""
+    import torch
+
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+    logits = logits[:, -input_ids.size(1):-1].float()  # prompt tuning prepends virtual tokens: keep the real positions
+    targets = input_ids[:, 1:]
+    mask = loss_mask[:, 1:].to(logits.dtype)
+    logp = torch.gather(logits.log_softmax(-1), 2, targets.unsqueeze(-1)).squeeze(-1)
+    return (logp * mask).sum(-1), mask.sum(-1)
+
+
+class Reference:
+    """The reference policy π_ref: the PEFT model with its adapter disabled, or a frozen copy of a fully trained model."""
+
+    def __init__(self, model):
+        from peft import PeftModel
+
+        if isinstance(model, PeftModel):
+            self.kind, self.frozen = "base model with the adapter disabled", None
+        else:
+            self.kind = "frozen copy of the base"
+            self.frozen = copy.deepcopy(model).eval()
+            for p in self.frozen.parameters():
+                p.requires_grad_(False)
+
+    def logps(self, model, input_ids, attention_mask, loss_mask):
+        import torch
+
+        with torch.no_grad():
+            if self.frozen is None:
+                with model.disable_adapter():
+                    return sequence_logps(model, input_ids, attention_mask, loss_mask)[0]
+            return sequence_logps(self.frozen, input_ids, attention_mask, loss_mask)[0]
+
+
+# ------------------------------------------------------------------------------ the losses (per unit, as in TRL)
+
+
+def dpo_losses(pc, pr, rc, rr, len_c, len_r, *, loss_type: str, beta: float, label_smoothing: float = 0.0, gamma: float = 0.0):
+    """Per-pair losses and implicit rewards of the DPO family from summed reply log-probs (policy pc/pr, reference rc/rr)."""
+    import torch.nn.functional as F
+
+    if loss_type == "simpo":
+        logits = beta * (pc / len_c.clamp(min=1) - pr / len_r.clamp(min=1)) - gamma
+        losses = -(1 - label_smoothing) * F.logsigmoid(logits) - label_smoothing * F.logsigmoid(-logits)
+        return losses, beta * (pc / len_c.clamp(min=1)).detach(), beta * (pr / len_r.clamp(min=1)).detach()
+    chosen_ratio, rejected_ratio = pc - rc, pr - rr
+    delta = chosen_ratio - rejected_ratio
+    if loss_type == "sigmoid":
+        losses = -(1 - label_smoothing) * F.logsigmoid(beta * delta) - label_smoothing * F.logsigmoid(-beta * delta)
+    elif loss_type == "hinge":
+        losses = (1 - beta * delta).clamp(min=0)
+    elif loss_type == "ipo":
+        avg = chosen_ratio / len_c.clamp(min=1) - rejected_ratio / len_r.clamp(min=1)
+        losses = (avg - 1 / (2 * beta)) ** 2
+    else:
+        raise ValueError(f"unknown dpo loss type {loss_type!r}")
+    return losses, beta * chosen_ratio.detach(), beta * rejected_ratio.detach()
+
+
+def log1mexp(x):
+    """log(1 − exp(x)) for x < 0, stable on both sides of −ln 2."""
+    import torch
+
+    return torch.where(x < -0.6931471805599453, torch.log1p(-torch.exp(x)), torch.log(-torch.expm1(x)))
+
+
+def orpo_losses(pc, pr, len_c, len_r, *, beta: float):
+    """Per-pair odds-ratio term −β·log σ(log odds ratio) of the per-token mean log-probs, and the rewards β·mean log π."""
+    import torch.nn.functional as F
+
+    mc, mr = pc / len_c.clamp(min=1), pr / len_r.clamp(min=1)
+    log_odds = (mc - mr) - (log1mexp(mc) - log1mexp(mr))
+    return -beta * F.logsigmoid(log_odds), beta * mc.detach(), beta * mr.detach()
+
+
+def kto_losses(logps, ref_logps, labels, kl, *, beta: float, desirable_weight: float, undesirable_weight: float):
+    """Per-example KTO losses (Eq. 7 of the paper, as TRL) and the implicit rewards β·(log π − log π_ref)."""
+    import torch
+
+    ratio = logps - ref_logps
+    desirable = desirable_weight * (1 - torch.sigmoid(beta * (ratio - kl)))
+    undesirable = undesirable_weight * (1 - torch.sigmoid(beta * (kl - ratio)))
+    return torch.where(labels, desirable, undesirable), beta * ratio.detach()
+
+
+# ------------------------------------------------------------------------------ objectives
+
+
+class PairObjective(Objective):
+    """dpo (sigmoid / ipo / hinge / simpo, + optional `sft_weight`) and orpo on preference pairs; weight = pairs."""
+
+    def __init__(self, method: str, pref, reference: Reference | None, pad_id: int):
+        self.method, self.pref, self.reference, self.pad_id = method, pref, reference, pad_id
+        self.nll_weight = 1.0 if method == "orpo" else pref.sft_weight
+        self.length_normalised = method == "orpo" or pref.loss_type == "simpo"
+        self._nll_scale: float | None = None
+
+    def weight(self, examples: list[dict]) -> int:
+        # the NLL term is a token mean over the whole window: each micro-batch's NLL sum is scaled by pairs / chosen tokens
+        self._nll_scale = len(examples) / max(sum(len(ex["chosen_input_ids"]) for ex in examples), 1)
+        return len(examples)
+
+    def collate(self, examples: list[dict]) -> dict:
+        import torch
+
+        batch = collate_pairs(examples, self.pad_id)
+        scale = self._nll_scale if self._nll_scale is not None else len(examples) / max(sum(len(ex["chosen_input_ids"]) for ex in examples), 1)
+        batch["nll_scale"] = torch.tensor(scale, dtype=torch.float32)
+        return batch
+
+    def terms(self, model, batch: dict) -> dict:
+        """Per-pair tensors: losses (incl. the NLL share), scores and implicit rewards of chosen and rejected."""
+        ids, att, lm = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
+        logps, lens = sequence_logps(model, ids, att, lm)
+        pc, pr = logps.chunk(2)
+        len_c, len_r = lens.chunk(2)
+        p = self.pref
+        if self.method == "orpo":
+            losses, rew_c, rew_r = orpo_losses(pc, pr, len_c, len_r, beta=p.beta)
+        else:
+            rc = rr = None
+            if self.reference is not None:
+                rc, rr = self.reference.logps(model, ids, att, lm).chunk(2)
+            losses, rew_c, rew_r = dpo_losses(pc, pr, rc, rr, len_c, len_r, loss_type=p.loss_type, beta=p.beta, label_smoothing=p.label_smoothing, gamma=p.simpo_gamma)
+        if self.nll_weight:
+            losses = losses - self.nll_weight * batch["nll_scale"] * pc  # sums to weight x token-mean NLL of the chosen replies
+        if self.length_normalised:
+            sc, sr = pc / len_c.clamp(min=1), pr / len_r.clamp(min=1)
+        else:
+            sc, sr = pc, pr
+        return {"losses": losses, "score_chosen": sc.detach(), "score_rejected": sr.detach(), "rewards_chosen": rew_c, "rewards_rejected": rew_r}
+
+    def loss_sum(self, model, batch: dict):
+        t = self.terms(model, batch)
+        margin = t["rewards_chosen"] - t["rewards_rejected"]
+        figures = {
+            "rewards/chosen": float(t["rewards_chosen"].sum()), "rewards/rejected": float(t["rewards_rejected"].sum()),
+            "rewards/margin": float(margin.sum()), "rewards/accuracy": float((margin > 0).float().sum()),
+        }
+        return t["losses"].sum(), figures
+
+
+class KTOObjective(Objective):
+    """kto on unpaired rows {prompt, completion, label}; weight = examples."""
+
+    def __init__(self, pref, reference: Reference, pad_id: int):
+        self.pref, self.reference, self.pad_id = pref, reference, pad_id
+
+    def weight(self, examples: list[dict]) -> int:
+        return len(examples)
+
+    def collate(self, examples: list[dict]) -> dict:
+        import torch
+
+        def build(completions):
+            seqs, masks = [], []
+            for ex, c in zip(examples, completions):
+                p, c = list(ex["prompt_input_ids"]), list(c)
+                seqs.append(p + c)
+                masks.append([0] * len(p) + [1] * len(c))
+            return _pad(seqs, masks, self.pad_id)
+
+        completions = [ex["completion_input_ids"] for ex in examples]
+        batch = build(completions)
+        kl = build(completions[-1:] + completions[:-1])  # mismatched pairs (x_i, y_{i-1}), as TRL rotates them
+        batch.update({f"kl_{k}": v for k, v in kl.items()})
+        batch["label"] = torch.tensor([bool(ex["label"]) for ex in examples])
+        return batch
+
+    def terms(self, model, batch: dict) -> dict:
+        import torch
+
+        ids, att, lm = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
+        logps, lens = sequence_logps(model, ids, att, lm)
+        ref = self.reference.logps(model, ids, att, lm)
+        with torch.no_grad():
+            kl_args = (batch["kl_input_ids"], batch["kl_attention_mask"], batch["kl_loss_mask"])
+            kl = (sequence_logps(model, *kl_args)[0] - self.reference.logps(model, *kl_args)).mean().clamp(min=0)
+        p = self.pref
+        losses, rewards = kto_losses(logps, ref, batch["label"], kl, beta=p.beta, desirable_weight=p.desirable_weight, undesirable_weight=p.undesirable_weight)
+        return {"losses": losses, "logps": logps.detach(), "lengths": lens, "rewards": rewards, "label": batch["label"], "kl": kl}
+
+    def loss_sum(self, model, batch: dict):
+        t = self.terms(model, batch)
+        right = torch_where_sign(t["rewards"], t["label"])
+        return t["losses"].sum(), {"kl": float(t["kl"]) * len(t["losses"]), "rewards/accuracy": float(right.sum())}
+
+
+def torch_where_sign(rewards, labels):
+    """1 where the implicit reward has the sign of the label (positive for desirable, negative for undesirable)."""
+    return ((rewards > 0) & labels) | ((rewards < 0) & ~labels)
+
+
+# ------------------------------------------------------------------------------ evaluation
+
+
+def evaluate(model, objective: Objective, rows, *, batch_size: int) -> dict:
+    """The objective's loss and the preference metrics (see the module docstring) on ``rows``."""
+    import torch
+
+    rows = list(rows)
+    if not rows:
+        return {}
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    total, weight = 0.0, objective.weight(rows)  # the whole eval set is one window: NLL token means over all of it
+    parts: dict[str, list] = {}
+    with torch.no_grad():
+        for i in range(0, len(rows), batch_size):
+            batch = {k: v.to(device) for k, v in objective.collate(rows[i : i + batch_size]).items()}
+            t = objective.terms(model, batch)
+            total += float(t["losses"].sum())
+            for k, v in t.items():
+                if k != "kl":
+                    parts.setdefault(k, []).append(v.float().cpu() if v.dtype != torch.bool else v.cpu())
+    model.train(was_training)
+    cat = {k: torch.cat(v) for k, v in parts.items()}
+    out = {"loss": total / max(weight, 1)}
+    if isinstance(objective, KTOObjective):
+        out.update(_kto_metrics(rows, cat))
+    else:
+        m = cat["score_chosen"] - cat["score_rejected"]
+        rm = cat["rewards_chosen"] - cat["rewards_rejected"]
+        out.update({
+            "accuracy": float((m > 0).float().mean()), "margin": float(m.mean()),
+            "reward_accuracy": float((rm > 0).float().mean()), "reward_margin": float(rm.mean()),
+            "rewards_chosen": float(cat["rewards_chosen"].mean()), "rewards_rejected": float(cat["rewards_rejected"].mean()),
+        })
+    return out
+
+
+def _kto_metrics(rows: list[dict], t: dict) -> dict:
+    import torch
+
+    labels = t["label"].bool()
+    by_prompt: dict[tuple, dict] = {}
+    for i, r in enumerate(rows):
+        by_prompt.setdefault(tuple(r["prompt_input_ids"]), {}).setdefault(bool(r["label"]), []).append(i)
+    matched = [(d[True][0], d[False][0]) for d in by_prompt.values() if True in d and False in d]
+    if matched:
+        diffs = torch.tensor([float(t["logps"][a] - t["logps"][b]) for a, b in matched])
+    else:  # no prompt with both kinds: every desirable x undesirable combination, per-token mean log-prob
+        mean = t["logps"] / t["lengths"].clamp(min=1)
+        diffs = (mean[labels][:, None] - mean[~labels][None, :]).flatten()
+    out = {
+        "accuracy": float((diffs > 0).float().mean()) if len(diffs) else float("nan"),
+        "margin": float(diffs.mean()) if len(diffs) else float("nan"),
+        "pairs_compared": len(diffs), "reward_accuracy": float(torch_where_sign(t["rewards"], labels).float().mean()),
+    }
+    if labels.any():
+        out["rewards_desirable"] = float(t["rewards"][labels].mean())
+    if (~labels).any():
+        out["rewards_undesirable"] = float(t["rewards"][~labels].mean())
+    return out

@@ -1,0 +1,256 @@
+"""Reward model from preference pairs, top to bottom: sequence-classification model (one
+output, a new `score` head on the causal LM base; LoRA with task type SEQ_CLS keeps the head
+trainable) -> baseline pairwise accuracy -> train the Bradley-Terry loss
+−log σ(r(x, y_c) − r(x, y_r)) (TRL RewardTrainer's loss) in trainpipe's resilient loop ->
+final accuracy with the best checkpoint -> export.
+
+The contract other recipes (rl) rely on -- :func:`load_reward_model` and :func:`score`:
+
+- `RUN_DIR/model/` loads with `AutoModelForSequenceClassification.from_pretrained(dir)`
+  (LoRA merged into a float32 copy of the base; `config.pad_token_id` set) and holds the
+  tokenizer with the chat template used in training;
+- the reward of (prompt, completion) is ``logits[:, 0]`` at the last non-pad token (HF's
+  pooling for *ForSequenceClassification with `pad_token_id` set) of the prompt as a user
+  turn plus the completion as the assistant reply, rendered by the chat template and
+  tokenized exactly as the data step does (prompt with the generation prompt, then the
+  reply's suffix, each tokenized on its own, no extra special tokens).
+"""
+
+from __future__ import annotations
+
+import shutil
+import warnings
+from dataclasses import asdict
+from pathlib import Path
+
+from trainpipe import ui
+from trainpipe.errors import ConfigError
+from trainpipe.train.context import RunContext
+from trainpipe.train.loop import Objective
+from trainpipe.train.sft import artifacts, build_loop, train
+
+PEFT_KINDS = ("none", "lora", "rslora", "dora")
+
+
+def run(ctx: RunContext) -> dict:
+    from trainpipe.train.model import parameter_counts
+
+    cfg, data, tok = ctx.cfg, ctx.data, ctx.tokenizer
+    bs = cfg.training.per_device_eval_batch_size
+
+    # 1. settings (the data step already checked the data are preference pairs)
+    if cfg.method.peft not in PEFT_KINDS:
+        raise ConfigError(f"`method.name: reward` trains with `method.peft` one of {', '.join(PEFT_KINDS)}, got `{cfg.method.peft}`. Use `lora` (the default) or `none`.")
+
+    # 2. model: the base with a new one-output score head (+ LoRA that keeps the head trainable)
+    model = build_reward_model(cfg.model, cfg.method, tok.pad_token_id)
+    params = parameter_counts(model)
+    ui.console().print(f"  parameters: {params['trainable']:,} trainable of {params['total']:,} ({params['trainable_pct']:.2f} %)")
+    objective = BradleyTerry(tok.pad_token_id)
+
+    # 3. baseline pairwise accuracy on the eval split (the untrained head: about chance)
+    baseline, _ = ctx.baseline_once(lambda: (evaluate(model, objective, data.eval, batch_size=bs), []))
+
+    # 4. train: the best checkpoint by the eval loss
+    loop = build_loop(
+        model, tok, data.train, cfg.training, run_dir=ctx.run_dir, events=ctx.events, config_yaml=ctx.config_yaml,
+        evaluate=lambda m: evaluate(m, objective, data.eval, batch_size=bs)["loss"], objective=objective,
+    )
+    outcome = train(loop, ctx.resume_from)
+
+    # 5. final accuracy on the same split, with the best checkpoint loaded
+    final = evaluate(model, objective, data.eval, batch_size=bs)
+    ctx.events.emit("eval_done", step=outcome.global_step, phase="final", **final)
+
+    # 6. export: a plain AutoModelForSequenceClassification folder
+    model_dir = export_reward_model(run_dir=ctx.run_dir, model=model, tokenizer=tok, base=cfg.model, peft=cfg.method.peft, card=ctx.card(baseline, final))
+    ctx.events.emit("model_exported", step=outcome.global_step, path=str(model_dir))
+    return {
+        "name": cfg.name, "method": "reward", "peft": cfg.method.peft,
+        "baseline": baseline, "final": final, "train": asdict(outcome), "parameters": params, "data": ctx.data_summary(),
+        "artifacts": artifacts(ctx.run_dir, model_dir, cfg.method.peft),
+    }
+
+
+# ------------------------------------------------------------------------------ model
+
+
+def load_sequence_classifier(model_cfg, dtype: str, pad_token_id: int):
+    import torch
+    from transformers import AutoModelForSequenceClassification
+    from transformers.utils import logging
+
+    from trainpipe.train.model import DTYPES, check_model_source
+
+    check_model_source(model_cfg)
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity_error()  # "score.weight newly initialized" is the point here, not a warning
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(
+            model_cfg.name_or_path, num_labels=1, dtype=getattr(torch, DTYPES[dtype]), trust_remote_code=model_cfg.trust_remote_code,
+            revision=model_cfg.revision, use_safetensors=True,
+        )
+    finally:
+        logging.set_verbosity(verbosity)
+    model.config.pad_token_id = pad_token_id
+    return model
+
+
+def build_reward_model(model_cfg, method, pad_token_id: int):
+    model = load_sequence_classifier(model_cfg, model_cfg.dtype, pad_token_id)
+    if method.peft == "none":
+        return model
+    from peft import LoraConfig, get_peft_model
+
+    from trainpipe.train.model import resolve_lora_targets
+
+    lora = method.lora
+    peft_cfg = LoraConfig(
+        r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=resolve_lora_targets(model, lora.target_modules),
+        bias="none", task_type="SEQ_CLS", modules_to_save=["score"], use_rslora=method.peft == "rslora", use_dora=method.peft == "dora",
+    )
+    return get_peft_model(model, peft_cfg)
+
+
+# ------------------------------------------------------------------------------ the objective
+
+
+def collate_pairs(examples: list[dict], pad_id: int) -> dict:
+    """[prompt + chosen for each pair; prompt + rejected for each pair], right-padded."""
+    import torch
+
+    seqs = [list(ex["prompt_input_ids"]) + list(ex[k]) for k in ("chosen_input_ids", "rejected_input_ids") for ex in examples]
+    n = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), n), pad_id, dtype=torch.long)
+    att = torch.zeros((len(seqs), n), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+        att[i, : len(s)] = 1
+    return {"input_ids": ids, "attention_mask": att}
+
+
+class BradleyTerry(Objective):
+    """−log σ(r_chosen − r_rejected) summed over the pairs; weight = pairs (TRL RewardTrainer's mean loss)."""
+
+    def __init__(self, pad_id: int):
+        self.pad_id = pad_id
+
+    def weight(self, examples: list[dict]) -> int:
+        return len(examples)
+
+    def collate(self, examples: list[dict]) -> dict:
+        return collate_pairs(examples, self.pad_id)
+
+    def rewards(self, model, batch: dict):
+        r = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits[:, 0].float()
+        return r.chunk(2)
+
+    def loss_sum(self, model, batch: dict):
+        import torch.nn.functional as F
+
+        rc, rr = self.rewards(model, batch)
+        m = (rc - rr).detach()
+        return -F.logsigmoid(rc - rr).sum(), {"margin": float(m.sum()), "accuracy": float((m > 0).float().sum())}
+
+
+def evaluate(model, objective: BradleyTerry, rows: list[dict], *, batch_size: int) -> dict:
+    """Pairwise accuracy (share of pairs with r_chosen > r_rejected), mean margin and the loss on ``rows``."""
+    import torch
+    import torch.nn.functional as F
+
+    if not rows:
+        return {}
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    cs, rs = [], []
+    with torch.no_grad():
+        for i in range(0, len(rows), batch_size):
+            batch = {k: v.to(device) for k, v in objective.collate(rows[i : i + batch_size]).items()}
+            rc, rr = objective.rewards(model, batch)
+            cs.append(rc.cpu())
+            rs.append(rr.cpu())
+    model.train(was_training)
+    rc, rr = torch.cat(cs), torch.cat(rs)
+    m = rc - rr
+    return {
+        "loss": float(-F.logsigmoid(m).mean()), "accuracy": float((m > 0).float().mean()), "margin": float(m.mean()),
+        "reward_chosen": float(rc.mean()), "reward_rejected": float(rr.mean()),
+    }
+
+
+# ------------------------------------------------------------------------------ export and the scoring contract
+
+
+def export_reward_model(*, run_dir: Path, model, tokenizer, base, peft: str, card: dict) -> Path:
+    """`RUN_DIR/model/`: the reward model as safetensors (LoRA and the trained head merged into a float32 base),
+    the tokenizer, a model card and `adapter/`; written to `model.tmp/` and renamed at the end."""
+    from trainpipe.export import model_card
+
+    tmp, final = run_dir / "model.tmp", run_dir / "model"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    if peft != "none":
+        from peft import PeftModel
+
+        model.save_pretrained(tmp / "adapter", safe_serialization=True)
+        fresh = load_sequence_classifier(base, "float32", tokenizer.pad_token_id)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            merged = PeftModel.from_pretrained(fresh, tmp / "adapter").merge_and_unload()
+    else:
+        merged = model
+    merged.config.pad_token_id = tokenizer.pad_token_id
+    merged.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "README.md").write_text(model_card(card), encoding="utf-8")
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+    return final
+
+
+def load_reward_model(path: str | Path):
+    """(model, tokenizer) of an exported reward model folder, the model in eval mode."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(path))
+    model = AutoModelForSequenceClassification.from_pretrained(str(path), use_safetensors=True).eval()
+    return model, tok
+
+
+def encode(tokenizer, prompt: str, completion: str) -> list[int]:
+    """Token ids of the user turn ``prompt`` + the assistant reply ``completion``, as the data step builds them."""
+    from trainpipe.data.tokenize import Template, _encode
+
+    tpl = Template(tokenizer)
+    user = [{"role": "user", "content": prompt}]
+    head = tpl.render(user, add_generation_prompt=True)
+    full = tpl.render(user + [{"role": "assistant", "content": completion}])
+    if not full.startswith(head):
+        raise ValueError("the chat template does not render the prompt as a prefix of the prompt with its reply")
+    a, b = _encode(tokenizer, [head, full[len(head):]])
+    return list(a.ids) + list(b.ids)
+
+
+def score(model, tokenizer, prompts: list[str], completions: list[str], batch_size: int = 16) -> list[float]:
+    """The reward of each (prompt, completion): logits[:, 0] at the last non-pad token of the rendered pair."""
+    import torch
+
+    if len(prompts) != len(completions):
+        raise ValueError(f"score() needs one completion per prompt, got {len(prompts)} prompts and {len(completions)} completions")
+    pad = model.config.pad_token_id if model.config.pad_token_id is not None else tokenizer.pad_token_id
+    device = next(model.parameters()).device
+    out: list[float] = []
+    with torch.no_grad():
+        for i in range(0, len(prompts), batch_size):
+            seqs = [encode(tokenizer, p, c) for p, c in zip(prompts[i : i + batch_size], completions[i : i + batch_size])]
+            n = max(len(s) for s in seqs)
+            ids = torch.full((len(seqs), n), pad, dtype=torch.long)
+            att = torch.zeros((len(seqs), n), dtype=torch.long)
+            for j, s in enumerate(seqs):
+                ids[j, : len(s)] = torch.tensor(s)
+                att[j, : len(s)] = 1
+            out += model(input_ids=ids.to(device), attention_mask=att.to(device)).logits[:, 0].float().tolist()
+    return out
