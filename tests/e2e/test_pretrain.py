@@ -136,3 +136,21 @@ def test_chat_data_is_not_raw_text(tmp_path, tiny_model_dir, capsys):
     cfg.write_text(yaml.safe_dump(data))
     assert main(["run", str(cfg)]) == 2
     assert "pretrain needs raw text; this data is chat" in capsys.readouterr().out.replace("\n", " ")
+
+
+def test_extend_embeddings_starts_new_rows_at_the_mean(tiny_model_dir):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trainpipe.train.pretrain import extend_embeddings
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    old = model.get_input_embeddings().weight.detach().clone()
+    n = old.shape[0]
+    tok.add_tokens(NEW)
+    info = extend_embeddings(model, tok, [n, n + 1])
+    w = model.get_input_embeddings().weight
+    assert info["size_before"] == n and info["size_after"] == n + 2 and info["new_tokens"] == NEW
+    assert torch.equal(w[:n], old) and torch.allclose(w[n], old.mean(0)) and torch.allclose(w[n + 1], old.mean(0))
+    assert model.get_output_embeddings().weight is w  # tied: the head has the same rows
