@@ -12,15 +12,21 @@ from __future__ import annotations
 import sys
 import time
 
-from trainpipe.plan.accuracy import evaluate
+from trainpipe.plan.accuracy import evaluate, share_within
 
 
 def main() -> int:
     rows, share, n = evaluate()
-    print(f"{'measurement':48s} {'metric':11s} {'measured':>10s} {'predicted':>10s} {'error':>8s}  counted")
+    print(f"{'measurement':44s} {'framework':12s} {'metric':11s} {'measured':>9s} {'predicted':>9s} {'error':>7s}  counted")
     for r in rows:
-        print(f"{r['id']:48s} {r['metric']:11s} {r['measured_mib']:10.0f} {r['predicted_mib']:10.0f} {100 * r['error']:+7.1f}%  {'yes' if r['well_specified'] else 'no'}")
+        part = ("held-out" if r["held_out"] else "yes") if r["well_specified"] else "no"
+        print(f"{r['id']:44s} {r.get('framework', 'transformers'):12s} {r['metric']:11s} {r['measured_mib']:9.0f} {r['predicted_mib']:9.0f} {100 * r['error']:+6.1f}%  {part}")
     print(f"\nwithin +/-15 %: {share * 100:.0f} % of {n} well-specified measurements (target >= 80 %)")
+    counted = [r for r in rows if r["well_specified"]]
+    for label, part in (("calibration part", [r for r in counted if not r["held_out"]]), ("held-out part (every third)", [r for r in counted if r["held_out"]]),
+                        ("LLM rows only (no BERT)", [r for r in counted if not r["id"].startswith("hf-")])):
+        sh, k = share_within(part)
+        print(f"  {label}: {sh * 100:.0f} % of {k}")
     from trainpipe.plan.command import PlanRequest, make_plan
 
     t = time.perf_counter()

@@ -79,6 +79,7 @@ class Setup:
     fused_optimizer: bool = False
     lm_head: bool = True  # False: a classification head (no vocabulary logits)
     framework: str = "transformers"  # whose training code saves the activations (FRAMEWORKS)
+    base_dtype: str = "auto"  # LoRA/DoRA frozen base: auto = 16-bit under bf16/fp16/bf16-true (loaded with torch_dtype), fp32 = loaded in fp32 and run under autocast
 
 
 @dataclass
@@ -137,6 +138,12 @@ def nf4_bytes(n: int, double_quant: bool) -> float:
     return math.ceil(n / 2) + 4 * blocks + 16 * 4
 
 
+def _fp32_base_under_autocast(s: Setup) -> bool:
+    """A LoRA/DoRA base loaded in fp32 and run under bf16/fp16 autocast on a single device or DDP."""
+    return (s.method in ("lora", "dora") and s.base_dtype == "fp32" and s.precision in ("bf16", "fp16")
+            and not _is_zero(s.strategy) and s.strategy != "fsdp")
+
+
 def weights_bytes(spec: ModelSpec, s: Setup, trainable: int) -> tuple[int, dict]:
     """Stored parameters (+ the 16-bit working copies of fp32 trainable weights under autocast)."""
     N = spec.total_params
@@ -158,15 +165,20 @@ def weights_bytes(spec: ModelSpec, s: Setup, trainable: int) -> tuple[int, dict]
         copy = 2 * trainable if (mixed and not _is_zero(s.strategy)) else 0
         d.update(frozen=half * frozen, trainable=tw, autocast_copies=copy)
         return half * frozen + tw + copy, d
-    adapters = 4 * trainable  # PEFT upcasts adapter weights to fp32 (autocast_adapter_dtype=True)
+    # PEFT upcasts adapter weights to fp32 (autocast_adapter_dtype=True); litgpt/torchtune keep them in the model dtype
+    adapters = (4 if (s.framework == "transformers" or s.precision != "bf16-true") else half) * trainable
     if s.method == "qlora":
         q = spec.linear_params
         rest = N - q  # embeddings, lm_head, norms, biases stay in the 16-bit compute dtype
         quant = int(sum(nf4_bytes(li.fan_in * li.fan_out, s.double_quant) * li.count for li in spec.linears))
         d.update(nf4=quant, unquantized=2 * rest, adapters=adapters)
         return quant + 2 * rest + adapters, d
-    d.update(base=half * N, adapters=adapters)
-    return half * N + adapters, d
+    # the frozen base is 16-bit unless it was loaded in fp32 and runs under autocast (from_pretrained
+    # without torch_dtype; FSDP then shards it in fp32); DeepSpeed's bf16/fp16 mode casts the whole module
+    # to 16-bit regardless. The 16-bit casts autocast makes of fp32 weights are in the activations.
+    base = 4 if _fp32_base_under_autocast(s) or (s.base_dtype == "fp32" and s.strategy == "fsdp" and s.precision in ("bf16", "fp16")) else half
+    d.update(base=base * N, adapters=adapters)
+    return base * N + adapters, d
 
 
 def gradient_bytes(spec: ModelSpec, s: Setup, trainable: int) -> int:
@@ -323,12 +335,22 @@ def activation_bytes(spec: ModelSpec, s: Setup) -> tuple[int, dict]:
     if spec.task == "masked-lm" or spec.task == "seq2seq-lm":
         logits = int(logits * (1.0 if spec.task == "seq2seq-lm" else 1.0))
     d = {"per_layer": per_layer, "logits": logits, "tokens_per_micro_batch": tokens}
+    # the backward of one layer holds the gradients of its widest tensors next to what it saved: the
+    # MLP's (gate, up and their product for a gated MLP; the activation's input and output for a plain one)
+    i_w = spec.arch["intermediate"] * (spec.arch.get("experts_per_token") or 1)
+    layer_bwd = (3 if spec.arch.get("gated_mlp") else 2) * a * tokens * i_w
+    # autocast's 16-bit cast of a frozen fp32 weight is saved by the matmul for the input gradient: every
+    # layer's casts are alive at the start of backward (one layer's with checkpointing)
+    frozen_casts = 0
+    if _fp32_base_under_autocast(s):
+        frozen_casts = 2 * sum(li.fan_in * li.fan_out * li.count for li in spec.linears if li.in_layers) // max(1, L)
+        d["autocast_weight_casts_per_layer"] = frozen_casts
     if s.grad_ckpt:
         kept = n_layers_saving * a * tokens * spec.hidden
-        total = kept + max(logits, per_layer + 2 * a * tokens * spec.hidden)
+        total = kept + max(logits, per_layer + frozen_casts + layer_bwd + 2 * a * tokens * spec.hidden)
         d["checkpointed_inputs"] = kept
     else:
-        total = layers_total + logits + a * tokens * spec.hidden * 2
+        total = layers_total + L * frozen_casts + max(logits, layer_bwd) + a * tokens * spec.hidden * 2
     if s.method == "qlora":  # one dequantized weight in flight
         biggest = max((li.fan_in * li.fan_out for li in spec.linears), default=0)
         total += 2 * biggest
