@@ -31,7 +31,9 @@ def predict_mib(m: dict) -> float:
     if m["metric"] == "reserved":
         return b.reserved_bytes / MIB
     ctx = m.get("context_mib")
-    return (b.reserved_bytes / MIB) + (ctx if ctx is not None else memory.CUDA_CONTEXT / MIB)
+    # nvidia-smi sees the allocator's reserve plus the CUDA context and, with more than one GPU, NCCL's buffers
+    nccl = memory.NCCL_BUFFERS / MIB if m["gpus"] > 1 else 0
+    return (b.reserved_bytes / MIB) + (ctx if ctx is not None else memory.CUDA_CONTEXT / MIB) + nccl
 
 
 def held_out(rows: list[dict]) -> list[bool]:

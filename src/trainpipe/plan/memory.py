@@ -27,6 +27,25 @@ sharding    ZeRO-1 divides optimizer states by the data-parallel size N, ZeRO-2 
 
 The constants that are not from first principles (context size, fragmentation) are calibrated
 against published measurements: see plan/data/measurements.json and benchmarks/plan_accuracy.py.
+
+Mechanisms added while calibrating on published LLM measurements (each is how the code runs, not a fit):
+- a frozen Linear saves no input (autograd keeps the input only for the weight's gradient), but
+  bitsandbytes' 4-bit matmul keeps its input for every call (MatMul4Bit: ctx.tensors = (A, B)), so QLoRA
+  saves the inputs of all quantized linears that LoRA on a 16-bit base does not;
+- PEFT's adapters are fp32 (autocast_adapter_dtype) and the adapter input is cast to fp32 before the
+  LoRA dropout (5 B per element with the mask); litgpt and torchtune keep adapters in the model dtype
+  (3 B), litgpt with one dropout for its fused qkv;
+- transformers' `gelu_new` (phi-1.5/phi-2, GPT-2) is Python code and keeps four tensors of the MLP width;
+  fused GELU keeps one; a plain MLP no longer counts the activation output unless fc2 trains;
+- the loss: transformers and torchtitan upcast the whole logits to fp32; litgpt takes a bf16
+  cross-entropy; torchtune upcasts one of 8 chunks at a time (see logits_bytes);
+- the backward of one layer holds the gradients of its MLP-width tensors on top of what it saved;
+- a LoRA base loaded in fp32 under autocast (base_dtype="fp32") keeps each frozen weight's 16-bit cast
+  until its backward; FSDP shards that fp32 base.
+Sources: Lightning-AI/litgpt tutorials/resource-tables.md and config_hub/finetune/README.md; huggingface/peft
+docs/source/accelerate/deepspeed.md and fsdp.md; pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md;
+pytorch/torchtune README.md and docs/source/tutorials/qlora_finetune.rst; Hugging Face transformers
+perf_train_gpu_one (BERT-large). Each row in measurements.json names the exact table and setup.
 """
 
 from __future__ import annotations
