@@ -241,7 +241,8 @@ def _linear_lookup(spec: ModelSpec, s: Setup) -> tuple[set[str], set[str]]:
 def _python_tanh_gelu(spec: ModelSpec, s: Setup) -> bool:
     """transformers' `gelu_new` is written in Python (0.5*x*(1+tanh(...))): autograd keeps four tensors of the
     MLP width; litgpt/torchtune call the fused F.gelu(approximate="tanh"), which keeps only its input."""
-    act = spec.config.get("hidden_act") or spec.config.get("activation_function") or ""
+    # the catalog keeps no activation name; phi (1.5/2) and gpt2 configs ship `gelu_new`
+    act = spec.config.get("hidden_act") or spec.config.get("activation_function") or {"phi": "gelu_new", "gpt2": "gelu_new"}.get(spec.model_type, "")
     return s.framework == "transformers" and act in ("gelu_new", "gelu_fast")
 
 
