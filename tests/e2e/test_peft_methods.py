@@ -167,8 +167,9 @@ def test_method_learns_changes_only_its_parameters_and_exports(peft, tiny_model_
     else:
         model = plain
     reloaded = eval_loss(model, examples, batch_size=8, pad_id=tok.pad_token_id)["loss"]
-    # qlora: the adapter was trained on a quantized base and merged into the unquantized one
-    tol = 0.15 if peft in ("qlora", "qlora8") else 1e-4
+    # qlora: the adapter was trained on a quantized base and merged into the unquantized one (measured: 1.3e-4 for
+    # 4-bit, 3e-5 for 8-bit; the others agree to float32 rounding)
+    tol = 2e-3 if peft in ("qlora", "qlora8") else 1e-5
     assert abs(reloaded - summary["final"]["loss"]) < tol, (reloaded, summary["final"]["loss"])
 
 
@@ -304,3 +305,33 @@ def test_optimizer_learns(optim, tiny_model_dir, tmp_path, capsys):
         # the moments of the big matrices really are 8-bit (bitsandbytes keeps tensors under 4096 elements in fp32)
         moments = [s["__bnb_optimizer_quant_state__"]["state1"] for s in state.values()]
         assert any(m.dtype == torch.uint8 for m in moments) and any(m.dtype == torch.float32 for m in moments)
+
+
+# ------------------------------------------------------------------------------ resume
+
+
+@pytest.mark.parametrize("peft,optim", [("none", "adamw_8bit"), ("qlora", "adamw_torch"), ("prompt_tuning", "adamw_torch")])
+def test_resume_is_bit_identical(peft, optim, tiny_model_dir, tmp_path):
+    """Quantized optimizer state, a 4-bit base, a soft prompt: all resume to the bit. The run is cut back to its
+    step-4 checkpoint (as a kill after that save leaves it) and resumed; step 8 must equal the uninterrupted step 8."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+
+    def step8(tmp: Path, cut: bool) -> dict:
+        cfg = write_config(tmp, tiny_model_dir, peft, steps=8, training={"eval_steps": 4, "optim": optim})
+        assert main(["run", str(cfg)]) == 0
+        run = tmp / "run"
+        if cut:
+            for p in (run / "summary.json", run / "model", run / "checkpoints" / "step-8"):
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
+            assert main(["run", str(cfg), "--resume"]) == 0
+            resumed = [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines() if '"checkpoint_resumed"' in x]
+            assert [e["step"] for e in resumed] == [4]
+        return load_file(str(run / "checkpoints" / "step-8" / "weights.safetensors"))
+
+    a, b = step8(tmp_path / "straight", cut=False), step8(tmp_path / "resumed", cut=True)
+    assert set(a) == set(b) and a
+    for k in a:
+        assert torch.equal(a[k], b[k]), k

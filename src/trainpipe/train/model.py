@@ -384,6 +384,7 @@ def apply_peft(model, method, *, tokenizer=None):
     if peft in QUANTIZED:
         from peft import prepare_model_for_kbit_training
 
+        one_4bit_kernel(model)
         # norms and embeddings to fp32, base frozen; checkpointing is the loop's (non-reentrant), so not here
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     if peft in LORA_FAMILY:
@@ -393,6 +394,17 @@ def apply_peft(model, method, *, tokenizer=None):
     if peft in PROMPT_LEARNING:
         return apply_prompt_learning(model, peft, method.prompt_tuning, tokenizer=tokenizer)
     raise ModelLoadError(f"`method.peft: {peft}` must be resolved before the model is built (e.g. `auto` by the plan).")
+
+
+def one_4bit_kernel(model) -> None:
+    """On CPUs with AVX512-BF16, bitsandbytes repacks a 4-bit weight in place at its first eval-mode forward and
+    computes differently from then on; whether an evaluation ran first would change training (and break resume to
+    the bit). Keep every Linear4bit on the one kernel training uses."""
+    import bitsandbytes as bnb
+
+    for module in model.modules():
+        if isinstance(module, bnb.nn.Linear4bit):
+            module.support_avx512bf16_for_cpu = False
 
 
 def apply_lora(model, lora: LoraConfig, *, rslora: bool = False, dora: bool = False):
