@@ -21,7 +21,7 @@ RUNS = {
     "ipo_full": ({"name": "dpo", "peft": "none", "preference": {"loss_type": "ipo", "beta": 0.5}}, {"learning_rate": 1e-3}),
     "simpo": ({"name": "dpo", "preference": {"loss_type": "simpo", "beta": 2.0}}, {}),
     "orpo": ({"name": "orpo", "preference": {"beta": 10.0}}, {}),
-    "kto": ({"name": "kto", "preference": {"beta": 2.0}}, {}),
+    "kto": ({"name": "kto", "preference": {"beta": 0.5}}, {"learning_rate": 1e-2}),
 }
 
 

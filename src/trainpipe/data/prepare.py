@@ -180,7 +180,7 @@ def check_kind_for_method(method: str | None, columns: list[str], report: dict) 
             "Use `method.name: kto` for unpaired labels, or give pairs with `chosen` and `rejected` fields."
         )
     raise DataError(
-        f"{method} needs preference pairs (prompt/chosen/rejected); this data is {found}. Map `chosen`/`rejected` with "
+        f"{method} needs preference pairs (prompt/chosen/rejected); this data is {found}; map `chosen`/`rejected` with "
         "`data.sources[].columns` (e.g. `columns: {prompt: question, chosen: good_answer, rejected: bad_answer}`)."
     )
 
