@@ -232,7 +232,7 @@ class PreferenceConfig(_Section):
     loss_type: Literal["sigmoid", "ipo", "hinge", "simpo"] = "sigmoid"
     """`method.name: dpo` loss: `sigmoid` (DPO), `ipo` (IPO), `hinge` (SLiC), `simpo` (SimPO: length-normalised, no reference model)."""
     simpo_gamma: float = Field(default=0.5, ge=0)
-    """SimPO target reward margin gamma (in units of beta)."""
+    """SimPO target reward margin γ: loss −log σ(β·(mean log-prob chosen − mean log-prob rejected) − γ), as in the paper and TRL's CPOTrainer."""
     label_smoothing: float = Field(default=0.0, ge=0, lt=0.5)
     """Conservative DPO: assumed share of flipped preference labels."""
     sft_weight: float = Field(default=0.0, ge=0)
