@@ -335,3 +335,10 @@ def test_resume_is_bit_identical(peft, optim, tiny_model_dir, tmp_path):
     assert set(a) == set(b) and a
     for k in a:
         assert torch.equal(a[k], b[k]), k
+
+
+def test_prefix_tuning_with_gradient_checkpointing_is_a_clear_error(tiny_model_dir, tmp_path, capsys):
+    cfg = write_config(tmp_path, tiny_model_dir, "prefix_tuning", steps=2, training={"gradient_checkpointing": True})
+    assert main(["run", str(cfg)]) == 2
+    out = " ".join(capsys.readouterr().out.split())
+    assert "cannot train with gradient checkpointing" in out and "`training.gradient_checkpointing: false`" in out

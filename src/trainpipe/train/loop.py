@@ -197,6 +197,12 @@ class TokenCrossEntropy(Objective):
         return ce, {}
 
 
+def _prefix_tuned(model) -> bool:
+    from peft import PeftModel, PeftType
+
+    return isinstance(model, PeftModel) and model.active_peft_config.peft_type == PeftType.PREFIX_TUNING
+
+
 # ------------------------------------------------------------------------------ the loop
 
 
@@ -318,6 +324,13 @@ class TrainLoop:
             g["lr"] = self.scheduler.base_lrs[i] * self.scheduler.lr_lambdas[i](self.scheduler.last_epoch)
 
     def _set_gradient_checkpointing(self, on: bool) -> None:
+        if on and _prefix_tuned(self.model):
+            raise TrainpipeError(
+                "`method.peft: prefix_tuning` cannot train with gradient checkpointing: the learned prefix reaches every layer "
+                "as its key/value cache, and checkpointed layers run without a cache (the attention shapes then disagree). "
+                "Set `training.gradient_checkpointing: false` (and, if memory is short, a smaller "
+                "`training.per_device_train_batch_size`), or use `method.peft: prompt_tuning`."
+            )
         if on:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             if hasattr(self.model, "config"):
