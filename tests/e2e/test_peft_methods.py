@@ -342,3 +342,13 @@ def test_prefix_tuning_with_gradient_checkpointing_is_a_clear_error(tiny_model_d
     assert main(["run", str(cfg)]) == 2
     out = " ".join(capsys.readouterr().out.split())
     assert "cannot train with gradient checkpointing" in out and "`training.gradient_checkpointing: false`" in out
+
+
+def test_prompt_tuning_on_packed_rows_is_a_clear_error(tiny_model_dir, tmp_path, capsys):
+    cfg = write_config(tmp_path, tiny_model_dir, "prompt_tuning", steps=2)
+    raw = yaml.safe_load(cfg.read_text())
+    raw["data"]["packing"] = "pack"
+    cfg.write_text(yaml.safe_dump(raw))
+    assert main(["run", str(cfg)]) == 2
+    out = " ".join(capsys.readouterr().out.split())
+    assert "cannot train on packed rows" in out and "`data.packing: none`" in out

@@ -248,6 +248,7 @@ class TrainLoop:
         self.total_windows = t.max_steps if t.max_steps > 0 else max(1, math.ceil(t.num_train_epochs * self.steps_per_epoch))
         self.state = LoopState(micro_batch=t.per_device_train_batch_size, gradient_checkpointing=t.gradient_checkpointing)
         self._set_precision()
+        self._check_packing()
         self.optimizer = self._optimizer()
         self.base_lrs = [g["lr"] for g in self.optimizer.param_groups]
         self.scheduler = self._scheduler()
@@ -300,6 +301,20 @@ class TrainLoop:
             paged = False
         cls = bnb.optim.PagedAdamW8bit if paged else bnb.optim.AdamW8bit
         return cls(groups, lr=lr, betas=(0.9, 0.999), eps=1e-8)
+
+    def _check_packing(self) -> None:
+        """Packed and padding-free rows separate their examples by position ids; prompt and prefix tuning put virtual
+        tokens before the row and PEFT drops the position ids, so examples would attend to each other."""
+        from peft import PeftModel
+
+        first = self.data[0] if len(self.data) else {}
+        packed = first.get("position_ids") is not None or first.get("padding_free")
+        if packed and isinstance(self.model, PeftModel) and self.model.active_peft_config.is_prompt_learning:
+            raise TrainpipeError(
+                f"`method.peft: {self.model.active_peft_config.peft_type.value.lower()}` cannot train on packed rows (`data.packing: pack` "
+                "or `padding_free`): its virtual tokens come before the whole row and PEFT drops the position ids that keep packed "
+                "examples apart, so they would attend to each other. Set `data.packing: none`."
+            )
 
     def _set_precision(self) -> None:
         """TF32 matmuls on CUDA (`training.tf32`; unset: on) and `torch.compile` of the model (`training.torch_compile`,
