@@ -190,11 +190,11 @@ def predict(cfg: RunConfig, spec, gpu, world: int, precision: str) -> dict:
             comp = C.compute(spec, method, tokens_per_step, cfg.first_data().max_length, bool(cfg.training.gradient_checkpointing), gpu, world, precision, None, b.trainable_params)
             pred["tokens_per_second"] = round(tokens_per_step / max(comp.hours * 3600, 1e-12), 1)
             pred["mfu_assumed"] = comp.mfu_assumed
-    pred["state_bytes"] = _predict_state(cfg, spec, cpu=gpu is None)
+    pred["state_bytes"] = _predict_state(cfg, spec)
     return pred
 
 
-def _predict_state(cfg: RunConfig, spec, cpu: bool = False) -> dict | None:
+def _predict_state(cfg: RunConfig, spec) -> dict | None:
     from trainpipe.plan.measure import predict_state_bytes
 
     m, o = EXACT_METHODS.get(cfg.method.peft), EXACT_OPTIMS.get(cfg.training.optim)
@@ -208,8 +208,8 @@ def _predict_state(cfg: RunConfig, spec, cpu: bool = False) -> dict | None:
     targets = lora.target_modules if isinstance(lora.target_modules, str) else list(lora.target_modules)
     dtype = cfg.model.dtype if cfg.model.dtype != "auto" else "float32"
     return predict_state_bytes(json.loads(path.read_text()), method=m, dtype=dtype, optimizer=o, lora_r=lora.r, lora_alpha=lora.alpha,
-                               lora_dropout=lora.dropout, lora_targets=targets, double_quant=cfg.method.quantization.double_quant,
-                               cpu_repacked=cpu and cfg.method.peft == "qlora")  # the baseline eval repacks 4-bit weights on the CPU
+                               lora_dropout=lora.dropout, lora_targets=targets, double_quant=cfg.method.quantization.double_quant)
+    # (train/model.py keeps bitsandbytes off its CPU repack, so the baseline eval leaves the 4-bit layout as loaded)
 
 
 def compare(plan: RunPlan, run_dir: Path) -> dict:
