@@ -21,6 +21,7 @@ import os
 import shutil
 import uuid
 from pathlib import Path
+from trainpipe.hashing import file_sha256
 
 DATA_CODE_VERSION = "3"  # bump when a change to trainpipe/data changes prepared output
 
@@ -46,12 +47,6 @@ def make_key(parts: dict) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
-def _sha(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def lookup(root: Path, key: str) -> Path | None:
@@ -109,7 +104,7 @@ class Writer:
         for p in sorted(self.tmp.iterdir()):
             with open(p, "rb") as fh:
                 os.fsync(fh.fileno())
-            files[p.name] = {"size": p.stat().st_size, "sha256": _sha(p)}
+            files[p.name] = {"size": p.stat().st_size, "sha256": file_sha256(p)}
         marker = self.tmp / "COMPLETE"
         with open(marker, "w", encoding="utf-8") as fh:
             json.dump({"key": self.key, "code_version": DATA_CODE_VERSION, "files": files}, fh)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Iterator
 
 from trainpipe.errors import DataError
+from trainpipe.hashing import update_from_file
 
 FILE_SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".tsv": "tsv", ".txt": "txt"}
 
@@ -114,9 +115,7 @@ def sha256_path(path: Path) -> str:
     for f in files:
         if path.is_dir():
             h.update(str(f.relative_to(path)).encode())
-        with open(f, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
+        update_from_file(h, f)
     return h.hexdigest()
 
 

@@ -14,12 +14,11 @@ loads all of them on one base to switch between them with `model.set_adapter(nam
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from pathlib import Path
 
 from trainpipe import ui
-from trainpipe.config import RunConfig, dump_yaml
+from trainpipe.config import RunConfig
 from trainpipe.errors import RunDirError
 from trainpipe.track.manifest import write_json
 
@@ -36,24 +35,14 @@ def adapter_config(cfg: RunConfig, name: str, root: Path) -> RunConfig:
 
 
 def run_adapters(cfg: RunConfig, *, config_path: str | None, overwrite: bool, resume: bool) -> dict:
-    from trainpipe.pipeline.run import run
+    from trainpipe.pipeline.run import prepare_parent_dir, run
 
     t0 = time.time()
     names = [a.name for a in cfg.method.adapters]
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
         raise RunDirError(f"`method.adapters` names {dup} more than once; give every adapter its own name (it is its folder).")
-    root = Path(cfg.output_dir or f"runs/{cfg.name or 'run'}").resolve()
-    if root.exists() and any(root.iterdir()):
-        if overwrite:
-            shutil.rmtree(root)
-        elif not (resume or cfg.training.resume == "auto"):
-            raise RunDirError(
-                f"`{root}` already holds files from an earlier run. Pass `--overwrite` to replace them, `--resume` to continue "
-                "(finished adapters are kept), or choose another directory with `--set output_dir=runs/NEW_NAME`."
-            )
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "config.resolved.yaml").write_text(dump_yaml(cfg), encoding="utf-8")
+    root = prepare_parent_dir(cfg, overwrite, resume, "adapters")
     results: dict[str, dict] = {}
     for name in names:
         sub = adapter_config(cfg, name, root)

@@ -15,7 +15,6 @@ Reads top to bottom. The run directory contract:
 
 from __future__ import annotations
 
-import json
 import shutil
 import warnings
 import time
@@ -44,6 +43,23 @@ def prepare_run_dir(output_dir: str, overwrite: bool, allow_unfinished: bool = F
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir
+
+
+def prepare_parent_dir(cfg: RunConfig, overwrite: bool, resume: bool, parts: str) -> Path:
+    """The root of a multi-part run (stages, adapters): cleared with `overwrite`, kept with `resume` (finished parts are
+    reused), refused otherwise; the run's config is written there."""
+    root = Path(cfg.output_dir or f"runs/{cfg.name or 'run'}").resolve()
+    if root.exists() and any(root.iterdir()):
+        if overwrite:
+            shutil.rmtree(root)
+        elif not (resume or cfg.training.resume == "auto"):
+            raise RunDirError(
+                f"`{root}` already holds files from an earlier run. Pass `--overwrite` to replace them, `--resume` to continue "
+                f"(finished {parts} are kept), or choose another directory with `--set output_dir=runs/NEW_NAME`."
+            )
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.resolved.yaml").write_text(dump_yaml(cfg), encoding="utf-8")
+    return root
 
 
 class PreemptedExit(TrainpipeError):

@@ -24,38 +24,28 @@ newest valid checkpoint (or starts), later ones run. `--overwrite` clears OUTPUT
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
-import shutil
 import time
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from trainpipe import ui
-from trainpipe.config import RunConfig, dump_yaml, format_validation_error
-from trainpipe.errors import ConfigError, RunDirError
+from trainpipe.config import RunConfig, format_validation_error
+from trainpipe.errors import ConfigError
 from trainpipe.track.manifest import write_json
+from trainpipe.hashing import file_sha256
 
 POLICY_METHODS = ("sft", "pretrain", "dpo", "orpo", "kto", "rl")
 
 
 def run_stages(cfg: RunConfig, *, config_path: str | None, overwrite: bool, resume: bool) -> dict:
-    from trainpipe.pipeline.run import run
+    from trainpipe.pipeline.run import prepare_parent_dir, run
 
     t0 = time.time()
     root = Path(cfg.output_dir or f"runs/{cfg.name or 'run'}").resolve()
     plan = stage_plan(cfg, root)  # every stage's config, validated before anything runs
-    if root.exists() and any(root.iterdir()):
-        if overwrite:
-            shutil.rmtree(root)
-        elif not (resume or cfg.training.resume == "auto"):
-            raise RunDirError(
-                f"`{root}` already holds files from an earlier run. Pass `--overwrite` to replace them, `--resume` to continue "
-                "(finished stages are kept), or choose another directory with `--set output_dir=runs/NEW_NAME`."
-            )
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "config.resolved.yaml").write_text(dump_yaml(cfg), encoding="utf-8")
+    prepare_parent_dir(cfg, overwrite, resume, "stages")
 
     results = []
     for i, st in enumerate(plan):
@@ -162,8 +152,8 @@ def model_identity(path: str, stage: str | None, root: Path) -> dict:
     if not p.is_dir():
         ident["hub_id"] = path
         return ident
-    ident["config_sha256"] = _sha256(p / "config.json") if (p / "config.json").is_file() else None
-    ident["weights_sha256"] = {f.name: _sha256(f) for f in sorted(p.glob("*.safetensors"))}
+    ident["config_sha256"] = file_sha256(p / "config.json") if (p / "config.json").is_file() else None
+    ident["weights_sha256"] = {f.name: file_sha256(f) for f in sorted(p.glob("*.safetensors"))}
     if stage:
         manifest = root / stage / "manifest.json"
         ident["run_config_hash"] = json.loads(manifest.read_text()).get("config_hash") if manifest.exists() else None
@@ -177,9 +167,3 @@ def stage_entry(st: dict, summary: dict, *, skipped: bool) -> dict:
             "reward_model": st["reward_model"], "kept_from_earlier_run": skipped}
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()

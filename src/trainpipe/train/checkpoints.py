@@ -12,7 +12,6 @@ the best is never deleted.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -22,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainpipe.train import faults
+from trainpipe.hashing import file_sha256
 
 WEIGHTS = "weights.safetensors"
 STATE = "state.pt"
@@ -33,12 +33,6 @@ class CheckpointWriteError(OSError):
     """A checkpoint could not be written; the previous checkpoints are intact."""
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _fsync_file(path: Path) -> None:
@@ -76,7 +70,7 @@ def verify(path: Path) -> str | None:
             return f"{name} is missing"
         if f.stat().st_size != meta["size"]:
             return f"{name} has {f.stat().st_size} bytes, manifest says {meta['size']} (truncated)"
-        if _sha256(f) != meta["sha256"]:
+        if file_sha256(f) != meta["sha256"]:
             return f"{name} fails its SHA-256 check"
     if WEIGHTS not in manifest.get("files", {}) or STATE not in manifest.get("files", {}):
         return "manifest lists no weights or state"
@@ -139,7 +133,7 @@ class CheckpointManager:
             files = {}
             for f in sorted(tmp.iterdir()):
                 _fsync_file(f)
-                files[f.name] = {"size": f.stat().st_size, "sha256": _sha256(f)}
+                files[f.name] = {"size": f.stat().st_size, "sha256": file_sha256(f)}
             faults.during_checkpoint_write(step)
             manifest = {"step": step, "metric": metric, "time": time.time(), "files": files}
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
