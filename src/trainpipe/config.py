@@ -648,9 +648,15 @@ def _resolve_paths(cfg: RunConfig, base_dir: Path) -> RunConfig:
         dec.benchmarks = [resolve(b) for b in dec.benchmarks]
         if data.cache_dir is not None:
             data.cache_dir = resolve(data.cache_dir)
-    rm = cfg.method.rl.reward_model
-    if rm is not None and (rm.startswith((".", "~")) or (base_dir / rm).exists()):
-        cfg.method.rl.reward_model = resolve(rm)
+    rls = [cfg.method.rl.__dict__] + [st.method["rl"] for st in cfg.stages or [] if isinstance(st.method.get("rl"), dict)]
+    for rl in rls:  # the run's and each stage's rl settings
+        rf = rl.get("reward_function")
+        if isinstance(rf, str) and ".py:" in rf:  # `path/to/file.py:function`: the file is relative to the config file
+            file, _, fn = rf.rpartition(":")
+            rl["reward_function"] = f"{resolve(file)}:{fn}"
+        rm = rl.get("reward_model")
+        if isinstance(rm, str) and (rm.startswith((".", "~")) or (base_dir / rm).exists()):
+            rl["reward_model"] = resolve(rm)
     if cfg.model.init_from_config is not None:
         cfg.model.init_from_config = resolve(cfg.model.init_from_config)
     mp = cfg.model.name_or_path

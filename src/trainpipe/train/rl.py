@@ -402,7 +402,7 @@ def import_reward_function(spec: str) -> RewardFn:
         if target.endswith(".py"):
             p = Path(target).expanduser()
             if not p.is_file():
-                raise ConfigError(f"`method.rl.reward_function` names the file `{target}`, which does not exist. Check the path (relative paths are read from the working directory).")
+                raise ConfigError(f"`method.rl.reward_function` names the file `{target}`, which does not exist. Check the path (in a config file, relative paths are read from the config file's folder).")
             s = importlib.util.spec_from_file_location(f"trainpipe_reward_{abs(hash(str(p.resolve())))}", p)
             module = importlib.util.module_from_spec(s)
             s.loader.exec_module(module)
