@@ -99,6 +99,9 @@ def run(cfg: RunConfig, *, config_path: str | None = None, overwrite: bool = Fal
     hw = detect()
     plan = plan_run(cfg, hw)  # every `auto` resolved through the planner, with its predictions for this setup
     cfg = plan.config
+    from trainpipe.train.model import check_peft
+
+    check_peft(cfg.model, cfg.method)  # PEFT errors the config alone can tell (meta-device build), before the data step
     resume_from, notes = find_resume_point(cfg, resume or cfg.training.resume == "auto", explicit=resume, overwrite=overwrite)
     run_dir = Path(cfg.output_dir).resolve() if resume_from is not None else prepare_run_dir(cfg.output_dir, overwrite, allow_unfinished=resume or cfg.training.resume == "auto")
     (run_dir / "config.resolved.yaml").write_text(dump_yaml(cfg), encoding="utf-8")
