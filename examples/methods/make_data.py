@@ -3,8 +3,8 @@
 All are about the quickstart's skill (integers in English words), so every example can start
 from the shipped base model (`examples/quickstart/base`):
 
-- data/preference.jsonl  prompt/chosen/rejected: chosen is the number in words, rejected the words
-                         of a nearby wrong number (dpo, orpo, kto via pairs, reward)
+- data/preference.jsonl  prompt/chosen/rejected: chosen is the number in words, rejected the same words
+                         in a wrong order (a nearby wrong number for one-word numbers) (dpo, orpo, kto, reward)
 - data/text.jsonl        {"text": ...} raw sentences "347 is written as three hundred forty-seven." (pretrain)
 - data/prompts.jsonl     alpaca prompts with a reference (rl; the reward function scores replies)
 
@@ -31,10 +31,15 @@ def main(seed: int = 1, pairs: int = 600, sentences: int = 1500, prompts: int = 
     numbers = rng.sample(range(MAX_N + 1), pairs + prompts)
     with (out / "preference.jsonl").open("w", encoding="utf-8") as f:
         for n in numbers[:pairs]:
-            wrong = min(MAX_N, max(0, n + rng.choice([-1, 1]) * rng.randint(1, 9) * rng.choice([1, 10, 100])))
-            if wrong == n:
-                wrong = (n + 1) % (MAX_N + 1)
-            f.write(json.dumps({"prompt": f"{INSTRUCTION}\n{n}", "chosen": to_words(n), "rejected": to_words(wrong)}) + "\n")
+            words = to_words(n).split()
+            shuffled = words[:]
+            while len(words) > 1 and shuffled == words:
+                rng.shuffle(shuffled)
+            if len(words) > 1:  # the right words in a wrong order
+                rejected = " ".join(shuffled)
+            else:  # one-word numbers: a nearby wrong number
+                rejected = to_words((n + rng.randint(1, 9)) % (MAX_N + 1))
+            f.write(json.dumps({"prompt": f"{INSTRUCTION}\n{n}", "chosen": to_words(n), "rejected": rejected}) + "\n")
     with (out / "prompts.jsonl").open("w", encoding="utf-8") as f:
         for n in numbers[pairs:]:
             f.write(json.dumps({"instruction": INSTRUCTION, "input": str(n), "output": to_words(n)}) + "\n")

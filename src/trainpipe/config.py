@@ -374,6 +374,8 @@ class TrainingConfig(_Section):
     """On out-of-memory: halve the micro-batch (same effective batch), then turn on gradient checkpointing, then stop with a plan."""
     loss_spike_factor: float = Field(default=3.0, ge=0)
     """A step loss above this many times the running median counts as a spike (0 turns spike detection off)."""
+    loss_spike_min_delta: float = Field(default=0.1, ge=0)
+    """A spike must also exceed the running median by this much (in loss units): near convergence (a DPO loss of 0.01) a jump to 0.04 is noise, not divergence."""
     loss_spike_window: int = Field(default=20, ge=10)
     """Number of recent step losses the running median is taken over."""
     max_recoveries: int = Field(default=3, ge=0)

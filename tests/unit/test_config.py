@@ -157,3 +157,4 @@ def test_every_example_validates(path):
 
 def test_examples_exist():
     assert EXAMPLES, "examples/ has no YAML config"
+

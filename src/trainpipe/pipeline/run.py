@@ -130,7 +130,7 @@ SAFE_TO_RESUME = (
     "name", "output_dir", "eval.", "training.num_train_epochs", "training.max_steps", "training.logging_steps", "training.eval_steps",
     "training.save_steps", "training.save_total_limit", "training.keep_best", "training.early_stopping_patience", "training.resume",
     "training.on_checkpoint_error", "training.preemption_grace_seconds", "training.hang_timeout_seconds", "training.per_device_eval_batch_size",
-    "training.oom_recovery", "training.max_recoveries", "training.loss_spike_factor",
+    "training.oom_recovery", "training.max_recoveries", "training.loss_spike_factor", "training.loss_spike_min_delta",
 )
 
 

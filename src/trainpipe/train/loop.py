@@ -135,6 +135,15 @@ def restore_rng(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def is_loss_spike(loss: float, recent: list[float], factor: float, min_delta: float) -> float | None:
+    """The running median when ``loss`` is a spike: above ``factor`` x the median of the recent step losses (10 at
+    least) and above it by ``min_delta`` as well; None otherwise (or when ``factor`` is 0: detection off)."""
+    if not factor or len(recent) < 10:
+        return None
+    med = statistics.median(recent)
+    return med if med > 0 and loss > factor * med and loss - med > min_delta else None
+
+
 def is_oom(exc: BaseException) -> bool:
     import torch
 
@@ -439,10 +448,9 @@ class TrainLoop:
         if not math.isfinite(loss) or not math.isfinite(gnorm):
             return "gradient_overflow", {"loss": loss, "grad_norm": gnorm}
         hist = self.state.recent_losses
-        if self.t.loss_spike_factor and len(hist) >= 10:
-            med = statistics.median(hist)
-            if med > 0 and loss > self.t.loss_spike_factor * med:
-                return "loss_spike", {"loss": loss, "running_median": med, "factor": self.t.loss_spike_factor}
+        med = is_loss_spike(loss, hist, self.t.loss_spike_factor, self.t.loss_spike_min_delta)
+        if med is not None:
+            return "loss_spike", {"loss": loss, "running_median": med, "factor": self.t.loss_spike_factor}
         return None
 
     def _recover(self, w: int, kind: str, figures: dict) -> None:
