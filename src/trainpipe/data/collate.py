@@ -14,6 +14,19 @@ from __future__ import annotations
 IGNORE_INDEX = -100
 
 
+def right_pad(seqs: list[list[int]], pad_id: int) -> dict:
+    """Token id lists right-padded with ``pad_id`` into ``input_ids`` and ``attention_mask`` tensors."""
+    import torch
+
+    n = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), n), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), n), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+        mask[i, : len(s)] = 1
+    return {"input_ids": ids, "attention_mask": mask}
+
+
 def pad_batch(batch: list[dict], pad_id: int) -> dict:
     """Right-pad ``input_ids`` (with ``pad_id``) and ``labels`` (with -100); build the attention mask."""
     import torch

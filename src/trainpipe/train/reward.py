@@ -117,16 +117,10 @@ def build_reward_model(model_cfg, method, pad_token_id: int):
 
 def collate_pairs(examples: list[dict], pad_id: int) -> dict:
     """[prompt + chosen for each pair; prompt + rejected for each pair], right-padded."""
-    import torch
+    from trainpipe.data.collate import right_pad
 
     seqs = [list(ex["prompt_input_ids"]) + list(ex[k]) for k in ("chosen_input_ids", "rejected_input_ids") for ex in examples]
-    n = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), n), pad_id, dtype=torch.long)
-    att = torch.zeros((len(seqs), n), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
-        att[i, : len(s)] = 1
-    return {"input_ids": ids, "attention_mask": att}
+    return right_pad(seqs, pad_id)
 
 
 class BradleyTerry(Objective):

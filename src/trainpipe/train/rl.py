@@ -350,6 +350,7 @@ def reward_model_scorer(path: Path, device, tokenizer) -> Reward:
     the reward `logits[:, 0]` at the last non-pad token (train/reward.py's pooling). Needs the policy's vocabulary."""
     import torch
 
+    from trainpipe.data.collate import right_pad
     from trainpipe.train.reward import load_reward_model
 
     rm, rtok = load_reward_model(str(path))
@@ -364,14 +365,9 @@ def reward_model_scorer(path: Path, device, tokenizer) -> Reward:
 
     def score(prompts, completions, prompt_tokens, completion_tokens) -> list[float]:
         seqs = [pt + ct + (suffix if ct and ct[-1] in stops else []) for pt, ct in zip(prompt_tokens, completion_tokens)]
-        n = max(len(x) for x in seqs)
-        ids = torch.full((len(seqs), n), pad, dtype=torch.long)
-        att = torch.zeros((len(seqs), n), dtype=torch.long)
-        for j, x in enumerate(seqs):
-            ids[j, : len(x)] = torch.tensor(x, dtype=torch.long)
-            att[j, : len(x)] = 1
+        batch = right_pad(seqs, pad)
         with torch.no_grad():
-            return rm(input_ids=ids.to(device), attention_mask=att.to(device)).logits[:, 0].float().tolist()
+            return rm(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device)).logits[:, 0].float().tolist()
 
     from trainpipe.data.tokenize import end_of_turn_ids
 
