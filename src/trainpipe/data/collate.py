@@ -14,63 +14,41 @@ from __future__ import annotations
 IGNORE_INDEX = -100
 
 
-def right_pad(seqs: list[list[int]], pad_id: int) -> dict:
-    """Token id lists right-padded with ``pad_id`` into ``input_ids`` and ``attention_mask`` tensors."""
+def _pad(rows: list, fill: int, n: int):
+    """Lists of ints right-padded with ``fill`` to length ``n``, as one long tensor."""
     import torch
 
+    out = torch.full((len(rows), n), fill, dtype=torch.long)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+    return out
+
+
+def right_pad(seqs: list[list[int]], pad_id: int) -> dict:
+    """Token id lists right-padded with ``pad_id`` into ``input_ids`` and ``attention_mask`` tensors."""
     n = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), n), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), n), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
-        mask[i, : len(s)] = 1
-    return {"input_ids": ids, "attention_mask": mask}
+    return {"input_ids": _pad(seqs, pad_id, n), "attention_mask": _pad([[1] * len(s) for s in seqs], 0, n)}
 
 
 def pad_batch(batch: list[dict], pad_id: int) -> dict:
     """Right-pad ``input_ids`` (with ``pad_id``) and ``labels`` (with -100); build the attention mask."""
-    import torch
-
-    n = max(len(x["input_ids"]) for x in batch)
-    ids = torch.full((len(batch), n), pad_id, dtype=torch.long)
-    labels = torch.full((len(batch), n), IGNORE_INDEX, dtype=torch.long)
-    mask = torch.zeros((len(batch), n), dtype=torch.long)
-    for i, x in enumerate(batch):
-        k = len(x["input_ids"])
-        ids[i, :k] = torch.tensor(x["input_ids"])
-        labels[i, :k] = torch.tensor(x["labels"])
-        mask[i, :k] = 1
-    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+    out = right_pad([x["input_ids"] for x in batch], pad_id)
+    out["labels"] = _pad([x["labels"] for x in batch], IGNORE_INDEX, out["input_ids"].shape[1])
+    return out
 
 
 def pad_packed(batch: list[dict], pad_id: int) -> dict:
-    import torch
-
     n = max(len(x["input_ids"]) for x in batch)
-    ids = torch.full((len(batch), n), pad_id, dtype=torch.long)
-    labels = torch.full((len(batch), n), IGNORE_INDEX, dtype=torch.long)
-    pos = torch.zeros((len(batch), n), dtype=torch.long)
-    for i, x in enumerate(batch):
-        k = len(x["input_ids"])
-        ids[i, :k] = torch.tensor(x["input_ids"])
-        labels[i, :k] = torch.tensor(x["labels"])
-        pos[i, :k] = torch.tensor(x["position_ids"])
-        pos[i, k:] = torch.arange(n - k)
-    return {"input_ids": ids, "labels": labels, "position_ids": pos, "use_cache": False}
+    # the padding is a segment of its own: its positions count from 0 again
+    pos = _pad([list(x["position_ids"]) + list(range(n - len(x["input_ids"]))) for x in batch], 0, n)
+    return {"input_ids": _pad([x["input_ids"] for x in batch], pad_id, n), "labels": _pad([x["labels"] for x in batch], IGNORE_INDEX, n),
+            "position_ids": pos, "use_cache": False}
 
 
 def flatten(batch: list[dict]) -> dict:
-    import torch
+    from trainpipe.data.packing import pack_rows
 
-    ids, labels, pos = [], [], []
-    for x in batch:
-        ids.extend(x["input_ids"])
-        lab = list(x["labels"])
-        lab[0] = IGNORE_INDEX
-        labels.extend(lab)
-        pos.extend(range(len(x["input_ids"])))
-    t = lambda v: torch.tensor([v], dtype=torch.long)  # noqa: E731
-    return {"input_ids": t(ids), "labels": t(labels), "position_ids": t(pos), "use_cache": False}
+    return {k: _pad([v], 0, len(v)) for k, v in pack_rows(batch).items()} | {"use_cache": False}
 
 
 class PadCollator:
