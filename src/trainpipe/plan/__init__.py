@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 
 from trainpipe.config import RunConfig
+from trainpipe.plan.decisions import Decision  # one decision record: key, value, the rule, what to watch
 from trainpipe.plan.hardware import Hardware
 
 # Learning rates the field uses (LoRA/QLoRA papers, axolotl, LLaMA-Factory, TRL docs), by objective and by
@@ -60,14 +61,6 @@ def precision_fallback(t, hw: Hardware, out: "Resolved") -> None:
         f"[yellow]warning:[/] `training.{asked}: true`, but {where} has no {kind} mixed precision: training in fp32 instead "
         f"({fix}; `training.precision_fallback: error` makes this an error).", markup=True, soft_wrap=True,
     )
-
-
-@dataclass
-class Decision:
-    key: str
-    value: object
-    rule: str
-    watch: str = ""  # what to look at to know the choice works
 
 
 @dataclass

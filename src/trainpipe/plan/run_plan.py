@@ -79,14 +79,14 @@ def _gpu(hw: Hardware):
 def _setup(cfg: RunConfig, method: str, precision: str, world: int):
     from trainpipe.plan.memory import Setup
 
-    t, m = cfg.method, cfg.training
-    targets = t.lora.target_modules
+    meth, tr = cfg.method, cfg.training
+    targets = meth.lora.target_modules
     return Setup(
-        method=method, precision=precision, optimizer=PLAN_OPTIM[m.optim],
-        micro_batch=m.per_device_train_batch_size if isinstance(m.per_device_train_batch_size, int) else 1,
-        seq_len=cfg.first_data().max_length, grad_ckpt=m.gradient_checkpointing is True, strategy="single" if world == 1 else "ddp", num_gpus=world,
-        lora_r=t.lora.r, lora_targets=targets if isinstance(targets, str) else list(targets), lora_dropout=t.lora.dropout,
-        double_quant=t.quantization.double_quant, freeze_layers=t.freeze.trainable_layers, lm_head=cfg.method.name != "reward",
+        method=method, precision=precision, optimizer=PLAN_OPTIM[tr.optim],
+        micro_batch=tr.per_device_train_batch_size if isinstance(tr.per_device_train_batch_size, int) else 1,
+        seq_len=cfg.first_data().max_length, grad_ckpt=tr.gradient_checkpointing is True, strategy="single" if world == 1 else "ddp", num_gpus=world,
+        lora_r=meth.lora.r, lora_targets=targets if isinstance(targets, str) else list(targets), lora_dropout=meth.lora.dropout,
+        double_quant=meth.quantization.double_quant, freeze_layers=meth.freeze.trainable_layers, lm_head=meth.name != "reward",
     )
 
 
