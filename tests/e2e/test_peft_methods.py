@@ -188,7 +188,6 @@ def test_qlora_base_really_is_4bit_nf4_with_double_quantization(tiny_model_dir):
 
 def test_gradient_accumulation_is_exact(tiny_model_dir, tmp_path):
     """8 x 1 and 2 x 4: the same examples per step, the loss the sum over the window / its loss tokens."""
-    import torch
     from safetensors.torch import load_file
 
     runs = []

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from test_sft import make_config
 from tiny import build_tiny_model

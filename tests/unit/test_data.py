@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tiny import alpaca_records, chat_records, write_jsonl
+from tiny import chat_records, write_jsonl
 from trainpipe.config import DataConfig
 from trainpipe.data import formats
 from trainpipe.data.prepare import prepare

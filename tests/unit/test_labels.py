@@ -86,7 +86,6 @@ def test_chatml_needs_its_tokens():
 
 # --------------------------------------------------------------------------- templates, tools, TRL, packing
 
-import json as _json
 import sys as _sys
 from pathlib import Path as _Path
 

@@ -27,7 +27,6 @@ def test_loss_aligns_with_peft_own_loss_despite_virtual_tokens(peft, tiny_model_
     import torch
     from transformers import AutoModelForCausalLM
 
-    from trainpipe.data.collate import PadCollator
     from trainpipe.evaluate.evaluator import eval_loss
     from trainpipe.train.loop import TokenCrossEntropy
     from trainpipe.train.model import apply_peft

@@ -252,7 +252,6 @@ def _build(cfg: DataConfig, tokenizer, tpl: Template, writer, prints: list[dict]
     meta: list[tuple[int, str, int, Any]] = []  # (source index, role, line, stratum)
     sources_info = []
     n_read = 0
-    counts_after = Counter()
     for si, src in enumerate(cfg.sources):
         fmt = None if src.format == "auto" else src.format
         why = "set in the config" if fmt else None

@@ -241,7 +241,6 @@ def make_plan(req: PlanRequest) -> dict:
         raise PlanError(f"`--num-gpus {req.num_gpus}` is more GPUs per node than {gpu.name} machines have ({gpu.max_per_node}). Use `--num-gpus {gpu.max_per_node} --nodes {math.ceil(req.num_gpus / gpu.max_per_node)}`.")
     tokens = total_tokens(req)
     examples = req.examples
-    considered: list[GPU] = [gpu] if gpu else []
     if gpu is None and req.gpu is None:
         # no GPU named: size every catalog GPU at this count and recommend the cheapest per unit of work that fits
         cands = []
@@ -260,7 +259,6 @@ def make_plan(req: PlanRequest) -> dict:
             sug = _suggestions(spec, replace(req, gpu=big.name), big)
             raise PlanError(f"`{spec.id}` ({spec.total_params / 1e9:.1f}B params) trained as asked fits no GPU in the catalog with {req.num_gpus * req.nodes} GPU(s). What would fit on a {big.name}: {'; '.join(sug) or 'nothing found: reduce --seq-len'}.")
         gpu, chosen = min(fitting, key=lambda gp: gp[0].on_demand_usd / (gp[0].peak_tflops(gp[1]["setup"].precision) or 1))
-        considered = [g for g, _ in cands]
     else:
         chosen = plan_on(spec, req, gpu, examples)
         fits_map = {gpu.name: chosen["fits"]}
