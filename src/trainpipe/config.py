@@ -326,6 +326,8 @@ class TrainingConfig(_Section):
     """Micro-batches per optimizer step. Default: enough for an effective batch of `target_effective_batch_size`."""
     target_effective_batch_size: int = Field(default=32, ge=1)
     """Effective batch (micro-batch x accumulation x devices) the default accumulation aims for."""
+    lr_scaling: Literal["none", "linear", "sqrt"] = "none"
+    """Scale `learning_rate` with the world size relative to one process: `linear` (x world size, Goyal et al.), `sqrt` (x sqrt(world size), for Adam-type optimizers), `none` (the effective batch is kept by accumulation, so the lr needs no change)."""
     warmup_ratio: float = Field(default=0.03, ge=0.0, lt=1.0)
     """Share of the steps spent warming the learning rate up from 0 (ignored when `warmup_steps` is set)."""
     warmup_steps: int | None = Field(default=None, ge=0)
@@ -397,6 +399,25 @@ class TrainingConfig(_Section):
         return self
 
 
+class DistributedConfig(_Section):
+    """How many processes train and how they share the model (issue 10: one resolved plan, executed by `run`)."""
+
+    strategy: Literal["auto", "single", "ddp", "fsdp", "zero2", "zero3"] = "auto"
+    """`auto`: by model size and world size (one process: `single`; <1B: `ddp`; 1-10B: `fsdp`; 10-100B: `zero3` with checkpointing and offload; >100B: stop and name Megatron-LM / torchtitan). `ddp` replicates the model; `fsdp` shards parameters, gradients and optimizer state (FSDP2); `zero2`/`zero3` are DeepSpeed ZeRO stages."""
+    offload: Literal["none", "optimizer", "optimizer+params"] = "none"
+    """CPU offload of optimizer state (and parameters) under `fsdp` / `zero2` / `zero3`; needs host RAM (the plan checks it)."""
+    nproc_per_node: int | Literal["auto"] = "auto"
+    """Processes per machine. `auto`: the launcher's world (torchrun / `--nproc-per-node`), else 1."""
+    nnodes: int = Field(default=1, ge=1)
+    """Machines taking part (multi-node through torchrun's rendezvous)."""
+    backend: Literal["auto", "nccl", "gloo"] = "auto"
+    """Collective backend: `auto` is NCCL on CUDA, gloo on the CPU."""
+    grad_compression: Literal["none", "fp16", "bf16", "powersgd"] = "none"
+    """DDP communication hook for communication-bound runs: gradients all-reduced in fp16/bf16, or PowerSGD low-rank compression."""
+    timeout_seconds: float = Field(default=600.0, gt=0)
+    """A collective that waits longer than this names the rank that stopped answering (`nccl_timeout` / `distributed_hang`) and exits non-zero."""
+
+
 class EvalConfig(_Section):
     metrics: list[Literal["loss", "perplexity", "exact_match"]] = Field(default_factory=lambda: ["loss", "perplexity"])
     """Metrics measured on the eval split before and after training. `exact_match` generates greedily and compares with the reference response."""
@@ -434,6 +455,8 @@ class RunConfig(_Section):
     """Optimisation settings; names as in transformers `TrainingArguments`."""
     eval: EvalConfig = Field(default_factory=EvalConfig)
     """Evaluation before and after training."""
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+    """Processes, sharding strategy, offload and gradient compression (`strategy: auto` by the planner's rules)."""
     output_dir: str | None = None
     """Run directory (default: `runs/<name>`), relative to the working directory."""
     stages: list[StageConfig] | None = None
