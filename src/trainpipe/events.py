@@ -13,6 +13,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
+from trainpipe.redact import redact_obj
+
 EVENT_NAMES = {
     "run_started",
     "data_prepared",
@@ -59,7 +61,7 @@ class EventLog:
             raise ValueError(f"unknown event name {event!r}; add it to trainpipe.events.EVENT_NAMES")
         if level not in LEVELS:
             raise ValueError(f"unknown level {level!r}")
-        record = {"time": utcnow(), "event": event, "level": level, "step": int(step), **fields}
+        record = redact_obj({"time": utcnow(), "event": event, "level": level, "step": int(step), **fields})  # no credential in the log or on the console
         line = json.dumps(record, default=str, sort_keys=False)
         with open(self.path, "a", encoding="utf-8") as fh:
             fh.write(line + "\n")

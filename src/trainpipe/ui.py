@@ -1,4 +1,7 @@
-"""Console output: one rich Console, progress bars for everything long, event echo."""
+"""Console output: one rich Console, progress bars for everything long, event echo.
+
+Everything printed through :func:`console` is redacted (trainpipe.redact): strings before rich wraps
+them (a wrapped URL could no longer be recognised), and the rendered output again as a backstop."""
 
 from __future__ import annotations
 
@@ -8,15 +11,41 @@ import sys
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.text import Text
+
+from trainpipe.redact import redact_text
 
 _console: Console | None = None
+
+
+class RedactingConsole(Console):
+    """A rich Console that never prints a credential: URL passwords, secret query values, secret environment values."""
+
+    def render_str(self, text: str, **kwargs) -> Text:  # every str renderable (print, tables, live displays) passes here
+        return super().render_str(redact_text(text), **kwargs)
+
+    def print(self, *objects, **kwargs) -> None:
+        super().print(*(_redact_renderable(o) for o in objects), **kwargs)
+
+    def log(self, *objects, **kwargs) -> None:
+        super().log(*(_redact_renderable(o) for o in objects), **kwargs)
+
+    def _render_buffer(self, buffer) -> str:  # rich's last step before writing: catches what was built from Text objects
+        return redact_text(super()._render_buffer(buffer))
+
+
+def _redact_renderable(obj):
+    if isinstance(obj, Text):
+        plain = redact_text(obj.plain)
+        return obj if plain == obj.plain else Text(plain, style=obj.style, justify=obj.justify, overflow=obj.overflow, no_wrap=obj.no_wrap, end=obj.end)
+    return obj
 
 
 def console() -> Console:
     global _console
     if _console is None:
         width = int(os.environ["COLUMNS"]) if os.environ.get("COLUMNS", "").isdigit() else None
-        _console = Console(width=width, no_color=bool(os.environ.get("NO_COLOR")), highlight=False, soft_wrap=False)
+        _console = RedactingConsole(width=width, no_color=bool(os.environ.get("NO_COLOR")), highlight=False, soft_wrap=False)
     return _console
 
 

@@ -8,6 +8,7 @@ from importlib import metadata
 from pathlib import Path
 
 import trainpipe
+from trainpipe.redact import redact_obj
 
 PACKAGES = ("torch", "transformers", "peft", "trl", "datasets", "accelerate", "tokenizers", "safetensors")
 
@@ -52,8 +53,8 @@ def build_manifest(*, config_hash: str, config_path: str | None, data_files: lis
 
 
 def write_json(path: str | Path, obj: dict) -> None:
-    """Write JSON atomically (temporary file, then rename)."""
+    """Write JSON atomically (temporary file, then rename), with every credential redacted (trainpipe.redact)."""
     p = Path(path)
     tmp = p.with_suffix(p.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n", encoding="utf-8")
+    tmp.write_text(json.dumps(redact_obj(obj), indent=2, default=str) + "\n", encoding="utf-8")
     tmp.replace(p)
