@@ -81,17 +81,40 @@ def _strings_of(value) -> list[str]:
     return []
 
 
-def cache_key(cfg: DataConfig, tokenizer, tpl: Template, *, train_on: str, seed: int) -> tuple[str, list[dict]]:
-    prints = [fingerprint(s) for s in cfg.sources]
+def key_parts(cfg: DataConfig, tokenizer, tpl: Template, *, train_on: str, seed: int) -> dict:
+    """What the cache key is made of. ``sources`` (file hashes) and ``benchmarks`` are hashed before the lookup;
+    a build replaces them with the hashes of the bytes it read (see :func:`_check_read`)."""
     opts = cfg.model_dump(mode="json", exclude={"cache", "cache_dir", "num_proc"})
     for s in opts["sources"]:
         s.pop("path", None)
-    bench = [sha256_path(p) for b in cfg.decontamination.benchmarks for p in expand(b)]
-    key = cache_mod.make_key({
-        "sources": prints, "options": opts, "benchmarks": bench, "tokenizer": cache_mod.tokenizer_fingerprint(tokenizer),
-        "template": tpl.source, "train_on": train_on, "seed": seed,
-    })
-    return key, prints
+    return {
+        "sources": [fingerprint(s) for s in cfg.sources], "options": opts,
+        "benchmarks": [sha256_path(p) for b in cfg.decontamination.benchmarks for p in expand(b)],
+        "tokenizer": cache_mod.tokenizer_fingerprint(tokenizer), "template": tpl.source, "train_on": train_on, "seed": seed,
+    }
+
+
+def cache_key(cfg: DataConfig, tokenizer, tpl: Template, *, train_on: str, seed: int) -> tuple[str, list[dict]]:
+    parts = key_parts(cfg, tokenizer, tpl, train_on=train_on, seed=seed)
+    return cache_mod.make_key(parts), parts["sources"]
+
+
+def _check_read(expected: list[dict], digests: dict, changed: list[str]) -> None:
+    """Make ``expected`` (``[{"path", "sha256"}]``, hashed before the build) name what the build read: a file whose
+    read bytes hash differently changed in between, and takes the hash of what was read, so the cache entry is
+    stored under the content it holds, never under the old hash. A Parquet file or Arrow folder (not hashed in the
+    read itself) that changed is an error."""
+    for f in expected:
+        got = digests.get(f["path"])
+        if got is None or got["sha256"] == f["sha256"]:
+            continue
+        if not got["exact"]:
+            raise DataError(
+                f"`{f['path']}` changed while it was being prepared (SHA-256 {f['sha256'][:12]} before, {got['sha256'][:12]} after). "
+                "Prepare again once nothing is writing to it (write a new file and rename it into place, rather than editing it in place)."
+            )
+        f["sha256"] = got["sha256"]
+        changed.append(f["path"])
 
 
 def prepare(
@@ -115,7 +138,8 @@ def prepare(
 
         template_name = setup_chat_template(tokenizer, cfg.chat_template, getattr(tokenizer, "name_or_path", "tokenizer"))
     tpl = Template(tokenizer, template_name)
-    key, prints = cache_key(cfg, tokenizer, tpl, train_on=train_on, seed=seed)
+    parts = key_parts(cfg, tokenizer, tpl, train_on=train_on, seed=seed)
+    key = cache_mod.make_key(parts)
     root = Path(cfg.cache_dir) if cfg.cache_dir else cache_mod.default_dir()
 
     entry = cache_mod.lookup(root, key) if cfg.cache else None
@@ -123,7 +147,8 @@ def prepare(
     if entry is None:
         writer = cache_mod.Writer(root, key)
         try:
-            _build(cfg, tokenizer, tpl, writer, prints, train_on=train_on, seed=seed, progress=progress, on_total=on_total, batch_size_hint=batch_size_hint)
+            _build(cfg, tokenizer, tpl, writer, parts, train_on=train_on, seed=seed, progress=progress, on_total=on_total, batch_size_hint=batch_size_hint)
+            key = writer.key = cache_mod.make_key(parts)  # the hashes of what was read (a file may change after the lookup)
             entry = writer.commit()
         except BaseException:
             writer.abort()
@@ -233,7 +258,7 @@ _FIXES = {
 }
 
 
-def _build(cfg: DataConfig, tokenizer, tpl: Template, writer, prints: list[dict], *, train_on: str, seed: int, progress, on_total, batch_size_hint: int) -> None:
+def _build(cfg: DataConfig, tokenizer, tpl: Template, writer, parts: dict, *, train_on: str, seed: int, progress, on_total, batch_size_hint: int) -> None:
     dropped: Counter = Counter()
     rejects = _Rejects(cfg.on_error)
     scrub = clean.Scrubber(cfg.pii.types, cfg.pii.presidio) if cfg.pii.enabled else None
@@ -244,6 +269,8 @@ def _build(cfg: DataConfig, tokenizer, tpl: Template, writer, prints: list[dict]
     duplicates: list[dict] = []
     stages = _Stages()
     pii_records = 0
+    prints = parts["sources"]
+    changed: list[str] = []  # files whose content changed between the cache lookup and the read
 
     # 1. read, format, sample, clean, dedup: every kept example is spilled with its byte offset
     spill_path = writer.path("examples.spill")
@@ -258,7 +285,8 @@ def _build(cfg: DataConfig, tokenizer, tpl: Template, writer, prints: list[dict]
         s_read = s_kept = 0
         rng = random.Random(f"{seed}:{si}")
         reservoir: list | None = [] if src.max_records else None
-        for item in iter_source(src):
+        digests: dict = {}
+        for item in iter_source(src, digests):
             n_read += 1
             s_read += 1
             if isinstance(item, Rejected):
@@ -302,6 +330,7 @@ def _build(cfg: DataConfig, tokenizer, tpl: Template, writer, prints: list[dict]
                 "records_read": s_read, "records_after_cleaning": s_kept}
         if prints[si]["kind"] == "files":
             files = prints[si]["files"]
+            _check_read(files, digests, changed)
             info["files"] = files
             info["sha256"] = files[0]["sha256"] if len(files) == 1 else hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
         else:  # hub id / SQL query: identified by what names it, not by content
@@ -339,12 +368,18 @@ def _build(cfg: DataConfig, tokenizer, tpl: Template, writer, prints: list[dict]
             for i in assign[name]:
                 for s in formats.strings(load(i)):
                     cont.add(words.ids(s)[1])
+        bench = iter(range(len(parts["benchmarks"])))
         for b in cfg.decontamination.benchmarks:
             for p in expand(b):
-                for rec in read_file(p):
+                digests = {}
+                for rec in read_file(p, digests=digests):
                     if not isinstance(rec, Rejected):
                         for s in _strings_of(rec.data):
                             cont.add(words.ids(s)[1])
+                k = next(bench)
+                expected = [{"path": str(p), "sha256": parts["benchmarks"][k]}]
+                _check_read(expected, digests, changed)
+                parts["benchmarks"][k] = expected[0]["sha256"]
         if len(cont):
             keep = []
             for k in range(0, len(assign["train"]), CHUNK):
@@ -458,6 +493,7 @@ def _build(cfg: DataConfig, tokenizer, tpl: Template, writer, prints: list[dict]
                                "none": f"dynamic padding, batches of {batch_size_hint} in seeded random order"}[cfg.packing],
                      "padded_to_max_length_share": round(non_pad_share(train_lengths, mode="max_length", max_length=cfg.max_length), 4)},
         "repeated": repeated,
+        "changed_while_read": changed,  # prepared from what was read, cached under its hash
         "seed": seed,
         "train_on": train_on,
         # names of the first data report, kept for readers of it

@@ -126,8 +126,37 @@ def sha256_path(path: Path) -> str:
     return h.hexdigest()
 
 
-def iter_source(src) -> Iterator[Record | Rejected]:
-    """Every record of one configured source, in order."""
+class _HashingRaw(io.RawIOBase):
+    """A binary file read once, front to back, with the SHA-256 of every byte that went through it: the digest of
+    what was read (not of what the file held at some other moment), known at EOF."""
+
+    def __init__(self, fh):
+        self._fh = fh
+        self.sha = hashlib.sha256()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        n = self._fh.readinto(b)
+        if n:
+            self.sha.update(memoryview(b)[:n])
+        return n
+
+    def close(self) -> None:
+        self._fh.close()
+        super().close()
+
+
+def _hashed_open(p: Path) -> tuple[io.BufferedReader, _HashingRaw]:
+    raw = _HashingRaw(open(p, "rb"))
+    return io.BufferedReader(raw, buffer_size=1 << 20), raw
+
+
+def iter_source(src, digests: dict | None = None) -> Iterator[Record | Rejected]:
+    """Every record of one configured source, in order. ``digests`` (when given) receives, per file read,
+    ``{"sha256": ..., "exact": bool}``: the hash of the bytes the records came from (``exact``), or, for Parquet
+    and Arrow folders (read by random access), the file's hash once reading ended."""
     if src.hub is not None:
         yield from read_hub(src.hub, src.hub_config, src.hub_split, src.hub_revision)
         return
@@ -135,18 +164,20 @@ def iter_source(src) -> Iterator[Record | Rejected]:
         yield from read_sql(src.sql.url, src.sql.query)
         return
     for f in expand(src.path):
-        yield from read_file(f, split=src.hub_split)
+        yield from read_file(f, split=src.hub_split, digests=digests)
 
 
-def read_file(p: Path, split: str = "train") -> Iterator[Record | Rejected]:
+def read_file(p: Path, split: str = "train", digests: dict | None = None) -> Iterator[Record | Rejected]:
     if _is_arrow_dir(p):
         yield from read_arrow_dir(p, split)
+        if digests is not None:
+            digests[str(p)] = {"sha256": sha256_path(p), "exact": False}
         return
     kind = FILE_SUFFIXES.get(p.suffix.lower(), "jsonl")
     if p.stat().st_size == 0:
         raise DataError(f"Data file `{p}` is empty (0 bytes). Fill it, or remove it from `data.sources`.")
     reader = {"jsonl": read_jsonl, "json": read_json, "parquet": read_parquet, "csv": read_csv, "tsv": read_csv, "txt": read_txt}[kind]
-    yield from reader(p)
+    yield from reader(p, digests=digests)
 
 
 def _utf8_error(p: Path, exc: UnicodeDecodeError, line: int | None, base_offset: int = 0) -> DataError:
@@ -157,14 +188,15 @@ def _utf8_error(p: Path, exc: UnicodeDecodeError, line: int | None, base_offset:
     )
 
 
-def read_jsonl(path: str | Path) -> Iterator[Record | Rejected]:
+def read_jsonl(path: str | Path, digests: dict | None = None) -> Iterator[Record | Rejected]:
     """Yield a Record for each JSON object line and a Rejected for each bad line (blank lines are skipped)."""
     p = Path(path)
     if not p.is_file():
         hint = "it is a folder; name a .jsonl file inside it" if p.is_dir() else "check `data.sources[].path` (relative paths are resolved against the config file's folder)"
         raise DataError(f"Data file `{p}` does not exist: {hint}.")
     offset = 0
-    with open(p, "rb") as fh:
+    fh, hashing = _hashed_open(p)
+    with fh:
         for lineno, raw in enumerate(fh, 1):
             start = offset
             offset += len(raw)
@@ -183,11 +215,15 @@ def read_jsonl(path: str | Path) -> Iterator[Record | Rejected]:
                 yield Rejected(str(p), lineno, f"a JSON {type(obj).__name__}, not an object", excerpt(line), kind="not_an_object")
                 continue
             yield Record(str(p), lineno, obj)
+    if digests is not None:
+        digests[str(p)] = {"sha256": hashing.sha.hexdigest(), "exact": True}
 
 
-def read_json(p: Path) -> Iterator[Record | Rejected]:
+def read_json(p: Path, digests: dict | None = None) -> Iterator[Record | Rejected]:
     """A JSON array of objects, or an object of equal-length lists (columns)."""
     raw = p.read_bytes()
+    if digests is not None:  # the bytes parsed below, read once
+        digests[str(p)] = {"sha256": hashlib.sha256(raw).hexdigest(), "exact": True}
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -216,23 +252,33 @@ def read_json(p: Path) -> Iterator[Record | Rejected]:
             yield Record(str(p), i, item, unit="item")
 
 
-def read_parquet(p: Path, batch_size: int = 4096) -> Iterator[Record]:
+def read_parquet(p: Path, batch_size: int = 4096, digests: dict | None = None) -> Iterator[Record]:
+    """Rows by row group, from one open handle (a file replaced meanwhile is not mixed in); the handle's content is
+    hashed when the rows are read, so a file changed in place while it was read is detected."""
     import pyarrow.parquet as pq
 
-    try:
-        f = pq.ParquetFile(p)
-    except Exception as exc:  # pyarrow raises ArrowInvalid with a useful text
-        raise DataError(f"`{p}` is not a readable Parquet file ({exc}). Re-export it, or give a JSONL/CSV file.") from None
-    row = 0
-    for batch in f.iter_batches(batch_size=batch_size):
-        for rec in batch.to_pylist():
-            row += 1
-            yield Record(str(p), row, rec, unit="row")
+    with open(p, "rb") as fh:
+        try:
+            f = pq.ParquetFile(fh)
+        except Exception as exc:  # pyarrow raises ArrowInvalid with a useful text
+            raise DataError(f"`{p}` is not a readable Parquet file ({exc}). Re-export it, or give a JSONL/CSV file.") from None
+        row = 0
+        for batch in f.iter_batches(batch_size=batch_size):
+            for rec in batch.to_pylist():
+                row += 1
+                yield Record(str(p), row, rec, unit="row")
+        if digests is not None:
+            fh.seek(0)
+            h = hashlib.sha256()
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+            digests[str(p)] = {"sha256": h.hexdigest(), "exact": False}
 
 
-def read_csv(p: Path) -> Iterator[Record | Rejected]:
+def read_csv(p: Path, digests: dict | None = None) -> Iterator[Record | Rejected]:
     delim = "\t" if p.suffix.lower() == ".tsv" else ","
-    with open(p, "rb") as raw:
+    raw, hashing = _hashed_open(p)
+    with raw:
         fh = io.TextIOWrapper(raw, encoding="utf-8", newline="")
         try:
             reader = csv.reader(fh, delimiter=delim)
@@ -251,12 +297,17 @@ def read_csv(p: Path) -> Iterator[Record | Rejected]:
                 yield Record(str(p), lineno, dict(zip(header, row)))
         except UnicodeDecodeError as exc:
             raise DataError(f"`{p}` (near line {reader.line_num + 1}) is not valid UTF-8 ({exc.reason}). Re-encode the file as UTF-8.") from None
+    if digests is not None:
+        digests[str(p)] = {"sha256": hashing.sha.hexdigest(), "exact": True}
 
 
-def read_txt(p: Path) -> Iterator[Record]:
+def read_txt(p: Path, digests: dict | None = None) -> Iterator[Record]:
     """A .txt file is one raw-text record (for continued pretraining)."""
+    raw = p.read_bytes()
+    if digests is not None:
+        digests[str(p)] = {"sha256": hashlib.sha256(raw).hexdigest(), "exact": True}
     try:
-        text = p.read_bytes().decode("utf-8")
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise _utf8_error(p, exc, None) from None
     yield Record(str(p), 1, {"text": text}, unit="file")
