@@ -54,6 +54,9 @@ class SqlSource(_Section):
     """A SELECT whose columns become the record's fields; rows are streamed, not loaded at once."""
 
 
+MAX_WEIGHT = 100.0  # `data.sources[].weight`: a larger repetition fills the disk and memory with copies
+
+
 class DataSource(_Section):
     path: str | None = None
     """A file (JSONL, JSON, Parquet, CSV, TSV, TXT), a glob (`data/*.jsonl`), a folder of such files, or a folder written by `datasets.save_to_disk`. Relative paths are resolved against the config file's folder."""
@@ -72,7 +75,7 @@ class DataSource(_Section):
     columns: dict[str, str] = Field(default_factory=dict)
     """Maps the format's field names onto this source's: `{instruction: question, output: answer}` reads `question` as `instruction`."""
     weight: float | None = Field(default=None, gt=0)
-    """Mixing weight: below 1 keeps that seeded random share of the source's records; above 1 repeats them in the training split (whole copies plus a seeded share)."""
+    """Mixing weight (at most 100): below 1 keeps that seeded random share of the source's records; above 1 repeats them in the training split (whole copies plus a seeded share)."""
     max_records: int | None = Field(default=None, ge=1)
     """Take at most this many records of this source (a seeded random choice when it has more)."""
     role: Literal["train", "eval", "test"] = "train"
@@ -86,6 +89,16 @@ class DataSource(_Section):
         if self.weight is not None and self.max_records is not None:
             raise ValueError("give `weight` or `max_records`, not both")
         return self
+
+    @field_validator("weight")
+    @classmethod
+    def _weight_bound(cls, v: float | None) -> float | None:
+        if v is not None and v > MAX_WEIGHT:
+            raise ValueError(
+                f"must be at most {MAX_WEIGHT:g} (each unit of weight is one more copy of every record of the source, written to disk); "
+                "to make a small source count more, lower the other sources' weights instead (below 1 keeps a share of their records)"
+            )
+        return v
 
 
 class PiiConfig(_Section):
@@ -317,7 +330,7 @@ class TrainingConfig(_Section):
     num_train_epochs: float = Field(default=3.0, gt=0)
     """Passes over the training data (ignored when `max_steps` > 0)."""
     max_steps: int = -1
-    """Total optimizer steps; -1 trains for `num_train_epochs`."""
+    """Total optimizer steps (>= 1); -1 trains for `num_train_epochs`."""
     per_device_train_batch_size: Annotated[int, Field(ge=1)] | Literal["auto"] = 4
     """Micro-batch size per device; `auto`: the largest the planner predicts to fit (with 10 % headroom)."""
     per_device_eval_batch_size: int = Field(default=8, ge=1)
@@ -386,6 +399,13 @@ class TrainingConfig(_Section):
     """Factor applied to the learning rate at each rollback."""
     hang_timeout_seconds: float = Field(default=1800.0, ge=0)
     """When no step finishes for this long, dump all thread stacks and emit `distributed_hang` (0 turns the watchdog off)."""
+
+    @field_validator("max_steps")
+    @classmethod
+    def _max_steps_range(cls, v: int) -> int:
+        if v == 0 or v < -1:
+            raise ValueError("must be -1 (train for `num_train_epochs`) or a number of optimizer steps >= 1; 0 would train nothing (delete the key to train for the epochs)")
+        return v
 
     @model_validator(mode="after")
     def _save_multiple_of_eval(self) -> "TrainingConfig":
