@@ -13,16 +13,123 @@ training, a generation config that stops at the end-of-turn token, a model card,
   is a float32 copy of the base and the card says how to load it with `adapter/`.
 
 It is written to `model.tmp/` and renamed at the end, so `model/` never holds half an export.
+
+Nothing that is not ours is replaced: every export carries a `.trainpipe-export` marker, and the
+destination must be missing, empty or an earlier trainpipe export (recognised by the marker, or by
+the model card of exports written before it); it may not be, hold or lie inside the run folder (but
+for the run's own `model/` and `export/NAME`), the config, the base model or the data. A write that
+fails (a full disk) removes the temporary folder, leaves the earlier export in place and ends in an
+:class:`ExportWriteError`.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import time
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 from trainpipe.config import ModelConfig
+from trainpipe.errors import RunDirError, TrainpipeError
+
+MARKER = ".trainpipe-export"
+EXIT_WRITE_FAILED = 74  # EX_IOERR
+
+
+class ExportWriteError(TrainpipeError):
+    """Writing the export failed (a full disk, a read-only folder); nothing was replaced."""
+
+    exit_code = EXIT_WRITE_FAILED
+    title = "export failed"
+
+
+def is_export(path: Path) -> bool:
+    """True when ``path`` is a folder trainpipe exported: its marker, or (exports older than it) its model card."""
+    if (path / MARKER).is_file():
+        return True
+    card = path / "README.md"
+    try:
+        head = card.read_text(encoding="utf-8", errors="replace")[:4000] if card.is_file() else ""
+    except OSError:
+        return False
+    return "\nTrained with trainpipe" in head and (path / "config.json").is_file()
+
+
+def _within(inner: Path, outer: Path) -> bool:
+    return inner == outer or outer in inner.parents
+
+
+def check_destination(final: Path, *, run_dir: Path, protect: list[tuple[str, Path]] = ()) -> None:
+    """Refuse (RunDirError) an export destination whose replacement would destroy something that is not an export.
+
+    ``protect`` names further paths (what, path) the export must neither be, hold nor lie inside:
+    the config, the base model, the data. Inside ``run_dir`` only its own `model/` and `export/NAME` may be written.
+    """
+    final, run_dir = Path(os.path.abspath(final)).resolve(), Path(run_dir).resolve()
+    fix = "Give `--out` a new folder, an empty one, or an earlier trainpipe export."
+    if _within(run_dir, final):
+        raise RunDirError(f"The export destination `{final}` is (or holds) the run folder `{run_dir}`: exporting there would replace the run, "
+                          f"its checkpoints and logs, so it is refused and nothing was touched. {fix}")
+    if _within(final, run_dir) and final != run_dir / "model" and final.parent != run_dir / "export":
+        raise RunDirError(f"The export destination `{final}` lies inside the run folder `{run_dir}`, where only `model/` and `export/NAME` are "
+                          f"exports; writing there could replace the run's checkpoints or logs, so it is refused and nothing was touched. {fix}")
+    for what, path in protect:
+        path = Path(os.path.abspath(path)).resolve()
+        if _within(path, final) or _within(final, path):
+            relation = "is" if path == final else ("holds" if _within(path, final) else "lies inside")
+            raise RunDirError(f"The export destination `{final}` {relation} {what} `{path}`: exporting there would replace it, so it is "
+                              f"refused and nothing was touched. {fix}")
+    if final.exists() or final.is_symlink():
+        if not final.is_dir() or final.is_symlink():
+            raise RunDirError(f"The export destination `{final}` exists and is not a folder; trainpipe replaces only its own exports, so it is "
+                              f"refused and nothing was touched. {fix}")
+        if any(final.iterdir()) and not is_export(final):
+            raise RunDirError(f"The export destination `{final}` is a non-empty folder that is not a trainpipe export (no `{MARKER}` marker, no "
+                              f"trainpipe model card); trainpipe replaces only its own exports, so it is refused and nothing was touched. {fix}")
+    tmp = final.with_name(final.name + ".tmp")
+    if tmp.exists() and not _is_own_tmp(tmp):
+        raise RunDirError(f"The export is written through `{tmp}` next to `{final}`, and that path holds something that is not an unfinished "
+                          f"trainpipe export; it is refused and nothing was touched. Move `{tmp}` away, or give `--out` another folder.")
+
+
+def _is_own_tmp(tmp: Path) -> bool:
+    """An unfinished export of ours: a folder with our marker, or empty (killed before the marker was written)."""
+    return tmp.is_dir() and not tmp.is_symlink() and ((tmp / MARKER).is_file() or not any(tmp.iterdir()))
+
+
+def _replace(tmp: Path, final: Path) -> None:
+    """Move ``tmp`` to ``final``; an earlier export there is moved aside first and deleted only once the new one is in place."""
+    old = None
+    if final.exists():
+        if any(final.iterdir()):
+            old = final.with_name(f".{final.name}.old-{os.getpid()}")
+            final.rename(old)
+        else:
+            final.rmdir()
+    try:
+        tmp.rename(final)
+    except OSError:
+        if old is not None:
+            old.rename(final)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _write_failed(exc: BaseException, tmp: Path, final: Path, run_dir: Path) -> ExportWriteError:
+    from trainpipe.train.checkpoints import write_error
+
+    err = write_error(exc, tmp.parent)
+    why = f"{err.strerror or err} (errno {err.errno})" if err is not None else str(exc)
+    before = "still holds the earlier export" if final.exists() else "was not created"
+    return ExportWriteError(
+        f"Writing the export to `{final}` failed: {why}. The unfinished `{tmp.name}` was removed and `{final}` {before}; the checkpoints "
+        f"in `{run_dir / 'checkpoints'}` are intact. Free space on that disk (or choose another folder with `--out`), then export again "
+        f"with `trainpipe export {run_dir}`."
+    )
 
 
 def stop_token_ids(tokenizer, template: str) -> list[int]:
@@ -40,16 +147,60 @@ QUANTIZED = ("qlora", "qlora8")
 PROMPT_LEARNING = ("prompt_tuning", "prefix_tuning")
 
 
-def export_model(*, run_dir: Path, model, tokenizer, base: ModelConfig, peft: str, stop_ids: list[int], card: dict, dest: Path | None = None) -> Path:
-    """Write the export to ``dest`` (default ``run_dir/model``) through ``<dest>.tmp`` and a rename."""
+def base_model_dir(base: ModelConfig) -> list[tuple[str, Path]]:
+    """The base model's local folder (and `init_from_config`), as `protect` entries for :func:`check_destination`."""
+    out = []
+    for what, p in (("the base model", base.name_or_path), ("the model config", getattr(base, "init_from_config", None))):
+        if p and Path(p).expanduser().exists():
+            out.append((what, Path(p).expanduser()))
+    return out
+
+
+def export_model(*, run_dir: Path, model, tokenizer, base: ModelConfig, peft: str, stop_ids: list[int], card: dict, dest: Path | None = None,
+                 protect: list[tuple[str, Path]] = (), adapter_from: Path | None = None) -> Path:
+    """Write the export to ``dest`` (default ``run_dir/model``) through ``<dest>.tmp`` and a rename (:func:`export_folder`).
+
+    ``protect``: further (what, path) the destination must keep clear of; ``adapter_from``: a saved adapter folder
+    copied to ``adapter/`` (the multi-adapter export)."""
+    final = Path(os.path.abspath(dest)) if dest is not None else Path(run_dir) / "model"
+    with export_folder(final, run_dir=run_dir, card=card, protect=[*base_model_dir(base), *protect]) as tmp:
+        _write(tmp, model=model, tokenizer=tokenizer, base=base, peft=peft, stop_ids=stop_ids, card=card)
+        if adapter_from is not None:
+            shutil.copytree(adapter_from, tmp / "adapter")
+    return final
+
+
+@contextmanager
+def export_folder(final: Path, *, run_dir: Path, card: dict, protect: list[tuple[str, Path]] = ()):
+    """Yield ``<final>.tmp`` (marked as ours) to write an export into; on success it replaces ``final``.
+
+    Refuses (RunDirError) a destination that is not ours to replace (:func:`check_destination`); a failed write
+    (a full disk) removes the temporary folder, leaves ``final`` as it was and raises ExportWriteError."""
+    from trainpipe.train import faults
+    from trainpipe.train.checkpoints import write_error
+
+    check_destination(final, run_dir=run_dir, protect=protect)
+    tmp = final.with_name(final.name + ".tmp")
+    if tmp.exists():  # an unfinished export of ours (check_destination refused anything else)
+        shutil.rmtree(tmp)
+    try:
+        tmp.mkdir(parents=True)
+        (tmp / MARKER).write_text(json.dumps({"trainpipe_version": card.get("trainpipe_version"), "run_dir": str(run_dir),
+                                              "config_hash": card.get("config_hash"), "time": time.time()}) + "\n", encoding="utf-8")
+        yield tmp
+        faults.during_export_write()
+        _replace(tmp, final)
+    except Exception as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, TrainpipeError) or write_error(exc, final.parent) is None:
+            raise
+        raise _write_failed(exc, tmp, final, Path(run_dir)) from None
+
+
+def _write(tmp: Path, *, model, tokenizer, base: ModelConfig, peft: str, stop_ids: list[int], card: dict) -> None:
     from trainpipe import ui
     from trainpipe.train.model import load_model
 
-    final = Path(dest) if dest is not None else run_dir / "model"
-    tmp = final.with_name(final.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
     if peft in MERGEABLE or peft in PROMPT_LEARNING:
         model.save_pretrained(tmp / "adapter", safe_serialization=True)
     if peft in MERGEABLE:
@@ -76,10 +227,6 @@ def export_model(*, run_dir: Path, model, tokenizer, base: ModelConfig, peft: st
     merged.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     (tmp / "README.md").write_text(model_card({**card, "loading": how_to_load(peft)}), encoding="utf-8")
-    if final.exists():
-        shutil.rmtree(final)
-    tmp.rename(final)
-    return final
 
 
 def how_to_load(peft: str) -> str:
@@ -120,4 +267,6 @@ def model_card(card: dict) -> str:
     if card.get("loading"):
         lines += ["", "## Loading", "", card["loading"]]
     lines += ["", "## Resolved config", "", "```json", json.dumps(card.get("config", {}), indent=2), "```", ""]
-    return "\n".join(lines)
+    from trainpipe.redact import redact_text
+
+    return redact_text("\n".join(lines))  # no credential (a database URL's password, a token) in a card that gets published

@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import tempfile
 import warnings
 from pathlib import Path
@@ -41,9 +40,34 @@ def _generation_stop_ids(model_dir: Path) -> list[int]:
     return eos if isinstance(eos, list) else [eos]
 
 
+def protected_paths(run_dir: Path, cfg: RunConfig) -> list[tuple[str, Path]]:
+    """What an export destination must neither be, hold nor lie inside: the config file, the base model, the data."""
+    from trainpipe.export import base_model_dir
+
+    out = base_model_dir(cfg.model)
+    manifest = run_dir / "manifest.json"
+    try:
+        config_path = json.loads(manifest.read_text(encoding="utf-8")).get("config_path") if manifest.is_file() else None
+    except (OSError, ValueError):
+        config_path = None
+    if config_path:
+        out.append(("the run's config", Path(config_path)))
+    for src in cfg.data.sources:
+        if src.path:
+            path = Path(src.path).expanduser()
+            while any(ch in path.name for ch in "*?[") and path != path.parent:  # a glob: the folder it reads
+                path = path.parent
+            out.append(("the data", path))
+    return out
+
+
 def export_run(run_dir: str | Path, *, adapter: str | None = None, combine: dict[str, float] | None = None, combination: str = "cat",
                out: str | Path | None = None) -> Path:
+    from trainpipe.export import check_destination
+
     run_dir = Path(run_dir).resolve()
+    if out is not None:  # before any weights load: a destination that is not ours to replace is refused
+        check_destination(Path(out), run_dir=run_dir, protect=protected_paths(run_dir, _resolved_config(run_dir)))
     if (run_dir / "adapters.json").is_file():
         return export_adapters(run_dir, adapter=adapter, combine=combine, combination=combination, out=out)
     if adapter or combine:
@@ -78,7 +102,7 @@ def export_single(run_dir: Path, *, out: str | Path | None = None) -> Path:
             "baseline": summary.get("baseline", {}), "final": summary.get("final", {}), "config": cfg.model_dump(mode="json"),
             "checkpoint": str(info.path), "trainpipe_version": __import__("trainpipe").__version__}
     return export_model(run_dir=run_dir, model=model, tokenizer=tok, base=cfg.model, peft=cfg.method.peft, stop_ids=stop_ids, card=card,
-                        dest=Path(out).resolve() if out else None)
+                        dest=Path(out) if out else None, protect=protected_paths(run_dir, cfg))
 
 
 # --------------------------------------------------------------------------- several adapters on one base
@@ -144,15 +168,13 @@ def export_adapters(run_dir: Path, *, adapter: str | None, combine: dict[str, fl
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
             merged = model.merge_and_unload(adapter_names=[name])
-        dest = Path(out).resolve() if out else run_dir / "export" / name
+        dest = Path(out) if out else run_dir / "export" / name
         card = {"name": f"{cfg.name}-{name}", "base_model": cfg.model.name_or_path, "method": f"{cfg.method.name} / {cfg.method.peft}, adapter `{name}`"
                 + (f" = {combination} of " + ", ".join(f"{w:g} x {n}" for n, w in combine.items()) if combine else ""),
                 "config_hash": cfg.hash(), "baseline": index["adapters"][wanted[0]]["baseline"] if adapter else {},
                 "final": index["adapters"][wanted[0]]["final"] if adapter else {}, "config": cfg.model_dump(mode="json"),
                 "trainpipe_version": __import__("trainpipe").__version__}
-        final = export_model(run_dir=run_dir, model=merged, tokenizer=tok, base=cfg.model, peft="none", stop_ids=stop_ids, card=card, dest=dest)
         src = Path(tmpdir) / name if (Path(tmpdir) / name).is_dir() else Path(tmpdir)
-        if (final / "adapter").exists():
-            shutil.rmtree(final / "adapter")
-        shutil.copytree(src, final / "adapter")
+        final = export_model(run_dir=run_dir, model=merged, tokenizer=tok, base=cfg.model, peft="none", stop_ids=stop_ids, card=card, dest=dest,
+                             protect=protected_paths(run_dir, cfg), adapter_from=src)
     return final

@@ -12,6 +12,7 @@ the best is never deleted.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -31,6 +32,32 @@ _NAME = re.compile(r"^step-(\d+)$")
 
 class CheckpointWriteError(OSError):
     """A checkpoint could not be written; the previous checkpoints are intact."""
+
+
+def write_error(exc: BaseException, where: Path | None = None) -> OSError | None:
+    """The OSError behind a failed write, or None when ``exc`` is not one.
+
+    Libraries report a full disk differently: Python file IO raises OSError; ``torch.save`` into an
+    open file raises RuntimeError with the OSError as its context; safetensors raises SafetensorError
+    whose text ends in ``os error N``. As a last resort, a write that failed on a file system with no
+    space left (``where``) is ENOSPC.
+    """
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    m = re.search(r"os error (\d+)", str(exc))
+    if m:
+        return OSError(int(m.group(1)), os.strerror(int(m.group(1))))
+    if where is not None and isinstance(exc, RuntimeError):
+        try:
+            full = os.statvfs(where).f_bavail == 0
+        except OSError:
+            return None
+        if full:
+            return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    return None
 
 
 
@@ -126,7 +153,8 @@ class CheckpointManager:
             tmp.mkdir(parents=True)
             save_file({k: v.detach().contiguous() for k, v in weights.items()}, str(tmp / WEIGHTS), metadata={"step": str(step)})
             faults.during_checkpoint_write(step)
-            torch.save(state, tmp / STATE)
+            with open(tmp / STATE, "wb") as fh:  # an open file: a full disk surfaces as the OSError behind torch's RuntimeError
+                torch.save(state, fh)
             faults.during_checkpoint_write(step)
             (tmp / "config.resolved.yaml").write_text(config_yaml, encoding="utf-8")
             (tmp / "trainer_state.json").write_text(json.dumps({"step": step, "metric": metric, **info}, indent=2, default=str), encoding="utf-8")
@@ -143,9 +171,12 @@ class CheckpointManager:
                 shutil.rmtree(final)
             os.rename(tmp, final)
             _fsync_dir(self.root)
-        except OSError as exc:
+        except Exception as exc:  # OSError, or torch's RuntimeError / safetensors' SafetensorError around one
             shutil.rmtree(tmp, ignore_errors=True)
-            raise CheckpointWriteError(exc.errno, f"could not write checkpoint step-{step}: {exc.strerror or exc}") from exc
+            err = write_error(exc, self.root)
+            if err is None:
+                raise
+            raise CheckpointWriteError(err.errno, f"could not write checkpoint step-{step}: {err.strerror or err}") from exc
         return CheckpointInfo(final, step, metric)
 
     def rotate(self) -> list[Path]:

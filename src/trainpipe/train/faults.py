@@ -13,6 +13,7 @@ Keys:
 - ``step_seconds``: s, sleep before every forward (a slower step, so that kills land mid-step)
 - ``slow_checkpoint_seconds``: s, sleep between files of a checkpoint write (to land kills mid-write)
 - ``checkpoint_error_at_steps``: [n, ...] raise OSError(ENOSPC) while writing the checkpoint of step n
+- ``export_error``: true raises OSError(ENOSPC) while writing an export (after its files, before the rename)
 """
 
 from __future__ import annotations
@@ -83,4 +84,9 @@ def during_checkpoint_write(step: int) -> None:
     if s.get("slow_checkpoint_seconds"):
         time.sleep(float(s["slow_checkpoint_seconds"]))
     if step in s.get("checkpoint_error_at_steps", []):
+        raise OSError(errno.ENOSPC, "TEST-ONLY injected: No space left on device")
+
+
+def during_export_write() -> None:
+    if spec().get("export_error"):
         raise OSError(errno.ENOSPC, "TEST-ONLY injected: No space left on device")

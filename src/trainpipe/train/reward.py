@@ -18,7 +18,6 @@ The contract other recipes (rl) rely on -- :func:`load_reward_model` and :func:`
 
 from __future__ import annotations
 
-import shutil
 import warnings
 from dataclasses import asdict
 from pathlib import Path
@@ -179,29 +178,24 @@ def evaluate(model, objective: BradleyTerry, rows: list[dict], *, batch_size: in
 def export_reward_model(*, run_dir: Path, model, tokenizer, base, peft: str, card: dict) -> Path:
     """`RUN_DIR/model/`: the reward model as safetensors (LoRA and the trained head merged into a float32 base),
     the tokenizer, a model card and `adapter/`; written to `model.tmp/` and renamed at the end."""
-    from trainpipe.export import model_card
+    from trainpipe.export import base_model_dir, export_folder, model_card
 
-    tmp, final = run_dir / "model.tmp", run_dir / "model"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    if peft != "none":
-        from peft import PeftModel
+    final = run_dir / "model"
+    with export_folder(final, run_dir=run_dir, card=card, protect=base_model_dir(base)) as tmp:  # refuses what is not ours; a full disk leaves no model.tmp
+        if peft != "none":
+            from peft import PeftModel
 
-        model.save_pretrained(tmp / "adapter", safe_serialization=True)
-        fresh = load_sequence_classifier(base, "float32", tokenizer.pad_token_id)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            merged = PeftModel.from_pretrained(fresh, tmp / "adapter").merge_and_unload()
-    else:
-        merged = model
-    merged.config.pad_token_id = tokenizer.pad_token_id
-    merged.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    (tmp / "README.md").write_text(model_card(card), encoding="utf-8")
-    if final.exists():
-        shutil.rmtree(final)
-    tmp.rename(final)
+            model.save_pretrained(tmp / "adapter", safe_serialization=True)
+            fresh = load_sequence_classifier(base, "float32", tokenizer.pad_token_id)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)
+                merged = PeftModel.from_pretrained(fresh, tmp / "adapter").merge_and_unload()
+        else:
+            merged = model
+        merged.config.pad_token_id = tokenizer.pad_token_id
+        merged.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "README.md").write_text(model_card(card), encoding="utf-8")
     return final
 
 
