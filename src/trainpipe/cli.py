@@ -256,9 +256,20 @@ def config_schema(
         typer.echo(text)
 
 
+def _redacted_excepthook(exc_type, exc, tb) -> None:
+    """Print a crash's traceback with credentials redacted (a database URL's password, a token: trainpipe.redact)."""
+    import traceback
+
+    from trainpipe.redact import redact_text
+
+    sys.stderr.write(redact_text("".join(traceback.format_exception(exc_type, exc, tb))))
+
+
 def main(argv: list[str] | None = None) -> int:
     import click
 
+    if argv is None:  # the `trainpipe` command: even an unexpected crash prints no credential
+        sys.excepthook = _redacted_excepthook
     try:
         app(args=argv, standalone_mode=False)
         return 0

@@ -733,7 +733,11 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
 
 
 def dump_yaml(cfg: RunConfig) -> str:
-    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, default_flow_style=None, width=100)
+    """The config as YAML, credentials redacted (a URL's password -> `***`, trainpipe.redact): what config.resolved.yaml
+    and every checkpoint hold. `cfg.hash()` still covers the real values."""
+    from trainpipe.redact import redact_obj
+
+    return yaml.safe_dump(redact_obj(cfg.model_dump(mode="json")), sort_keys=False, default_flow_style=None, width=100)
 
 
 def json_schema() -> dict:

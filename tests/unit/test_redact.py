@@ -61,3 +61,36 @@ def test_redact_obj_walks_dicts_lists_and_keys(monkeypatch):
     assert out["sources"][0]["sql"] == {"url": "postgresql://u:***@h/db", "query": "select 1"}
     assert out["n"] == 3 and out["f"] == 0.5 and out["none"] is None
     assert obj["sources"][0]["sql"]["url"] == "postgresql://u:pw12345@h/db"  # a copy: the input is untouched
+
+
+def test_console_never_prints_a_credential_even_wrapped(monkeypatch):
+    import io
+
+    from rich.table import Table
+    from rich.text import Text
+
+    from trainpipe.ui import RedactingConsole
+
+    monkeypatch.setenv("HF_TOKEN", "hf_SECRETVALUE123456")
+    buf = io.StringIO()
+    con = RedactingConsole(file=buf, width=30, no_color=True, highlight=False, soft_wrap=False)
+    con.print("[bold]source[/] sql:postgresql://user:S3cr3tPassw0rd@db.example.com:5432/warehouse?token=tok-0123456789 failed", markup=True)
+    con.print(Text("token hf_SECRETVALUE123456 from the environment"))
+    table = Table("url")
+    table.add_row("https://u:hunter2222@h/x")
+    con.print(table)
+    out = buf.getvalue()
+    for secret in ("S3cr3tPassw0rd", "tok-0123456789", "hf_SECRETVALUE123456", "hunter2222"):
+        assert secret not in out.replace("\n", ""), secret  # not even split across wrapped lines
+    assert "user:***@db.ex" in out.replace("\n", "") and "token ***" in out
+
+
+def test_crash_traceback_of_the_cli_is_redacted(capsys):
+    from trainpipe.cli import _redacted_excepthook
+
+    try:
+        raise RuntimeError("cannot reach mysql://root:hunter2222@10.0.0.5/db")
+    except RuntimeError as exc:
+        _redacted_excepthook(type(exc), exc, exc.__traceback__)
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "RuntimeError: cannot reach mysql://root:***@10.0.0.5/db" in err and "hunter2222" not in err

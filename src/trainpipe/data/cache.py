@@ -94,7 +94,10 @@ class Writer:
         w[1].write_table(table)
 
     def write_json(self, name: str, obj) -> None:
-        (self.tmp / name).write_text(json.dumps(obj, indent=2, default=str), encoding="utf-8")
+        """Write ``obj`` as JSON, credentials redacted (trainpipe.redact): the cache outlives the run and is shared."""
+        from trainpipe.redact import redact_obj
+
+        (self.tmp / name).write_text(json.dumps(redact_obj(obj), indent=2, default=str), encoding="utf-8")
 
     def commit(self) -> Path:
         for sink, w in self._writers.values():

@@ -27,6 +27,7 @@ from trainpipe.errors import RunDirError, TrainpipeError
 from trainpipe.events import EventLog
 from trainpipe.plan.run_plan import compare as compare_plan, plan_run, what_would_fit
 from trainpipe.plan.hardware import detect
+from trainpipe.redact import redact_obj
 from trainpipe.track.manifest import build_manifest, write_json
 from trainpipe.train.loop import EXIT_PREEMPTED, OutOfMemoryPlan, Preempted
 
@@ -178,9 +179,10 @@ def find_resume_point(cfg: RunConfig, want: bool, *, explicit: bool, overwrite: 
             )
         return None, skipped
     old = yaml.safe_load((info.path / "config.resolved.yaml").read_text())
-    unsafe, safe = config_changes(old, cfg.model_dump(mode="json"))
+    new = redact_obj(cfg.model_dump(mode="json"))  # the checkpoint's copy is redacted (config.dump_yaml): compare like with like
+    unsafe, safe = config_changes(old, new)
     if unsafe:
-        lines = [f"  - `{k}`: {_flatten(old).get(k)!r} -> {_flatten(cfg.model_dump(mode='json')).get(k)!r}" for k in unsafe]
+        lines = [f"  - `{k}`: {_flatten(old).get(k)!r} -> {_flatten(new).get(k)!r}" for k in unsafe]
         raise ConfigError(
             f"Cannot resume {info.path}: the config changed in keys that change what is trained:\n" + "\n".join(lines)
             + "\nRestore them, or start a new run (another `output_dir`, or `--overwrite`).",
