@@ -201,12 +201,9 @@ def diagnose(
     as_json: Annotated[bool, typer.Option("--json", help="Print the findings as JSON.")] = False,
 ) -> None:
     """Say what happened to a run: the evidence, the likely cause and the fix."""
-    from trainpipe.errors import RunDirError
     from trainpipe.report.diagnose import diagnose as run_diagnose
 
-    if not run_dir.is_dir():
-        raise RunDirError(f"`{run_dir}` is not a directory; pass the `output_dir` of a run (it holds events.jsonl).")
-    findings = run_diagnose(run_dir)
+    findings = run_diagnose(run_dir)  # RunDirError (exit 2) for a folder that is not a run directory
     if as_json:
         typer.echo(json.dumps([f.to_dict() for f in findings], indent=2))
         return

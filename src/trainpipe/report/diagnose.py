@@ -12,6 +12,11 @@ import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from trainpipe.errors import RunDirError
+
+# What makes a folder a run directory: any of these (the ownership marker is train/checkpoints.RUN_MARKER).
+RUN_DIR_FILES = ("events.jsonl", "config.resolved.yaml", ".trainpipe-run")
+
 
 @dataclass
 class Finding:
@@ -47,8 +52,25 @@ def _config(run: Path) -> dict:
         return {}
 
 
+def check_run_dir(run: Path) -> None:
+    """RunDirError unless ``run`` is a folder a run wrote (see RUN_DIR_FILES): an empty or unrelated folder has no
+    run to diagnose, which is not the same as a run that never started."""
+    if not run.is_dir():
+        raise RunDirError(f"`{run}` is not a directory; pass the `output_dir` of a run (it holds events.jsonl).")
+    if any((run / name).exists() for name in RUN_DIR_FILES):
+        return
+    held = sorted(p.name for p in run.iterdir())
+    what = "it is empty" if not held else f"it holds {len(held)} other entr{'ies' if len(held) != 1 else 'y'} ({', '.join(held[:5])}{', ...' if len(held) > 5 else ''})"
+    raise RunDirError(
+        f"`{run}` is not a trainpipe run directory: it holds none of {', '.join(RUN_DIR_FILES)}; {what}. "
+        "Pass the `output_dir` of a run (the folder `trainpipe run CONFIG` wrote, `runs/NAME` by default)."
+    )
+
+
 def diagnose(run_dir: str | Path) -> list[Finding]:
+    """The findings for a run directory, most important first; RunDirError for a folder that is not one."""
     run = Path(run_dir)
+    check_run_dir(run)
     events = _jsonl(run / "events.jsonl")
     metrics = _jsonl(run / "metrics.jsonl")
     cfg = _config(run)
