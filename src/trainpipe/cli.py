@@ -268,8 +268,12 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None:  # the `trainpipe` command: even an unexpected crash prints no credential
         sys.excepthook = _redacted_excepthook
     try:
-        app(args=argv, standalone_mode=False)
-        return 0
+        rv = app(args=argv, standalone_mode=False)
+        if rv == 130:  # typer turns Ctrl-C into Exit(130) and, not standalone, returns it instead of raising
+            from trainpipe import ui
+
+            ui.console().print("[bold red]interrupted:[/] stopped by Ctrl-C; nothing was finished.", markup=True, highlight=False, soft_wrap=True)
+        return rv if isinstance(rv, int) else 0
     except TrainpipeError as exc:
         from rich.markup import escape
 

@@ -450,8 +450,8 @@ class EvalConfig(_Section):
 class StageConfig(_Section):
     """One stage of a multi-stage run: its method and, optionally, its own data and training settings."""
 
-    name: str | None = None
-    """Stage name (its run directory under `output_dir`); default: the method name."""
+    name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+    """Stage name (its run directory under `output_dir`: a plain folder name, no `/`, `\\` or leading `.`); default: the method name."""
     method: dict[str, Any] = Field(default_factory=dict)
     """Keys of `method` for this stage, over the run's `method` (e.g. `{name: reward}`)."""
     data: DataConfig | None = None
@@ -460,6 +460,13 @@ class StageConfig(_Section):
     """Keys of `training` for this stage, over the run's `training`."""
     eval: dict[str, Any] = Field(default_factory=dict)
     """Keys of `eval` for this stage, over the run's `eval`."""
+
+    @field_validator("name")
+    @classmethod
+    def _plain_folder_name(cls, v: str | None) -> str | None:
+        if v is not None and ".." in v:
+            raise ValueError(f"a stage name is a folder under `output_dir`; `..` would lead outside it (got {v!r})")
+        return v
 
 
 class RunConfig(_Section):

@@ -20,6 +20,7 @@ from pathlib import Path
 from trainpipe import ui
 from trainpipe.config import RunConfig
 from trainpipe.errors import RunDirError
+from trainpipe.pipeline import rundir
 from trainpipe.track.manifest import write_json
 
 
@@ -30,19 +31,30 @@ def adapter_config(cfg: RunConfig, name: str, root: Path) -> RunConfig:
     sub.data = a.data.model_copy(deep=True)
     sub.method.adapters = []
     sub.name = f"{cfg.name or 'run'}-{name}"
-    sub.output_dir = str(root / "adapters" / name)
+    sub.output_dir = str(rundir.inside(Path(root) / "adapters", name, "Adapter name"))  # a plain name, its folder inside the run's
     return sub
 
 
 def run_adapters(cfg: RunConfig, *, config_path: str | None, overwrite: bool, resume: bool) -> dict:
-    from trainpipe.pipeline.run import prepare_parent_dir, run
+    from trainpipe.pipeline.run import prepare_parent_dir
 
     t0 = time.time()
     names = [a.name for a in cfg.method.adapters]
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
         raise RunDirError(f"`method.adapters` names {dup} more than once; give every adapter its own name (it is its folder).")
-    root = prepare_parent_dir(cfg, overwrite, resume, "adapters")
+    root = Path(cfg.output_dir or f"runs/{cfg.name or 'run'}").resolve()
+    for name in names:
+        rundir.inside(root / "adapters", name, "Adapter name")
+    rundir.check_not_data(root, rundir.protected_paths(cfg, config_path))
+    with rundir.RunLock(root):  # one run per folder: the whole run holds OUTPUT_DIR, each adapter its own folder
+        prepare_parent_dir(cfg, overwrite, resume, "adapters", config_path=config_path)
+        return _run_all(cfg, names, root, t0, config_path=config_path, overwrite=overwrite, resume=resume)
+
+
+def _run_all(cfg: RunConfig, names: list[str], root: Path, t0: float, *, config_path: str | None, overwrite: bool, resume: bool) -> dict:
+    from trainpipe.pipeline.run import run
+
     results: dict[str, dict] = {}
     for name in names:
         sub = adapter_config(cfg, name, root)

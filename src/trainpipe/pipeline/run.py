@@ -11,11 +11,12 @@ Reads top to bottom. The run directory contract:
     checkpoints/           Trainer checkpoints (best by eval loss kept)
     model/                 the exported best model (only once training finished)
     summary.json           `baseline` and `final` metric dicts, training figures, artefact paths
+    .trainpipe-run         the ownership marker (run id): only a folder holding it is ever cleared (pipeline/rundir.py)
+    .trainpipe.lock        held while the run is running: one run per folder
 """
 
 from __future__ import annotations
 
-import shutil
 import warnings
 import time
 from dataclasses import asdict
@@ -23,7 +24,8 @@ from pathlib import Path
 
 from trainpipe import ui
 from trainpipe.config import RunConfig, dump_yaml
-from trainpipe.errors import RunDirError, TrainpipeError
+from trainpipe.errors import DataError, RunDirError, TrainpipeError
+from trainpipe.pipeline import rundir
 from trainpipe.events import EventLog
 from trainpipe.plan.run_plan import compare as compare_plan, plan_run, what_would_fit
 from trainpipe.plan.hardware import detect
@@ -32,35 +34,50 @@ from trainpipe.track.manifest import build_manifest, write_json
 from trainpipe.train.loop import EXIT_PREEMPTED, OutOfMemoryPlan, Preempted
 
 
-def prepare_run_dir(output_dir: str, overwrite: bool, allow_unfinished: bool = False) -> Path:
+def prepare_run_dir(output_dir: str, overwrite: bool, allow_unfinished: bool = False, protected: list | None = None) -> Path:
+    """Lay out a fresh run in ``output_dir`` (the caller holds its lock): an empty folder is used, an earlier run of ours is
+    cleared with `overwrite` (or, with `allow_unfinished`, when it never finished), anything else is refused with nothing
+    deleted (pipeline/rundir.py has the rules). The folder gets a new ownership marker."""
     run_dir = Path(output_dir).resolve()
-    unfinished = allow_unfinished and not (run_dir / "summary.json").exists() and not (run_dir / "model").exists()
-    if run_dir.exists() and any(run_dir.iterdir()):
-        if not (overwrite or unfinished):
+    kind, _ = rundir.ownership(run_dir)
+    if kind != "empty":
+        unfinished = allow_unfinished and not (run_dir / "summary.json").exists() and not (run_dir / "model").exists()
+        if kind != "foreign" and not (overwrite or unfinished):
             raise RunDirError(
                 f"`{run_dir}` already holds files from an earlier run. Pass `--overwrite` to replace them, or choose "
                 "another directory with `--set output_dir=runs/NEW_NAME`."
             )
-        shutil.rmtree(run_dir)
+        why = "`--overwrite`" if overwrite else ("a fresh start" if kind == "foreign" and not unfinished else "`--resume` found no checkpoint to continue")
+        rundir.clear(run_dir, overwrite=overwrite, protected=protected or [], why=why)
     run_dir.mkdir(parents=True, exist_ok=True)
+    rundir.write_marker(run_dir)
     return run_dir
 
 
-def prepare_parent_dir(cfg: RunConfig, overwrite: bool, resume: bool, parts: str) -> Path:
-    """The root of a multi-part run (stages, adapters): cleared with `overwrite`, kept with `resume` (finished parts are
-    reused), refused otherwise; the run's config is written there."""
+def prepare_parent_dir(cfg: RunConfig, overwrite: bool, resume: bool, parts: str, config_path: str | None = None) -> Path:
+    """The root of a multi-part run (stages, adapters), under its lock: cleared with `overwrite` (when ours), kept with
+    `resume` (finished parts are reused), refused otherwise; the run's config is written there."""
     root = Path(cfg.output_dir or f"runs/{cfg.name or 'run'}").resolve()
-    if root.exists() and any(root.iterdir()):
-        if overwrite:
-            shutil.rmtree(root)
+    protected = rundir.protected_paths(cfg, config_path)
+    kind, _ = rundir.ownership(root)
+    if kind != "empty":
+        if overwrite or kind == "foreign":
+            rundir.clear(root, overwrite=overwrite, protected=protected, why="`--overwrite`" if overwrite else "a new run")
         elif not (resume or cfg.training.resume == "auto"):
             raise RunDirError(
                 f"`{root}` already holds files from an earlier run. Pass `--overwrite` to replace them, `--resume` to continue "
                 f"(finished {parts} are kept), or choose another directory with `--set output_dir=runs/NEW_NAME`."
             )
     root.mkdir(parents=True, exist_ok=True)
+    if rundir.read_marker(root) is None:
+        rundir.write_marker(root, legacy=kind == "legacy")
     (root / "config.resolved.yaml").write_text(dump_yaml(cfg), encoding="utf-8")
     return root
+
+
+class Interrupted(TrainpipeError):
+    exit_code = 130
+    title = "interrupted"
 
 
 class PreemptedExit(TrainpipeError):
@@ -103,13 +120,35 @@ def run(cfg: RunConfig, *, config_path: str | None = None, overwrite: bool = Fal
     from trainpipe.train.model import check_peft
 
     check_peft(cfg.model, cfg.method)  # PEFT errors the config alone can tell (meta-device build), before the data step
-    resume_from, notes = find_resume_point(cfg, resume or cfg.training.resume == "auto", explicit=resume, overwrite=overwrite)
-    run_dir = Path(cfg.output_dir).resolve() if resume_from is not None else prepare_run_dir(cfg.output_dir, overwrite, allow_unfinished=resume or cfg.training.resume == "auto")
+    run_dir = Path(cfg.output_dir).resolve()
+    protected = rundir.protected_paths(cfg, config_path)
+    rundir.check_not_data(run_dir, protected)
+    with rundir.RunLock(run_dir):  # one run per folder, from here until the run ends however it ends
+        want = resume or cfg.training.resume == "auto"
+        kind, foreign = rundir.ownership(run_dir)
+        if want and not overwrite and kind == "foreign":
+            rundir.clear(run_dir, overwrite=False, protected=protected, why="`--resume`")  # refuses, naming the foreign files
+        resume_from, notes = find_resume_point(cfg, want, explicit=resume, overwrite=overwrite)
+        if resume_from is None:
+            prepare_run_dir(str(run_dir), overwrite, allow_unfinished=want, protected=protected)
+        elif rundir.read_marker(run_dir) is None:  # a run of a trainpipe without markers: adopted, its checkpoints accepted
+            rundir.write_marker(run_dir, legacy=True)
+        return _run_in(cfg, plan, hw, run_dir, config_path, t_start, resume_from, notes, lineage)
+
+
+def _run_in(cfg: RunConfig, plan, hw, run_dir: Path, config_path: str | None, t_start: float, resume_from, notes: list, lineage: dict | None) -> dict:
     (run_dir / "config.resolved.yaml").write_text(dump_yaml(cfg), encoding="utf-8")
     events = EventLog(run_dir / "events.jsonl", echo=ui.echo_event)
     events.emit("run_started", run_dir=str(run_dir), config_hash=cfg.hash(), resume_from=str(resume_from.path) if resume_from else None, resume_notes=notes)
     try:
         return _steps(cfg, plan, hw, run_dir, events, config_path, t_start, resume_from, lineage=lineage)
+    except KeyboardInterrupt:  # Ctrl-C outside training (the loop turns it into a checkpoint and exit 75)
+        events.emit("run_failed", level="error", error="KeyboardInterrupt", message="interrupted by Ctrl-C")
+        raise Interrupted(
+            f"Stopped by Ctrl-C before training finished; `{run_dir}` holds no exported model, and the data cache holds only "
+            "complete entries (an interrupted build leaves none). Start over with the same command and `--overwrite` "
+            "(the folder is this run's own), or `--resume` to continue from the newest checkpoint when one was saved."
+        ) from None
     except Preempted as exc:
         raise PreemptedExit(
             f"Stopped by {exc.signame} at step {exc.step}; the checkpoint {exc.checkpoint} holds the full training state. "
@@ -188,10 +227,52 @@ def find_resume_point(cfg: RunConfig, want: bool, *, explicit: bool, overwrite: 
             + "\nRestore them, or start a new run (another `output_dir`, or `--overwrite`).",
             [f"`{k}` changed" for k in unsafe],
         )
+    check_data_unchanged(cfg, run_dir, info.path)
     notes = skipped + [f"changed (safe to resume across): {k}" for k in safe]
     for n in notes:
         ui.console().print(f"  [dim]resume: {n}[/]", markup=True, soft_wrap=True)
     return info, notes
+
+
+def source_sha256(src) -> str:
+    """A data source's SHA-256 as `manifest.json` `data_files` records it (data/prepare.py): the file's own, a digest of
+    the files' digests for a glob or folder, a digest of the id / query for hub and SQL sources."""
+    import hashlib
+    import json
+
+    from trainpipe.data.sources import fingerprint
+
+    fp = fingerprint(src)
+    if fp["kind"] == "files":
+        files = fp["files"]
+        return files[0]["sha256"] if len(files) == 1 else hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+    return hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()
+
+
+def check_data_unchanged(cfg: RunConfig, run_dir: Path, checkpoint: Path) -> None:
+    """Before resuming: every data source must hash as the run's manifest recorded it, or the resumed run would train on
+    other data, compare the old baseline with a new eval split and overwrite the record of what it was trained on."""
+    import json
+
+    try:
+        recorded = json.loads((run_dir / "manifest.json").read_text()).get("data_files") or []
+    except (OSError, ValueError):
+        return  # stopped before the data step wrote the manifest: nothing was trained on any data yet
+    changed = []
+    for i, src in enumerate(cfg.data.sources):
+        old = recorded[i].get("sha256") if i < len(recorded) and isinstance(recorded[i], dict) else None
+        if old is None:
+            continue
+        new = source_sha256(src)
+        if new != old:
+            changed.append(f"  - `data.sources[{i}]` ({recorded[i].get('path')}): sha256 {old} at the start of the run, now {new}")
+    if changed:
+        raise DataError(
+            f"Cannot resume {checkpoint}: the training data changed since the run started, so the rest of the run would train "
+            f"on other data and compare the old baseline with a new eval split:\n" + "\n".join(changed)
+            + f"\nRestore the data as it was, or start a new run on the new data (another `output_dir`, or `--overwrite`). "
+            f"`{run_dir / 'manifest.json'}` is left as it was."
+        )
 
 
 def _steps(cfg: RunConfig, plan, hw, run_dir: Path, events: EventLog, config_path: str | None, t_start: float, resume_from, lineage: dict | None = None) -> dict:

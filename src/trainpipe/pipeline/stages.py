@@ -18,7 +18,9 @@ config hash) and, for rl, the reward model the same way. `OUTPUT_DIR/summary.jso
 stage with its input, output and metrics; `OUTPUT_DIR/config.resolved.yaml` is the whole config.
 
 `--resume`: finished stages (summary.json present) are kept, the unfinished one continues from its
-newest valid checkpoint (or starts), later ones run. `--overwrite` clears OUTPUT_DIR first.
+newest valid checkpoint (or starts), later ones run. `--overwrite` clears OUTPUT_DIR first (only when
+trainpipe made it: pipeline/rundir.py). OUTPUT_DIR is locked for the whole run; a stage name is one
+plain folder name, and its folder must lie directly inside OUTPUT_DIR.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from pydantic import ValidationError
 from trainpipe import ui
 from trainpipe.config import RunConfig, format_validation_error
 from trainpipe.errors import ConfigError
+from trainpipe.pipeline import rundir
 from trainpipe.track.manifest import write_json
 from trainpipe.hashing import file_sha256
 
@@ -40,12 +43,19 @@ POLICY_METHODS = ("sft", "pretrain", "dpo", "orpo", "kto", "rl")
 
 
 def run_stages(cfg: RunConfig, *, config_path: str | None, overwrite: bool, resume: bool) -> dict:
-    from trainpipe.pipeline.run import prepare_parent_dir, run
+    from trainpipe.pipeline.run import prepare_parent_dir
 
     t0 = time.time()
     root = Path(cfg.output_dir or f"runs/{cfg.name or 'run'}").resolve()
     plan = stage_plan(cfg, root)  # every stage's config, validated before anything runs
-    prepare_parent_dir(cfg, overwrite, resume, "stages")
+    rundir.check_not_data(root, rundir.protected_paths(cfg, config_path))
+    with rundir.RunLock(root):  # one run per folder: the whole pipeline holds OUTPUT_DIR, each stage its own folder
+        prepare_parent_dir(cfg, overwrite, resume, "stages", config_path=config_path)
+        return _run_plan(cfg, plan, root, t0, config_path=config_path, overwrite=overwrite, resume=resume)
+
+
+def _run_plan(cfg: RunConfig, plan: list[dict], root: Path, t0: float, *, config_path: str | None, overwrite: bool, resume: bool) -> dict:
+    from trainpipe.pipeline.run import run
 
     results = []
     for i, st in enumerate(plan):
@@ -87,7 +97,7 @@ def stage_plan(cfg: RunConfig, root: Path) -> list[dict]:
         if stage.data is not None:
             d["data"] = stage.data.model_dump(mode="json")
         d["name"] = f"{cfg.name or 'run'}-{name}"
-        d["output_dir"] = str(root / name)
+        d["output_dir"] = str(rundir.inside(root, name, "Stage name"))  # a plain name whose folder stays inside the run's
         if policy_in is not None:
             d["model"].update(name_or_path=policy_in, init_from_config=None, revision=None)
         method = d["method"].get("name", "sft")

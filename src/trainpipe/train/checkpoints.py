@@ -8,6 +8,11 @@ SHA-256 of every file. Every file and the folder are fsynced, then the folder is
 
 Retention: the newest ``keep_last`` checkpoints plus the best ``keep_best`` by eval metric;
 the best is never deleted.
+
+Ownership: the run folder's marker ``.trainpipe-run`` (pipeline/rundir.py) names the run; every
+checkpoint's manifest carries that ``run_id``, and listing, best, latest and rotation only ever
+consider the run's own checkpoints (one a foreign process dropped into ``checkpoints/`` is neither
+exported nor resumed from nor deleted). Without a marker (a bare folder) every checkpoint counts.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from trainpipe.hashing import file_sha256
 WEIGHTS = "weights.safetensors"
 STATE = "state.pt"
 MANIFEST = "manifest.json"
+RUN_MARKER = ".trainpipe-run"  # written by pipeline/rundir.py into the run folder, the parent of checkpoints/
 _NAME = re.compile(r"^step-(\d+)$")
 
 
@@ -80,6 +86,7 @@ class CheckpointInfo:
     path: Path
     step: int
     metric: float | None
+    run_id: str | None = None
 
 
 def verify(path: Path) -> str | None:
@@ -104,25 +111,54 @@ def verify(path: Path) -> str | None:
     return None
 
 
+def _run_identity(run_dir: Path) -> tuple[str | None, bool]:
+    """(run id, accepts checkpoints without one) from the run folder's marker; (None, True) without a marker."""
+    try:
+        marker = json.loads((run_dir / RUN_MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None, True
+    if not isinstance(marker, dict) or not marker.get("run_id"):
+        return None, True
+    return str(marker["run_id"]), bool(marker.get("accepts_unlabelled_checkpoints"))
+
+
+def _manifest_run_id(path: Path) -> str | None:
+    try:
+        return json.loads((path / MANIFEST).read_text()).get("run_id")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 class CheckpointManager:
     def __init__(self, root: str | Path, keep_last: int = 2, keep_best: int = 1):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.keep_last = keep_last
         self.keep_best = keep_best
+        self.run_id, self.accepts_unlabelled = _run_identity(self.root.parent)
 
     # ----------------------------------------------------------------- listing
     def all(self) -> list[CheckpointInfo]:
+        """This run's checkpoints, oldest first (every checkpoint when the run folder has no marker)."""
+        return [c for c in self.everything() if self.owns(c)]
+
+    def owns(self, info: CheckpointInfo) -> bool:
+        if self.run_id is None:
+            return True
+        return info.run_id == self.run_id or (info.run_id is None and self.accepts_unlabelled)
+
+    def everything(self) -> list[CheckpointInfo]:
         out = []
         for p in self.root.iterdir():
             m = _NAME.match(p.name)
             if m and p.is_dir():
-                metric = None
+                metric = run_id = None
                 try:
-                    metric = json.loads((p / MANIFEST).read_text()).get("metric")
-                except (OSError, json.JSONDecodeError):
+                    man = json.loads((p / MANIFEST).read_text())
+                    metric, run_id = man.get("metric"), man.get("run_id")
+                except (OSError, json.JSONDecodeError, AttributeError):
                     pass
-                out.append(CheckpointInfo(p, int(m.group(1)), metric))
+                out.append(CheckpointInfo(p, int(m.group(1)), metric, run_id))
         return sorted(out, key=lambda c: c.step)
 
     def latest_valid(self, on_skip=None) -> CheckpointInfo | None:
@@ -157,17 +193,19 @@ class CheckpointManager:
                 torch.save(state, fh)
             faults.during_checkpoint_write(step)
             (tmp / "config.resolved.yaml").write_text(config_yaml, encoding="utf-8")
-            (tmp / "trainer_state.json").write_text(json.dumps({"step": step, "metric": metric, **info}, indent=2, default=str), encoding="utf-8")
+            (tmp / "trainer_state.json").write_text(json.dumps({"step": step, "metric": metric, "run_id": self.run_id, **info}, indent=2, default=str), encoding="utf-8")
             files = {}
             for f in sorted(tmp.iterdir()):
                 _fsync_file(f)
                 files[f.name] = {"size": f.stat().st_size, "sha256": file_sha256(f)}
             faults.during_checkpoint_write(step)
-            manifest = {"step": step, "metric": metric, "time": time.time(), "files": files}
+            manifest = {"step": step, "metric": metric, "run_id": self.run_id, "time": time.time(), "files": files}
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
             _fsync_file(tmp / MANIFEST)
             _fsync_dir(tmp)
             if final.exists():  # a stale or corrupted checkpoint of the same step
+                if self.run_id is not None and not self.owns(CheckpointInfo(final, step, None, _manifest_run_id(final))):
+                    raise OSError(17, f"{final} belongs to another run (its manifest names another run id); it is left as it is")
                 shutil.rmtree(final)
             os.rename(tmp, final)
             _fsync_dir(self.root)
@@ -177,10 +215,10 @@ class CheckpointManager:
             if err is None:
                 raise
             raise CheckpointWriteError(err.errno, f"could not write checkpoint step-{step}: {err.strerror or err}") from exc
-        return CheckpointInfo(final, step, metric)
+        return CheckpointInfo(final, step, metric, self.run_id)
 
     def rotate(self) -> list[Path]:
-        """Delete all but the newest ``keep_last`` and the best ``keep_best``; return what was deleted."""
+        """Delete all but the newest ``keep_last`` and the best ``keep_best`` of this run's own; return what was deleted."""
         infos = self.all()
         keep = {c.step for c in infos[-self.keep_last :]} if self.keep_last > 0 else set()
         scored = sorted((c for c in infos if c.metric is not None), key=lambda c: (c.metric, c.step))
@@ -190,7 +228,7 @@ class CheckpointManager:
             if c.step not in keep:
                 shutil.rmtree(c.path, ignore_errors=True)
                 removed.append(c.path)
-        for stale in self.root.glob(".tmp-step-*"):  # leftovers of a killed writer
+        for stale in self.root.glob(".tmp-step-*"):  # leftovers of a killed writer (the run folder's lock rules out a live one)
             shutil.rmtree(stale, ignore_errors=True)
         return removed
 

@@ -1,0 +1,307 @@
+"""What trainpipe may do to an output folder: own it, lock it, clear it, write below it.
+
+The rules (issue 16):
+
+- **Ownership.** A run writes the marker ``.trainpipe-run`` (JSON: run id, created time,
+  trainpipe version) into its output folder before anything else. A folder counts as
+  - *ours*: it holds the marker;
+  - *legacy*: no marker (made by a trainpipe older than the marker), and every entry is a
+    run artefact trainpipe writes (config.resolved.yaml, events.jsonl, checkpoints/, ...,
+    or a sub-run folder of a stages/adapters run) and at least one of them says it is a run;
+  - *foreign*: anything else that is not empty.
+- **Deletion.** trainpipe clears a folder only when it is ours (``--overwrite``, or a resume
+  that finds no checkpoint to continue), or legacy with an explicit ``--overwrite``; never a
+  foreign one, and never one that is or contains the config file, a data source, the model
+  folder, the working directory or the home directory, even when it is ours. Clearing keeps
+  the folder, the lock and the marker (rewritten with a new run id) so that a kill half-way
+  leaves a folder that is still recognisably ours.
+- **Resume** continues a folder that is ours or legacy (a legacy one is adopted: it gets a
+  marker that also accepts its unlabelled checkpoints); a foreign folder is refused.
+- **Lock.** One run per folder: ``.trainpipe.lock`` is created with O_CREAT|O_EXCL and holds
+  the pid, host and start time; a lock whose pid is dead on this host is stale and taken over;
+  it is released when the run ends, however it ends.
+- **Names below the folder** (stage and adapter names) are single path components and the
+  path they make must stay inside the folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import time
+import uuid
+from pathlib import Path
+
+from trainpipe.errors import RunDirError
+from trainpipe.train.checkpoints import RUN_MARKER as MARKER
+LOCK = ".trainpipe.lock"
+# every name trainpipe writes at the top of a run folder (run.py's contract, stages/adapters roots, export, report)
+ARTEFACTS = frozenset({
+    "config.resolved.yaml", "manifest.json", "events.jsonl", "metrics.jsonl", "data_report.json", "rejected.jsonl",
+    "duplicates.jsonl", "checkpoints", "model", "model.tmp", "summary.json", "measured_memory.json", "baseline.json",
+    "base", "base.tmp", "export", "data", "adapters", "adapters.json", "report.html", "report",
+})
+RUN_EVIDENCE = ("config.resolved.yaml", "events.jsonl", "manifest.json", "summary.json", "checkpoints")
+
+
+# ----------------------------------------------------------------------------- ownership marker
+def read_marker(folder: Path) -> dict | None:
+    try:
+        data = json.loads((Path(folder) / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("run_id") else None
+
+
+def write_marker(folder: Path, *, legacy: bool = False) -> dict:
+    """Mark ``folder`` as this run's, with a new run id (atomically: a reader sees the old marker or the new one)."""
+    from trainpipe import __version__
+
+    marker = {"run_id": uuid.uuid4().hex, "created": time.time(), "trainpipe": __version__, "pid": os.getpid(), "host": socket.gethostname()}
+    if legacy:
+        marker["accepts_unlabelled_checkpoints"] = True  # adopted from a trainpipe without markers: its checkpoints carry no run id
+    tmp = Path(folder) / f"{MARKER}.tmp-{os.getpid()}"
+    tmp.write_text(json.dumps(marker, indent=2), encoding="utf-8")
+    os.replace(tmp, Path(folder) / MARKER)
+    return marker
+
+
+def _is_ours(name: str) -> bool:
+    return name == MARKER or name == LOCK or name.startswith(MARKER + ".tmp-") or name.startswith(LOCK + ".")
+
+
+def entries(folder: Path) -> list[Path]:
+    """What is in ``folder`` besides trainpipe's own marker and lock."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if not _is_ours(p.name))
+
+
+def _looks_like_run(p: Path) -> bool:
+    return p.is_dir() and ((p / MARKER).is_file() or any((p / n).exists() for n in RUN_EVIDENCE))
+
+
+def ownership(folder: Path) -> tuple[str, list[str]]:
+    """("empty" | "ours" | "legacy" | "foreign", the foreign entries' names)."""
+    folder = Path(folder)
+    items = entries(folder)
+    if not items:
+        return "empty", []
+    if read_marker(folder) is not None:
+        return "ours", []
+    foreign = [p.name for p in items if p.name not in ARTEFACTS and not _looks_like_run(p)]
+    if foreign:
+        return "foreign", foreign
+    if any((folder / n).exists() for n in RUN_EVIDENCE) or any(_looks_like_run(p) for p in items):
+        return "legacy", []
+    return "foreign", [p.name for p in items]
+
+
+# ----------------------------------------------------------------------------- protected paths
+def protected_paths(cfg, config_path: str | None) -> list[tuple[Path, str]]:
+    """Everything a run reads and must never delete: (absolute path, what it is)."""
+    out: list[tuple[Path, str]] = []
+
+    def add(p, what: str) -> None:
+        if p:
+            out.append((Path(p).expanduser().resolve(), what))
+
+    if config_path:
+        add(config_path, "the config file")
+    datas = ([cfg.data] if cfg.data is not None else []) + [a.data for a in cfg.method.adapters] + [s.data for s in cfg.stages or [] if s.data is not None]
+    for data in datas:
+        for src in data.sources:
+            if src.path:
+                add(glob_base(src.path), f"the data source `{src.path}`")
+            if src.sql is not None and src.sql.url.startswith("sqlite:///"):
+                add(src.sql.url[len("sqlite:///"):] or None, f"the SQLite database of `{src.sql.url}`")
+        for b in data.decontamination.benchmarks:
+            add(glob_base(b), f"the decontamination benchmark `{b}`")
+    model = Path(cfg.model.name_or_path).expanduser()
+    if model.exists():
+        add(model, f"the model folder `{cfg.model.name_or_path}`")
+    reward = cfg.method.rl.reward_model
+    if reward and Path(reward).expanduser().exists():
+        add(reward, f"the reward model `{reward}`")
+    add(Path.cwd(), "the working directory")
+    add(Path.home(), "the home directory")
+    return out
+
+
+def glob_base(path: str) -> str:
+    """The fixed folder in front of a glob's first wildcard (the path itself when it has none)."""
+    parts = Path(path).parts
+    for i, part in enumerate(parts):
+        if any(ch in part for ch in "*?["):
+            return str(Path(*parts[:i])) if i else "."
+    return path
+
+
+def _covers(folder: Path, p: Path) -> bool:
+    return p == folder or folder in p.parents
+
+
+def check_not_data(folder: Path, protected: list[tuple[Path, str]], key: str = "output_dir") -> None:
+    """Refuse an output folder that is, or contains, a data source (a run writes and clears its output folder)."""
+    folder = Path(folder).resolve()
+    for p, what in protected:
+        if what.startswith(("the data source", "the SQLite", "the decontamination")) and _covers(folder, p):
+            raise RunDirError(
+                f"`{key}` is `{folder}`, which {'is' if p == folder else 'contains'} {what} (`{p}`): a run writes into its "
+                f"output folder and may clear it, so it must never hold the run's inputs. Nothing was written or deleted. "
+                f"Choose an output folder outside the data, e.g. `--set {key}=runs/NEW_NAME`."
+            )
+
+
+def clear(folder: Path, *, overwrite: bool, protected: list[tuple[Path, str]], why: str) -> None:
+    """Empty ``folder`` for a fresh run, by the ownership rules above; refuse (deleting nothing) otherwise.
+
+    Keeps the folder itself, the lock and the marker; the caller writes a new marker afterwards."""
+    folder = Path(folder).resolve()
+    for p, what in protected:
+        if _covers(folder, p):
+            raise RunDirError(
+                f"Refusing to clear `{folder}` ({why}): it {'is' if p == folder else 'contains'} {what} (`{p}`), and trainpipe "
+                f"never deletes a run's inputs, the working directory or the home directory, even with `--overwrite`. "
+                f"Nothing was deleted. Choose an output folder of its own, e.g. `--set output_dir=runs/NEW_NAME`."
+            )
+    kind, foreign = ownership(folder)
+    if kind == "empty":
+        return
+    if kind == "foreign":
+        shown = ", ".join(f"`{n}`" for n in foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise RunDirError(
+            f"Refusing to clear `{folder}` ({why}): it holds files trainpipe did not write ({shown}) and no `{MARKER}` "
+            f"marker, and trainpipe only ever deletes folders it created, even with `--overwrite`. Nothing was deleted. "
+            f"Choose another output folder (`--set output_dir=runs/NEW_NAME`), or move those files away yourself."
+        )
+    if kind == "legacy" and not overwrite:
+        raise RunDirError(
+            f"Refusing to clear `{folder}` ({why}): it holds an earlier trainpipe run without a `{MARKER}` marker (written by "
+            f"an older trainpipe), which is only cleared on an explicit `--overwrite`. Nothing was deleted. Pass `--overwrite` "
+            f"to replace it, or choose another folder with `--set output_dir=runs/NEW_NAME`."
+        )
+    for p in entries(folder):
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+
+
+def inside(root: Path, name: str, what: str) -> Path:
+    """``root / name`` for a single-component ``name`` whose path stays inside ``root``; RunDirError otherwise."""
+    check_name(name, what)
+    root = Path(root).resolve()
+    path = (root / name).resolve()
+    if path.parent != root:
+        raise RunDirError(f"{what} `{name}` leads to `{path}`, outside `{root}`. Use a plain folder name (letters, digits, `_`, `-`, `.`).")
+    return path
+
+
+def check_name(name: str, what: str) -> None:
+    bad = not name or name in (".", "..") or ".." in name or "/" in name or "\\" in name or "\0" in name or (os.altsep and os.altsep in name) or name.startswith(".")
+    if bad:
+        raise RunDirError(
+            f"{what} `{name}` is not a plain folder name: it becomes a folder under `output_dir`, so it must not be empty, start "
+            f"with `.`, contain `..` or a path separator. Use letters, digits, `_`, `-` and `.` (e.g. `sft`, `reward-2`)."
+        )
+
+
+# ----------------------------------------------------------------------------- lock
+class RunLock:
+    """One run per folder: ``.trainpipe.lock`` (O_CREAT|O_EXCL) with pid, host and start time; stale when its pid is dead
+    on this host. Use as a context manager; it creates the folder when missing and removes it again on release when the
+    run left it empty."""
+
+    def __init__(self, folder: Path):
+        self.folder = Path(folder).resolve()
+        self.path = self.folder / LOCK
+        self.token = uuid.uuid4().hex
+        self.created_folder = False
+        self.held = False
+
+    def __enter__(self) -> "RunLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def acquire(self) -> None:
+        if int(os.environ.get("RANK", "0") or 0) > 0:  # torchrun: rank 0 holds the lock for the whole job
+            return
+        if not self.folder.exists():
+            self.folder.mkdir(parents=True)
+            self.created_folder = True
+        for _ in range(3):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                holder = self._holder()
+                if holder is None or not self._stale(holder):
+                    raise self._busy(holder) from None
+                try:
+                    self.path.unlink()  # a stale lock of a killed run
+                except FileNotFoundError:
+                    pass
+                continue
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump({"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(), "token": self.token}, fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+            self.held = True
+            return
+        raise self._busy(self._holder())
+
+    def release(self) -> None:
+        if self.held:
+            holder = self._holder()
+            if holder is not None and holder.get("token") == self.token:
+                try:
+                    self.path.unlink()
+                except FileNotFoundError:
+                    pass
+            self.held = False
+        if self.created_folder and self.folder.is_dir() and not any(self.folder.iterdir()):
+            self.folder.rmdir()  # refused before anything was written: leave no trace
+
+    def _holder(self) -> dict | None:
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+            return data if isinstance(data, dict) else {}
+        except FileNotFoundError:
+            return {"gone": True}
+        except (OSError, ValueError):
+            return {}  # being written right now, or garbage
+
+    def _stale(self, holder: dict) -> bool:
+        if holder.get("gone"):
+            return True
+        pid = holder.get("pid")
+        if not isinstance(pid, int):  # unreadable: stale once it is old enough not to be mid-write
+            try:
+                return time.time() - self.path.stat().st_mtime > 10
+            except FileNotFoundError:
+                return True
+        if holder.get("host") != socket.gethostname():
+            return False  # another machine's run: its pid cannot be checked from here
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+
+    def _busy(self, holder: dict | None) -> RunDirError:
+        h = holder or {}
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(h["started"])) if isinstance(h.get("started"), (int, float)) else "unknown"
+        return RunDirError(
+            f"`{self.folder}` is in use by another trainpipe run (pid {h.get('pid', 'unknown')} on {h.get('host', 'unknown host')}, "
+            f"started {started}; lock file `{self.path}`): only one run may write an output folder at a time. Nothing was "
+            f"written or deleted. Wait for it to finish, or use another folder with `--set output_dir=runs/NEW_NAME`; if that "
+            f"run is gone (e.g. its machine died), delete the lock file."
+        )
