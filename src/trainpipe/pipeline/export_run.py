@@ -52,7 +52,8 @@ def protected_paths(run_dir: Path, cfg: RunConfig) -> list[tuple[str, Path]]:
         config_path = None
     if config_path:
         out.append(("the run's config", Path(config_path)))
-    for src in cfg.data.sources:
+    datas = [cfg.data, *(a.data for a in cfg.method.adapters or []), *(st.data for st in cfg.stages or [])]
+    for src in (src for d in datas if d is not None for src in d.sources):
         if src.path:
             path = Path(src.path).expanduser()
             while any(ch in path.name for ch in "*?[") and path != path.parent:  # a glob: the folder it reads
