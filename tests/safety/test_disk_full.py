@@ -187,3 +187,32 @@ def test_export_injected_enospc_keeps_the_earlier_export(trained, monkeypatch, c
     text = one_paragraph(capsys.readouterr().out)
     assert "still holds the earlier export" in text and f"trainpipe export {trained}" in text
     assert snapshot(trained / "model") == before and leftovers(trained) == []
+
+
+# --------------------------------------------------------------------------- small writers
+
+
+def test_write_json_on_a_full_disk_leaves_the_old_file_and_no_tmp_real_tmpfs(tmpfs):
+    from trainpipe.track.manifest import write_json
+
+    disk = tmpfs("64k")
+    target = disk / "summary.json"
+    write_json(target, {"step": 1})
+    before = target.read_bytes()
+    with pytest.raises(OSError) as exc:
+        write_json(target, {"big": "x" * 200_000})
+    assert exc.value.errno == 28
+    assert target.read_bytes() == before and sorted(p.name for p in disk.iterdir()) == ["summary.json"]
+
+
+def test_data_cache_entry_on_a_full_disk_leaves_no_tmp_real_tmpfs(tmpfs):
+    from trainpipe.data.cache import Writer
+
+    disk = tmpfs("64k")
+    w = Writer(disk / "cache", "k" * 16)
+    with pytest.raises(OSError) as exc:
+        w.write_rows("train.arrow", [{"input_ids": list(range(512))} for _ in range(64)])
+        w.commit()
+    w.abort()  # what data/prepare.py does on any failure
+    assert "No space left" in str(exc.value) or getattr(exc.value, "errno", None) == 28
+    assert list((disk / "cache").iterdir()) == []

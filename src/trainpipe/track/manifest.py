@@ -56,5 +56,9 @@ def write_json(path: str | Path, obj: dict) -> None:
     """Write JSON atomically (temporary file, then rename), with every credential redacted (trainpipe.redact)."""
     p = Path(path)
     tmp = p.with_suffix(p.suffix + ".tmp")
-    tmp.write_text(json.dumps(redact_obj(obj), indent=2, default=str) + "\n", encoding="utf-8")
-    tmp.replace(p)
+    try:
+        tmp.write_text(json.dumps(redact_obj(obj), indent=2, default=str) + "\n", encoding="utf-8")
+        tmp.replace(p)
+    except BaseException:  # a full disk: no half-written `.tmp` is left beside `p` (which stays as it was)
+        tmp.unlink(missing_ok=True)
+        raise
