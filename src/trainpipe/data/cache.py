@@ -23,7 +23,7 @@ import uuid
 from pathlib import Path
 from trainpipe.hashing import file_sha256
 
-DATA_CODE_VERSION = "3"  # bump when a change to trainpipe/data changes prepared output
+DATA_CODE_VERSION = "4"  # bump when a change to trainpipe/data changes prepared output
 
 
 def default_dir() -> Path:

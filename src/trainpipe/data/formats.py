@@ -25,7 +25,35 @@ SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistan
 
 
 class FormatError(ValueError):
-    """A record does not fit its format; the message is the reason recorded for it."""
+    """A record does not fit its format; the message is the reason recorded for it, ``kind`` the counted reason."""
+
+    def __init__(self, message: str, kind: str = "format_mismatch"):
+        super().__init__(message)
+        self.kind = kind
+
+
+# The turn that may follow each role (None: the start, after an optional system turn). A conversation out of this
+# order (two user turns in a row, an assistant turn first, a system turn in the middle) is dropped as `role_order`:
+# chat templates reject it or render it as something else than the data says.
+_NEXT = {None: ("user",), "user": ("assistant",), "assistant": ("user", "tool"), "tool": ("tool", "assistant", "user")}
+
+
+def check_order(turns: list[tuple[str, dict]]) -> None:
+    """``turns``: (where, message) in conversation order; FormatError(kind="role_order") at the first turn out of order."""
+    prev = None
+    for i, (where, m) in enumerate(turns):
+        role = m["role"]
+        if role == "system" and i == 0:
+            continue
+        if role not in _NEXT[prev]:
+            after = f"after a `{prev}` turn" if prev else ("first" if i == 0 else "right after the system turn")
+            expected = " or ".join(f"`{r}`" for r in _NEXT[prev])
+            raise FormatError(
+                f"{where} is a `{role}` turn {after}, where {expected} must come (turn order: an optional system turn first, "
+                "then user and assistant alternating, tool turns after an assistant turn); fix the order or merge the turns",
+                kind="role_order",
+            )
+        prev = role
 
 
 def apply_columns(record: dict, columns: dict[str, str]) -> dict:
@@ -136,11 +164,15 @@ def to_example(record: dict, fmt: Format, system_prompt: str | None = None) -> d
     if fmt == "alpaca":
         return {"kind": "sft", "messages": to_messages(record, "alpaca", system_prompt)}
     if fmt == "chat":
-        return {"kind": "sft", "messages": _with_system(_chat(record.get("messages")), system_prompt)}
+        msgs = _chat(record.get("messages"))
+        check_order([(f"messages[{i}]", m) for i, m in enumerate(msgs)])
+        return {"kind": "sft", "messages": _with_system(msgs, system_prompt)}
     if fmt == "sharegpt":
         if "conversations" not in record:
             raise FormatError("missing field `conversations`")
-        return {"kind": "sft", "messages": _with_system(_sharegpt(record["conversations"]), system_prompt)}
+        msgs = _sharegpt(record["conversations"])
+        check_order([(f"conversations[{i}]", m) for i, m in enumerate(msgs)])
+        return {"kind": "sft", "messages": _with_system(msgs, system_prompt)}
     if fmt == "text":
         return {"kind": "text", "text": _require_str(record, "text")}
     if fmt == "kto":
@@ -152,7 +184,9 @@ def to_example(record: dict, fmt: Format, system_prompt: str | None = None) -> d
         if not isinstance(label, bool) and label not in (0, 1):
             raise FormatError(f"field `label` must be true or false, got {label!r}")
         prompt = _turns(record.get("prompt", ""), "prompt", default_role="user")
-        return {"kind": "kto", "prompt": _with_system(prompt, system_prompt), "completion": _turns(record["completion"], "completion", default_role="assistant"), "label": bool(label)}
+        completion = _turns(record["completion"], "completion", default_role="assistant")
+        check_order(_named("prompt", prompt) + _named("completion", completion))
+        return {"kind": "kto", "prompt": _with_system(prompt, system_prompt), "completion": completion, "label": bool(label)}
     if fmt == "preference":
         for k in ("chosen", "rejected"):
             if k not in record:
@@ -175,8 +209,13 @@ def to_example(record: dict, fmt: Format, system_prompt: str | None = None) -> d
         for name, turns in (("chosen", chosen), ("rejected", rejected)):
             if not any(m["role"] == "assistant" for m in turns):
                 raise FormatError(f"`{name}` has no assistant turn")
+            check_order(_named("prompt", prompt) + _named(name, turns))
         return {"kind": "preference", "prompt": _with_system(prompt, system_prompt), "chosen": chosen, "rejected": rejected}
     raise FormatError(f"unknown format {fmt!r}")
+
+
+def _named(field: str, turns: list[dict]) -> list[tuple[str, dict]]:
+    return [(f"{field}[{i}]", m) for i, m in enumerate(turns)]
 
 
 def to_messages(record: dict, fmt: Format, system_prompt: str | None = None) -> list[dict]:

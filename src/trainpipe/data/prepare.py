@@ -33,7 +33,7 @@ from trainpipe.data.split import split_indices
 from trainpipe.data.tokenize import Template, encode_batch, row_loss_tokens, row_tokens
 from trainpipe.errors import DataError
 
-REJECT_KINDS = ("invalid_json", "not_an_object", "ragged_row", "format_mismatch")
+REJECT_KINDS = ("invalid_json", "not_an_object", "duplicate_key", "ragged_row", "format_mismatch", "role_order")
 CHUNK = 2000
 
 
@@ -251,7 +251,7 @@ _FIXES = {
     "read": "The sources hold no records; check `data.sources`.",
     "format": "Every record was rejected; look at rejected.jsonl (with `data.on_error: skip`) and fix the format or `columns:`.",
     "sample": "Raise `weight` / `max_records` on the sources.",
-    "filters": "Relax `data.filters` (e.g. `max_repetition`, `empty_response`, `bad_encoding`).",
+    "filters": "Relax `data.filters` (e.g. `max_repetition`, `empty_response`, `bad_encoding`); preference pairs whose chosen and rejected replies are the same (`identical_pair`) are always dropped.",
     "dedup": "The data is all duplicates; raise `data.dedup.threshold` or turn `data.dedup.near` off.",
     "decontamination": "Every training record overlaps the eval/test data or a benchmark; check that they are not the same data, or raise `data.decontamination.ngram`.",
     "tokenize": "Every example was too long or has nothing to train on: raise `data.max_length`, set `data.truncation: truncate`, or lower `data.filters.min_tokens`.",
@@ -300,14 +300,14 @@ def _build(cfg: DataConfig, tokenizer, tpl: Template, writer, parts: dict, *, tr
                 ex = formats.to_example(data, fmt, cfg.system_prompt)
             except formats.FormatError as exc:
                 reason = f"{exc} (format {fmt})" if fmt else str(exc)
-                if src.format == "auto" and fmt:
+                if src.format == "auto" and fmt and exc.kind == "format_mismatch":
                     try:
                         other = formats.detect(data)[0]
                     except formats.FormatError:
                         other = None
                     if other and other != fmt:
                         reason += f"; the record looks like {other}, but this source was {why} (one format per source: split the file, or set `format:`)"
-                rejects.add(Rejected(item.source, item.line, reason, excerpt(json.dumps(item.data, default=str)), item.unit, "format_mismatch"))
+                rejects.add(Rejected(item.source, item.line, reason, excerpt(json.dumps(item.data, default=str)), item.unit, exc.kind))
                 continue
             if reservoir is not None:  # max_records: seeded reservoir sample, original order kept
                 if len(reservoir) < src.max_records:
@@ -429,6 +429,9 @@ def _build(cfg: DataConfig, tokenizer, tpl: Template, writer, parts: dict, *, tr
                         rows.append(row)
                         if name == "train":
                             train_lengths.append(n_tok)
+                        if len(rows) >= CHUNK:  # repeated copies are streamed out, never all held at once
+                            writer.write_rows(f"{name}.arrow.tmp" if (name == "train" and cfg.packing == "pack") else f"{name}.arrow", rows)
+                            rows = []
                     st["rows"] += copies
                     st["tokens"] += n_tok * copies
                     st["loss_tokens"] += n_loss * copies
@@ -520,7 +523,7 @@ def _mark_read_stages(stages: _Stages, n_read: int, rejects: _Rejects, dropped: 
     for stage, removed in (
         ("format", sum(rejects.counts.values())),
         ("sample", dropped["subsampled"] + dropped["max_records"]),
-        ("filters", dropped["empty_response"] + dropped["bad_encoding"] + dropped["repetitive"]),
+        ("filters", dropped["identical_pair"] + dropped["empty_response"] + dropped["bad_encoding"] + dropped["repetitive"]),
         ("dedup", dropped["exact_duplicate"] + dropped["near_duplicate"]),
     ):
         remaining -= removed
@@ -533,6 +536,9 @@ def _keep(item, ex, data, si, src, cfg: DataConfig, scrub, words: Words, near, s
     f = cfg.filters
     if scrub is not None:
         ex = formats.map_strings(ex, scrub)
+    if ex["kind"] == "preference" and _texts(ex["chosen"]) == _texts(ex["rejected"]):
+        dropped["identical_pair"] += 1  # nothing to prefer: the loss is flat at log 2 whatever the model does
+        return 0
     resp = formats.responses(ex)
     if f.empty_response and (not resp or any(not r.strip() for r in resp)):
         dropped["empty_response"] += 1
@@ -568,6 +574,10 @@ def _keep(item, ex, data, si, src, cfg: DataConfig, scrub, words: Words, near, s
     stratum = data.get(cfg.stratify_by) if cfg.stratify_by else None
     meta.append((si, src.role, item.line, stratum, item.source))
     return 1
+
+
+def _texts(turns: list[dict]) -> list[tuple[str, str]]:
+    return [(m["role"], m["content"].strip()) for m in turns]
 
 
 def _loc(meta, gid: int, cfg) -> str:

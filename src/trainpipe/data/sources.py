@@ -188,6 +188,42 @@ def _utf8_error(p: Path, exc: UnicodeDecodeError, line: int | None, base_offset:
     )
 
 
+class _Object(dict):
+    """A JSON object parsed by :func:`_loads`; ``dups`` names the keys it gave more than once."""
+
+    dups: tuple = ()
+
+
+def _object(found: list, pairs: list) -> dict:
+    out = dict(pairs)
+    if len(out) == len(pairs):  # the usual case: a plain dict
+        return out
+    seen: set = set()
+    marked = _Object(out)
+    marked.dups = tuple(k for k, _ in pairs if k in seen or seen.add(k))
+    found.extend(marked.dups)
+    return marked
+
+
+def _loads(text: str) -> tuple[object, list[str]]:
+    """``json.loads`` that also returns the keys an object named twice (plain JSON keeps the last value silently)."""
+    found: list[str] = []
+    return json.loads(text, object_pairs_hook=lambda pairs: _object(found, pairs)), found
+
+
+def _dup_keys(value) -> list[str]:
+    if isinstance(value, dict):
+        return list(getattr(value, "dups", ())) + [k for v in value.values() for k in _dup_keys(v)]
+    if isinstance(value, list):
+        return [k for v in value for k in _dup_keys(v)]
+    return []
+
+
+def _dup_reason(keys: list[str]) -> str:
+    names = ", ".join(f"`{k}`" for k in dict.fromkeys(keys))
+    return f"gives the key {names} more than once (JSON would keep only the last value silently); keep one value per key"
+
+
 def read_jsonl(path: str | Path, digests: dict | None = None) -> Iterator[Record | Rejected]:
     """Yield a Record for each JSON object line and a Rejected for each bad line (blank lines are skipped)."""
     p = Path(path)
@@ -207,12 +243,15 @@ def read_jsonl(path: str | Path, digests: dict | None = None) -> Iterator[Record
             if not line.strip():
                 continue
             try:
-                obj = json.loads(line)
+                obj, dups = _loads(line)
             except json.JSONDecodeError as exc:
                 yield Rejected(str(p), lineno, f"not valid JSON: {exc.msg} at column {exc.colno}", excerpt(line), kind="invalid_json")
                 continue
             if not isinstance(obj, dict):
                 yield Rejected(str(p), lineno, f"a JSON {type(obj).__name__}, not an object", excerpt(line), kind="not_an_object")
+                continue
+            if dups:
+                yield Rejected(str(p), lineno, _dup_reason(dups), excerpt(line), kind="duplicate_key")
                 continue
             yield Record(str(p), lineno, obj)
     if digests is not None:
@@ -229,9 +268,11 @@ def read_json(p: Path, digests: dict | None = None) -> Iterator[Record | Rejecte
     except UnicodeDecodeError as exc:
         raise _utf8_error(p, exc, None) from None
     try:
-        obj = json.loads(text)
+        obj, dups = _loads(text)
     except json.JSONDecodeError as exc:
         raise DataError(f"`{p}` is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}. Fix it there, or convert the file to JSONL (one object a line).") from None
+    if getattr(obj, "dups", ()):  # the top level: a column or the `data` wrapper named twice
+        raise DataError(f"`{p}` {_dup_reason(list(obj.dups))}, at the top level. Remove the repeated key.")
     if isinstance(obj, dict) and obj and all(isinstance(v, list) for v in obj.values()):
         lengths = {k: len(v) for k, v in obj.items()}
         if len(set(lengths.values())) != 1:
@@ -239,15 +280,23 @@ def read_json(p: Path, digests: dict | None = None) -> Iterator[Record | Rejecte
         n = next(iter(lengths.values()))
         keys = list(obj)
         for i in range(n):
-            yield Record(str(p), i + 1, {k: obj[k][i] for k in keys}, unit="item")
+            rec = {k: obj[k][i] for k in keys}
+            bad = _dup_keys(rec) if dups else []
+            if bad:
+                yield Rejected(str(p), i + 1, _dup_reason(bad), excerpt(json.dumps(rec)), unit="item", kind="duplicate_key")
+            else:
+                yield Record(str(p), i + 1, rec, unit="item")
         return
     if isinstance(obj, dict) and "data" in obj and isinstance(obj["data"], list):
         obj = obj["data"]
     if not isinstance(obj, list):
         raise DataError(f"`{p}` holds a JSON {type(obj).__name__}; expected an array of objects or an object of lists (columns).")
     for i, item in enumerate(obj, 1):
+        bad = _dup_keys(item) if dups else []
         if not isinstance(item, dict):
             yield Rejected(str(p), i, f"item {i} is a JSON {type(item).__name__}, not an object", excerpt(json.dumps(item)), unit="item", kind="not_an_object")
+        elif bad:
+            yield Rejected(str(p), i, f"item {i} {_dup_reason(bad)}", excerpt(json.dumps(item)), unit="item", kind="duplicate_key")
         else:
             yield Record(str(p), i, item, unit="item")
 
@@ -285,6 +334,9 @@ def read_csv(p: Path, digests: dict | None = None) -> Iterator[Record | Rejected
             header = next(reader, None)
             if not header:
                 raise DataError(f"`{p}` has no header row; the first row must name the columns.")
+            twice = sorted({c for c in header if header.count(c) > 1})
+            if twice:
+                raise DataError(f"`{p}` header names the column {', '.join(f'`{c}`' for c in twice)} more than once; each record would keep only the last. Rename or remove the repeated column.")
             for row in reader:
                 lineno = reader.line_num
                 if not row or all(not c.strip() for c in row):
