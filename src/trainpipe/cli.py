@@ -124,8 +124,8 @@ def plan(
     grad_ckpt: Annotated[Optional[bool], typer.Option("--grad-ckpt/--no-grad-ckpt", help="Gradient checkpointing (default: only when memory-bound).")] = None,
     optimizer: Annotated[str, typer.Option(help="adamw|adamw_8bit|paged_adamw_8bit|adafactor|sgd")] = "adamw",
     gpu: Annotated[Optional[str], typer.Option(help="GPU type, e.g. A100-80GB, H100, L4, RTX-4090 (default: every GPU in the catalog).")] = None,
-    num_gpus: Annotated[int, typer.Option("--num-gpus", help="GPUs per node.")] = 1,
-    nodes: Annotated[int, typer.Option(help="Nodes.")] = 1,
+    num_gpus: Annotated[Optional[int], typer.Option("--num-gpus", help="GPUs (processes) per node; with a config: default `distributed.nproc_per_node`, else 1.")] = None,
+    nodes: Annotated[Optional[int], typer.Option(help="Nodes; with a config: default `distributed.nnodes`.")] = None,
     strategy: Annotated[str, typer.Option(help="auto|single|ddp|fsdp|zero1|zero2|zero3")] = "auto",
     offload: Annotated[str, typer.Option(help="none|optimizer|params")] = "none",
     tokens: Annotated[Optional[float], typer.Option(help="Training tokens per epoch.")] = None,
@@ -139,7 +139,10 @@ def plan(
     max_quality: Annotated[bool, typer.Option("--max-quality", help="Prefer a full fine-tune when memory allows.")] = False,
     json_: Annotated[bool, typer.Option("--json", help="Print the plan as one JSON object.")] = False,
 ) -> None:
-    """Plan a run before spending anything: method, strategy, memory per GPU, time and cost, each choice with its rule."""
+    """Plan a run before spending anything: method, strategy, memory per GPU, time and cost, each choice with its rule.
+
+    With a run config this is the plan `trainpipe run` executes (the same resolver), for this machine or the one
+    `--gpu NAME --num-gpus N --nodes M` describes."""
     from trainpipe.plan.command import plan_command
 
     plan_command(config=config, overrides=set_ or [], model=model, method=method, lora_r=lora_r, lora_targets=lora_targets, precision=precision,

@@ -78,4 +78,9 @@ def test_autos_resolved_by_the_planner(tmp_path, tiny_model_dir):
     assert resolved["training"]["gradient_checkpointing"] is False
     manifest = json.loads((tmp_path / "auto" / "manifest.json").read_text())
     assert {d["key"] for d in manifest["decisions"]} >= {"method.peft", "training.per_device_train_batch_size", "strategy"}
+    # the manifest records the resolved plan the run executed: each setting with its source, the exact effective batch
+    mp = manifest["plan"]
+    assert mp["world_size"] == {"value": 1, "source": "default", "rule": mp["world_size"]["rule"], "watch": ""}
+    assert mp["effective_batch_formula"] == "8 x 4 x 1 = 32" and mp["micro_batch"]["source"] == "planner"
+    assert mp["learning_rate"]["value"] == resolved["training"]["learning_rate"] and mp["config_hash"]
     assert s["plan"]["state_bytes_equal"] == {"parameters_bytes": True, "gradients_bytes": True, "optimizer_bytes": True}

@@ -310,7 +310,8 @@ def _steps(cfg: RunConfig, plan, hw, run_dir: Path, events: EventLog, config_pat
         build_manifest(
             config_hash=cfg.hash(), config_path=config_path, data_files=[{"path": s.get("path") or s.get("source"), "sha256": s.get("sha256")} for s in data.report["sources"]],
             seed=cfg.training.seed, hardware={**hw.to_dict(), "torch_threads": torch.get_num_threads()}, decisions=[asdict(d) for d in plan.decisions],
-        ) | ({"lineage": lineage} if lineage else {}),  # a stage of `stages:`: the model it starts from (pipeline/stages.py)
+        ) | {"plan": plan.to_dict()}  # the resolved plan this run executes: world size, strategy, batch, precision, lr, each with its source
+        | ({"lineage": lineage} if lineage else {}),  # a stage of `stages:`: the model it starts from (pipeline/stages.py)
     )
     r = data.report
     events.emit("data_prepared", train=r["train_examples"], eval=r["eval_examples"], rejected=r["rejected_total"], dropped=sum(r["dropped"].values()))

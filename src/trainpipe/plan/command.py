@@ -1,8 +1,16 @@
 """`trainpipe plan`: method, strategy, memory, time and cost before a cent is spent.
 
-`make_plan(PlanRequest(...))` returns the plan as one JSON-able dict (the `--json` contract:
-`decision`, `memory.per_device`, `memory.fits`, `compute`, `cost`, `recommendation`);
-`request_from_config(cfg)` maps a RunConfig onto a request; `print_plan` renders the tables.
+Two questions, one set of rules (plan/decisions.py):
+
+- `trainpipe plan CONFIG`: the plan `trainpipe run CONFIG` will execute. `plan_for_config` calls the one resolver,
+  `plan.resolve.resolve` (the function `run` calls), for this machine or a described one (`--gpu NAME --num-gpus N
+  --nodes M`), and adds memory, time and cost; `--json` prints it with the resolved plan under `plan`, identical
+  to what `run` records in its manifest for the same hardware.
+- `trainpipe plan --model NAME`: what-if exploration without a config. `make_plan(PlanRequest(...))` applies the
+  same decision rules across GPU types and counts (`plan_on`), ranks setups by cost or time and says what would fit.
+
+Both return one JSON-able dict (the `--json` contract: `decision`, `memory.per_device`, `memory.fits`, `compute`,
+`cost`, `recommendation`); `print_plan` renders the tables.
 """
 
 from __future__ import annotations
@@ -162,7 +170,7 @@ def plan_on(spec: ModelSpec, req: PlanRequest, gpu: GPU | None, examples: int | 
     return {"decisions": decisions, "setup": s, "memory": b, "fits": _fits(b, gpu)}
 
 
-def _suggestions(spec: ModelSpec, req: PlanRequest, gpu: GPU) -> list[str]:
+def suggestions(spec: ModelSpec, req: PlanRequest, gpu: GPU) -> list[str]:
     """What would fit, nearest change first."""
     out: list[str] = []
     world = req.num_gpus * req.nodes
@@ -236,6 +244,7 @@ def _checkpoint_bytes(b: Breakdown) -> float:
 def make_plan(req: PlanRequest) -> dict:
     _check(req)
     spec = find_model(req.model)
+    D.check_scale(spec.total_params, req.strategy)
     gpu = find_gpu(req.gpu, req.gpu_file) if req.gpu else None
     if gpu is not None and req.num_gpus > gpu.max_per_node:
         raise PlanError(f"`--num-gpus {req.num_gpus}` is more GPUs per node than {gpu.name} machines have ({gpu.max_per_node}). Use `--num-gpus {gpu.max_per_node} --nodes {math.ceil(req.num_gpus / gpu.max_per_node)}`.")
@@ -256,14 +265,14 @@ def make_plan(req: PlanRequest) -> dict:
         fits_map = {g.name: p["fits"] for g, p in cands}
         if not fitting:
             big = max(gpu_catalog(req.gpu_file), key=lambda g: g.memory_gib)
-            sug = _suggestions(spec, replace(req, gpu=big.name), big)
+            sug = suggestions(spec, replace(req, gpu=big.name), big)
             raise PlanError(f"`{spec.id}` ({spec.total_params / 1e9:.1f}B params) trained as asked fits no GPU in the catalog with {req.num_gpus * req.nodes} GPU(s). What would fit on a {big.name}: {'; '.join(sug) or 'nothing found: reduce --seq-len'}.")
         gpu, chosen = min(fitting, key=lambda gp: gp[0].on_demand_usd / (gp[0].peak_tflops(gp[1]["setup"].precision) or 1))
     else:
         chosen = plan_on(spec, req, gpu, examples)
         fits_map = {gpu.name: chosen["fits"]}
         if not chosen["fits"]:
-            sug = _suggestions(spec, req, gpu)
+            sug = suggestions(spec, req, gpu)
             b = chosen["memory"]
             raise PlanError(
                 f"`{spec.id}` with {chosen['setup'].method} on {req.num_gpus * req.nodes} x {gpu.name} needs {b.total_bytes / GIB:.1f} GiB per GPU "
@@ -313,14 +322,15 @@ def make_plan(req: PlanRequest) -> dict:
 def request_from_config(cfg, *, gpu: str | None = None, num_gpus: int | None = None, hw=None) -> PlanRequest:
     """Map a RunConfig onto a plan request (the data size is estimated from the local data files when they exist)."""
     t = cfg.training
-    from trainpipe.plan.run_plan import PLAN_METHOD, PLAN_OPTIM
+    from trainpipe.plan.gpus import gpu_from_device_name
+    from trainpipe.plan.resolve import PLAN_METHOD, PLAN_OPTIM
 
     method = "auto" if cfg.method.peft == "auto" else PLAN_METHOD.get(cfg.method.peft, "lora")
     precision = "bf16" if t.bf16 else "fp16" if t.fp16 else ("auto" if t.bf16 is None else "fp32")
     optim = PLAN_OPTIM[t.optim]
     targets = cfg.method.lora.target_modules
     if gpu is None and hw is not None and hw.accelerator == "cuda" and hw.device_names:
-        gpu = _gpu_from_device_name(hw.device_names[0])
+        gpu = gpu_from_device_name(hw.device_names[0])
         num_gpus = num_gpus or hw.device_count
     examples, avg = _data_size(cfg)
     return PlanRequest(
@@ -329,18 +339,6 @@ def request_from_config(cfg, *, gpu: str | None = None, num_gpus: int | None = N
         seq_len=cfg.first_data().max_length, grad_ckpt=t.gradient_checkpointing if isinstance(t.gradient_checkpointing, bool) and t.gradient_checkpointing else None, optimizer=optim, gpu=gpu, num_gpus=num_gpus or 1, examples=examples, avg_len=avg,
         epochs=t.num_train_epochs, target_effective_batch=t.target_effective_batch_size,
     )
-
-
-def _gpu_from_device_name(name: str) -> str | None:
-    from trainpipe.plan.gpus import UnknownGPUError
-
-    n = name.upper().replace("NVIDIA", "").strip()
-    for cand in (n, n.replace(" ", "-"), n.split()[0] if n.split() else n):
-        try:
-            return find_gpu(cand).name
-        except UnknownGPUError:
-            continue
-    return None
 
 
 def _data_size(cfg) -> tuple[int | None, float | None]:
@@ -383,26 +381,154 @@ def run_plan(req: PlanRequest, *, as_json: bool = False) -> dict:
     return plan
 
 
-def plan_command(*, config=None, overrides=(), model=None, as_json=False, gpu=None, num_gpus=1, **flags) -> dict:
-    """`trainpipe plan`: from a run config (flags given explicitly override it) or from `--model` and the flags."""
+def plan_command(*, config=None, overrides=(), model=None, as_json=False, gpu=None, num_gpus=None, nodes=None, **flags) -> dict:
+    """`trainpipe plan`: from a run config (the plan `run` executes; flags given explicitly override it) or from `--model` and the flags."""
     if config is None and model is None:
         raise PlanError("`trainpipe plan` needs a run config (`trainpipe plan run.yaml`) or `--model NAME_OR_PATH` (a catalog hub id or a folder with config.json).")
     if config is not None:
-        from trainpipe.config import load_config
-
-        cfg = load_config(config, list(overrides))
-        hw = None
-        if gpu is None:
-            from trainpipe.plan.hardware import detect
-
-            hw = detect()
-        req = request_from_config(cfg, gpu=gpu, num_gpus=num_gpus if num_gpus != 1 else None, hw=hw)
-        defaults = PlanRequest(model="")
-        for k, v in flags.items():  # flags the user changed from their defaults win over the config
-            if hasattr(defaults, k) and v != getattr(defaults, k):
-                setattr(req, k, v)
-        if model:
-            req.model = model
-    else:
-        req = PlanRequest(model=model, gpu=gpu, num_gpus=num_gpus, **{k: v for k, v in flags.items() if hasattr(PlanRequest, k) or k in PlanRequest.__dataclass_fields__})
+        out = plan_for_config(config, list(overrides), model=model, gpu=gpu, num_gpus=num_gpus, nodes=nodes, **flags)
+        _show(out, as_json)
+        return out
+    req = PlanRequest(model=model, gpu=gpu, num_gpus=num_gpus or 1, nodes=nodes or 1, **{k: v for k, v in flags.items() if k in PlanRequest.__dataclass_fields__})
     return run_plan(req, as_json=as_json)
+
+
+def _show(plan: dict, as_json: bool) -> None:
+    if as_json:
+        import typer
+
+        typer.echo(json.dumps(plan, indent=2, default=str))
+    else:
+        from trainpipe.plan.report import print_plan
+
+        print_plan(plan)
+
+
+# `trainpipe plan` flags -> the run config keys they set (in config mode)
+_OPTIM_KEY = {"adamw": "adamw_torch", "adamw_8bit": "adamw_8bit", "paged_adamw_8bit": "paged_adamw_8bit", "adafactor": "adafactor", "sgd": "sgd"}
+
+
+def flag_overrides(flags: dict) -> list[str]:
+    """The `--set` overrides equivalent to the plan flags the user changed from their defaults."""
+    d = PlanRequest(model="")
+    changed = {k: v for k, v in flags.items() if k in PlanRequest.__dataclass_fields__ and v is not None and v != getattr(d, k)}
+    out = []
+    if "method" in changed:
+        out.append(f"method.peft={D.PEFT_OF_METHOD.get(changed['method'], changed['method'])}")
+    if "lora_r" in changed:
+        out.append(f"method.lora.r={changed['lora_r']}")
+    if "lora_targets" in changed:
+        out.append(f"method.lora.target_modules={changed['lora_targets']}")
+    if "precision" in changed:
+        p = changed["precision"]
+        if p not in ("bf16", "fp16", "fp32"):
+            raise PlanError(f"`--precision {p}` has no run-config equivalent; with a config use `bf16`, `fp16` or `fp32` (`training.bf16` / `training.fp16`).")
+        out += [f"training.bf16={str(p == 'bf16').lower()}", f"training.fp16={str(p == 'fp16').lower()}"]
+    if "micro_batch" in changed:
+        out.append(f"training.per_device_train_batch_size={changed['micro_batch']}")
+    if "grad_ckpt" in changed:
+        out.append(f"training.gradient_checkpointing={str(changed['grad_ckpt']).lower()}")
+    if "seq_len" in changed:
+        out.append(f"data.max_length={changed['seq_len']}")
+    if "optimizer" in changed:
+        out.append(f"training.optim={_OPTIM_KEY[changed['optimizer']]}")
+    if "strategy" in changed:
+        if changed["strategy"] == "zero1":
+            raise PlanError("`--strategy zero1` has no run-config equivalent; `distributed.strategy` takes auto, single, ddp, fsdp, zero2 or zero3.")
+        out.append(f"distributed.strategy={changed['strategy']}")
+    if "offload" in changed:
+        out.append(f"distributed.offload={'optimizer+params' if changed['offload'] == 'params' else changed['offload']}")
+    if "epochs" in changed:
+        out.append(f"training.num_train_epochs={changed['epochs']}")
+    if changed.get("max_quality"):
+        raise PlanError("`--max-quality` belongs to `trainpipe plan --model`; with a run config, ask for a full fine-tune with `--set method.peft=none`.")
+    return out
+
+
+def config_hardware(cfg, *, gpu: str | None, num_gpus: int | None, nodes: int | None, gpu_file: str | None = None):
+    """(hardware, world size or None, nodes or None) for `trainpipe plan CONFIG`: this machine, or the one `--gpu` describes.
+
+    The world size is `--num-gpus x --nodes` when either is given, else None (the config's `distributed` section
+    decides, exactly as in `run`)."""
+    import os
+
+    from trainpipe.plan.hardware import Hardware, detect
+
+    dist = cfg.distributed
+    world = None
+    if num_gpus is not None or nodes is not None:
+        per = num_gpus or (dist.nproc_per_node if dist.nproc_per_node != "auto" else 1)
+        nodes = nodes or dist.nnodes
+        world = per * nodes
+    if gpu is None:
+        return detect(), world, nodes
+    g = find_gpu(gpu, gpu_file)
+    per = (world // nodes) if world is not None else (dist.nproc_per_node if dist.nproc_per_node != "auto" else 1)
+    if per > g.max_per_node:
+        raise PlanError(f"{per} GPUs per node is more than {g.name} machines have ({g.max_per_node}). Use `--num-gpus {g.max_per_node} --nodes {math.ceil(per / g.max_per_node)}`.")
+    return Hardware("cuda", per, (g.name,) * per, g.bf16, os.cpu_count() or 1, f"described by --gpu {g.name}"), world, nodes
+
+
+def plan_for_config(config, overrides: list[str], *, model=None, gpu=None, num_gpus=None, nodes=None, tokens=None, examples=None, avg_len=None,
+                    budget_usd=None, deadline_hours=None, mfu=None, gpu_file=None, preemptions_per_hour: float = 0.1, **flags) -> dict:
+    """The plan `trainpipe run CONFIG` executes (one resolver: `plan.resolve.resolve`), with memory, time and cost."""
+    from trainpipe.config import load_config
+    from trainpipe.plan.resolve import PLAN_METHOD, catalog_gpu, model_spec, resolve
+
+    extra = flag_overrides(flags) + ([f"model.name_or_path={model}"] if model else [])
+    cfg = load_config(config, list(overrides) + extra)
+    hw, world, nodes = config_hardware(cfg, gpu=gpu, num_gpus=num_gpus, nodes=nodes, gpu_file=gpu_file)
+    plan = resolve(cfg, hw, world, nnodes=nodes, env={})
+    rc = plan.config
+    world = plan.world_size.value
+    g = find_gpu(gpu, gpu_file) if gpu else catalog_gpu(hw)
+    try:
+        spec = model_spec(rc)
+    except Exception:  # noqa: BLE001 - the plan's notes say why
+        spec = None
+    method = PLAN_METHOD.get(rc.method.peft, rc.method.peft)
+    covered = {"method.peft", "strategy", "distributed.offload", "training.per_device_train_batch_size", "training.gradient_checkpointing",
+               "training.gradient_accumulation_steps", "training.learning_rate", "training.bf16", "training.fp16"}
+    rows = [{"key": k, "value": s.value, "source": s.source, "rule": s.rule, "watch": s.watch} for k, s in plan.settings().items()]
+    rows += [asdict(d) | {"source": "planner"} for d in plan.decisions if d.key not in covered]
+    mem = plan.predicted.get("memory")
+    out = {
+        "plan": plan.to_dict(),
+        "model": None if spec is None else {"id": spec.id, "source": spec.source, "model_type": spec.model_type, "params": spec.total_params,
+                                            "trainable_params": mem["trainable_params"] if mem else None, "note": spec.note},
+        "notes": list(plan.notes),
+        "decision": rows,
+        "memory": {
+            "per_device": None if not mem else {k: mem[k] for k in ("weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes", "overhead_bytes", "total_bytes")}
+            | {"cpu_offload_bytes": mem["cpu_bytes"]},
+            "fits": {g.name: mem["total_bytes"] <= g.memory_bytes * (1 - D.HEADROOM)} if (g and mem) else {},
+            "gpu_memory_bytes": g.memory_bytes if g else None,
+            "detail": mem["detail"] if mem else None,
+        },
+        "compute": None,
+        "cost": None,
+        "recommendation": {
+            "method": method, "micro_batch": plan.micro_batch.value, "gradient_accumulation": plan.grad_accum.value, "effective_batch": plan.effective_batch.value,
+            "precision": plan.precision.value, "gradient_checkpointing": plan.gradient_checkpointing.value, "strategy": plan.strategy.value,
+            "offload": plan.offload.value, "gpu": g.name if g else hw.accelerator, "num_gpus": world, "nodes": plan.nnodes.value,
+            "lora_r": rc.method.lora.r if method in ("lora", "dora", "qlora") else None, "learning_rate": plan.learning_rate.value,
+        },
+    }
+    if g is not None and spec is not None and mem:
+        ex, avg = (examples, avg_len) if examples is not None else _data_size(rc)
+        tk = float(tokens) * rc.training.num_train_epochs if tokens is not None else (ex * avg * rc.training.num_train_epochs if ex and avg else None)
+        seq = rc.first_data().max_length
+        comp = C.compute(spec, method, tk or 0.0, seq, bool(rc.training.gradient_checkpointing),
+                         g, world, plan.precision.value, mfu, mem["trainable_params"], plan.nnodes.value)
+        out["compute"] = comp.to_dict() | {"flops_per_token": C.flops_per_token(spec, method, seq, bool(rc.training.gradient_checkpointing), mem["trainable_params"]),
+                                           "tokens_known": tk is not None}
+        ckpt_bytes = float(mem["weights_bytes"] + mem["optimizer_bytes"]) if mem["trainable_params"] == mem["total_params"] else float(mem["trainable_params"] * 12)
+        out["cost"] = C.cost(comp.hours, world, g, ckpt_bytes, preemptions_per_hour).to_dict()
+        if budget_usd is not None or deadline_hours is not None:
+            if tk is None:
+                raise PlanError("`--budget-usd`/`--deadline-hours` rank setups by cost or time, which needs the amount of data: add `--tokens N` or `--examples N --avg-len L`.")
+            req = replace(request_from_config(rc, gpu=gpu), budget_usd=budget_usd, deadline_hours=deadline_hours, mfu=mfu, gpu_file=gpu_file)
+            out["ranking"] = _rank(spec, req, tk, ex)
+    elif hw.accelerator != "cuda" and gpu is None:
+        out["notes"].append("planned for this machine (no CUDA GPU); plan for GPUs with `--gpu NAME --num-gpus N`")
+    return out

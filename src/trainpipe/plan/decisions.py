@@ -7,12 +7,18 @@ method      full fine-tune only when the GPUs hold ~4x the model's 16-bit size *
             when LoRA does not fit. Continued pre-training first when the domain is new (new vocabulary); one adapter
             per task on a shared base for multi-task; for alignment DPO when preference pairs exist and KL control
             matters little, SFT -> reward model -> RL when it matters and the budget allows, SFT without preference data.
-strategy    one device: single; the model state fits one device: DDP; ~1-10B that does not: ZeRO-2 if the
-            replicated weights fit, else FSDP; 10-100B: ZeRO-3 (+ CPU offload when still short); beyond: tensor +
-            pipeline parallelism (Megatron-LM or DeepSpeed).
-precision   bf16 on Ampere and newer (and MI300X); fp16 with loss scaling before; fp32 on CPU.
+strategy    one process: single; < 1B parameters, or a training state that fits one device (an adapter): DDP;
+            1-10B: ZeRO-2 if the replicated weights fit, else FSDP; 10-100B: ZeRO-3 with gradient checkpointing (+ CPU
+            offload of the optimizer when still short); > 100B: stop, this is tensor + pipeline parallel territory
+            (Megatron-LM, torchtitan). `check_strategy` refuses what a strategy cannot run (FSDP_PEFT, ZERO3_PEFT).
+precision   bf16 on Ampere and newer (and MI300X); fp16 with loss scaling before; fp32 on CPU (`auto_precision`).
 batch       the largest micro-batch of 8, 4, 2, 1 that fits with 10 % headroom without gradient checkpointing; if none,
-            checkpointing on and the same search; accumulation to an effective batch >= 32.
+            checkpointing on and the same search; accumulation = ceil(target / (micro-batch x world size)), so the
+            effective batch micro-batch x accumulation x world size is >= the target and stated exactly (`accumulation`).
+lr          one table by objective and by full/adapter training (`default_learning_rate`), scaled with the world size
+            when `training.lr_scaling` asks (`scale_learning_rate`).
+
+`trainpipe plan CONFIG` and `trainpipe run` apply these rules through one function, `plan.resolve.resolve`.
 """
 
 from __future__ import annotations
@@ -33,6 +39,80 @@ class PlanError(TrainpipeError):
     title = "cannot plan"
 
 
+# ------------------------------------------------------------------ learning rate (the one table)
+# Learning rates the field uses (LoRA/QLoRA papers, axolotl, LLaMA-Factory, TRL docs), by objective and by whether the
+# whole network trains ("full": peft none or freeze) or a small adapter does ("adapter"). Full SFT 5e-5 is the top of
+# the 1e-5..5e-5 range the field uses for small and mid-size models (the range is in the watch text).
+DEFAULT_LR = {
+    ("sft", "full"): 5e-5, ("sft", "adapter"): 2e-4,
+    ("pretrain", "full"): 2e-5, ("pretrain", "adapter"): 2e-4,
+    ("dpo", "full"): 5e-7, ("dpo", "adapter"): 5e-6,
+    ("orpo", "full"): 8e-6, ("orpo", "adapter"): 5e-5,
+    ("kto", "full"): 5e-7, ("kto", "adapter"): 5e-6,
+    ("reward", "full"): 1e-5, ("reward", "adapter"): 1e-4,
+    ("rl", "full"): 1e-6, ("rl", "adapter"): 1e-5,
+}
+# IA3 and soft prompts train so few parameters that they need far larger steps (PEFT's examples).
+PEFT_LR = {"ia3": 3e-3, "prompt_tuning": 3e-2, "prefix_tuning": 1e-2}
+# the planner's memory methods -> `method.peft`
+PEFT_OF_METHOD = {"full": "none", "freeze": "freeze", "lora": "lora", "dora": "dora", "qlora": "qlora"}
+
+
+def default_learning_rate(objective: str, peft: str) -> tuple[float, str]:
+    """(lr, rule) for `method.name` and `method.peft` (`none`/`freeze` train the full network)."""
+    if peft in PEFT_LR and objective in ("sft", "pretrain"):
+        return PEFT_LR[peft], f"default for peft={peft}"
+    kind = "full" if peft in ("none", "freeze") else "adapter"
+    return DEFAULT_LR[(objective, kind)], f"default for {objective} with {'full/freeze' if kind == 'full' else 'an adapter (' + peft + ')'}"
+
+
+def scale_learning_rate(lr: float, mode: str, world: int) -> tuple[float, float]:
+    """`training.lr_scaling`: (scaled lr, factor) for `world` processes relative to one."""
+    factor = {"none": 1.0, "linear": float(world), "sqrt": math.sqrt(world)}[mode]
+    return lr * factor, factor
+
+
+def watch_lr_scaling(mode: str, world: int) -> str:
+    if mode == "linear":
+        return ("linear scaling (Goyal et al. 2017) needs warmup: watch the first 100-200 steps for a `loss_spike` or NaN; "
+                "if the loss diverges use `sqrt` or `none`")
+    if mode == "sqrt":
+        return "square-root scaling suits Adam-type optimizers; if the loss falls slower than a 1-process run, try `linear`"
+    if world > 1:
+        return "the lr is unchanged: accumulation keeps the effective batch at its target, so the step size needs no change"
+    return ""
+
+
+# ------------------------------------------------------------------ effective batch (the one rule)
+def accumulation(micro_batch: int, world: int, target: int) -> tuple[int, int, str]:
+    """(accumulation, effective batch, rule): the smallest accumulation with micro-batch x accumulation x world >= target.
+
+    The effective batch is exactly micro-batch x accumulation x world; when the target is not a multiple of
+    micro-batch x world, the rule says so and names the batch actually trained."""
+    per_step = micro_batch * world
+    acc = max(1, math.ceil(target / per_step))
+    eff = micro_batch * acc * world
+    rule = f"effective batch {micro_batch} x {acc} x {world} device(s) = {eff}"
+    if eff == target:
+        rule += f" = the target {target}"
+    elif per_step > target:
+        rule += f": one micro-batch on every device already exceeds the target {target} (lower the micro-batch to get closer)"
+    else:
+        rule += (f": the target {target} is not a multiple of {micro_batch} x {world} = {per_step}, so accumulation rounds up "
+                 f"to {acc} and each optimizer step trains on {eff} examples")
+    return acc, eff, rule
+
+
+# ------------------------------------------------------------------ precision (the one rule)
+def auto_precision(on_cuda: bool, bf16: bool, where: str = "") -> tuple[str, str]:
+    """(precision, rule) for `auto`: bf16 on GPUs that have it, fp16 with loss scaling before, fp32 without a GPU."""
+    if not on_cuda:
+        return "fp32", f"no CUDA GPU{' (' + where + ')' if where else ''}: fp32 (CPU mixed precision is slower than fp32 for training)"
+    if bf16:
+        return "bf16", f"{where or 'the GPU'} has bfloat16 (Ampere or newer): bf16 mixed precision (fp32 master weights), no loss scaling"
+    return "fp16", f"{where or 'the GPU'} has no bfloat16 (before Ampere): fp16 mixed precision with dynamic loss scaling"
+
+
 @dataclass
 class Decision:
     key: str
@@ -46,7 +126,7 @@ def decide_precision(gpu: GPU | None, requested: str = "auto") -> Decision:
     if gpu is None:
         if requested not in ("auto", "fp32"):
             raise PlanError(f"Precision `{requested}` needs a GPU; on CPU trainpipe trains in fp32. Use `--precision fp32` (or `auto`), or plan for a GPU with `--gpu`.")
-        return Decision("precision", "fp32", "no GPU: fp32 (CPU mixed precision is slower than fp32 for training)", "nothing: fp32 has no overflow")
+        return Decision("precision", "fp32", auto_precision(False, False)[1], "nothing: fp32 has no overflow")
     if requested in ("bf16", "bf16-true") and not gpu.bf16:
         raise PlanError(
             f"Precision `{requested}` needs bfloat16 tensor cores, which the {gpu.name} ({gpu.arch}) lacks. "
@@ -56,9 +136,8 @@ def decide_precision(gpu: GPU | None, requested: str = "auto") -> Decision:
         raise PlanError(f"Precision `fp16` needs fp16 tensor cores, which the {gpu.name} lacks in the GPU catalog. Use `--precision bf16` or `fp32`.")
     if requested != "auto":
         return Decision("precision", requested, "as requested", _watch_precision(requested))
-    if gpu.bf16:
-        return Decision("precision", "bf16", f"{gpu.name} ({gpu.arch}) has bfloat16: bf16 mixed precision (fp32 master weights), no loss scaling", _watch_precision("bf16"))
-    return Decision("precision", "fp16", f"{gpu.name} ({gpu.arch}) has no bfloat16: fp16 mixed precision with dynamic loss scaling", _watch_precision("fp16"))
+    p, rule = auto_precision(True, gpu.bf16, f"{gpu.name} ({gpu.arch})")
+    return Decision("precision", p, rule, _watch_precision(p))
 
 
 def _watch_precision(p: str) -> str:
@@ -130,33 +209,83 @@ def decide_objective(*, preference_data: bool = False, kl_matters: bool = False,
     return out
 
 
-def decide_learning_rate(method: str) -> Decision:
-    lr = {"full": 2e-5, "freeze": 5e-5, "lora": 2e-4, "dora": 1e-4, "qlora": 2e-4}[method]
-    return Decision("learning_rate", lr, f"the field's default for {method} (LoRA/QLoRA papers; full fine-tune 1e-5..5e-5)", _watch_method(method))
+def decide_learning_rate(method: str, objective: str = "sft") -> Decision:
+    """The planner's memory method (full, freeze, lora, dora, qlora) through the one lr table (`default_learning_rate`)."""
+    lr, rule = default_learning_rate(objective, PEFT_OF_METHOD[method])
+    return Decision("learning_rate", lr, rule, _watch_method(method))
 
 
 # ------------------------------------------------------------------ strategy
+BEYOND_SHARDING = 100e9  # parameters above which data-parallel sharding alone is the wrong tool
+# PEFT methods each sharded strategy can run (PEFT's "FSDP" and "DeepSpeed" guides document LoRA and QLoRA, the
+# latter with a 4-bit quant storage dtype FSDP/ZeRO-3 can shard; FSDP2 shards frozen and trainable parameters of a
+# module separately, so partial freezing needs no `use_orig_params`). Soft prompts (prompt/prefix tuning) keep their
+# trainable embedding outside the wrapped blocks and are not supported by PEFT under FSDP or ZeRO-3; 8-bit
+# bitsandbytes weights (qlora8) cannot be sharded; IA3 is not documented under either.
+FSDP_PEFT = ("none", "freeze", "lora", "rslora", "dora", "qlora")
+ZERO3_PEFT = ("none", "freeze", "lora", "rslora", "dora", "qlora", "ia3")
+
+
+def check_scale(params: int | None, requested: str) -> None:
+    """> 100B parameters with `strategy: auto`: stop, naming the tools built for that scale."""
+    if requested == "auto" and params is not None and params > BEYOND_SHARDING:
+        raise PlanError(
+            f"`distributed.strategy: auto` with a {params / 1e9:.0f}B-parameter model: above 100B parameters, data-parallel "
+            "sharding (FSDP, ZeRO-3) spends most of each step gathering weights across nodes, and the standard is tensor + "
+            "pipeline parallelism, which trainpipe does not run. Train it with Megatron-LM (or Megatron-DeepSpeed) or "
+            "torchtitan; or, to try anyway, set `distributed.strategy: zero3` (with `distributed.offload: optimizer`) explicitly."
+        )
+
+
 def decide_strategy(*, requested: str, num_gpus: int, params: int, fits_replicated: bool, fits_zero2: bool, fits_zero3: bool) -> tuple[Decision, str]:
-    """Returns (decision, offload)."""
+    """Returns (decision, offload). `params` > 100B with `auto` raises (`check_scale`)."""
     b = params / 1e9
     if requested != "auto":
         if requested == "single" and num_gpus > 1:
-            raise PlanError(f"`--strategy single` with `--num-gpus {num_gpus}`: a single-device run uses one GPU. Use `ddp`, `fsdp` or a ZeRO stage, or `--num-gpus 1`.")
+            raise PlanError(f"`distributed.strategy: single` (`--strategy single`) with {num_gpus} processes: a single-device run uses one GPU. "
+                            f"Use `ddp`, `fsdp`, `zero2` or `zero3` (or `auto`), or one process (`--num-gpus 1`, `distributed.nproc_per_node: 1`).")
         return Decision("strategy", requested, "as requested", _watch_strategy(requested)), "none"
+    check_scale(params, requested)
     if num_gpus <= 1:
-        return Decision("strategy", "single", "one device", _watch_strategy("single")), "none"
+        return Decision("strategy", "single", "one process", _watch_strategy("single")), "none"
+    if b < 1:
+        return Decision("strategy", "ddp", f"{b:.2f}B params (< 1B): DDP replicates the model on each of {num_gpus} devices, the fastest when the state is small", _watch_strategy("ddp")), "none"
     if fits_replicated:
-        return Decision("strategy", "ddp", f"the whole training state fits one device: DDP (data parallel) over {num_gpus} GPUs", _watch_strategy("ddp")), "none"
+        return Decision("strategy", "ddp", f"the whole training state fits one device: DDP (data parallel) over {num_gpus} devices", _watch_strategy("ddp")), "none"
     if b <= 10 and fits_zero2:
         return Decision("strategy", "zero2", f"{b:.1f}B params (1-10B) and the replicated weights fit: ZeRO-2 shards gradients and optimizer states", _watch_strategy("zero2")), "none"
     if b <= 10:
         return Decision("strategy", "fsdp", f"{b:.1f}B params (1-10B): FSDP full sharding of weights, gradients and optimizer states", _watch_strategy("fsdp")), "none"
-    if b > 100:
-        return Decision("strategy", "zero3", f"{b:.0f}B params (> 100B): tensor + pipeline parallel is the standard (Megatron-LM, or DeepSpeed with Megatron); "
-                        "sized here as ZeRO-3 (+ offload where short), which works but is slow across nodes", _watch_strategy("zero3")), ("none" if fits_zero3 else "optimizer")
     if fits_zero3:
-        return Decision("strategy", "zero3", f"{b:.0f}B params (10-100B): ZeRO-3 shards weights, gradients and optimizer states", _watch_strategy("zero3")), "none"
-    return Decision("strategy", "zero3", f"{b:.0f}B params (10-100B): ZeRO-3 with the optimizer states offloaded to CPU (it does not fit on the GPUs otherwise)", _watch_strategy("zero3")), "optimizer"
+        return Decision("strategy", "zero3", f"{b:.0f}B params (10-100B): ZeRO-3 shards weights, gradients and optimizer states, with gradient checkpointing", _watch_strategy("zero3")), "none"
+    return Decision("strategy", "zero3", f"{b:.0f}B params (10-100B): ZeRO-3 with gradient checkpointing and the optimizer states offloaded to CPU (it does not fit on the GPUs otherwise)", _watch_strategy("zero3")), "optimizer"
+
+
+def check_strategy(*, strategy: str, offload: str, peft: str, world: int, accelerator: str = "cuda") -> None:
+    """What a strategy cannot run, as one-paragraph errors naming the key and what would work (before any weights load)."""
+    if strategy == "single" and world > 1:
+        raise PlanError(f"`distributed.strategy: single` with a world of {world} processes: a single-device run uses one process. "
+                        "Use `ddp`, `fsdp`, `zero2` or `zero3` (or `auto`), or one process (`distributed.nproc_per_node: 1`).")
+    if strategy == "fsdp" and peft not in FSDP_PEFT:
+        raise PlanError(f"`distributed.strategy: fsdp` with `method.peft: {peft}`: PEFT does not support {peft} under FSDP "
+                        f"({'the trainable soft prompt lives outside the sharded blocks' if peft in ('prompt_tuning', 'prefix_tuning') else '8-bit bitsandbytes weights cannot be sharded' if peft == 'qlora8' else 'it is not documented or tested with FSDP'}). "
+                        f"Use `distributed.strategy: ddp` (or `zero2`), or a method FSDP runs: {', '.join(FSDP_PEFT)}.")
+    if strategy == "zero3" and peft not in ZERO3_PEFT:
+        raise PlanError(f"`distributed.strategy: zero3` with `method.peft: {peft}`: ZeRO-3 partitions every parameter, and "
+                        f"{'the soft prompt embedding PEFT prepends is read outside the partitioned forward' if peft in ('prompt_tuning', 'prefix_tuning') else '8-bit bitsandbytes weights cannot be partitioned'}. "
+                        f"Use `distributed.strategy: ddp` or `zero2` (the base is small enough to replicate for {peft}), or a method ZeRO-3 runs: {', '.join(ZERO3_PEFT)}.")
+    if strategy in ("zero2", "zero3") and accelerator != "cuda":
+        raise PlanError(f"`distributed.strategy: {strategy}` needs CUDA GPUs (DeepSpeed ZeRO); this machine has {accelerator}. "
+                        "Use `distributed.strategy: ddp` or `fsdp` (both run on the CPU with gloo), or plan for GPUs with `trainpipe plan CONFIG --gpu NAME`.")
+    if offload != "none" and strategy in ("single", "ddp"):
+        raise PlanError(f"`distributed.offload: {offload}` needs a sharded strategy (`fsdp`, `zero2` or `zero3`); `distributed.strategy` "
+                        f"resolved to `{strategy}`, which keeps everything on the device. Set `distributed.offload: none`, or `distributed.strategy: zero3`.")
+    if offload == "optimizer+params" and strategy == "zero2":
+        raise PlanError("`distributed.offload: optimizer+params` needs ZeRO-3 or FSDP (ZeRO-2 does not partition parameters). "
+                        "Use `distributed.offload: optimizer` with `zero2`, or `distributed.strategy: zero3`.")
+    if offload != "none" and peft in ("qlora", "qlora8"):
+        raise PlanError(f"`distributed.offload: {offload}` with `method.peft: {peft}`: bitsandbytes quantized weights cannot be offloaded. "
+                        "Set `distributed.offload: none`, or use `method.peft: lora` with offload.")
 
 
 def _watch_strategy(s: str) -> str:
@@ -193,11 +322,11 @@ def decide_batch(*, requested_micro_batch: int | None, requested_ckpt: bool | No
         mb, ck = chosen
         why_mb = "as requested" if requested_micro_batch else f"the largest of {'/'.join(map(str, MICRO_BATCHES))} that fits with {int(HEADROOM * 100)} % headroom" + (" with checkpointing" if ck else "")
         why_ck = "as requested" if requested_ckpt is not None else ("off: the micro-batch fits without it (recomputation costs ~33 % more compute)" if not ck else "on: memory-bound, micro-batch 1 does not fit without it")
-    acc = max(1, math.ceil(target_effective / (mb * world)))
+    acc, eff, acc_rule = accumulation(mb, world, target_effective)
     return [
         Decision("micro_batch", mb, why_mb, "if `cuda_oom` appears on long examples, halve it (trainpipe does so itself with oom_recovery)"),
         Decision("gradient_checkpointing", ck, why_ck, "step time ~1.33x with it on; GPU memory should sit below the plan's total"),
-        Decision("gradient_accumulation", acc, f"effective batch {mb} x {acc} x {world} GPU(s) = {mb * acc * world} >= {target_effective}",
+        Decision("gradient_accumulation", acc, acc_rule,
                  "the loss curve should be as smooth as with the same effective batch on more GPUs; lr is tuned for this effective batch"),
     ]
 
@@ -206,4 +335,5 @@ def model_16bit_gib(params: int) -> float:
     return 2 * params / GIB
 
 
-__all__ = ["Decision", "PlanError", "decide_precision", "decide_method", "decide_objective", "decide_learning_rate", "decide_strategy", "decide_batch", "replace"]
+__all__ = ["Decision", "PlanError", "accumulation", "auto_precision", "check_scale", "check_strategy", "decide_batch", "decide_learning_rate",
+           "decide_method", "decide_objective", "decide_precision", "decide_strategy", "default_learning_rate", "scale_learning_rate", "replace"]

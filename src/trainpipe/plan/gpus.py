@@ -111,3 +111,14 @@ def find_gpu(name: str, user_file: str | Path | None = None) -> GPU:
         f"GPU `{name}` is not in the GPU catalog.{hint} Known: {', '.join(g.name for g in gpus)} (case and hyphens are ignored). "
         "Add your own with `--gpu-file FILE` (rows as in plan/data/gpus.json)."
     )
+
+
+def gpu_from_device_name(name: str) -> str | None:
+    """The catalog name of a CUDA device name (`NVIDIA A100-SXM4-80GB` -> `A100-80GB`), or None when it is not in the catalog."""
+    n = name.upper().replace("NVIDIA", "").strip()
+    for cand in (n, n.replace(" ", "-"), n.split()[0] if n.split() else n):
+        try:
+            return find_gpu(cand).name
+        except UnknownGPUError:
+            continue
+    return None

@@ -16,31 +16,39 @@ def print_plan(plan: dict) -> None:
 
     con = ui.console()
     m = plan["model"]
-    con.print(f"[bold]{m['id']}[/] ({m['source']}, {m['model_type']}): {m['params'] / 1e9:.3f}B parameters, "
-              f"{m['trainable_params']:,} trainable ({100 * m['trainable_params'] / max(1, m['params']):.2f} %)", markup=True, highlight=False, soft_wrap=True)
-    if m.get("note"):
-        con.print(f"note: {m['note']}", markup=False, soft_wrap=True)
-    t = Table(title="decisions")
-    for c in ("choice", "value", "rule", "what to watch"):
+    if m:
+        trainable = f"{m['trainable_params']:,} trainable ({100 * m['trainable_params'] / max(1, m['params']):.2f} %)" if m.get("trainable_params") is not None else "trainable: not sized"
+        con.print(f"[bold]{m['id']}[/] ({m['source']}, {m['model_type']}): {m['params'] / 1e9:.3f}B parameters, {trainable}",
+                  markup=True, highlight=False, soft_wrap=True)
+        if m.get("note"):
+            con.print(f"note: {m['note']}", markup=False, soft_wrap=True)
+    for n in plan.get("notes") or ():
+        con.print(f"note: {n}", markup=False, soft_wrap=True)
+    with_source = any("source" in d for d in plan["decision"])
+    t = Table(title="plan (what `trainpipe run` executes)" if with_source else "decisions")
+    for c in ("choice", "value", *(("from",) if with_source else ()), "rule", "what to watch"):
         t.add_column(c, overflow="fold")
     for d in plan["decision"]:
-        t.add_row(d["key"], str(d["value"]), d["rule"], d.get("watch", ""))
+        t.add_row(d["key"], str(d["value"]), *((d.get("source", ""),) if with_source else ()), d["rule"], d.get("watch", ""))
     con.print(t)
     pd = plan["memory"]["per_device"]
-    mt = Table(title="memory per device (GiB)")
-    mt.add_column("piece")
-    mt.add_column("GiB", justify="right")
-    for k in ("weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes", "overhead_bytes", "total_bytes"):
-        mt.add_row(k.replace("_bytes", ""), _gib(pd[k]))
-    if pd.get("cpu_offload_bytes"):
-        mt.add_row("offloaded to CPU", _gib(pd["cpu_offload_bytes"]))
-    con.print(mt)
+    if pd is None:
+        pd = {}
+    if pd:
+        mt = Table(title="memory per device (GiB)")
+        mt.add_column("piece")
+        mt.add_column("GiB", justify="right")
+        for k in ("weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes", "overhead_bytes", "total_bytes"):
+            mt.add_row(k.replace("_bytes", ""), _gib(pd[k]))
+        if pd.get("cpu_offload_bytes"):
+            mt.add_row("offloaded to CPU", _gib(pd["cpu_offload_bytes"]))
+        con.print(mt)
     fits = plan["memory"]["fits"]
     if fits:
         con.print("fits: " + ", ".join(f"{g} {'yes' if ok else 'no'}" for g, ok in fits.items()), markup=False, soft_wrap=True)
     r = plan["recommendation"]
     con.print(f"recommendation: {r['method']} on {r['num_gpus']} x {r['gpu']} ({r['strategy']}{', offload ' + r['offload'] if r['offload'] != 'none' else ''}), "
-              f"{r['precision']}, micro-batch {r['micro_batch']} x accumulation {r['gradient_accumulation']} = effective batch {r['effective_batch']}, "
+              f"{r['precision']}, micro-batch {r['micro_batch']} x accumulation {r['gradient_accumulation']} x {r['num_gpus']} device(s) = effective batch {r['effective_batch']}, "
               f"gradient checkpointing {'on' if r['gradient_checkpointing'] else 'off'}, lr {r['learning_rate']:g}", markup=False, soft_wrap=True)
     c = plan.get("compute")
     if c:

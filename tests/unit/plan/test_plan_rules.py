@@ -116,8 +116,29 @@ def test_strategy_rules():
     assert _strategy(params=70e9)[0].value == "zero3"
     d, off = _strategy(params=70e9, fits_zero3=False)
     assert d.value == "zero3" and off == "optimizer"
-    d, _ = _strategy(params=405e9)
-    assert "Megatron" in d.rule
+    d, _ = _strategy(params=0.5e9)
+    assert d.value == "ddp" and "< 1B" in d.rule  # < 1B: DDP by size, whatever else fits
+    # > 100B with `auto` is a stop naming the tools built for it (was: sized as ZeRO-3; issue 10's matrix stops)
+    with pytest.raises(PlanError) as e:
+        _strategy(params=405e9)
+    assert "Megatron-LM" in e.value.message and "torchtitan" in e.value.message and "distributed.strategy" in e.value.message
+    d, _ = _strategy(params=405e9, requested="zero3")  # asked for explicitly: honoured
+    assert d.value == "zero3"
+
+
+def test_one_lr_table_for_the_planner_and_the_run():
+    # the planner's method names and the run's `method.peft` read the same table (full fine-tune 5e-5 in both)
+    assert D.decide_learning_rate("full").value == D.default_learning_rate("sft", "none")[0] == 5e-5
+    assert D.decide_learning_rate("lora").value == D.default_learning_rate("sft", "lora")[0] == 2e-4
+    assert D.decide_learning_rate("qlora").value == D.default_learning_rate("sft", "qlora")[0]
+
+
+def test_accumulation_rule_is_exact():
+    assert D.accumulation(4, 8, 32)[:2] == (1, 32)
+    acc, eff, rule = D.accumulation(4, 3, 32)
+    assert (acc, eff) == (3, 36) and "36" in rule
+    acc, eff, rule = D.accumulation(8, 8, 32)
+    assert (acc, eff) == (1, 64) and "exceeds" in rule
 
 
 def test_single_strategy_with_many_gpus_is_an_error():
@@ -261,3 +282,57 @@ def test_plan_from_run_config(tmp_path, tiny_model_dir, capsys):
     assert main(["plan", str(cfg), "--gpu", "L4", "--json"]) == 0
     p = json.loads(capsys.readouterr().out)
     assert p["model"]["source"] == "local" and p["recommendation"]["gpu"] == "L4" and p["compute"]["tokens_known"]
+
+
+# ------------------------------------------------------------------ `trainpipe plan CONFIG` is the plan `run` executes
+def _run_config(tmp_path, tiny_model_dir, **training):
+    import yaml
+
+    data = tmp_path / "train.jsonl"
+    data.write_text("\n".join(json.dumps({"instruction": f"q{i}", "output": "a" * 40}) for i in range(50)) + "\n")
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump({"model": {"name_or_path": str(tiny_model_dir)}, "data": {"sources": [{"path": str(data)}]}, "training": training}))
+    return cfg
+
+
+def test_plan_config_json_equals_what_run_resolves(tmp_path, tiny_model_dir, capsys):
+    from trainpipe.cli import main
+    from trainpipe.config import load_config
+    from trainpipe.plan.command import config_hardware
+    from trainpipe.plan.run_plan import plan_run
+
+    cfg = _run_config(tmp_path, tiny_model_dir, per_device_train_batch_size=4)
+    assert main(["plan", str(cfg), "--gpu", "H100", "--num-gpus", "8", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)["plan"]
+    c = load_config(cfg, [])
+    hw, world, nodes = config_hardware(c, gpu="H100", num_gpus=8, nodes=None)
+    ran = json.loads(json.dumps(plan_run(c, hw, world, nnodes=nodes).to_dict(), default=str))
+    assert shown == ran
+    assert shown["effective_batch_formula"] == "4 x 1 x 8 = 32" and shown["world_size"]["value"] == 8
+    # this machine, no flags: the same as `run` here (one process, the config's world)
+    assert main(["plan", str(cfg), "--json"]) == 0
+    here = json.loads(capsys.readouterr().out)["plan"]
+    from trainpipe.plan.hardware import detect
+
+    assert here == json.loads(json.dumps(plan_run(c, detect()).to_dict(), default=str))
+
+
+def test_plan_config_honours_an_explicit_learning_rate(tmp_path, tiny_model_dir, capsys):
+    from trainpipe.cli import main
+
+    cfg = _run_config(tmp_path, tiny_model_dir, learning_rate=3e-3)
+    assert main(["plan", str(cfg), "--gpu", "L4", "--json"]) == 0
+    p = json.loads(capsys.readouterr().out)
+    assert p["recommendation"]["learning_rate"] == 3e-3 and p["plan"]["learning_rate"] == {"value": 3e-3, "source": "config", "rule": "as set", "watch": ""}
+    assert main(["plan", str(cfg), "--gpu", "L4", "--num-gpus", "4", "--set", "training.lr_scaling=linear", "--json"]) == 0
+    p = json.loads(capsys.readouterr().out)
+    assert p["recommendation"]["learning_rate"] == pytest.approx(1.2e-2) and p["plan"]["lr_scaling"]["value"] == "linear"
+
+
+def test_plan_config_nproc_above_the_machine_is_an_error(tmp_path, tiny_model_dir, capsys):
+    from trainpipe.cli import main
+
+    cfg = _run_config(tmp_path, tiny_model_dir)
+    assert main(["plan", str(cfg), "--gpu", "L4", "--num-gpus", "64"]) == 2
+    out = capsys.readouterr()
+    assert "Traceback" not in out.out + out.err and "--nodes" in out.out

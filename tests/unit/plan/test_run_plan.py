@@ -4,6 +4,8 @@ The GPU machines here are FAKE `Hardware` descriptions (this machine has no GPU)
 pure function of (config, hardware), so describing an A100 or a T4 is all it needs.
 """
 
+import pytest
+
 from trainpipe.config import build_config
 from trainpipe.plan.hardware import Hardware
 from trainpipe.plan.run_plan import plan_run, what_would_fit
@@ -60,3 +62,68 @@ def test_unknown_model_offline_only_drops_the_predictions():
     p = plan_run(cfg("nobody/not-a-model"), FAKE_A100)
     assert p.predicted == {} and p.notes and "could not size" in p.notes[0]
     assert p.config.method.peft == "lora"
+
+
+# ------------------------------------------------------------------ strategy: the size matrix and what a strategy cannot run
+from trainpipe.plan import PlanError, resolve  # noqa: E402
+
+H100x8 = Hardware("cuda", 8, ("NVIDIA H100 80GB HBM3",) * 8, True, 64, "fake")
+
+
+def full(model, *overrides):
+    return build_config({"model": {"name_or_path": model}, "data": {"sources": [{"path": "x.jsonl"}], "max_length": 2048},
+                         "method": {"peft": "none"}, "training": {"per_device_train_batch_size": "auto"}}, overrides=list(overrides))
+
+
+def test_strategy_auto_by_model_size():
+    p = plan_run(full("Qwen/Qwen2.5-0.5B"), H100x8, 8)
+    assert p.strategy.value == "ddp" and p.strategy.source == "planner" and "< 1B" in p.strategy.rule
+    p = plan_run(full("Qwen/Qwen2.5-7B"), H100x8, 8)
+    assert p.strategy.value in ("fsdp", "zero2") and "1-10B" in p.strategy.rule
+    p = plan_run(full("meta-llama/Llama-3.1-70B"), H100x8, 8)
+    assert p.strategy.value == "zero3" and "10-100B" in p.strategy.rule
+    assert p.gradient_checkpointing.value is True and p.config.training.gradient_checkpointing is True
+    assert p.config.distributed.strategy == "zero3"  # `run` executes the resolved config
+    assert p.offload.value in ("none", "optimizer")
+    assert plan_run(full("Qwen/Qwen2.5-0.5B"), H100x8).strategy.value == "single"  # one process
+
+
+def test_over_100b_stops_and_names_megatron_and_torchtitan():
+    with pytest.raises(PlanError) as e:
+        plan_run(full("meta-llama/Llama-3.1-405B"), H100x8, 8)
+    msg = e.value.message
+    assert "406B" in msg and "Megatron-LM" in msg and "torchtitan" in msg and "`distributed.strategy" in msg
+
+
+@pytest.mark.parametrize("peft", ["prompt_tuning", "prefix_tuning"])
+def test_zero3_with_soft_prompts_is_an_error(peft):
+    c = build_config({"model": {"name_or_path": "Qwen/Qwen2.5-7B"}, "data": {"sources": [{"path": "x.jsonl"}]},
+                      "method": {"peft": peft}, "distributed": {"strategy": "zero3"}})
+    with pytest.raises(PlanError) as e:
+        plan_run(c, H100x8, 8)
+    msg = e.value.message
+    assert "`distributed.strategy: zero3`" in msg and f"`method.peft: {peft}`" in msg and "ddp" in msg
+
+
+@pytest.mark.parametrize("peft,ok", [("lora", True), ("qlora", True), ("dora", True), ("none", True), ("prompt_tuning", False), ("ia3", False), ("qlora8", False)])
+def test_fsdp_runs_the_peft_methods_peft_documents(peft, ok):
+    c = build_config({"model": {"name_or_path": "Qwen/Qwen2.5-7B"}, "data": {"sources": [{"path": "x.jsonl"}]},
+                      "method": {"peft": peft}, "distributed": {"strategy": "fsdp"}})
+    if ok:
+        assert plan_run(c, H100x8, 8).strategy.value == "fsdp"
+    else:
+        with pytest.raises(PlanError) as e:
+            plan_run(c, H100x8, 8)
+        assert "`distributed.strategy: fsdp`" in e.value.message and "lora" in e.value.message
+
+
+def test_offload_and_strategy_mismatches_name_the_key():
+    base = {"model": {"name_or_path": "Qwen/Qwen2.5-7B"}, "data": {"sources": [{"path": "x.jsonl"}]}}
+    with pytest.raises(PlanError, match="distributed.offload"):
+        plan_run(build_config(base | {"distributed": {"strategy": "ddp", "offload": "optimizer"}}), H100x8, 8)
+    with pytest.raises(PlanError, match="optimizer\\+params"):
+        plan_run(build_config(base | {"distributed": {"strategy": "zero2", "offload": "optimizer+params"}}), H100x8, 8)
+    with pytest.raises(PlanError, match="strategy: single"):
+        plan_run(build_config(base | {"distributed": {"strategy": "single"}}), H100x8, 8)
+    with pytest.raises(PlanError, match="CUDA"):
+        plan_run(build_config(base | {"distributed": {"strategy": "zero2"}}), Hardware("cpu", 1, ("cpu",), False, 2, ""))
