@@ -273,7 +273,7 @@ def check_strategy(*, strategy: str, offload: str, peft: str, world: int, accele
     if strategy == "zero3" and peft not in ZERO3_PEFT:
         raise PlanError(f"`distributed.strategy: zero3` with `method.peft: {peft}`: ZeRO-3 partitions every parameter, and "
                         f"{'the soft prompt embedding PEFT prepends is read outside the partitioned forward' if peft in ('prompt_tuning', 'prefix_tuning') else '8-bit bitsandbytes weights cannot be partitioned'}. "
-                        f"Use `distributed.strategy: ddp` or `zero2` (the base is small enough to replicate for {peft}), or a method ZeRO-3 runs: {', '.join(ZERO3_PEFT)}.")
+                        f"Use `distributed.strategy: ddp` or `zero2` (both keep whole parameters on every device), or a method ZeRO-3 runs: {', '.join(ZERO3_PEFT)}.")
     if strategy in ("zero2", "zero3") and accelerator != "cuda":
         raise PlanError(f"`distributed.strategy: {strategy}` needs CUDA GPUs (DeepSpeed ZeRO); this machine has {accelerator}. "
                         "Use `distributed.strategy: ddp` or `fsdp` (both run on the CPU with gloo), or plan for GPUs with `trainpipe plan CONFIG --gpu NAME`.")
