@@ -161,3 +161,27 @@ def test_inside_refuses_names_that_escape(tmp_path):
     for bad in ("../x", "..", "a/b", "a\\b", "", ".x", "a..b"):
         with pytest.raises(RunDirError):
             inside(tmp_path, bad, "Stage name")
+
+
+def test_ownership_rules(tmp_path):
+    from trainpipe.pipeline.rundir import ownership, write_marker
+
+    def folder(name: str, files: dict) -> Path:
+        root = tmp_path / name
+        for rel, text in files.items():
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_text(text)
+        root.mkdir(exist_ok=True)
+        return root
+
+    assert ownership(tmp_path / "missing") == ("empty", [])
+    assert ownership(folder("only-lock", {".trainpipe.lock": "{}"})) == ("empty", [])
+    assert ownership(folder("legacy", {"events.jsonl": "", "checkpoints/step-2/manifest.json": "{}"})) == ("legacy", [])
+    assert ownership(folder("prepared", {"data/report.json": "{}"})) == ("legacy", [])
+    assert ownership(folder("stages", {"sft/events.jsonl": "", "config.resolved.yaml": ""})) == ("legacy", [])
+    assert ownership(folder("user-data", {"data/train.jsonl": "{}"})) == ("foreign", ["data"])
+    assert ownership(folder("mixed", {"events.jsonl": "", "notes.txt": "x"})) == ("foreign", ["notes.txt"])
+    assert ownership(folder("no-evidence", {"model/x.bin": ""})) == ("foreign", ["model"])
+    ours = folder("ours", {"anything.txt": "x"})
+    write_marker(ours)
+    assert ownership(ours) == ("ours", [])

@@ -41,9 +41,10 @@ LOCK = ".trainpipe.lock"
 ARTEFACTS = frozenset({
     "config.resolved.yaml", "manifest.json", "events.jsonl", "metrics.jsonl", "data_report.json", "rejected.jsonl",
     "duplicates.jsonl", "checkpoints", "model", "model.tmp", "summary.json", "measured_memory.json", "baseline.json",
-    "base", "base.tmp", "export", "data", "adapters", "adapters.json", "report.html", "report",
+    "base", "base.tmp", "export", "adapters", "adapters.json", "report.html", "report",
 })
-RUN_EVIDENCE = ("config.resolved.yaml", "events.jsonl", "manifest.json", "summary.json", "checkpoints")
+RUN_EVIDENCE = ("config.resolved.yaml", "events.jsonl", "manifest.json", "summary.json", "checkpoints", "data/report.json")
+PREPARE_FILES = frozenset({"report.json", "rejected.jsonl", "duplicates.jsonl"})  # what `trainpipe prepare` writes into OUTPUT_DIR/data/
 
 
 # ----------------------------------------------------------------------------- ownership marker
@@ -84,6 +85,14 @@ def _looks_like_run(p: Path) -> bool:
     return p.is_dir() and ((p / MARKER).is_file() or any((p / n).exists() for n in RUN_EVIDENCE))
 
 
+def _artefact(p: Path) -> bool:
+    """An entry trainpipe writes at the top of a run folder (`data/` only when it holds nothing but `trainpipe prepare`'s
+    report files: a folder of the user's data by that name is not ours)."""
+    if p.name == "data":
+        return p.is_dir() and all(f.name in PREPARE_FILES for f in p.iterdir())
+    return p.name in ARTEFACTS or _looks_like_run(p)
+
+
 def ownership(folder: Path) -> tuple[str, list[str]]:
     """("empty" | "ours" | "legacy" | "foreign", the foreign entries' names)."""
     folder = Path(folder)
@@ -92,7 +101,7 @@ def ownership(folder: Path) -> tuple[str, list[str]]:
         return "empty", []
     if read_marker(folder) is not None:
         return "ours", []
-    foreign = [p.name for p in items if p.name not in ARTEFACTS and not _looks_like_run(p)]
+    foreign = [p.name for p in items if not _artefact(p)]
     if foreign:
         return "foreign", foreign
     if any((folder / n).exists() for n in RUN_EVIDENCE) or any(_looks_like_run(p) for p in items):
