@@ -8,6 +8,7 @@ with exit code 2.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -56,17 +57,35 @@ def run(
     set_: SetOpt = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an earlier run in the output directory.")] = False,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the newest checkpoint in the output directory whose checksums hold.")] = False,
+    nproc_per_node: Annotated[Optional[int], typer.Option("--nproc-per-node", help="Start this many worker processes here (torchrun semantics); default `distributed.nproc_per_node`, else 1.")] = None,
+    nnodes: Annotated[Optional[int], typer.Option("--nnodes", help="Machines taking part (default `distributed.nnodes`).")] = None,
+    node_rank: Annotated[Optional[int], typer.Option("--node-rank", help="This machine's rank among `--nnodes` (with `--rdzv-endpoint`).")] = None,
+    rdzv_endpoint: Annotated[Optional[str], typer.Option("--rdzv-endpoint", help="HOST:PORT where the machines meet (several nodes).")] = None,
 ) -> None:
     """Prepare the data, measure the base model, train, measure again and export the best model.
 
     Exit codes: 0 done; 2 bad config, data or model; 3 training diverged; 4 out of memory with no way forward;
-    75 preempted (SIGTERM/SIGINT: a checkpoint was saved, continue with --resume)."""
+    5 a worker stopped answering (distributed); 75 preempted (SIGTERM/SIGINT: a checkpoint was saved, continue with --resume)."""
     from trainpipe import ui
     from trainpipe.config import load_config
+    from trainpipe.distributed import env as dist_env
     from trainpipe.pipeline.run import run as run_pipeline
 
     cfg = load_config(config, set_ or [])
+    d = cfg.distributed
+    nproc = nproc_per_node if nproc_per_node is not None else (d.nproc_per_node if isinstance(d.nproc_per_node, int) else 1)
+    nodes = nnodes if nnodes is not None else d.nnodes
+    if (nproc > 1 or nodes > 1) and not dist_env.detect().distributed:  # the launcher: start the workers, wait, pass on their exit code
+        from trainpipe.distributed.launch import spawn, worker_args
+
+        code = spawn(worker_args(str(config.resolve()), set_ or [], overwrite=overwrite, resume=resume), nproc=nproc, nnodes=nodes,
+                     node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, run_id=cfg.name or "trainpipe")
+        raise typer.Exit(code)
+    dist_env.init(d.backend, d.timeout_seconds)  # a worker of torchrun / accelerate launch / --nproc-per-node joins its group
     summary = run_pipeline(cfg, config_path=str(config.resolve()), overwrite=overwrite, resume=resume)
+    dist_env.shutdown()
+    if not dist_env.is_main():
+        return
     con = ui.console()
     parts = summary.get("adapters") or summary.get("stages")  # multi-adapter / multi-stage runs: one table per part
     if isinstance(parts, dict):
@@ -78,6 +97,27 @@ def run(
     for name, part in parts:
         _print_result(con, str(name), part)
     con.print(f"run dir: {summary['artifacts']['run_dir']}")
+
+
+@app.command()
+def launch(
+    config: ConfigArg,
+    emit: Annotated[str, typer.Option("--emit", help="torchrun | slurm | k8s (a Kubeflow PyTorchJob).")] = "torchrun",
+    out: Annotated[Path, typer.Option("-o", "--out", help="Folder for the launch file.")] = Path("."),
+    set_: SetOpt = None,
+    nproc_per_node: Annotated[Optional[int], typer.Option("--nproc-per-node", help="GPUs per node (default `distributed.nproc_per_node`, else 1).")] = None,
+    nnodes: Annotated[Optional[int], typer.Option("--nnodes", help="Nodes (default `distributed.nnodes`).")] = None,
+    image: Annotated[str, typer.Option("--image", help="Container image (k8s).")] = "trainpipe:latest",
+) -> None:
+    """Write the launch file of CONFIG for a cluster: a torchrun script, an sbatch script or a PyTorchJob manifest
+    (GPUs, memory and NCCL variables from the config and the plan)."""
+    from trainpipe import ui
+    from trainpipe.config import load_config
+    from trainpipe.distributed.launch import write_launch_files
+
+    cfg = load_config(config, set_ or [])
+    path, layout = write_launch_files(cfg, str(config), emit, out, nproc=nproc_per_node, nnodes=nnodes, image=image)
+    ui.console().print(f"{emit}: {path}  ({layout['nnodes']} node(s) x {layout['gpus_per_node']} GPU(s), {layout['memory_gib']} GiB host memory per node)")
 
 
 def _print_result(con, name: str, summary: dict) -> None:
@@ -265,6 +305,12 @@ def _redacted_excepthook(exc_type, exc, tb) -> None:
     sys.stderr.write(redact_text("".join(traceback.format_exception(exc_type, exc, tb))))
 
 
+def _is_main_rank() -> bool:
+    from trainpipe.distributed.env import is_main
+
+    return is_main()
+
+
 def main(argv: list[str] | None = None) -> int:
     import click
 
@@ -283,6 +329,8 @@ def main(argv: list[str] | None = None) -> int:
         from trainpipe import ui
 
         ui.console().print(f"[bold red]{exc.title}:[/] {escape(exc.message)}", markup=True, highlight=False, soft_wrap=True)
+        if not _is_main_rank():  # ranks other than 0 print nothing on the console; their errors go to stderr
+            print(f"[rank {os.environ.get('RANK')}] {exc.title}: {exc.message}", file=sys.stderr, flush=True)
         if exc.exit_code == 75 and argv is None:
             # preempted: the checkpoint is on disk; leave at once, skipping interpreter teardown (which can
             # abort in native thread pools while a signal-driven stop is in flight) so the exit code is ours

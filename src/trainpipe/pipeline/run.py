@@ -24,6 +24,7 @@ from pathlib import Path
 
 from trainpipe import ui
 from trainpipe.config import RunConfig, dump_yaml
+from trainpipe.distributed import env as dist_env
 from trainpipe.errors import DataError, RunDirError, TrainpipeError
 from trainpipe.pipeline import rundir
 from trainpipe.events import EventLog
@@ -123,6 +124,9 @@ def run(cfg: RunConfig, *, config_path: str | None = None, overwrite: bool = Fal
     run_dir = Path(cfg.output_dir).resolve()
     protected = rundir.protected_paths(cfg, config_path)
     rundir.check_not_data(run_dir, protected)
+    if not dist_env.is_main():  # distributed: rank 0 locks and lays out the run directory, the others follow its resume point
+        resume_from, notes = dist_env.broadcast_object(None)
+        return _run_in(cfg, plan, hw, run_dir, config_path, t_start, resume_from, notes, lineage)
     with rundir.RunLock(run_dir):  # one run per folder, from here until the run ends however it ends
         want = resume or cfg.training.resume == "auto"
         kind, foreign = rundir.ownership(run_dir)
@@ -133,12 +137,15 @@ def run(cfg: RunConfig, *, config_path: str | None = None, overwrite: bool = Fal
             prepare_run_dir(str(run_dir), overwrite, allow_unfinished=want, protected=protected)
         elif rundir.read_marker(run_dir) is None:  # a run of a trainpipe without markers: adopted, its checkpoints accepted
             rundir.write_marker(run_dir, legacy=True)
+        dist_env.broadcast_object((resume_from, notes))  # no-op for one process
         return _run_in(cfg, plan, hw, run_dir, config_path, t_start, resume_from, notes, lineage)
 
 
 def _run_in(cfg: RunConfig, plan, hw, run_dir: Path, config_path: str | None, t_start: float, resume_from, notes: list, lineage: dict | None) -> dict:
-    (run_dir / "config.resolved.yaml").write_text(dump_yaml(cfg), encoding="utf-8")
-    events = EventLog(run_dir / "events.jsonl", echo=ui.echo_event)
+    main = dist_env.is_main()  # only rank 0 writes into the run directory
+    if main:
+        (run_dir / "config.resolved.yaml").write_text(dump_yaml(cfg), encoding="utf-8")
+    events = EventLog(run_dir / "events.jsonl", echo=ui.echo_event) if main else dist_env.NullEventLog()
     events.emit("run_started", run_dir=str(run_dir), config_hash=cfg.hash(), resume_from=str(resume_from.path) if resume_from else None, resume_notes=notes)
     try:
         return _steps(cfg, plan, hw, run_dir, events, config_path, t_start, resume_from, lineage=lineage)
@@ -296,23 +303,29 @@ def _steps(cfg: RunConfig, plan, hw, run_dir: Path, events: EventLog, config_pat
         tokenizer.add_tokens(cfg.method.pretrain.new_tokens)
     template = setup_chat_template(tokenizer, cfg.data.chat_template, cfg.model.name_or_path)
     stop_ids = list(dict.fromkeys(stop_token_ids(tokenizer, template) + end_of_turn_ids(tokenizer)))
+    main = dist_env.is_main()
+    if not main:
+        dist_env.barrier()  # rank 0 builds the data cache first; the other ranks read it
     with ui.progress() as bar:
         task = bar.add_task("tokenize", total=None)
         data = prepare(
-            cfg.data, tokenizer, train_on=cfg.method.train_on, seed=cfg.training.seed, rejected_path=run_dir / "rejected.jsonl",
+            cfg.data, tokenizer, train_on=cfg.method.train_on, seed=cfg.training.seed, rejected_path=run_dir / "rejected.jsonl" if main else None,
             progress=lambda n: bar.advance(task, n), on_total=lambda n: bar.update(task, total=n),
             template_name=template, batch_size_hint=cfg.training.per_device_train_batch_size, for_method=cfg.method.name,
         )
+    if main:
+        dist_env.barrier()
     data.report["chat_template"] = template
-    write_json(run_dir / "data_report.json", data.report)
-    write_json(
-        run_dir / "manifest.json",
-        build_manifest(
-            config_hash=cfg.hash(), config_path=config_path, data_files=[{"path": s.get("path") or s.get("source"), "sha256": s.get("sha256")} for s in data.report["sources"]],
-            seed=cfg.training.seed, hardware={**hw.to_dict(), "torch_threads": torch.get_num_threads()}, decisions=[asdict(d) for d in plan.decisions],
-        ) | {"plan": plan.to_dict()}  # the resolved plan this run executes: world size, strategy, batch, precision, lr, each with its source
-        | ({"lineage": lineage} if lineage else {}),  # a stage of `stages:`: the model it starts from (pipeline/stages.py)
-    )
+    if main:
+        write_json(run_dir / "data_report.json", data.report)
+        write_json(
+            run_dir / "manifest.json",
+            build_manifest(
+                config_hash=cfg.hash(), config_path=config_path, data_files=[{"path": s.get("path") or s.get("source"), "sha256": s.get("sha256")} for s in data.report["sources"]],
+                seed=cfg.training.seed, hardware={**hw.to_dict(), "torch_threads": torch.get_num_threads()}, decisions=[asdict(d) for d in plan.decisions],
+            ) | {"plan": plan.to_dict()}  # the resolved plan this run executes: world size, strategy, batch, precision, lr, each with its source
+            | ({"lineage": lineage} if lineage else {}),  # a stage of `stages:`: the model it starts from (pipeline/stages.py)
+        )
     r = data.report
     events.emit("data_prepared", train=r["train_examples"], eval=r["eval_examples"], rejected=r["rejected_total"], dropped=sum(r["dropped"].values()))
 
@@ -322,6 +335,8 @@ def _steps(cfg: RunConfig, plan, hw, run_dir: Path, events: EventLog, config_pat
     ctx = RunContext(cfg=cfg, run_dir=run_dir, events=events, tokenizer=tokenizer, template=template, stop_ids=stop_ids, data=data,
                      resume_from=resume_from, hardware=hw)
     summary = recipe_for(cfg.method.name).run(ctx)
+    if not main:  # rank 0 writes the summary
+        return summary
     summary["plan"] = compare_plan(plan, run_dir)  # plan vs measured: state bytes, peak memory, throughput
     summary["wall_seconds"] = round(time.time() - t_start, 2)
     write_json(run_dir / "summary.json", summary)

@@ -12,8 +12,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from trainpipe.config import RunConfig, dump_yaml
+from trainpipe.config import DistributedConfig, RunConfig, dump_yaml
+from trainpipe.distributed.env import DistEnv, detect
 from trainpipe.events import EventLog
+
+
+@dataclass(frozen=True)
+class DistRuntime:
+    """What the loop needs to train on several processes: who this rank is, and the run's distributed settings."""
+
+    env: DistEnv
+    grad_compression: str = "none"
+    timeout_seconds: float = 600.0
+
+    @classmethod
+    def of(cls, d: DistributedConfig) -> "DistRuntime | None":
+        env = detect()
+        return cls(env, d.grad_compression, d.timeout_seconds) if env.distributed else None
 
 
 @dataclass
@@ -30,12 +45,24 @@ class RunContext:
     extra: dict = field(default_factory=dict)  # e.g. the plan's predictions, filled by pipeline/run.py
 
     @property
+    def dist(self) -> DistRuntime | None:
+        """None for one process; under torchrun / `--nproc-per-node` the rank and the distributed settings."""
+        return DistRuntime.of(self.cfg.distributed)
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 (or the only process): it evaluates before and after training, exports and writes the summary."""
+        return self.dist is None or self.dist.env.is_main
+
+    @property
     def config_yaml(self) -> str:
         return dump_yaml(self.cfg)
 
     def baseline_once(self, measure: Callable[[], tuple[dict, list[dict]]]) -> tuple[dict, list[dict]]:
         """Measure the baseline before training, or read it back when resuming (it was measured on the untrained model)."""
         path = self.run_dir / "baseline.json"
+        if not self.is_main:  # rank 0 measures it
+            return {}, []
         if self.resume_from is not None and path.exists():
             saved = json.loads(path.read_text())
             return saved["metrics"], saved["samples"]

@@ -13,6 +13,7 @@ Keys:
 - ``step_seconds``: s, sleep before every forward (a slower step, so that kills land mid-step)
 - ``slow_checkpoint_seconds``: s, sleep between files of a checkpoint write (to land kills mid-write)
 - ``checkpoint_error_at_steps``: [n, ...] raise OSError(ENOSPC) while writing the checkpoint of step n
+- ``ranks``: [r, ...] the faults happen only on these ranks of a distributed run (default: every rank)
 - ``export_error``: true raises OSError(ENOSPC) while writing an export (after its files, before the rename)
 """
 
@@ -34,7 +35,10 @@ def _spec_cached(raw: str) -> dict:
 
 
 def spec() -> dict:
-    return _spec_cached(os.environ.get(ENV, ""))
+    s = _spec_cached(os.environ.get(ENV, ""))
+    if s.get("ranks") is not None and int(os.environ.get("RANK", "0")) not in s["ranks"]:
+        return {}  # the faults are for other ranks of a distributed run
+    return s
 
 
 def active() -> bool:

@@ -20,6 +20,17 @@ Failure handling, each with its event (see DESIGN.md):
   signal exits at once (checkpoints are atomic, so nothing is corrupted).
 - No step finishing within ``hang_timeout_seconds`` (``distributed_hang``): all thread
   stacks are dumped to the run directory.
+
+Under several processes (``dist``: torchrun / ``trainpipe run --nproc-per-node``, DDP) the window is
+the same: each micro-step reads ``micro_batch x world`` examples of it and rank r takes its r-th
+slice, so the optimizer step's global batch is the one a single process reads, and 2 processes
+with micro-batch b equal 1 process with 2b. Gradients are summed over ranks (DDP averages; the loss
+is scaled by the world size), accumulation micro-steps run under ``no_sync``. One all-reduce per
+step carries the loss, the figures, an OOM flag and a stop flag, so every rank takes the same
+decision (halve the micro-batch, roll back, stop on SIGTERM) at the same step. Rank 0 evaluates and
+writes (events, metrics, checkpoints with every rank's RNG state); the others wait for it. A
+checkpoint records the effective batch, and a resume under another world size keeps it (the
+accumulation changes). A rank that stops answering is named by distributed/ddp.py's watchdog.
 """
 
 from __future__ import annotations
@@ -34,14 +45,19 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from contextlib import nullcontext
+from typing import TYPE_CHECKING, Callable
 
 from trainpipe.config import TrainingConfig
 from trainpipe.data.collate import IGNORE_INDEX, PadCollator
 from trainpipe.errors import TrainpipeError
 from trainpipe.events import EventLog
+from trainpipe.distributed.env import all_reduce_sum as env_all_reduce_sum
 from trainpipe.train import faults
 from trainpipe.train.checkpoints import CheckpointInfo, CheckpointManager, CheckpointWriteError
+
+if TYPE_CHECKING:
+    from trainpipe.train.context import DistRuntime
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: "try again" -- rerun with --resume
 EXIT_DIVERGED = 3
@@ -86,6 +102,8 @@ class LoopState:
     recent_losses: list[float] = field(default_factory=list)
     tokens_seen: int = 0
     stopped_early: bool = False
+    effective_batch: int = 0  # examples per optimizer step (all ranks); 0 in checkpoints written before it was recorded
+    world_size: int = 1
 
 
 @dataclass
@@ -231,6 +249,7 @@ class TrainLoop:
         metrics_path: Path,
         progress=None,
         objective: "Objective | None" = None,
+        dist: "DistRuntime | None" = None,
     ):
         import torch
 
@@ -247,15 +266,24 @@ class TrainLoop:
         self.config_yaml = config_yaml
         self.evaluate = evaluate
         self.metrics_path = Path(metrics_path)
+        self.dist = dist
+        self.world = dist.env.world_size if dist is not None else 1
+        self.rank = dist.env.rank if dist is not None else 0
+        self.is_main = self.rank == 0
+        if not self.is_main:  # rank 0 speaks for the run: events, metrics, progress
+            from trainpipe.distributed.env import NullEventLog
+
+            self.events, progress = NullEventLog(), None
         self.progress = progress
         self.ckpt = CheckpointManager(checkpoint_dir, keep_last=t.save_total_limit, keep_best=t.keep_best)
         self.device = next(model.parameters()).device
         self.params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-        self.effective = t.per_device_train_batch_size * t.gradient_accumulation_steps
+        self.effective = t.per_device_train_batch_size * t.gradient_accumulation_steps * self.world
         n = len(train_data)
         self.steps_per_epoch = max(1, math.ceil(n / self.effective))
         self.total_windows = t.max_steps if t.max_steps > 0 else max(1, math.ceil(t.num_train_epochs * self.steps_per_epoch))
-        self.state = LoopState(micro_batch=t.per_device_train_batch_size, gradient_checkpointing=t.gradient_checkpointing)
+        self.state = LoopState(micro_batch=t.per_device_train_batch_size, gradient_checkpointing=t.gradient_checkpointing,
+                               effective_batch=self.effective, world_size=self.world)
         self._set_precision()
         self._check_packing()
         self.optimizer = self._optimizer()
@@ -270,6 +298,15 @@ class TrainLoop:
         self._input_seconds = 0.0
         self._grace_timer: threading.Timer | None = None
         self._gpu_low_fired = False
+        self.ddp = None  # the DDP wrapper that forwards run through (distributed runs); self.model stays the bare model
+        self._phase = "compute"  # what this rank is doing, for the distributed hang watchdog
+        self._agreed_stop: str | None = None  # the stop signal as all ranks agreed it (distributed runs)
+        self._rank_rngs: list | None = None
+        self._resumed_world: int | None = None
+        if self.world > 1:
+            from trainpipe.distributed.ddp import wrap
+
+            self.ddp = wrap(model, self.device, dist.grad_compression)
 
     # ------------------------------------------------------------------ set-up
     def _optimizer(self):
@@ -382,23 +419,71 @@ class TrainLoop:
         amp = self.device.type == "cuda" and (self.t.bf16 or self.t.fp16)
         amp_dtype = torch.bfloat16 if self.t.bf16 else torch.float16
         extras: dict[str, float] = {}
-        for i in range(0, len(examples), micro):
-            faults.before_forward(w)
-            tc = time.perf_counter()
-            batch = {k: (v.to(self.device) if hasattr(v, "to") else v) for k, v in obj.collate(examples[i : i + micro]).items()}
-            self._input_seconds += time.perf_counter() - tc
-            with torch.autocast(self.device.type, dtype=amp_dtype, enabled=amp):
-                loss_sum, extra = obj.loss_sum(self.model, batch)
-            for k, v in extra.items():
-                extras[k] = extras.get(k, 0.0) + float(v)
-            loss = faults.poison_loss(w, loss_sum / denom)
-            (self.scaler.scale(loss) if self.scaler else loss).backward()
-            total += loss.detach()
+        world, rank = self.world, self.rank
+        starts = range(0, len(examples), micro * world)  # one micro-step: micro x world examples, rank r takes the r-th slice
+        oom: BaseException | None = None
+        synced = False
+        for j, i in enumerate(starts):
+            part = examples[i + rank * micro : i + (rank + 1) * micro]
+            idle = not part  # the window's last micro-step has fewer examples than ranks x micro: join the sync with a zero loss
+            sync = j == len(starts) - 1
+            try:
+                with self.ddp.no_sync() if (self.ddp is not None and not sync) else nullcontext():
+                    faults.before_forward(w)
+                    tc = time.perf_counter()
+                    batch = {k: (v.to(self.device) if hasattr(v, "to") else v) for k, v in obj.collate(part or examples[:1]).items()}
+                    self._input_seconds += time.perf_counter() - tc
+                    with torch.autocast(self.device.type, dtype=amp_dtype, enabled=amp):
+                        loss_sum, extra = obj.loss_sum(self.ddp if self.ddp is not None else self.model, batch)
+                    if idle:
+                        loss_sum, extra = loss_sum * 0.0, {k: 0.0 for k in extra}
+                    for k, v in extra.items():
+                        extras[k] = extras.get(k, 0.0) + float(v)
+                    loss = faults.poison_loss(w, loss_sum / denom)
+                    back = loss * world if world > 1 else loss  # DDP averages over the ranks; the window's gradient is their sum
+                    if sync and self.ddp is not None:
+                        self._mark("wait")  # the backward ends in the gradient all-reduce
+                    (self.scaler.scale(back) if self.scaler else back).backward()
+                    synced = synced or sync
+                    total += loss.detach()
+            except Exception as exc:  # noqa: BLE001 - an OOM on one rank must become every rank's OOM (below)
+                if self.ddp is None or not is_oom(exc):
+                    raise
+                oom = exc
+                break
+        if self.ddp is not None:
+            if not synced:  # this rank ran out of memory before the gradient all-reduce: take part in it, then all retry
+                self._join_sync(examples, amp, amp_dtype)
+            names = sorted(extras)
+            self._mark("wait")
+            red = env_all_reduce_sum([float(total), float(oom is not None), float(self._stop_signal is not None), *(extras[k] for k in names)], self.device)
+            self._mark("compute")
+            total = torch.tensor(red[0])
+            extras = dict(zip(names, red[3:]))
+            if red[2] and self._agreed_stop is None:
+                self._agreed_stop = self._stop_signal or "SIGTERM"
+            if red[1]:
+                self.optimizer.zero_grad(set_to_none=True)
+                raise oom if oom is not None else torch.OutOfMemoryError(f"out of memory on another rank ({int(red[1])} of {world} ranks)")
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         gnorm = torch.nn.utils.clip_grad_norm_([p for _, p in self.params], self.t.max_grad_norm)
         self._extras = {k: v / denom for k, v in extras.items()}
         return float(total), n_tokens, float(gnorm)
+
+    def _join_sync(self, examples: list[dict], amp: bool, amp_dtype) -> None:
+        """A zero-loss micro-step that only takes part in DDP's gradient all-reduce (after an OOM on this rank)."""
+        torch = self.torch
+        batch = {k: (v.to(self.device) if hasattr(v, "to") else v) for k, v in self.objective.collate(examples[:1]).items()}
+        with torch.autocast(self.device.type, dtype=amp_dtype, enabled=amp):
+            loss_sum, _ = self.objective.loss_sum(self.ddp, batch)
+        self._mark("wait")
+        (loss_sum * 0.0).backward()
+
+    def _mark(self, phase: str) -> None:
+        """This rank's phase and the time of its last progress, read by the distributed hang watchdog."""
+        self._phase = phase
+        self._heartbeat = time.time()
 
     def _step_with_oom_recovery(self, w: int) -> tuple[float, int, float]:
         rng = capture_rng()
@@ -490,11 +575,39 @@ class TrainLoop:
             "rng": capture_rng(),
             "loop": asdict(self.state),
         }
+        if self._rank_rngs is not None:
+            st["rng_ranks"] = self._rank_rngs  # rank r resumes with its own dropout stream
         if self.scaler:
             st["scaler"] = self.scaler.state_dict()
         return st
 
     def save(self, metric: float | None) -> CheckpointInfo | None:
+        """Save a checkpoint. Under several processes every rank calls this: rank 0 writes (with every rank's RNG state),
+        the others wait for its outcome, so that a failed write stops (or continues) all of them alike."""
+        if self.world == 1:
+            return self._write_checkpoint(metric)
+        from trainpipe.distributed.env import broadcast_object, gather_objects
+
+        self._mark("wait")
+        rngs = gather_objects(capture_rng())
+        info, outcome = None, None
+        if self.is_main:
+            self._rank_rngs = rngs
+            self._mark("checkpoint")
+            try:
+                info = self._write_checkpoint(metric)
+            except CheckpointFailed as exc:
+                outcome = exc.message
+                broadcast_object(outcome)
+                raise
+        self._mark("wait")
+        outcome = broadcast_object(outcome)
+        self._mark("compute")
+        if outcome is not None:
+            raise CheckpointFailed(outcome)
+        return info
+
+    def _write_checkpoint(self, metric: float | None) -> CheckpointInfo | None:
         t0 = time.time()
         try:
             info = self.ckpt.save(
@@ -523,6 +636,7 @@ class TrainLoop:
         if result.unexpected_keys or missing:
             raise TrainpipeError(f"Checkpoint {info.path} does not match the model (missing {sorted(missing)[:3]}, unexpected {result.unexpected_keys[:3]}).")
         self.optimizer.load_state_dict(st["optimizer"])
+        self._adopt_effective_batch(st["loop"])
         self.scheduler.load_state_dict(st["scheduler"])
         if self.scaler and "scaler" in st:
             self.scaler.load_state_dict(st["scaler"])
@@ -530,7 +644,23 @@ class TrainLoop:
         self.state = LoopState(**loop)
         if self.state.gradient_checkpointing:
             self._set_gradient_checkpointing(True)
-        restore_rng(st["rng"])
+        ranks = st.get("rng_ranks") or [st["rng"]]
+        restore_rng(ranks[self.rank] if self.rank < len(ranks) else st["rng"])
+        if self.state.world_size != self.world:
+            self._resumed_world = self.state.world_size
+        self.state.effective_batch, self.state.world_size = self.effective, self.world
+
+    def _adopt_effective_batch(self, loop: dict) -> None:
+        """Keep the checkpoint's effective batch when the world size changed (2 processes -> 1: the accumulation
+        doubles): the next window is then the same examples the uninterrupted run reads."""
+        eff = loop.get("effective_batch") or 0
+        if eff and eff != self.effective:
+            self.effective = eff
+            self.steps_per_epoch = max(1, math.ceil(len(self.data) / eff))
+            if self.t.max_steps <= 0:
+                self.total_windows = max(1, math.ceil(self.t.num_train_epochs * self.steps_per_epoch))
+            self.scheduler = self._scheduler()
+            self._perm_cache = {}
 
     def _on_corrupt(self, info: CheckpointInfo, reason: str) -> None:
         self.events.emit("checkpoint_skipped", step=info.step, level="warning", path=str(info.path), reason=reason)
@@ -588,11 +718,17 @@ class TrainLoop:
             "training_started", step=self.state.step, max_steps=self.total_windows, micro_batch=self.state.micro_batch,
             gradient_accumulation_steps=self.t.gradient_accumulation_steps, effective_batch=self.effective,
             learning_rate=self.t.learning_rate, examples=len(self.data), resumed=resume_from is not None,
+            **self._world_fields(),
         )
+        if self.world > 1 or self._resumed_world is not None:
+            self._record_world()
         if resume_from is None and self.t.max_recoveries > 0:
             self.save(metric=None)  # step 0: a rollback target before the first regular save
 
-        watchdog = threading.Thread(target=self._watchdog, name="trainpipe-watchdog", daemon=True) if self.t.hang_timeout_seconds else None
+        if self.world > 1:
+            watchdog = self._distributed_watchdog()
+        else:
+            watchdog = threading.Thread(target=self._watchdog, name="trainpipe-watchdog", daemon=True) if self.t.hang_timeout_seconds else None
         if watchdog:
             watchdog.start()
         if self.progress:
@@ -606,7 +742,7 @@ class TrainLoop:
                 if w in self.state.skipped:
                     self.state.window += 1
                     continue
-                self._heartbeat = time.time()
+                self._mark("compute")
                 loss, n_tok, gnorm = self._step_with_oom_recovery(w)
                 bad = self._diverged(loss, gnorm)
                 if bad:
@@ -651,17 +787,20 @@ class TrainLoop:
                     metric = self._eval()
                     if st.stopped_early:
                         last = True
-                if st.step % self.t.save_steps == 0 or last or self._stop_signal:
+                stop = self._stop_signal if self.world == 1 else self._agreed_stop  # all ranks stop at the step they agreed on
+                if st.step % self.t.save_steps == 0 or last or stop:
                     self.save(metric)
-                if self._stop_signal:
-                    self.events.emit("preempted", step=st.step, level="warning", signal=self._stop_signal, checkpoint=str(self.last_saved.path) if self.last_saved else None)
-                    raise Preempted(st.step, str(self.last_saved.path) if self.last_saved else None, self._stop_signal)
+                if stop:
+                    self.events.emit("preempted", step=st.step, level="warning", signal=stop, checkpoint=str(self.last_saved.path) if self.last_saved else None, **self._world_fields())
+                    raise Preempted(st.step, str(self.last_saved.path) if self.last_saved else None, stop)
                 if st.stopped_early:
                     self.events.emit("early_stopped", step=st.step, best_metric=st.best_metric, best_step=st.best_step, patience=self.t.early_stopping_patience)
                     break
         finally:
             self._watchdog_stop.set()
-            if watchdog:
+            if watchdog and self.world > 1:
+                watchdog.stop()
+            elif watchdog:
                 watchdog.join(timeout=2)
             if self._grace_timer is not None:  # the stop finished in time
                 self._grace_timer.cancel()
@@ -684,6 +823,42 @@ class TrainLoop:
             gradient_checkpointing=self.state.gradient_checkpointing,
         )
 
+    def _world_fields(self) -> dict:
+        if self.world == 1 and self._resumed_world is None:
+            return {}
+        return {"world_size": self.world, "rank": self.rank, "per_rank_accumulation": math.ceil(self.effective / (self.state.micro_batch * self.world))}
+
+    def _record_world(self) -> None:
+        """State the world size, and a resume under another one, in the run manifest (rank 0)."""
+        import json
+
+        path = self.run_dir / "manifest.json"
+        if not self.is_main or not path.exists():
+            return
+        man = json.loads(path.read_text())
+        d = man.setdefault("distributed", {})
+        d.update({"world_size": self.world, "strategy": "ddp" if self.world > 1 else "single", "effective_batch": self.effective,
+                  "micro_batch": self.state.micro_batch, "accumulation": math.ceil(self.effective / (self.state.micro_batch * self.world)),
+                  "grad_compression": self.dist.grad_compression if self.dist else "none"})
+        if self._resumed_world is not None:
+            d.setdefault("resumes", []).append({
+                "step": self.state.step, "window": self.state.window, "from_world_size": self._resumed_world, "to_world_size": self.world,
+                "effective_batch": self.effective, "note": "the effective batch of the checkpoint is kept; the accumulation follows the world size",
+            })
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(man, indent=2, default=str) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+
+    def _distributed_watchdog(self):
+        from trainpipe.distributed.ddp import HangWatchdog
+
+        backend = self.torch.distributed.get_backend()
+        return HangWatchdog(
+            rank=self.rank, world=self.world, timeout=self.dist.timeout_seconds, run_dir=self.run_dir,
+            progress=lambda: (self.state.step, self._phase, self._heartbeat),
+            emit=self.events.emit if self.is_main else None, event="nccl_timeout" if backend == "nccl" else "distributed_hang",
+        )
+
     def _measure_memory(self, final: bool = False, seconds: float | None = None, tokens: int | None = None) -> None:
         """Write `measured_memory.json`: after the first optimizer step the exact bytes of parameters, gradients and
         optimizer state (plan/measure.py); at the end the CUDA peak and the throughput of this process."""
@@ -692,6 +867,9 @@ class TrainLoop:
         from trainpipe.plan.measure import measure_state_bytes
 
         path = self.run_dir / "measured_memory.json"
+        if not self.is_main:
+            self._measured = True
+            return
         rec = json.loads(path.read_text()) if path.exists() else {}
         if not final:
             rec["state_bytes"] = measure_state_bytes(self.model, self.optimizer) | {"after_step": self.state.step + 1}
@@ -722,7 +900,14 @@ class TrainLoop:
             )
 
     def _eval(self) -> float:
-        metric = float(self.evaluate(self.model))
+        if self.world == 1:
+            metric = float(self.evaluate(self.model))
+        else:  # rank 0 evaluates (the weights are the same on every rank); all take its figure
+            from trainpipe.distributed.env import broadcast_object
+
+            self._mark("eval" if self.is_main else "wait")
+            metric = broadcast_object(float(self.evaluate(self.model)) if self.is_main else None)
+            self._mark("compute")
         self.model.train()
         st = self.state
         self.events.emit("eval_done", step=st.step, phase="train", eval_loss=metric)
@@ -738,5 +923,7 @@ class TrainLoop:
     def _metric(self, rec: dict) -> None:
         import json
 
+        if not self.is_main:
+            return
         with open(self.metrics_path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(rec) + "\n")

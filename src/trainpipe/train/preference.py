@@ -54,9 +54,10 @@ from dataclasses import asdict
 
 from trainpipe import ui
 from trainpipe.errors import ConfigError
+from trainpipe.distributed.ddp import unwrap
 from trainpipe.train.context import RunContext
 from trainpipe.train.loop import Objective
-from trainpipe.train.sft import artifacts, build_loop, train
+from trainpipe.train.sft import artifacts, build_loop, train, worker_summary
 
 
 def run(ctx: RunContext) -> dict:
@@ -88,9 +89,11 @@ def run(ctx: RunContext) -> dict:
     # 5. train: the best checkpoint by the objective's eval loss
     loop = build_loop(
         model, tok, train_rows, cfg.training, run_dir=ctx.run_dir, events=ctx.events, config_yaml=ctx.config_yaml,
-        evaluate=lambda m: evaluate(m, objective, eval_rows, batch_size=bs)["loss"], objective=objective,
+        evaluate=lambda m: evaluate(m, objective, eval_rows, batch_size=bs)["loss"], objective=objective, dist=ctx.dist,
     )
     outcome = train(loop, ctx.resume_from)
+    if not ctx.is_main:  # rank 0 evaluates, exports and reports for the run
+        return worker_summary(cfg, outcome)
 
     # 6. final eval on the same split, with the best checkpoint loaded
     final = evaluate(model, objective, eval_rows, batch_size=bs)
@@ -210,6 +213,7 @@ class Reference:
 
         with torch.no_grad():
             if self.frozen is None:
+                model = unwrap(model)  # the adapter switch lives on the PEFT model inside DDP; no gradient, no sync
                 with model.disable_adapter():
                     return sequence_logps(model, input_ids, attention_mask, loss_mask)[0]
             return sequence_logps(self.frozen, input_ids, attention_mask, loss_mask)[0]

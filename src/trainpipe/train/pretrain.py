@@ -49,7 +49,7 @@ def run(ctx: RunContext) -> dict:
     base = load_base(cfg.model, seed=cfg.training.seed, quantization=quantization_config(cfg.method))
     new_ids = new_token_ids(tok, cfg)
     vocab = extend_embeddings(base, tok, new_ids)
-    export_base = save_export_base(ctx.run_dir, base, tok, cfg) if needs_export_base(cfg, vocab) else cfg.model
+    export_base = save_export_base(ctx.run_dir, base, tok, cfg) if ctx.is_main and needs_export_base(cfg, vocab) else cfg.model  # rank 0 exports
     model = apply_peft(base, cfg.method, tokenizer=tok)
     if new_ids and cfg.method.peft in TOKEN_ROW_PEFT:
         train_token_rows(model, new_ids)
@@ -64,9 +64,11 @@ def run(ctx: RunContext) -> dict:
     # 3. train: next-token cross-entropy on every token (packed rows carry position ids; the loop's collator keeps them)
     loop = sft.build_loop(
         model, tok, data.train, cfg.training, run_dir=ctx.run_dir, events=ctx.events, config_yaml=ctx.config_yaml,
-        evaluate=lambda m: eval_loss(m, data.eval, batch_size=bs, pad_id=tok.pad_token_id)["loss"],
+        evaluate=lambda m: eval_loss(m, data.eval, batch_size=bs, pad_id=tok.pad_token_id)["loss"], dist=ctx.dist,
     )
     outcome = sft.train(loop, ctx.resume_from)
+    if not ctx.is_main:  # rank 0 evaluates, exports and reports for the run
+        return sft.worker_summary(cfg, outcome)
 
     # 4. final held-out perplexity, best checkpoint loaded
     final, _ = evaluate_lm(model, tok, data, ev, batch_size=bs, stop_ids=ctx.stop_ids, phase="final")

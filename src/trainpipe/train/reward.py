@@ -26,7 +26,7 @@ from trainpipe import ui
 from trainpipe.errors import ConfigError
 from trainpipe.train.context import RunContext
 from trainpipe.train.loop import Objective
-from trainpipe.train.sft import artifacts, build_loop, train
+from trainpipe.train.sft import artifacts, build_loop, train, worker_summary
 
 PEFT_KINDS = ("none", "lora", "rslora", "dora")
 
@@ -53,9 +53,11 @@ def run(ctx: RunContext) -> dict:
     # 4. train: the best checkpoint by the eval loss
     loop = build_loop(
         model, tok, data.train, cfg.training, run_dir=ctx.run_dir, events=ctx.events, config_yaml=ctx.config_yaml,
-        evaluate=lambda m: evaluate(m, objective, data.eval, batch_size=bs)["loss"], objective=objective,
+        evaluate=lambda m: evaluate(m, objective, data.eval, batch_size=bs)["loss"], objective=objective, dist=ctx.dist,
     )
     outcome = train(loop, ctx.resume_from)
+    if not ctx.is_main:  # rank 0 evaluates, exports and reports for the run
+        return worker_summary(cfg, outcome)
 
     # 5. final accuracy on the same split, with the best checkpoint loaded
     final = evaluate(model, objective, data.eval, batch_size=bs)

@@ -48,6 +48,7 @@ from typing import Callable
 
 from trainpipe import ui
 from trainpipe.config import RLConfig
+from trainpipe.distributed.ddp import unwrap
 from trainpipe.data.collate import IGNORE_INDEX
 from trainpipe.errors import ConfigError, DataError, TrainpipeError
 from trainpipe.train import sft
@@ -95,9 +96,11 @@ def run(ctx: RunContext) -> dict:
     t = cfg.training.model_copy(update={"loss_spike_factor": 0.0})
     loop = sft.build_loop(
         model, tok, data.train, t, run_dir=ctx.run_dir, events=ctx.events, config_yaml=ctx.config_yaml,
-        evaluate=lambda m: -regularised_reward(measure(m)[0], rl.kl_coef), objective=objective,
+        evaluate=lambda m: -regularised_reward(measure(m)[0], rl.kl_coef), objective=objective, dist=ctx.dist,
     )
     outcome = sft.train(loop, ctx.resume_from)
+    if not ctx.is_main:  # rank 0 evaluates, exports and reports for the run
+        return sft.worker_summary(cfg, outcome)
 
     # 4. final mean reward and KL on the same prompts, best checkpoint loaded
     final, final_samples = measure(model)
@@ -211,6 +214,7 @@ class PolicyGradient(Objective):
             do_sample=do_sample, temperature=rl.temperature if do_sample else None, top_k=0 if do_sample else None, top_p=1.0 if do_sample else None,
             max_new_tokens=rl.max_new_tokens, eos_token_id=self.stop_ids, pad_token_id=self.pad_id,
         )
+        model = unwrap(model)  # DDP has no generate; sampling needs no gradient sync
         was = model.training
         model.eval()
         try:
@@ -243,6 +247,7 @@ class PolicyGradient(Objective):
     def reference_logprobs(self, model, p_ids, p_mask, comp, c_mask):
         if self.reference is not None:
             return self.logprobs(self.reference, p_ids, p_mask, comp, c_mask)
+        model = unwrap(model)  # the adapter switch lives on the PEFT model inside DDP
         with model.disable_adapter():
             return self.logprobs(model, p_ids, p_mask, comp, c_mask)
 

@@ -17,7 +17,7 @@ from trainpipe import ui
 from trainpipe.config import TrainingConfig
 from trainpipe.events import EventLog
 from trainpipe.train.checkpoints import CheckpointInfo
-from trainpipe.train.context import RunContext
+from trainpipe.train.context import DistRuntime, RunContext
 from trainpipe.train.loop import FitResult, Objective, TrainLoop
 from trainpipe.train.progress import TrainProgress
 
@@ -41,9 +41,11 @@ def run(ctx: RunContext) -> dict:
     # 3. train
     loop = build_loop(
         model, tok, data.train, cfg.training, run_dir=ctx.run_dir, events=ctx.events, config_yaml=ctx.config_yaml,
-        evaluate=lambda m: eval_loss(m, data.eval, batch_size=bs, pad_id=tok.pad_token_id)["loss"],
+        evaluate=lambda m: eval_loss(m, data.eval, batch_size=bs, pad_id=tok.pad_token_id)["loss"], dist=ctx.dist,
     )
     outcome = train(loop, ctx.resume_from)
+    if not ctx.is_main:  # rank 0 evaluates, exports and reports for the run
+        return worker_summary(cfg, outcome)
 
     # 4. final eval on the same split, with the best checkpoint loaded
     final, final_samples = evaluate_lm(model, tok, data, cfg.eval, batch_size=bs, stop_ids=ctx.stop_ids, phase="final")
@@ -65,12 +67,17 @@ def artifacts(run_dir: Path, model_dir: Path, peft: str) -> dict:
     return {"run_dir": str(run_dir), "model": str(model_dir), "adapter": str(adapter) if adapter.is_dir() else None, "events": str(run_dir / "events.jsonl")}
 
 
+def worker_summary(cfg, outcome: FitResult) -> dict:
+    """What a rank other than 0 returns: its training figures (rank 0's summary is the run's)."""
+    return {"name": cfg.name, "method": cfg.method.name, "train": asdict(outcome), "artifacts": {}}
+
+
 def build_loop(model, tokenizer, train_data, t: TrainingConfig, *, run_dir: Path, events: EventLog, config_yaml: str,
-               evaluate: Callable[[object], float], objective: Objective | None = None) -> TrainLoop:
+               evaluate: Callable[[object], float], objective: Objective | None = None, dist: DistRuntime | None = None) -> TrainLoop:
     return TrainLoop(
         model=model, train_data=train_data, pad_id=tokenizer.pad_token_id, t=t, checkpoint_dir=run_dir / "checkpoints", run_dir=run_dir,
         events=events, config_yaml=config_yaml, evaluate=evaluate, metrics_path=run_dir / "metrics.jsonl", progress=TrainProgress(),
-        objective=objective,
+        objective=objective, dist=dist,
     )
 
 

@@ -1,0 +1,156 @@
+"""DDP around the model, gradient compression, and the hang watchdog of a distributed run.
+
+- :func:`wrap`: ``DistributedDataParallel`` with ``broadcast_buffers=False`` (a causal LM's buffers, rotary
+  frequencies, are the same on every rank, and a buffer broadcast in every forward would be a collective that
+  ranks must pair up even when one skips a micro-step after an OOM), plus the communication hook of
+  ``distributed.grad_compression``.
+- :class:`HangWatchdog`: every rank publishes, once a second, which step it is on, what it is doing
+  (``compute`` / ``wait`` in a collective / ``eval``) and for how long it has made no progress, in the
+  launcher's key-value store. A rank computing without progress for longer than ``distributed.timeout_seconds``
+  is named; every rank dumps its stacks, rank 0 writes ``distributed_hang`` (``nccl_timeout`` under NCCL)
+  naming it, and all exit with ``EXIT_HANG``.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+EXIT_HANG = 5
+POWERSGD_START_STEP = 10  # plain all-reduce for the first steps (PowerSGD's warm-up, its paper's advice), then rank-1 compression
+POWERSGD_RANK = 1
+
+
+def unwrap(model):
+    """The model inside a DDP wrapper (or the model itself): for generation, adapters, references and saving."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+def wrap(model, device, grad_compression: str = "none"):
+    from torch.nn.parallel import DistributedDataParallel
+
+    ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None, forward_sync_buffers=False)
+    register_compression(ddp, grad_compression)
+    return ddp
+
+
+def register_compression(ddp, kind: str) -> None:
+    """`distributed.grad_compression` as a DDP communication hook (torch.distributed.algorithms.ddp_comm_hooks)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    if kind == "none":
+        return
+    if kind == "fp16":
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif kind == "bf16":
+        ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    elif kind == "powersgd":
+        state = powerSGD_hook.PowerSGDState(
+            process_group=None, matrix_approximation_rank=POWERSGD_RANK, start_powerSGD_iter=POWERSGD_START_STEP, use_error_feedback=True,
+            warm_start=True, random_seed=0,
+        )
+        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    else:
+        raise ValueError(f"unknown grad_compression {kind!r}")
+
+
+def _store():
+    """A client of the launcher's key-value store (torchrun's agent store at MASTER_ADDR:MASTER_PORT), used only by the
+    watchdog thread so that it never shares a socket with the training thread."""
+    import datetime
+
+    import torch.distributed as dist
+
+    return dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=datetime.timedelta(seconds=30),
+        wait_for_workers=False,
+    )
+
+
+class HangWatchdog:
+    """See the module docstring. ``progress()`` returns (step, phase, time of the last progress) of this rank."""
+
+    def __init__(self, *, rank: int, world: int, timeout: float, run_dir: Path, progress: Callable[[], tuple[int, str, float]],
+                 emit: Callable[..., None] | None, event: str = "distributed_hang", exit_code: int = EXIT_HANG):
+        self.rank, self.world, self.timeout = rank, world, timeout
+        self.run_dir, self.progress, self.emit, self.event, self.exit_code = Path(run_dir), progress, emit, event, exit_code
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="trainpipe-hang-watchdog", daemon=True)
+        self.interval = min(max(timeout / 6, 0.2), 1.0)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        try:
+            store = _store()
+        except Exception as exc:  # noqa: BLE001 - without the store there is no cross-rank view; the backend's timeout still applies
+            print(f"trainpipe: rank {self.rank}: hang watchdog off (no key-value store: {exc})", flush=True)
+            return
+        while not self._stop.wait(self.interval):
+            step, phase, since = self.progress()
+            stalled = time.time() - since
+            store.set(f"trainpipe/hb/{self.rank}", json.dumps({"step": step, "phase": phase, "stalled": stalled}))
+            keys = [f"trainpipe/hb/{r}" for r in range(self.world)]
+            if not store.check(keys):
+                continue
+            recs = [json.loads(store.get(k)) for k in keys]
+            culprits = self.culprits(recs, self.timeout)
+            if culprits:
+                self._fire(store, step, recs, culprits)
+                return
+
+    @staticmethod
+    def culprits(recs: list[dict], timeout: float) -> list[int]:
+        """Ranks computing (not waiting in a collective, not evaluating on rank 0's behalf) with no progress for longer
+        than ``timeout``; every rank when all of them have been stuck that long (a collective nobody completes)."""
+        slow = [r for r, x in enumerate(recs) if x["phase"] not in ("wait", "eval") and x["stalled"] > timeout]
+        if slow:
+            return slow
+        if all(x["stalled"] > timeout and x["phase"] != "eval" for x in recs):
+            return list(range(len(recs)))
+        return []
+
+    def _fire(self, store, step: int, recs: list[dict], culprits: list[int]) -> None:
+        path = self.run_dir / f"hang-stacks-rank{self.rank}-step{step}.txt"
+        with open(path, "w") as fh:
+            fh.write(f"rank {self.rank}: step {step}, phase {recs[self.rank]['phase']}, {recs[self.rank]['stalled']:.1f} s without progress\n")
+            faulthandler.dump_traceback(file=fh, all_threads=True)
+        store.set(f"trainpipe/dumped/{self.rank}", str(path))
+        if self.rank == 0:
+            deadline = time.time() + 10
+            keys = [f"trainpipe/dumped/{r}" for r in range(self.world)]
+            while time.time() < deadline and not store.check(keys):
+                time.sleep(0.1)
+            stacks = [store.get(k).decode() for k in keys if store.check([k])]
+            if self.emit is not None:
+                self.emit(
+                    self.event, step=step, level="fatal", ranks=culprits,
+                    phases={str(r): f"{x['phase']} at step {x['step']}, {x['stalled']:.1f} s without progress" for r, x in enumerate(recs)},
+                    seconds_without_progress=round(max(recs[r]["stalled"] for r in culprits), 1), timeout_seconds=self.timeout, stacks=stacks,
+                    message=f"rank(s) {culprits} stopped answering at step {step}",
+                )
+            store.set("trainpipe/reported", "1")
+        else:
+            deadline = time.time() + 15
+            while time.time() < deadline and not store.check(["trainpipe/reported"]):
+                time.sleep(0.1)
+        import sys
+
+        print(
+            f"trainpipe: rank {self.rank}: {self.event}: rank(s) {culprits} made no progress for more than {self.timeout:g} s "
+            f"(`distributed.timeout_seconds`) at step {step}; stacks in {path}. Exiting with {self.exit_code}.",
+            file=sys.stderr, flush=True,
+        )
+        os._exit(self.exit_code)

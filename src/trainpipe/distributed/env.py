@@ -1,0 +1,177 @@
+"""The process's place in a distributed run, read from the environment its launcher set.
+
+torchrun (and ``trainpipe run --nproc-per-node``, which uses torchrun's elastic agent) sets ``RANK``,
+``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT``; ``accelerate launch``
+sets the same variables (plus ``ACCELERATE_*``). Without them the run is one process (world size 1) and
+nothing here touches torch.distributed, so single-process behaviour is exactly what it was.
+
+The planner will own the world size once its resolver takes one (``plan_run(cfg, hw, world_size=...)``);
+until then :func:`fit_accumulation` makes micro-batch x accumulation x world size equal the effective batch.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+    launcher: str | None = None  # "torchrun" | "accelerate" | None (one process)
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def detect(environ: dict | None = None) -> DistEnv:
+    """This process's rank and world from the launcher's environment variables (one process when there are none)."""
+    e = os.environ if environ is None else environ
+    if "WORLD_SIZE" not in e or "RANK" not in e:
+        return DistEnv()
+    world = int(e["WORLD_SIZE"])
+    launcher = "accelerate" if any(k.startswith("ACCELERATE_") for k in e) else "torchrun"
+    return DistEnv(
+        rank=int(e["RANK"]), local_rank=int(e.get("LOCAL_RANK", e["RANK"])), world_size=world,
+        local_world_size=int(e.get("LOCAL_WORLD_SIZE", world)), launcher=launcher,
+    )
+
+
+def is_main() -> bool:
+    return detect().is_main
+
+
+def backend_for(requested: str, cuda: bool) -> str:
+    """`auto`: NCCL when this process has a GPU, gloo otherwise."""
+    if requested != "auto":
+        return requested
+    return "nccl" if cuda else "gloo"
+
+
+def init(backend: str = "auto", timeout_seconds: float = 600.0) -> DistEnv:
+    """Join the process group of this run (once); a no-op for a single process.
+
+    The group's own timeout is set well above ``timeout_seconds``: the hang watchdog (distributed/ddp.py) fires at
+    ``timeout_seconds`` and names the rank; the backend's timeout only backs it up."""
+    env = detect()
+    if not env.distributed:
+        return env
+    import torch
+    import torch.distributed as dist
+
+    from trainpipe.errors import TrainpipeError
+
+    if dist.is_initialized():
+        return env
+    cuda = torch.cuda.is_available()
+    be = backend_for(backend, cuda)
+    if be == "nccl" and not cuda:
+        raise TrainpipeError(
+            f"`distributed.backend: nccl` needs CUDA GPUs, and this process (rank {env.rank}) has none. "
+            "Use `distributed.backend: gloo` (or `auto`) to train on the CPU."
+        )
+    if be == "nccl":
+        torch.cuda.set_device(env.local_rank)
+    dist.init_process_group(backend=be, timeout=datetime.timedelta(seconds=2 * timeout_seconds + 30))
+    if not env.is_main:
+        silence_console()
+    return env
+
+
+def shutdown() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def silence_console() -> None:
+    """Ranks other than 0 print nothing through trainpipe's console (rank 0 speaks for the run); errors still reach
+    stderr through the CLI."""
+    from rich.console import Console
+
+    from trainpipe import ui
+
+    ui._console = Console(file=open(os.devnull, "w"), no_color=True)  # noqa: SIM115 - lives as long as the process
+
+
+def device_for(env: DistEnv):
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.device("cuda", env.local_rank if env.distributed else torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def fit_accumulation(micro_batch: int, target_effective: int, world: int) -> int:
+    """Accumulation steps so that micro-batch x accumulation x world >= the target effective batch."""
+    return max(1, math.ceil(target_effective / (micro_batch * world)))
+
+
+# ------------------------------------------------------------------------------ collectives (no-ops for one process)
+
+
+def barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def broadcast_object(obj, src: int = 0):
+    """Rank ``src``'s ``obj`` on every rank."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def gather_objects(obj) -> list:
+    """Every rank's ``obj``, in rank order, on every rank."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return [obj]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def all_reduce_sum(values: list[float], device=None) -> list[float]:
+    """Element-wise sum of ``values`` over the ranks (float64 on the wire)."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+class NullEventLog:
+    """The event log of ranks other than 0: the same checks as trainpipe.events.EventLog, nothing written (rank 0
+    writes the run's events)."""
+
+    path = None
+    echo = None
+
+    def emit(self, event: str, *, step: int = 0, level: str = "info", **fields) -> dict:
+        from trainpipe.events import EVENT_NAMES, LEVELS
+
+        if event not in EVENT_NAMES or level not in LEVELS:
+            raise ValueError(f"unknown event {event!r} or level {level!r}")
+        return {"event": event, "level": level, "step": int(step), **fields}

@@ -1,0 +1,270 @@
+"""Distributed execution (issue 10) on the CPU: 2 processes with gloo through `trainpipe run --nproc-per-node 2`
+(torch's elastic launcher), tiny Llama.
+
+The guarantees: 2 processes x micro-batch b == 1 process x 2b (sft/LoRA, full fine-tune, dpo) within 1e-5; only rank 0
+writes; SIGKILL of all workers then resume is bit-identical to the uninterrupted 2-process run; SIGTERM to one worker
+stops every rank at the same step with one checkpoint and exit 75; resume across world sizes keeps the effective batch
+and the data position; an OOM on one rank halves every rank's micro-batch; a worker that stops answering is named and
+the run exits non-zero within the timeout; gradient compression trains.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from test_preference import write_config as write_pref_config
+from test_sft import make_config
+from tiny import build_tiny_model, preference_records, write_jsonl
+from trainpipe.cli import main
+
+pytestmark = pytest.mark.e2e
+
+# dropout 0: 1 and 2 processes draw different dropout masks, so only a dropout-free run can be equal
+SFT = {
+    "training.max_steps": 8, "training.save_steps": 2, "training.eval_steps": 4, "training.logging_steps": 2,
+    "training.per_device_train_batch_size": 4, "training.gradient_accumulation_steps": 2, "eval.metrics": ["loss"],
+    "method.lora.dropout": 0.0, "data.sources": [{"path": "data/alpaca.jsonl"}],
+}
+
+
+def launch(cfg: Path, *args: str, nproc: int | None = 2, faults: dict | None = None) -> subprocess.Popen:
+    """`trainpipe run CFG --nproc-per-node N` in its own process group (so that a test can kill launcher and workers)."""
+    env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "120", "OMP_NUM_THREADS": "1"}
+    env.pop("TRAINPIPE_TEST_FAULTS", None)
+    if faults:
+        env["TRAINPIPE_TEST_FAULTS"] = json.dumps(faults)
+    argv = [sys.executable, "-m", "trainpipe.cli", "run", str(cfg), *args] + (["--nproc-per-node", str(nproc)] if nproc else [])
+    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def finish(p: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
+    out, _ = p.communicate(timeout=timeout)
+    return p.returncode, out
+
+
+def events(run: Path) -> list[dict]:
+    path = run / "events.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+
+def newest_weights(run: Path) -> dict:
+    from safetensors.torch import load_file
+
+    steps = sorted((run / "checkpoints").glob("step-*"), key=lambda p: int(p.name.split("-")[1]))
+    return load_file(str(steps[-1] / "weights.safetensors"))
+
+
+def max_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+
+
+def wait_for(pred, p: subprocess.Popen, timeout: float = 180) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline and p.poll() is None:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"condition not met (launcher exit code {p.poll()})")
+
+
+def worker_pids(launcher: int) -> dict[int, int]:
+    """{rank: pid} of the launcher's worker processes (read from /proc: their RANK variable)."""
+    out = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if ppid != launcher:
+                continue
+            env = dict(x.split("=", 1) for x in (d / "environ").read_bytes().decode(errors="replace").split("\0") if "=" in x)
+        except (OSError, IndexError, ValueError):
+            continue
+        if "RANK" in env:
+            out[int(env["RANK"])] = int(d.name)
+    return out
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("m") / "base")
+
+
+def sft_config(tmp: Path, base: Path, **extra) -> Path:
+    tmp.mkdir(parents=True, exist_ok=True)
+    return make_config(tmp, base, **{**SFT, **extra})
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, base):
+    """The uninterrupted 2-process sft/LoRA run (micro-batch 4, accumulation 2: effective batch 16)."""
+    tmp = tmp_path_factory.mktemp("ref2")
+    rc, out = finish(launch(sft_config(tmp, base)))
+    assert rc == 0, out[-3000:]
+    return tmp / "run"
+
+
+# ------------------------------------------------------------------------------ 2 x b == 1 x 2b
+
+
+def _pair_configs(tmp: Path, base: Path, kind: str) -> tuple[Path, Path]:
+    if kind == "dpo":
+        write_jsonl(tmp / "data" / "pairs.jsonl", preference_records(120, seed=7))
+        tr = {"max_steps": 4, "eval_steps": 4, "save_steps": 4, "gradient_accumulation_steps": 2, "learning_rate": 1e-3, "logging_steps": 2}
+        one = write_pref_config(tmp, base, "one", {"name": "dpo", "preference": {"beta": 0.5}}, {**tr, "per_device_train_batch_size": 8})
+        two = write_pref_config(tmp, base, "two", {"name": "dpo", "preference": {"beta": 0.5}}, {**tr, "per_device_train_batch_size": 4})
+        return one, two
+    extra = {"method.peft": "none", "training.learning_rate": 1e-3} if kind == "full" else {}
+    extra.update({"training.max_steps": 4, "training.eval_steps": 4, "training.save_steps": 4})
+    one = sft_config(tmp / "one", base, **extra, **{"training.per_device_train_batch_size": 8})
+    two = sft_config(tmp / "two", base, **extra)
+    return one, two
+
+
+@pytest.mark.parametrize("kind", ["sft_lora", "full", "dpo"])
+def test_two_processes_equal_one_process_with_twice_the_micro_batch(tmp_path, base, kind):
+    one, two = _pair_configs(tmp_path, base, kind)
+    assert main(["run", str(one)]) == 0
+    rc, out = finish(launch(two))
+    assert rc == 0, out[-3000:]
+    run1 = Path(yaml.safe_load(one.read_text())["output_dir"])
+    run2 = Path(yaml.safe_load(two.read_text())["output_dir"])
+    diff = max_diff(newest_weights(run1), newest_weights(run2))
+    print(f"\n{kind}: max |w(2 procs x mb 4) - w(1 proc x mb 8)| = {diff:.2e}")
+    assert diff < 1e-5
+    # rank 0 alone writes: one event stream, one start, one finish; the manifest states the world size
+    ev = events(run2)
+    assert sum(e["event"] == "training_started" for e in ev) == 1 and sum(e["event"] == "run_finished" for e in ev) == 1
+    started = next(e for e in ev if e["event"] == "training_started")
+    assert started["world_size"] == 2 and started["effective_batch"] == 16
+    man = json.loads((run2 / "manifest.json").read_text())
+    assert man["distributed"]["world_size"] == 2 and man["distributed"]["effective_batch"] == 16
+    metrics = [json.loads(x) for x in (run2 / "metrics.jsonl").read_text().splitlines()]
+    assert len([m for m in metrics if "loss" in m]) == 2  # logging_steps 2 of 4 steps, written once
+    assert (run2 / "model").is_dir() and (run2 / "summary.json").exists()
+
+
+# ------------------------------------------------------------------------------ kill / preempt / resume
+
+
+def test_sigkill_all_workers_at_random_moments_then_resume_is_bit_identical(tmp_path, base, reference):
+    cfg = sft_config(tmp_path, base, **{"training.resume": "auto"})
+    run = tmp_path / "run"
+    rng = random.Random(10)
+    kills = 0
+    while kills < 5:
+        started = sum(e["event"] == "training_started" for e in events(run))
+        p = launch(cfg, faults={"step_seconds": 0.15})
+        wait_for(lambda: sum(e["event"] == "training_started" for e in events(run)) > started, p)
+        time.sleep(rng.uniform(0.0, 1.5))
+        if p.poll() is not None:
+            break
+        os.killpg(p.pid, signal.SIGKILL)  # launcher and every worker at once
+        p.wait()
+        kills += 1
+    rc, out = finish(launch(cfg))
+    assert rc == 0, out[-3000:]
+    assert kills == 5, f"only {kills} kills landed before the run finished"
+    assert any(e["event"] == "checkpoint_resumed" for e in events(run))
+    a, b = newest_weights(run), newest_weights(reference)
+    assert all(__import__("torch").equal(a[k], b[k]) for k in a), "resumed run differs from the uninterrupted one"
+
+
+def test_sigterm_to_one_worker_stops_all_at_one_step_then_resumes_on_one_process(tmp_path, base, reference):
+    cfg = sft_config(tmp_path, base, **{"training.max_steps": 8})
+    run = tmp_path / "run"
+    p = launch(cfg, faults={"step_seconds": 0.4})
+    wait_for(lambda: any(e["event"] == "checkpoint_saved" and e["step"] >= 2 for e in events(run)), p)
+    pids = worker_pids(p.pid)
+    assert set(pids) == {0, 1}, pids
+    os.kill(pids[1], signal.SIGTERM)
+    rc, out = finish(p)
+    assert rc == 75, out[-3000:]
+    ev = events(run)
+    pre = [e for e in ev if e["event"] == "preempted"]
+    assert len(pre) == 1, pre
+    step = pre[0]["step"]
+    saved = [e["step"] for e in ev if e["event"] == "checkpoint_saved"]
+    assert saved[-1] == step and saved.count(step) == 1  # one checkpoint, of the step every rank stopped at
+    # 2 -> 1: the effective batch (16) and the data position are kept; the accumulation doubles
+    assert main(["run", str(cfg), "--resume"]) == 0
+    ev = events(run)
+    resumed = next(e for e in ev if e["event"] == "checkpoint_resumed")
+    assert resumed["step"] == step and resumed["window"] == step
+    started = [e for e in ev if e["event"] == "training_started"][-1]
+    assert started["world_size"] == 1 and started["effective_batch"] == 16 and started["per_rank_accumulation"] == 4
+    man = json.loads((run / "manifest.json").read_text())
+    assert man["distributed"]["resumes"][-1] | {} >= {"from_world_size": 2, "to_world_size": 1, "effective_batch": 16}
+    assert max_diff(newest_weights(run), newest_weights(reference)) < 1e-5
+
+
+def test_resume_from_one_process_on_two_keeps_the_effective_batch(tmp_path, base, reference):
+    cfg = sft_config(tmp_path, base, **{"training.gradient_accumulation_steps": 4})  # 1 process: 4 x 4 = 16, as the reference
+    run = tmp_path / "run"
+    p = launch(cfg, nproc=None, faults={"step_seconds": 0.3})
+    wait_for(lambda: any(e["event"] == "checkpoint_saved" and e["step"] >= 2 for e in events(run)), p)
+    p.send_signal(signal.SIGTERM)
+    rc, out = finish(p)
+    assert rc == 75, out[-3000:]
+    rc, out = finish(launch(cfg, "--resume"))
+    assert rc == 0, out[-3000:]
+    started = [e for e in events(run) if e["event"] == "training_started"][-1]
+    assert started["world_size"] == 2 and started["effective_batch"] == 16 and started["per_rank_accumulation"] == 2
+    man = json.loads((run / "manifest.json").read_text())
+    assert man["distributed"]["resumes"][-1]["from_world_size"] == 1
+    assert max_diff(newest_weights(run), newest_weights(reference)) < 1e-5
+
+
+# ------------------------------------------------------------------------------ failures on one rank
+
+
+def test_oom_on_one_rank_halves_every_ranks_micro_batch(tmp_path, base, reference):
+    cfg = sft_config(tmp_path, base)
+    rc, out = finish(launch(cfg, faults={"ranks": [1], "oom_at_windows": [3]}))
+    assert rc == 0, out[-3000:]
+    ev = events(tmp_path / "run")
+    oom = [e for e in ev if e["event"] == "cuda_oom"]
+    assert len(oom) == 1 and oom[0]["micro_batch"] == 2 and oom[0]["effective_batch"] == 16
+    assert any(e["event"] == "oom_recovered" for e in ev)
+    assert max_diff(newest_weights(tmp_path / "run"), newest_weights(reference)) < 1e-5
+
+
+def test_a_worker_that_stops_answering_is_named_and_the_run_exits(tmp_path, base):
+    cfg = sft_config(tmp_path, base, **{"distributed.timeout_seconds": 4})
+    run = tmp_path / "run"
+    p = launch(cfg, faults={"ranks": [1], "sleep_at_window": {"window": 2, "seconds": 600}})
+    wait_for(lambda: any(e["event"] == "training_started" for e in events(run)), p)
+    t0 = time.time()
+    rc, out = finish(p, timeout=120)
+    took = time.time() - t0
+    assert rc == 5, out[-3000:]
+    hang = [e for e in events(run) if e["event"] == "distributed_hang"]
+    assert len(hang) == 1 and hang[0]["ranks"] == [1], hang
+    assert {Path(s).name.split("-")[2] for s in hang[0]["stacks"]} == {"rank0", "rank1"}
+    assert "sleep" in (run / f"hang-stacks-rank1-step{hang[0]['step']}.txt").read_text()
+    assert took < 4 + 40, took
+
+
+# ------------------------------------------------------------------------------ gradient compression
+
+
+@pytest.mark.parametrize("kind", ["fp16", "powersgd"])
+def test_gradient_compression_trains(tmp_path, base, kind):
+    cfg = sft_config(tmp_path, base, **{"distributed.grad_compression": kind, "training.max_steps": 14, "training.eval_steps": 7})
+    rc, out = finish(launch(cfg))
+    assert rc == 0, out[-3000:]
+    evals = [e["eval_loss"] for e in events(tmp_path / "run") if e["event"] == "eval_done" and e.get("phase") == "train"]
+    base_loss = next(e["loss"] for e in events(tmp_path / "run") if e["event"] == "eval_done" and e.get("phase") == "baseline")
+    assert evals[-1] < base_loss - 0.05, (base_loss, evals)
+    assert json.loads((tmp_path / "run" / "manifest.json").read_text())["distributed"]["grad_compression"] == kind
