@@ -171,12 +171,14 @@ def test_sigkill_all_workers_at_random_moments_then_resume_is_bit_identical(tmp_
     kills = 0
     while kills < 5:
         started = sum(e["event"] == "training_started" for e in events(run))
-        p = launch(cfg, faults={"step_seconds": 0.15})
+        p = launch(cfg, faults={"step_seconds": 0.5})  # 16 micro-steps: 8 s of training, so that 5 kills land before the end
         wait_for(lambda: sum(e["event"] == "training_started" for e in events(run)) > started, p)
         time.sleep(rng.uniform(0.0, 1.5))
         if p.poll() is not None:
             break
-        os.killpg(p.pid, signal.SIGKILL)  # launcher and every worker at once
+        for pid in worker_pids(p.pid).values():  # every worker (the elastic agent starts them in their own sessions), then the launcher
+            os.kill(pid, signal.SIGKILL)
+        os.killpg(p.pid, signal.SIGKILL)
         p.wait()
         kills += 1
     rc, out = finish(launch(cfg))
