@@ -175,3 +175,12 @@ class NullEventLog:
         if event not in EVENT_NAMES or level not in LEVELS:
             raise ValueError(f"unknown event {event!r} or level {level!r}")
         return {"event": event, "level": level, "step": int(step), **fields}
+
+
+def follow_rank0():
+    """What rank 0 shares before training (the resume point); a rank 0 that stopped on an error before sharing it
+    (a refused run directory, a config change) ends this rank with one line instead of a backend traceback."""
+    try:
+        return broadcast_object(None)
+    except RuntimeError:
+        raise SystemExit(f"trainpipe: rank {detect().rank}: rank 0 stopped before training started; its error above says why.") from None

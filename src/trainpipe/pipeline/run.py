@@ -125,7 +125,7 @@ def run(cfg: RunConfig, *, config_path: str | None = None, overwrite: bool = Fal
     protected = rundir.protected_paths(cfg, config_path)
     rundir.check_not_data(run_dir, protected)
     if not dist_env.is_main():  # distributed: rank 0 locks and lays out the run directory, the others follow its resume point
-        resume_from, notes = dist_env.broadcast_object(None)
+        resume_from, notes = dist_env.follow_rank0()
         return _run_in(cfg, plan, hw, run_dir, config_path, t_start, resume_from, notes, lineage)
     with rundir.RunLock(run_dir):  # one run per folder, from here until the run ends however it ends
         want = resume or cfg.training.resume == "auto"
