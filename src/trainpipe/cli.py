@@ -65,7 +65,7 @@ def run(
     """Prepare the data, measure the base model, train, measure again and export the best model.
 
     Exit codes: 0 done; 2 bad config, data or model; 3 training diverged; 4 out of memory with no way forward;
-    5 a worker stopped answering (distributed); 75 preempted (SIGTERM/SIGINT: a checkpoint was saved, continue with --resume)."""
+    5 a worker stopped answering (distributed); 74 a write failed (disk full); 75 preempted (SIGTERM/SIGINT: a checkpoint was saved, continue with --resume)."""
     from trainpipe import ui
     from trainpipe.config import load_config
     from trainpipe.distributed import env as dist_env
@@ -334,8 +334,6 @@ def main(argv: list[str] | None = None) -> int:
         if exc.exit_code == 75 and argv is None:
             # preempted: the checkpoint is on disk; leave at once, skipping interpreter teardown (which can
             # abort in native thread pools while a signal-driven stop is in flight) so the exit code is ours
-            import os
-
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(75)
@@ -348,7 +346,27 @@ def main(argv: list[str] | None = None) -> int:
         exc.show()
         return exc.exit_code
     except KeyboardInterrupt:
+        from trainpipe import ui
+
+        ui.console().print("[bold red]interrupted:[/] stopped by Ctrl-C; nothing was finished.", markup=True, highlight=False, soft_wrap=True)
         return 130
+    except OSError as exc:
+        import errno
+
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            raise
+        from rich.markup import escape
+
+        from trainpipe import ui
+
+        where = f" writing `{exc.filename}`" if exc.filename else ""
+        ui.console().print(
+            f"[bold red]write failed:[/] {escape(exc.strerror or str(exc))}{escape(where)}. Checkpoints, exports and the data cache are "
+            "written to temporary names and renamed only when complete, so what was there before is intact. Free space (or choose "
+            "another `output_dir` / `TRAINPIPE_CACHE`) and run the same command again (`--resume` continues a run).",
+            markup=True, highlight=False, soft_wrap=True,
+        )
+        return 74
 
 
 if __name__ == "__main__":

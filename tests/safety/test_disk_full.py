@@ -216,3 +216,20 @@ def test_data_cache_entry_on_a_full_disk_leaves_no_tmp_real_tmpfs(tmpfs):
     w.abort()  # what data/prepare.py does on any failure
     assert "No space left" in str(exc.value) or getattr(exc.value, "errno", None) == 28
     assert list((disk / "cache").iterdir()) == []
+
+
+def test_run_whose_data_cache_does_not_fit_is_one_paragraph_exit_74_real_tmpfs(tmpfs, tmp_path, base, monkeypatch, capsys):
+    """A disk that fills while the data step writes its cache (not a checkpoint, not an export): no traceback, exit 74,
+    the cache holds no partial entry and the run folder says `run_failed`."""
+    disk = tmpfs("8k")  # two pages: the cache's first Arrow file does not fit
+    monkeypatch.setenv("TRAINPIPE_CACHE", str(disk))
+    cfg = tiny_config(tmp_path, base)
+    rc = main(["run", str(cfg)])
+    out = capsys.readouterr().out
+    assert rc == 74, out
+    assert "Traceback" not in out
+    text = " ".join(out[out.index("write failed:"):].split())
+    assert "No space left on device" in text and "--resume" in text, text
+    entries = list((disk / "data").iterdir()) if (disk / "data").exists() else []
+    assert [e.name for e in entries if ".tmp-" in e.name] == [] and all((e / "COMPLETE").is_file() for e in entries)
+    assert events(tmp_path / "run")[-1]["event"] == "run_failed"
