@@ -276,3 +276,36 @@ def test_gradient_compression_trains(tmp_path, base, kind):
     base_loss = next(e["loss"] for e in events(tmp_path / "run") if e["event"] == "eval_done" and e.get("phase") == "baseline")
     assert evals[-1] < base_loss - 0.05, (base_loss, evals)
     assert json.loads((tmp_path / "run" / "manifest.json").read_text())["distributed"]["grad_compression"] == kind
+
+
+# ------------------------------------------------------------------------------ every method under DDP
+
+
+def _method_config(tmp: Path, base: Path, kind: str) -> Path:
+    import test_pretrain
+    import test_reward
+    import test_rl
+
+    if kind == "rl":  # GRPO with the reward function; sampling runs on the model inside DDP, the update through DDP
+        (tmp / "reward.py").write_text(  # the workers are fresh processes: a reward file that imports nothing from tests/
+            "def letter_reward(prompts, completions):\n    return [sum(c.isalpha() for c in x) / max(len(x), 1) for x in completions]\n"
+        )
+        return test_rl.write_config(tmp, base, steps=4, rl={"reward_function": f"{tmp / 'reward.py'}:letter_reward"})
+    if kind == "pretrain":  # packed rows and 2 new tokens (embedding rows resized before DDP wraps the model)
+        return test_pretrain.write_config(tmp, base, method={"peft": "lora", "lora": {"r": 8, "alpha": 16, "dropout": 0.0}, "pretrain": {"new_tokens": ["<gene>", "<prot>"]}}, steps=4)
+    write_jsonl(tmp / "data" / "pairs.jsonl", preference_records(120, seed=7))
+    if kind == "reward":
+        return test_reward.write_config(tmp, base, "reward", {"peft": "lora"}, {"max_steps": 4, "eval_steps": 2, "save_steps": 2})
+    return write_pref_config(tmp, base, kind, {"name": kind, "preference": {"beta": 0.5}}, {"max_steps": 4, "eval_steps": 2, "save_steps": 2, "per_device_train_batch_size": 4})
+
+
+@pytest.mark.parametrize("kind", ["rl", "pretrain", "reward", "kto", "orpo"])
+def test_every_method_trains_on_two_processes(tmp_path, base, kind):
+    cfg = _method_config(tmp_path, base, kind)
+    rc, out = finish(launch(cfg))
+    assert rc == 0, out[-3000:]
+    run = Path(yaml.safe_load(cfg.read_text())["output_dir"])
+    ev = events(run)
+    started = [e for e in ev if e["event"] == "training_started"]
+    assert len(started) == 1 and started[0]["world_size"] == 2
+    assert sum(e["event"] == "model_exported" for e in ev) == 1 and (run / "summary.json").exists()
