@@ -218,7 +218,8 @@ def test_sigterm_to_one_worker_stops_all_at_one_step_then_resumes_on_one_process
 
 
 def test_resume_from_one_process_on_two_keeps_the_effective_batch(tmp_path, base, reference):
-    cfg = sft_config(tmp_path, base, **{"training.gradient_accumulation_steps": 4})  # 1 process: 4 x 4 = 16, as the reference
+    # accumulation left to the resolver: 4 x 4 x 1 = 16 on one process, 4 x 2 x 2 = 16 on two (as the reference)
+    cfg = sft_config(tmp_path, base, **{"training.gradient_accumulation_steps": None, "training.target_effective_batch_size": 16})
     run = tmp_path / "run"
     p = launch(cfg, nproc=None, faults={"step_seconds": 0.3})
     wait_for(lambda: any(e["event"] == "checkpoint_saved" and e["step"] >= 2 for e in events(run)), p)
@@ -229,6 +230,8 @@ def test_resume_from_one_process_on_two_keeps_the_effective_batch(tmp_path, base
     assert rc == 0, out[-3000:]
     started = [e for e in events(run) if e["event"] == "training_started"][-1]
     assert started["world_size"] == 2 and started["effective_batch"] == 16 and started["per_rank_accumulation"] == 2
+    notes = [e for e in events(run) if e["event"] == "run_started"][-1]["resume_notes"]
+    assert "changed (safe to resume across): training.gradient_accumulation_steps" in notes  # the resolver's 4 -> 2, same 16
     man = json.loads((run / "manifest.json").read_text())
     assert man["distributed"]["resumes"][-1]["from_world_size"] == 1
     assert max_diff(newest_weights(run), newest_weights(reference)) < 1e-5

@@ -184,3 +184,18 @@ def follow_rank0():
         return broadcast_object(None)
     except RuntimeError:
         raise SystemExit(f"trainpipe: rank {detect().rank}: rank 0 stopped before training started; its error above says why.") from None
+
+
+def same_effective_batch(checkpoint_dir, t) -> bool:
+    """Whether resuming the checkpoint in ``checkpoint_dir`` under this process's world size keeps its effective batch
+    with training settings ``t`` (the accumulation the resolver chose for another world size may differ)."""
+    import json
+    from pathlib import Path
+
+    try:
+        state = json.loads((Path(checkpoint_dir) / "trainer_state.json").read_text())
+    except (OSError, ValueError):
+        return False
+    eff = state.get("effective_batch")
+    mb, acc = t.per_device_train_batch_size, t.gradient_accumulation_steps
+    return bool(eff) and isinstance(mb, int) and isinstance(acc, int) and mb * acc * detect().world_size == eff

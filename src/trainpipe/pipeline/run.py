@@ -229,6 +229,9 @@ def find_resume_point(cfg: RunConfig, want: bool, *, explicit: bool, overwrite: 
     old = yaml.safe_load((info.path / "config.resolved.yaml").read_text())
     new = redact_obj(cfg.model_dump(mode="json"))  # the checkpoint's copy is redacted (config.dump_yaml): compare like with like
     unsafe, safe = config_changes(old, new)
+    if "training.gradient_accumulation_steps" in unsafe and dist_env.same_effective_batch(info.path, cfg.training):
+        unsafe.remove("training.gradient_accumulation_steps")  # another world size, the same effective batch: the loop keeps it
+        safe.append("training.gradient_accumulation_steps")
     if unsafe:
         lines = [f"  - `{k}`: {_flatten(old).get(k)!r} -> {_flatten(new).get(k)!r}" for k in unsafe]
         raise ConfigError(

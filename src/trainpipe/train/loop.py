@@ -612,7 +612,7 @@ class TrainLoop:
         try:
             info = self.ckpt.save(
                 self.state.step, weights=self._weights(), state=self._state(), config_yaml=self.config_yaml, metric=metric,
-                info={"window": self.state.window, "micro_batch": self.state.micro_batch},
+                info={"window": self.state.window, "micro_batch": self.state.micro_batch, "effective_batch": self.effective, "world_size": self.world},
             )
         except CheckpointWriteError as exc:
             self.events.emit("checkpoint_failed", step=self.state.step, level="error", cause=str(exc), policy=self.t.on_checkpoint_error)
