@@ -130,3 +130,31 @@ def test_no_secret_in_any_artefact_or_output(tmp_path, monkeypatch, capfd):
         assert not [s for s in SECRETS if s in text], text[-2000:]
     # the secrets were really in what trainpipe was given: the test would see a leak
     assert QUERY_TOKEN in ok_cfg.read_text() and API_KEY in ok_cfg.read_text() and URL_PASSWORD in bad_cfg.read_text()
+
+
+def test_password_of_a_postgresql_source_that_trains_is_in_no_artefact(tmp_path, postgres_url, monkeypatch, capfd):
+    """A real PostgreSQL source whose URL carries `user:password@` (the throwaway server trusts local connections, so the
+    password is sent and ignored): the run trains and exports, and the password is in no file and nothing printed."""
+    import sqlalchemy as sa
+
+    setup = sa.create_engine(postgres_url)
+    with setup.begin() as conn:
+        conn.exec_driver_sql("create table examples (id serial primary key, instruction text, input text, output text)")
+        for r in alpaca_records(48, seed=3):
+            conn.execute(sa.text("insert into examples (instruction, input, output) values (:i, :x, :o)"), {"i": r["instruction"], "x": r["input"], "o": r["output"]})
+    setup.dispose()
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("TRAINPIPE_CACHE", str(cache))
+    url = postgres_url.replace("postgres@/", f"postgres:{URL_PASSWORD}@/", 1)
+    assert URL_PASSWORD in url
+    model_dir = build_tiny_model(tmp_path / "base")
+    cfg = _config(tmp_path, model_dir, url, "pg", "SELECT instruction, input, output FROM examples ORDER BY id")
+    assert main(["run", str(cfg)]) == 0
+    run_dir = tmp_path / "pg"
+    report = json.loads((run_dir / "data_report.json").read_text())
+    assert report["records_read"] == 48
+    assert report["sources"][0]["source"].startswith("sql:postgresql+psycopg://postgres:***@/postgres")
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "exported")]) == 0
+    printed = capfd.readouterr()
+    assert _leaks([run_dir, tmp_path / "exported", cache], {cfg}) == []
+    assert URL_PASSWORD not in printed.out + printed.err
