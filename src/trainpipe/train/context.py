@@ -24,11 +24,12 @@ class DistRuntime:
     env: DistEnv
     grad_compression: str = "none"
     timeout_seconds: float = 600.0
+    strategy: str = "ddp"  # "fsdp": FSDP2 (distributed/fsdp.py); anything else trains under DDP
 
     @classmethod
     def of(cls, d: DistributedConfig) -> "DistRuntime | None":
         env = detect()
-        return cls(env, d.grad_compression, d.timeout_seconds) if env.distributed else None
+        return cls(env, d.grad_compression, d.timeout_seconds, d.strategy) if env.distributed else None
 
 
 @dataclass

@@ -277,6 +277,12 @@ class TrainLoop:
         self.progress = progress
         self.ckpt = CheckpointManager(checkpoint_dir, keep_last=t.save_total_limit, keep_best=t.keep_best)
         self.device = next(model.parameters()).device
+        self.fsdp = self.world > 1 and dist.strategy == "fsdp"  # FSDP2: the model is sharded in place, before the optimizer
+        if self.fsdp:
+            from trainpipe.distributed import fsdp
+
+            fsdp.wrap(model, dist.grad_compression)
+        self._gathered: tuple[dict, dict] | None = None  # FSDP: the full state rank 0 writes into the next checkpoint
         self.params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.effective = t.per_device_train_batch_size * t.gradient_accumulation_steps * self.world
         n = len(train_data)
@@ -303,10 +309,24 @@ class TrainLoop:
         self._agreed_stop: str | None = None  # the stop signal as all ranks agreed it (distributed runs)
         self._rank_rngs: list | None = None
         self._resumed_world: int | None = None
-        if self.world > 1:
+        if self.world > 1 and not self.fsdp:
             from trainpipe.distributed.ddp import wrap
 
             self.ddp = wrap(model, self.device, dist.grad_compression)
+
+    def _fwd(self):
+        """What forwards run through: the DDP wrapper, or the model itself (one process, or sharded in place by FSDP)."""
+        return self.ddp if self.ddp is not None else self.model
+
+    def _no_sync(self):
+        """Accumulation micro-steps keep their gradients local (DDP: no all-reduce; FSDP: no reduce-scatter)."""
+        if self.ddp is not None:
+            return self.ddp.no_sync()
+        if self.fsdp:
+            from trainpipe.distributed import fsdp
+
+            return fsdp.no_sync(self.model)
+        return nullcontext()
 
     # ------------------------------------------------------------------ set-up
     def _optimizer(self):
@@ -428,30 +448,30 @@ class TrainLoop:
             idle = not part  # the window's last micro-step has fewer examples than ranks x micro: join the sync with a zero loss
             sync = j == len(starts) - 1
             try:
-                with self.ddp.no_sync() if (self.ddp is not None and not sync) else nullcontext():
+                with self._no_sync() if not sync else nullcontext():
                     faults.before_forward(w)
                     tc = time.perf_counter()
                     batch = {k: (v.to(self.device) if hasattr(v, "to") else v) for k, v in obj.collate(part or examples[:1]).items()}
                     self._input_seconds += time.perf_counter() - tc
                     with torch.autocast(self.device.type, dtype=amp_dtype, enabled=amp):
-                        loss_sum, extra = obj.loss_sum(self.ddp if self.ddp is not None else self.model, batch)
+                        loss_sum, extra = obj.loss_sum(self._fwd(), batch)
                     if idle:
                         loss_sum, extra = loss_sum * 0.0, {k: 0.0 for k in extra}
                     for k, v in extra.items():
                         extras[k] = extras.get(k, 0.0) + float(v)
                     loss = faults.poison_loss(w, loss_sum / denom)
                     back = loss * world if world > 1 else loss  # DDP averages over the ranks; the window's gradient is their sum
-                    if sync and self.ddp is not None:
+                    if sync and world > 1:
                         self._mark("wait")  # the backward ends in the gradient all-reduce
                     (self.scaler.scale(back) if self.scaler else back).backward()
                     synced = synced or sync
                     total += loss.detach()
             except Exception as exc:  # noqa: BLE001 - an OOM on one rank must become every rank's OOM (below)
-                if self.ddp is None or not is_oom(exc):
+                if world == 1 or not is_oom(exc):
                     raise
                 oom = exc
                 break
-        if self.ddp is not None:
+        if world > 1:
             if not synced:  # this rank ran out of memory before the gradient all-reduce: take part in it, then all retry
                 self._join_sync(examples, amp, amp_dtype)
             names = sorted(extras)
@@ -467,7 +487,11 @@ class TrainLoop:
                 raise oom if oom is not None else torch.OutOfMemoryError(f"out of memory on another rank ({int(red[1])} of {world} ranks)")
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
-        gnorm = torch.nn.utils.clip_grad_norm_([p for _, p in self.params], self.t.max_grad_norm)
+        gnorm = torch.nn.utils.clip_grad_norm_([p for _, p in self.params], self.t.max_grad_norm)  # FSDP: the global norm of the sharded gradients (a DTensor)
+        if self.fsdp:
+            from trainpipe.distributed.fsdp import scalar
+
+            gnorm = scalar(gnorm)
         self._extras = {k: v / denom for k, v in extras.items()}
         return float(total), n_tokens, float(gnorm)
 
@@ -476,7 +500,7 @@ class TrainLoop:
         torch = self.torch
         batch = {k: (v.to(self.device) if hasattr(v, "to") else v) for k, v in self.objective.collate(examples[:1]).items()}
         with torch.autocast(self.device.type, dtype=amp_dtype, enabled=amp):
-            loss_sum, _ = self.objective.loss_sum(self.ddp, batch)
+            loss_sum, _ = self.objective.loss_sum(self._fwd(), batch)
         self._mark("wait")
         (loss_sum * 0.0).backward()
 
@@ -566,11 +590,13 @@ class TrainLoop:
 
     # ------------------------------------------------------------------ checkpoints
     def _weights(self) -> dict:
+        if self._gathered is not None:
+            return self._gathered[0]
         return {n: p for n, p in self.params}
 
     def _state(self) -> dict:
         st = {
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": self._gathered[1] if self._gathered is not None else self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "rng": capture_rng(),
             "loop": asdict(self.state),
@@ -590,6 +616,10 @@ class TrainLoop:
 
         self._mark("wait")
         rngs = gather_objects(capture_rng())
+        if self.fsdp:  # every rank takes part in gathering the full state; rank 0 receives it
+            from trainpipe.distributed.fsdp import full_state
+
+            self._gathered = full_state(self.model, self.optimizer)
         info, outcome = None, None
         if self.is_main:
             self._rank_rngs = rngs
@@ -600,6 +630,9 @@ class TrainLoop:
                 outcome = exc.message
                 broadcast_object(outcome)
                 raise
+            finally:
+                self._gathered = None
+        self._gathered = None
         self._mark("wait")
         outcome = broadcast_object(outcome)
         self._mark("compute")
@@ -630,12 +663,20 @@ class TrainLoop:
 
     def _load(self, info: CheckpointInfo) -> None:
         weights, st = CheckpointManager.load(info.path)
-        result = self.model.load_state_dict(weights, strict=False)
         trainable = {n for n, _ in self.params}
         missing = trainable - set(weights)
-        if result.unexpected_keys or missing:
-            raise TrainpipeError(f"Checkpoint {info.path} does not match the model (missing {sorted(missing)[:3]}, unexpected {result.unexpected_keys[:3]}).")
-        self.optimizer.load_state_dict(st["optimizer"])
+        if self.fsdp:  # every rank reads the full state and keeps its shard
+            from trainpipe.distributed.fsdp import load_full_state
+
+            unexpected = sorted(set(weights) - {n for n, _ in self.model.named_parameters()})
+            if unexpected or missing:
+                raise TrainpipeError(f"Checkpoint {info.path} does not match the model (missing {sorted(missing)[:3]}, unexpected {unexpected[:3]}).")
+            load_full_state(self.model, self.optimizer, weights, st["optimizer"])
+        else:
+            result = self.model.load_state_dict(weights, strict=False)
+            if result.unexpected_keys or missing:
+                raise TrainpipeError(f"Checkpoint {info.path} does not match the model (missing {sorted(missing)[:3]}, unexpected {result.unexpected_keys[:3]}).")
+            self.optimizer.load_state_dict(st["optimizer"])
         self._adopt_effective_batch(st["loop"])
         self.scheduler.load_state_dict(st["scheduler"])
         if self.scaler and "scaler" in st:
@@ -665,7 +706,18 @@ class TrainLoop:
     def _on_corrupt(self, info: CheckpointInfo, reason: str) -> None:
         self.events.emit("checkpoint_skipped", step=info.step, level="warning", path=str(info.path), reason=reason)
 
+    def release(self) -> None:
+        """After training under FSDP: gather the weights on every rank and take FSDP off the model, so that rank 0
+        evaluates and exports a plain model (all ranks call this). A no-op otherwise."""
+        if self.fsdp:
+            from trainpipe.distributed.fsdp import release
+
+            release(self.model)
+            self.fsdp = False
+            self.params = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+
     def load_best_weights(self) -> CheckpointInfo | None:
+        self.release()
         best = self.ckpt.best()
         if best is not None:
             weights, _ = CheckpointManager.load(best.path)
@@ -837,7 +889,7 @@ class TrainLoop:
             return
         man = json.loads(path.read_text())
         d = man.setdefault("distributed", {})
-        d.update({"world_size": self.world, "strategy": "ddp" if self.world > 1 else "single", "effective_batch": self.effective,
+        d.update({"world_size": self.world, "strategy": ("fsdp" if self.fsdp else "ddp") if self.world > 1 else "single", "effective_batch": self.effective,
                   "micro_batch": self.state.micro_batch, "accumulation": math.ceil(self.effective / (self.state.micro_batch * self.world)),
                   "grad_compression": self.dist.grad_compression if self.dist else "none"})
         if self._resumed_world is not None:
@@ -902,6 +954,12 @@ class TrainLoop:
     def _eval(self) -> float:
         if self.world == 1:
             metric = float(self.evaluate(self.model))
+        elif self.fsdp:  # a sharded forward needs every rank: all evaluate the same batches, rank 0's figure counts
+            from trainpipe.distributed.env import broadcast_object
+
+            self._mark("eval")
+            metric = broadcast_object(float(self.evaluate(self.model)))
+            self._mark("compute")
         else:  # rank 0 evaluates (the weights are the same on every rank); all take its figure
             from trainpipe.distributed.env import broadcast_object
 
