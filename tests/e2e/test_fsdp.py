@@ -41,10 +41,20 @@ def fsdp_reference(tmp_path_factory, base):  # noqa: F811
     return _run_dir(cfg)
 
 
-@pytest.mark.parametrize("kind", ["sft_lora", "full"])
+KINDS = {
+    "sft_lora": {},
+    "full": {"method.peft": "none", "training.learning_rate": 1e-3},
+    "dora": {"method.peft": "dora"},  # the magnitude vector and the base weight's norm inside a sharded layer
+    "offload": {"distributed.offload": "optimizer+params"},  # FSDP2's CPUOffloadPolicy (on the CPU: the same memory)
+    "freeze": {"method.peft": "freeze", "method.freeze": {"trainable_layers": 1}, "training.learning_rate": 1e-3},  # whole frozen and trainable blocks in one model
+}
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
 def test_fsdp_two_processes_equal_one_process_with_twice_the_micro_batch(tmp_path, base, kind, request):  # noqa: F811
-    extra = {"method.peft": "none", "training.learning_rate": 1e-3} if kind == "full" else {}
-    one = sft_config(tmp_path / "one", base, **SHORT, **extra, **{"training.per_device_train_batch_size": 8})
+    extra = KINDS[kind]
+    single = {k: v for k, v in extra.items() if not k.startswith("distributed.")}
+    one = sft_config(tmp_path / "one", base, **SHORT, **single, **{"training.per_device_train_batch_size": 8})
     assert main(["run", str(one)]) == 0
     if kind == "sft_lora":
         run2 = request.getfixturevalue("fsdp_reference")
@@ -65,18 +75,26 @@ def test_fsdp_two_processes_equal_one_process_with_twice_the_micro_batch(tmp_pat
     metrics = [json.loads(x) for x in (run2 / "metrics.jsonl").read_text().splitlines()]
     assert len([m for m in metrics if "loss" in m]) == 2 and len([m for m in metrics if "eval_loss" in m]) == 2  # written once
     assert all(math_finite(m["grad_norm"]) for m in metrics if "grad_norm" in m)
-    # the checkpoints are rank 0's gathered full state, with checksums over every file
-    ck = sorted((run2 / "checkpoints").glob("step-*"))
-    assert [p.name for p in ck][-1].endswith("-4") or ck
+    # the checkpoints are rank 0's gathered full state (every trainable parameter, unsharded), checksums over every file
+    from trainpipe.train.checkpoints import CheckpointManager, verify
+
+    newest = CheckpointManager(run2 / "checkpoints").latest_valid()
+    assert newest is not None and newest.step == 4 and verify(newest.path) is None
+    w1 = newest_weights(_run_dir(one))
+    assert {k: v.shape for k, v in newest_weights(run2).items()} == {k: v.shape for k, v in w1.items()}
     # the exported model loads with transformers
     model_dir = run2 / "model"
     assert model_dir.is_dir() and (run2 / "summary.json").exists()
-    if kind == "full":
+    if kind in ("full", "freeze"):
         from transformers import AutoModelForCausalLM
 
+        from safetensors.torch import load_file
+
         m = AutoModelForCausalLM.from_pretrained(str(model_dir))
-        w = newest_weights(run2)
-        assert torch.equal(m.state_dict()["model.layers.0.mlp.down_proj.weight"], w["model.layers.0.mlp.down_proj.weight"])
+        best = CheckpointManager(run2 / "checkpoints").best()
+        w = load_file(str(best.path / "weights.safetensors"))  # the export is the best checkpoint's weights, gathered
+        key = next(k for k in w if "down_proj" in k)
+        assert torch.equal(m.state_dict()[key], w[key])
     else:
         from peft import AutoPeftModelForCausalLM
 
@@ -139,3 +157,12 @@ def test_fsdp_sigterm_to_one_worker_stops_all_then_the_checkpoint_resumes_on_one
     diff = max_diff(newest_weights(run), newest_weights(fsdp_reference))
     print(f"\nfsdp checkpoint of step {step} resumed on 1 process: max diff to the 2-process FSDP run = {diff:.2e}")
     assert diff < 1e-5
+
+
+def test_fsdp_with_qlora_stops_before_any_weights_load_naming_what_works(tmp_path, base):  # noqa: F811
+    cfg = sft_config(tmp_path, base, **SHORT, **FSDP, **{"method.peft": "qlora"})
+    rc, out = finish(launch(cfg))
+    assert rc == 2, out[-3000:]
+    assert "`distributed.strategy: fsdp` with `method.peft: qlora`" in out and "`distributed.strategy: ddp` with `qlora`" in out
+    assert not (tmp_path / "run" / "checkpoints").exists() or not any((tmp_path / "run" / "checkpoints").iterdir())
+    assert not any(e["event"] == "training_started" for e in events(tmp_path / "run"))

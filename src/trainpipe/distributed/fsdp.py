@@ -37,10 +37,12 @@ def decoder_layers(model) -> list:
     return layers
 
 
-def wrap(model, grad_compression: str = "none"):
-    """``fully_shard`` each decoder layer, then the root (in place; returns the model)."""
+def wrap(model, grad_compression: str = "none", offload: str = "none"):
+    """``fully_shard`` each decoder layer, then the root (in place; returns the model). ``offload`` other than `none`:
+    FSDP2's ``CPUOffloadPolicy`` (sharded parameters, gradients and the optimizer step live in host memory; FSDP2 has
+    no optimizer-only offload, so `optimizer` offloads the parameters too)."""
     import torch
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
     if grad_compression != "none":
         raise TrainpipeError(
@@ -54,9 +56,10 @@ def wrap(model, grad_compression: str = "none"):
                 "(a quantized model: QLoRA). Under FSDP trainpipe trains `method.peft: none | freeze | lora | rslora | dora`; "
                 "for QLoRA on several processes use `distributed.strategy: ddp`."
             )
+    policy = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if offload != "none" else OffloadPolicy()
     for layer in decoder_layers(model):
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, offload_policy=policy)
+    fully_shard(model, offload_policy=policy)
     return model
 
 

@@ -25,11 +25,12 @@ class DistRuntime:
     grad_compression: str = "none"
     timeout_seconds: float = 600.0
     strategy: str = "ddp"  # "fsdp": FSDP2 (distributed/fsdp.py); anything else trains under DDP
+    offload: str = "none"  # FSDP: CPU offload of parameters, gradients and the optimizer step
 
     @classmethod
     def of(cls, d: DistributedConfig) -> "DistRuntime | None":
         env = detect()
-        return cls(env, d.grad_compression, d.timeout_seconds, d.strategy) if env.distributed else None
+        return cls(env, d.grad_compression, d.timeout_seconds, d.strategy, d.offload) if env.distributed else None
 
 
 @dataclass

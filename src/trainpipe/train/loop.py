@@ -281,7 +281,7 @@ class TrainLoop:
         if self.fsdp:
             from trainpipe.distributed import fsdp
 
-            fsdp.wrap(model, dist.grad_compression)
+            fsdp.wrap(model, dist.grad_compression, dist.offload)
         self._gathered: tuple[dict, dict] | None = None  # FSDP: the full state rank 0 writes into the next checkpoint
         self.params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.effective = t.per_device_train_batch_size * t.gradient_accumulation_steps * self.world
