@@ -60,6 +60,10 @@ def wrap(model, grad_compression: str = "none", offload: str = "none"):
     for layer in decoder_layers(model):
         fully_shard(layer, offload_policy=policy)
     fully_shard(model, offload_policy=policy)
+    if hasattr(model, "generate"):  # sampling (rl) calls generate, not forward: it must gather the root's weights too
+        from torch.distributed.fsdp import register_fsdp_forward_method
+
+        register_fsdp_forward_method(model, "generate")
     return model
 
 
@@ -164,6 +168,7 @@ def release(model) -> None:
                 fp._post_load_hook_handle.remove()
         cls = type(m)
         m.__class__ = cls.__mro__[cls._orig_cls_mro_index]
+        m.__dict__.pop("generate", None)  # register_fsdp_forward_method's wrapper (wrap) is an instance attribute
         m.__dict__.pop(STATE_KEY, None)
         m.__dict__.pop(REGISTRY_KEY, None)
     for mod in model.modules():

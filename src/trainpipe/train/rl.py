@@ -215,11 +215,15 @@ class PolicyGradient(Objective):
             max_new_tokens=rl.max_new_tokens, eos_token_id=self.stop_ids, pad_token_id=self.pad_id,
         )
         model = unwrap(model)  # DDP has no generate; sampling needs no gradient sync
+        from trainpipe.distributed.fsdp import is_sharded
+
+        # FSDP: every forward gathers each layer from all ranks, so every rank keeps stepping until all ranks' completions end
+        synced = {"synced_gpus": True} if is_sharded(model) else {}
         was = model.training
         model.eval()
         try:
             with torch.no_grad():
-                out = model.generate(input_ids=p_ids, attention_mask=p_mask, generation_config=gen)
+                out = model.generate(input_ids=p_ids, attention_mask=p_mask, generation_config=gen, **synced)
         finally:
             model.train(was)
         return out[:, p_ids.shape[1]:]
