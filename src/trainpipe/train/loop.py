@@ -31,6 +31,13 @@ decision (halve the micro-batch, roll back, stop on SIGTERM) at the same step. R
 writes (events, metrics, checkpoints with every rank's RNG state); the others wait for it. A
 checkpoint records the effective batch, and a resume under another world size keeps it (the
 accumulation changes). A rank that stops answering is named by distributed/ddp.py's watchdog.
+
+Under ``distributed.strategy: fsdp`` (distributed/fsdp.py) the same loop runs on a model sharded in place by
+FSDP2: forwards go through the model itself, accumulation micro-steps skip the reduce-scatter, the gradient
+norm is the global one over the shards, every rank takes part in evaluation, and a checkpoint is the full
+state every rank helps gather and rank 0 writes (one process's layout: it resumes under 1 process, DDP or
+FSDP). ``load_best_weights`` first takes FSDP off the model (``release``), so rank 0 evaluates and exports a
+plain model.
 """
 
 from __future__ import annotations
