@@ -104,6 +104,8 @@ def full_state(model, optimizer) -> tuple[dict, dict]:
 
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
     weights = get_model_state_dict(model, options=opts)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    weights = {n: t for n, t in weights.items() if n in trainable}  # one process's checkpoint holds these (no buffers)
     if not optimizer.state:
         # before the first step: torch's getter would initialise the state with a zero-gradient step (Adam's step
         # count then runs one ahead of one process's); an empty state is the same on every rank, as it is
@@ -112,8 +114,6 @@ def full_state(model, optimizer) -> tuple[dict, dict]:
     if dist.get_rank() != 0:
         return {}, {}
     idx = _index(optimizer, model)
-    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
-    weights = {n: t for n, t in weights.items() if n in trainable}
     osd = {
         "state": {idx[n]: v for n, v in osd["state"].items()},
         "param_groups": [{**g, "params": [idx[n] for n in g["params"]]} for g in osd["param_groups"]],
