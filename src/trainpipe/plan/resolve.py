@@ -377,6 +377,14 @@ def _resolve_strategy(cfg: RunConfig, spec, gpu, world: int, method: str, precis
 
     d, offload = D.decide_strategy(requested="auto", num_gpus=world, params=spec.total_params,
                                    fits_replicated=fits("ddp"), fits_zero2=fits("zero2"), fits_zero3=fits("zero3"))
+    matrix = d.value
+    if matrix in ("zero2", "zero3"):  # the matrix's ZeRO sharding, run by the engine trainpipe's loop executes: FSDP2
+        usable = cfg.method.peft in D.FSDP_PEFT and cfg.method.peft != "qlora"
+        value = "fsdp" if usable or not fits("ddp") else "ddp"
+        d = replace(d, value=value, watch=D._watch_strategy(value), rule=d.rule + (
+            f"; run as `{value}`: trainpipe's loop executes FSDP2 (parameters, gradients and optimizer states sharded, as ZeRO-3), "
+            "not DeepSpeed (its ZeRO config is written by `trainpipe.distributed.deepspeed` for other launchers)"
+            if value == "fsdp" else f"; run as `ddp`: `method.peft: {cfg.method.peft}` does not run under FSDP and the replicated state fits"))
     decisions.append(Decision("strategy", d.value, d.rule, d.watch))
     strategy_s = Setting(d.value, "planner", d.rule, d.watch)
     if off_set or offload == "none":
@@ -388,7 +396,7 @@ def _resolve_strategy(cfg: RunConfig, spec, gpu, world: int, method: str, precis
         watch = "CPU RAM must hold the offloaded states; step time grows with the PCIe transfers (expect 1.5-3x)"
         decisions.append(Decision("distributed.offload", offload, why, watch))
         offload_s = Setting(offload, "planner", why, watch)
-    ckpt = d.value == "zero3" and spec.total_params > 10e9
+    ckpt = matrix == "zero3" and spec.total_params > 10e9
     return strategy_s, offload_s, ckpt
 
 

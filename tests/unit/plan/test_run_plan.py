@@ -79,11 +79,12 @@ def test_strategy_auto_by_model_size():
     p = plan_run(full("Qwen/Qwen2.5-0.5B"), H100x8, 8)
     assert p.strategy.value == "ddp" and p.strategy.source == "planner" and "< 1B" in p.strategy.rule
     p = plan_run(full("Qwen/Qwen2.5-7B"), H100x8, 8)
-    assert p.strategy.value in ("fsdp", "zero2") and "1-10B" in p.strategy.rule
+    assert p.strategy.value == "fsdp" and "1-10B" in p.strategy.rule
     p = plan_run(full("meta-llama/Llama-3.1-70B"), H100x8, 8)
-    assert p.strategy.value == "zero3" and "10-100B" in p.strategy.rule
+    # the matrix says ZeRO-3 sharding; the loop executes it as FSDP2 (the rule says both)
+    assert p.strategy.value == "fsdp" and "10-100B" in p.strategy.rule and "ZeRO-3" in p.strategy.rule and "FSDP2" in p.strategy.rule
     assert p.gradient_checkpointing.value is True and p.config.training.gradient_checkpointing is True
-    assert p.config.distributed.strategy == "zero3"  # `run` executes the resolved config
+    assert p.config.distributed.strategy == "fsdp"  # `run` executes the resolved config
     assert p.offload.value in ("none", "optimizer")
     assert plan_run(full("Qwen/Qwen2.5-0.5B"), H100x8).strategy.value == "single"  # one process
 
@@ -129,3 +130,12 @@ def test_offload_and_strategy_mismatches_name_the_key():
         plan_run(build_config(base | {"distributed": {"strategy": "single"}}), H100x8, 8)
     with pytest.raises(PlanError, match="CUDA"):
         plan_run(build_config(base | {"distributed": {"strategy": "zero2"}}), Hardware("cpu", 1, ("cpu",), False, 2, ""))
+
+
+@pytest.mark.parametrize("zero", ["zero2", "zero3"])
+def test_explicit_zero_on_several_processes_is_refused_not_run_as_ddp(zero):
+    """The loop runs single, DDP and FSDP2; a ZeRO config must not silently train as DDP."""
+    c = build_config({"model": {"name_or_path": "Qwen/Qwen2.5-7B"}, "data": {"sources": [{"path": "x.jsonl"}]}, "distributed": {"strategy": zero}})
+    with pytest.raises(PlanError) as e:
+        plan_run(c, H100x8, 8)
+    assert f"`distributed.strategy: {zero}`" in e.value.message and "`distributed.strategy: fsdp`" in e.value.message
