@@ -189,10 +189,10 @@ def test_sigkill_all_workers_at_random_moments_then_resume_is_bit_identical(tmp_
     assert all(__import__("torch").equal(a[k], b[k]) for k in a), "resumed run differs from the uninterrupted one"
 
 
-def test_sigterm_to_one_worker_stops_all_at_one_step_then_resumes_on_one_process(tmp_path, base, reference):
-    cfg = sft_config(tmp_path, base, **{"training.max_steps": 8})
-    run = tmp_path / "run"
-    p = launch(cfg, faults={"step_seconds": 0.4})
+def sigterm_one_worker(cfg: Path, run: Path, step_seconds: float) -> int:
+    """Launch 2 workers, SIGTERM rank 1 after the step-2 checkpoint; assert exit 75, one `preempted` and one checkpoint of
+    the step every rank stopped at; return that step."""
+    p = launch(cfg, faults={"step_seconds": step_seconds})
     wait_for(lambda: any(e["event"] == "checkpoint_saved" and e["step"] >= 2 for e in events(run)), p)
     pids = worker_pids(p.pid)
     assert set(pids) == {0, 1}, pids
@@ -205,6 +205,13 @@ def test_sigterm_to_one_worker_stops_all_at_one_step_then_resumes_on_one_process
     step = pre[0]["step"]
     saved = [e["step"] for e in ev if e["event"] == "checkpoint_saved"]
     assert saved[-1] == step and saved.count(step) == 1  # one checkpoint, of the step every rank stopped at
+    return step
+
+
+def test_sigterm_to_one_worker_stops_all_at_one_step_then_resumes_on_one_process(tmp_path, base, reference):
+    cfg = sft_config(tmp_path, base, **{"training.max_steps": 8})
+    run = tmp_path / "run"
+    step = sigterm_one_worker(cfg, run, 0.4)
     # 2 -> 1: the effective batch (16) and the data position are kept; the accumulation doubles
     assert main(["run", str(cfg), "--resume"]) == 0
     ev = events(run)

@@ -18,7 +18,7 @@ import pytest
 import torch
 import yaml
 
-from test_distributed import _method_config, base, events, finish, launch, max_diff, newest_weights, sft_config, wait_for, worker_pids  # noqa: F401 - `base` is a fixture
+from test_distributed import _method_config, base, events, finish, launch, max_diff, newest_weights, sft_config, sigterm_one_worker, wait_for, worker_pids  # noqa: F401 - `base` is a fixture
 from trainpipe.cli import main
 
 pytestmark = pytest.mark.e2e
@@ -137,20 +137,8 @@ def test_fsdp_sigterm_to_one_worker_stops_all_then_the_checkpoint_resumes_on_one
     full state in one process's layout, so the run continues on 1 process and ends where the FSDP run ends."""
     cfg = sft_config(tmp_path, base, **SHORT, **FSDP)
     run = tmp_path / "run"
-    p = launch(cfg, faults={"step_seconds": 0.5})
-    wait_for(lambda: any(e["event"] == "checkpoint_saved" and e["step"] >= 2 for e in events(run)), p)
-    pids = worker_pids(p.pid)
-    assert set(pids) == {0, 1}, pids
-    os.kill(pids[1], signal.SIGTERM)
-    rc, out = finish(p)
-    assert rc == 75, out[-3000:]
-    ev = events(run)
-    pre = [e for e in ev if e["event"] == "preempted"]
-    assert len(pre) == 1, pre
-    step = pre[0]["step"]
+    step = sigterm_one_worker(cfg, run, 0.5)
     assert step < 4
-    saved = [e["step"] for e in ev if e["event"] == "checkpoint_saved"]
-    assert saved[-1] == step and saved.count(step) == 1
     assert main(["run", str(cfg), "--resume"]) == 0
     ev = events(run)
     resumed = next(e for e in ev if e["event"] == "checkpoint_resumed")
