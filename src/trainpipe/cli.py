@@ -206,6 +206,22 @@ def prepare(
     prepare_command(cfg, load_tokenizer(cfg.model, cfg.model.pad_token), as_json=json_)
 
 
+@data_app.command("prepare")
+def data_prepare(
+    config: ConfigArg,
+    set_: SetOpt = None,
+    json_: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Read, clean, dedup, split and tokenize the data into the cache, and write `output_dir/data/report.json`; no model
+    weights are loaded and nothing trains (the same step `trainpipe run` starts with, so the run reuses the cache)."""
+    from trainpipe.config import load_config
+    from trainpipe.data.commands import prepare_command
+    from trainpipe.train.model import load_tokenizer
+
+    cfg = load_config(config, set_ or [])
+    prepare_command(cfg, load_tokenizer(cfg.model, cfg.model.pad_token), as_json=json_)
+
+
 @data_app.command("inspect")
 def data_inspect(
     config: ConfigArg,
@@ -311,9 +327,43 @@ def _is_main_rank() -> bool:
     return is_main()
 
 
-def main(argv: list[str] | None = None) -> int:
+def _click_classes(name: str) -> tuple[type, ...]:
+    """Click's exception class `name` as Typer raises it and as click itself does: Typer 0.2x vendors click as
+    `typer._click`, whose classes are not click's (catching only click's let every misuse through as a traceback)."""
     import click
 
+    found = []
+    for mod in ("typer._click.exceptions", "typer.exceptions", "click.exceptions"):
+        try:
+            cls = getattr(__import__(mod, fromlist=[name]), name, None)
+        except ImportError:
+            continue
+        if isinstance(cls, type) and cls not in found:
+            found.append(cls)
+    return tuple(found) or (getattr(click.exceptions, name),)
+
+
+def _usage_error(exc) -> int:
+    """Print a CLI misuse as Typer does in standalone mode (usage line, `--help` hint, the error) and return its code:
+    2 for every usage error. An unknown command also lists the commands that exist at that level."""
+    ctx = getattr(exc, "ctx", None)
+    if type(exc).__name__ == "NoArgsIsHelpError":  # a group called without a command: its help, exit 2
+        typer.echo(ctx.get_help() if ctx is not None else exc.format_message(), err=True)
+        return exc.exit_code
+    msg = exc.format_message()
+    if ctx is not None and msg.startswith("No such command") and hasattr(ctx.command, "list_commands"):
+        names = [n for n in ctx.command.list_commands(ctx) if not getattr(ctx.command.get_command(ctx, n), "hidden", False)]
+        exc.message = f"{msg} `{ctx.command_path}` has: {', '.join(names)}."
+    try:
+        from typer import rich_utils
+
+        rich_utils.rich_format_error(exc)
+    except Exception:  # noqa: BLE001 - any Typer without its rich printer: click's own format
+        exc.show()
+    return exc.exit_code
+
+
+def main(argv: list[str] | None = None) -> int:
     if argv is None:  # the `trainpipe` command: even an unexpected crash prints no credential
         sys.excepthook = _redacted_excepthook
     try:
@@ -338,13 +388,12 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.flush()
             os._exit(75)
         return exc.exit_code
-    except click.exceptions.Exit as exc:
+    except _click_classes("Exit") as exc:
         return exc.exit_code
-    except click.exceptions.Abort:
+    except _click_classes("Abort"):
         return 130
-    except click.ClickException as exc:
-        exc.show()
-        return exc.exit_code
+    except _click_classes("ClickException") as exc:  # misuse: unknown command or option, missing argument, bad value
+        return _usage_error(exc)
     except KeyboardInterrupt:
         from trainpipe import ui
 
