@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from trainpipe.errors import ConfigError
 
-SECTIONS = ("model", "data", "method", "training", "eval", "output_dir", "name", "stages")
+SECTIONS = ("model", "data", "method", "training", "eval", "output_dir", "name", "stages", "tracking", "pipeline")
 
 
 class _Section(BaseModel):
@@ -292,8 +292,14 @@ class AdapterConfig(_Section):
 
 
 class MethodConfig(_Section):
-    name: Literal["sft", "pretrain", "dpo", "orpo", "kto", "reward", "rl"] = "sft"
-    """Training objective. `sft`: supervised fine-tuning, loss on the responses; `pretrain`: continued pretraining on raw text; `dpo` (with `preference.loss_type` sigmoid/ipo/hinge/simpo), `orpo`, `kto`: preference optimisation; `reward`: a reward model from preference pairs; `rl`: online RL (GRPO/RLOO) against a reward model or function."""
+    name: Literal["auto", "sft", "pretrain", "dpo", "orpo", "kto", "reward", "rl"] = "sft"
+    """Training objective. `sft`: supervised fine-tuning, loss on the responses; `pretrain`: continued pretraining on raw text; `dpo` (with `preference.loss_type` sigmoid/ipo/hinge/simpo), `orpo`, `kto`: preference optimisation; `reward`: a reward model from preference pairs; `rl`: online RL (GRPO/RLOO) against a reward model or function; `auto`: the objective rule (plan/objective.py) on `goal`, `kl_control`, `continued` and the data's kinds, expanded to `stages:` where it says several (e.g. pretrain -> sft, sft -> reward -> rl)."""
+    goal: Literal["auto", "task", "knowledge", "vocabulary", "alignment", "multitask"] = "auto"
+    """What the training is for, read by `name: auto`: `task` adaptation (SFT), new `knowledge` or `vocabulary` (continued pretraining first, then SFT), `alignment` (preference data), `multitask` (one adapter per task); `auto`: from the data's kinds."""
+    kl_control: Literal["low", "high"] = "low"
+    """With preference data and `name: auto`: how much staying close to the SFT policy matters. `high`: SFT -> reward model -> RL (3 stages); `low`: DPO."""
+    continued: bool = False
+    """With `name: auto`: the model was fine-tuned before (continued training): the learning rate default is halved."""
     peft: Literal["auto", "none", "freeze", "lora", "rslora", "dora", "qlora", "qlora8", "ia3", "prompt_tuning", "prefix_tuning"] = "lora"
     """Which parameters train: `auto` (the planner's choice for this model and hardware: full fine-tune, LoRA or QLoRA, with the rule printed), `none` (full fine-tune), `freeze` (last N blocks), `lora`, `rslora` (rank-stabilised scaling), `dora` (weight-decomposed), `qlora` (LoRA on a 4-bit NF4 base, bitsandbytes), `qlora8` (LoRA on an 8-bit base), `ia3`, `prompt_tuning`, `prefix_tuning`."""
     lora: LoraConfig = Field(default_factory=LoraConfig)
@@ -356,7 +362,7 @@ class TrainingConfig(_Section):
     eval_steps: int = Field(default=50, ge=1)
     """Evaluate on the eval split every this many optimizer steps."""
     save_steps: int | None = Field(default=None, ge=1)
-    """Save a checkpoint every this many steps; must be a multiple of `eval_steps`. Default: `eval_steps`."""
+    """Save a checkpoint every this many steps (any number: the planner's Young/Daly interval in steps for spot training). Default: `eval_steps`. A checkpoint between evaluations has no eval loss and is kept as one of the newest `save_total_limit`; an evaluation that is the best so far is always saved, and the best `keep_best` of those are kept apart from the newest."""
     save_total_limit: int = Field(default=2, ge=1)
     """Newest checkpoints kept on disk (the best `keep_best` by eval loss are kept as well)."""
     logging_steps: int = Field(default=5, ge=1)
@@ -377,6 +383,8 @@ class TrainingConfig(_Section):
     """Allow TF32 matmuls on Ampere and newer GPUs (default: on there; no effect on CPU)."""
     torch_compile: bool = False
     """Compile the model with `torch.compile` before training."""
+    use_liger_kernel: bool = False
+    """Compute the loss with Liger's fused linear cross-entropy (Triton, CUDA only: the full-vocabulary logits are never materialised). Off a CUDA GPU, or without `liger-kernel` (`pip install 'trainpipe[gpu]'`), trainpipe's chunked cross-entropy is used with one message."""
     resume: Literal["never", "auto"] = "never"
     """`auto`: continue from the newest checkpoint in `output_dir` whose checksums hold (as `--resume` does), or start fresh when there is none."""
     keep_best: int = Field(default=1, ge=0)
@@ -409,11 +417,8 @@ class TrainingConfig(_Section):
 
     @model_validator(mode="after")
     def _save_multiple_of_eval(self) -> "TrainingConfig":
-        if self.save_steps is not None and self.save_steps % self.eval_steps != 0:
-            raise ValueError(
-                f"`save_steps` ({self.save_steps}) must be a multiple of `eval_steps` ({self.eval_steps}) "
-                "so that every checkpoint has an eval loss to rank it by"
-            )
+        # save_steps need not be a multiple of eval_steps (issue 14.2): a checkpoint between evaluations is kept as one of the
+        # newest `save_total_limit`; an evaluation that is the best so far is always saved, so `keep_best` ranks evaluated weights
         if self.bf16 and self.fp16:
             raise ValueError("`bf16` and `fp16` are both true; choose one")
         return self
@@ -438,13 +443,111 @@ class DistributedConfig(_Section):
     """A collective that waits longer than this names the rank that stopped answering (`nccl_timeout` / `distributed_hang`) and exits non-zero."""
 
 
+class ForgettingSetConfig(_Section):
+    """A forgetting set: general-domain text or another task the model must not lose (evaluate/forgetting.py)."""
+
+    path: str
+    """A JSONL file (any data format: text, alpaca, chat); relative paths are relative to the config file."""
+    name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+    """Name in events, the summary and the report (default: the file's stem)."""
+    format: Literal["auto", "alpaca", "chat", "sharegpt", "text"] = "auto"
+    """Record format, as `data.sources[].format`."""
+    max_samples: int | None = Field(default=500, ge=1)
+    """Use at most the first this many records (a few hundred keep each in-training eval cheap)."""
+
+
+class BenchmarkConfig(_Section):
+    """An lm-evaluation-harness task run on the base model and on the trained one (evaluate/benchmarks.py)."""
+
+    task: str
+    """Task name: a local task defined by a YAML under `include_path`, or a harness task (needs the hub online)."""
+    include_path: str | None = None
+    """Folder of task YAML files (and their data) for local tasks; relative to the config file."""
+    num_fewshot: int | None = Field(default=None, ge=0)
+    """Few-shot examples (the task's own default when null)."""
+    limit: int | None = Field(default=None, ge=1)
+    """Score at most this many documents (all when null)."""
+    metric: str | None = None
+    """The figure compared between base and trained (default: `acc`, else the task's first metric)."""
+
+
 class EvalConfig(_Section):
-    metrics: list[Literal["loss", "perplexity", "exact_match"]] = Field(default_factory=lambda: ["loss", "perplexity"])
-    """Metrics measured on the eval split before and after training. `exact_match` generates greedily and compares with the reference response."""
+    metrics: list[Literal["loss", "perplexity", "exact_match", "accuracy", "rouge_l", "bleu"]] = Field(default_factory=lambda: ["loss", "perplexity"])
+    """Metrics measured on the eval split before and after training. `exact_match` generates greedily and compares with the reference response; `accuracy` compares the normalised answer (case, punctuation, surrounding space ignored: classification-style labels); `rouge_l` (rouge-score) and `bleu` (sacrebleu, 0-100) score free text."""
+    test_split: bool = True
+    """Measure the held-out test split (`data.test_split`, or sources with `role: test`) once at the end on the chosen checkpoint; it is never used for selection."""
+    forgetting: list[ForgettingSetConfig] = Field(default_factory=list)
+    """Forgetting sets, each measured (loss, perplexity) at baseline, at every in-training eval and at the end."""
+    forgetting_threshold: float = Field(default=0.05, gt=0, lt=10)
+    """A forgetting set whose loss rises by more than this share of its baseline (relative; 0.05 = 5 %) emits `forgetting_detected`."""
+    benchmarks: list[BenchmarkConfig] = Field(default_factory=list)
+    """lm-evaluation-harness tasks run on the base model and on the trained one (baseline/final pairs in summary.json)."""
     max_new_tokens: int = Field(default=64, ge=1)
     """Longest generation for generated metrics (`exact_match`)."""
     max_samples: int | None = Field(default=None, ge=1)
     """Evaluate generated metrics on at most this many eval records (all when null)."""
+
+
+class GateConfig(_Section):
+    """One quality gate: on or off, and its threshold (evaluate/gates.py)."""
+
+    enabled: bool = True
+    """Check this gate at the end of the run."""
+    threshold: float | None = None
+    """The gate's threshold (each gate's default when null; see `gates`)."""
+
+
+class GatesConfig(_Section):
+    """Quality gates checked at the end of a run, each passing, failing or not applicable with its evidence (evaluate/gates.py)."""
+
+    on_fail: Literal["warn", "fail"] = "warn"
+    """`warn`: a failed gate emits `gate_failed` and the run ends normally; `fail`: the run ends with exit code 6 after everything is written, and the exported model is marked as not passing."""
+    val_loss_decreasing: GateConfig = Field(default_factory=GateConfig)
+    """No rise of the eval loss over the last `window` evals after the first (warmup) one; `threshold`: tolerated relative rise per eval (default 0.0)."""
+    window: int = Field(default=3, ge=1)
+    """How many of the last evals `val_loss_decreasing` looks at."""
+    beats_baseline: GateConfig = Field(default_factory=GateConfig)
+    """The final primary metric (eval loss) beats the baseline by at least `threshold` (relative, default 0.01)."""
+    no_forgetting: GateConfig = Field(default_factory=GateConfig)
+    """No forgetting set's final loss is more than `eval.forgetting_threshold` above its baseline."""
+    dedup_ran: GateConfig = Field(default_factory=GateConfig)
+    """Exact or near deduplication ran in the data step."""
+    samples_reviewed: GateConfig = Field(default_factory=GateConfig)
+    """A person recorded with `trainpipe data review RUN_DIR` that they saw the formatted samples (`threshold`: how many, default 50)."""
+    effective_batch: GateConfig = Field(default_factory=GateConfig)
+    """Effective batch (micro-batch x accumulation x world size) at least `threshold` (default 32)."""
+    best_checkpoint_by_val_loss: GateConfig = Field(default_factory=GateConfig)
+    """The exported model is the checkpoint with the lowest eval loss."""
+    gpu_utilization: GateConfig = Field(default_factory=GateConfig)
+    """On a GPU: mean utilisation during training at least `threshold` percent (default 85); not applicable on the CPU."""
+
+
+class TrackingConfig(_Section):
+    """Experiment tracking (issue 13): the resolved config as params, every metric as it is written, events as tags, artefacts, the model registered."""
+
+    backend: Literal["auto", "mlflow", "wandb", "tensorboard", "none"] = "auto"
+    """`auto`: `$TRAINPIPE_TRACKING` when set, else `mlflow` (a local store in the run's parent folder, no server needed). W&B and TensorBoard go through their own libraries."""
+    uri: str | None = None
+    """MLflow tracking URI (`http://host:5000`, `sqlite:///path.db`; default `$MLFLOW_TRACKING_URI`, else `sqlite:///<parent of output_dir>/mlflow.db`); W&B base URL; TensorBoard log folder (default `<output_dir>/tensorboard`)."""
+    experiment: str | None = None
+    """MLflow experiment / W&B project (default: the run name)."""
+    mode: Literal["auto", "online", "offline"] = "auto"
+    """W&B: `offline` writes the run under `<output_dir>/wandb` for `trainpipe track sync`; `auto` is online only when `WANDB_API_KEY` is set."""
+    register_model: bool = True
+    """Register the exported model in the MLflow model registry with its lineage as tags."""
+    model_name: str | None = None
+    """Registered model name (default: the run name)."""
+
+
+class PipelineConfig(_Section):
+    """`trainpipe pipeline run`: the step DAG prepare -> train -> evaluate -> export -> register -> report with a content-addressed cache."""
+
+    store: str | None = None
+    """Artefact store: a folder or any fsspec URL (`file:///...`, `s3://bucket/prefix`, `memory://x`); default `<parent of output_dir>/.trainpipe-store`."""
+    cache: bool = True
+    """Reuse a step whose key (its inputs' content, its config section, its code) was built before; `--no-cache` re-runs every step."""
+    image: str = "trainpipe:latest"
+    """Container image of every step in `trainpipe pipeline compile` (Kubeflow), pinned with the trainpipe version."""
 
 
 class StageConfig(_Section):
@@ -469,6 +572,59 @@ class StageConfig(_Section):
         return v
 
 
+class TuneObjective(_Section):
+    metric: str = "loss"
+    """The final eval metric a trial is scored by (a key of `summary.json` `final`: loss, perplexity, exact_match, accuracy, ...)."""
+    direction: Literal["auto", "minimize", "maximize"] = "auto"
+    """`auto`: minimize loss and perplexity, maximize anything else."""
+    function: str | None = None
+    """Instead of a training run, a Python function `module:fn` or `path/file.py:fn` called as fn(config_dict, trial) -> float (surrogate objectives, benchmarks)."""
+
+
+class TuneFidelity(_Section):
+    steps: int | None = Field(default=None, ge=1)
+    """Every trial trains this many optimizer steps (`training.max_steps`); the pruner sees the eval loss every `training.eval_steps`."""
+    data_fraction: float | None = Field(default=None, gt=0, le=1)
+    """Every trial trains on this share of each source's records (`data.sources[].max_records`); the best config is written for all the data."""
+
+
+class TuneConfig(_Section):
+    """`trainpipe tune CONFIG`: a hyperparameter search over this config (trainpipe/tune/)."""
+
+    space: dict[str, Any] = Field(default_factory=dict)
+    """Dotted config key -> distribution: `{log_uniform: [lo, hi]}`, `{uniform: [lo, hi]}`, `{int: [lo, hi]}` (`step`, `log` optional), `{choice: [a, b]}`; `when: {key: value}` samples it only under that condition."""
+    objective: TuneObjective = Field(default_factory=TuneObjective)
+    """What a trial is scored by and in which direction."""
+    n_trials: int | None = Field(default=20, ge=1)
+    """Finished (complete or pruned) trials of the study, over all workers."""
+    timeout_hours: float | None = Field(default=None, gt=0)
+    """Stop starting trials after this long (this worker)."""
+    budget_usd: float | None = Field(default=None, gt=0)
+    """Stop when the next trial would exceed this spend, each trial priced by the planner on `tune.gpu`."""
+    gpu: str | None = None
+    """The GPU type trials are priced on (default: this machine's GPU)."""
+    max_memory_gib: float | None = Field(default=None, gt=0)
+    """Memory a trial may plan to use per device (default: the GPU's memory less headroom, or the CPU share of the RAM); trials whose plan needs more are never started."""
+    sampler: Literal["tpe", "gp", "cmaes", "random", "grid", "qmc"] = "tpe"
+    """Optuna sampler."""
+    pruner: Literal["median", "asha", "hyperband", "none"] = "median"
+    """Early stopping of bad trials on the intermediate eval loss."""
+    fidelity: TuneFidelity = Field(default_factory=TuneFidelity)
+    """How cheap each trial is: a number of steps, or a share of the data."""
+    storage: str | None = None
+    """Optuna storage URL: default SQLite in the study folder; `postgresql://...` shares one study between workers on several machines."""
+    study_name: str | None = None
+    """Default: the run name."""
+    seed: int | None = 42
+    """Sampler seed (each worker adds its own offset)."""
+    max_retries: int = Field(default=1, ge=0)
+    """A trial whose worker died (no heartbeat) is failed and retried this many times."""
+    heartbeat_seconds: int = Field(default=10, ge=1)
+    """Workers beat this often; a trial silent for 3x this is failed (its worker died)."""
+    export_best: bool = True
+    """Copy the best trial's exported model to `OUTPUT/best/model`."""
+
+
 class RunConfig(_Section):
     """One training run: what to train, on what, how, and where to write it."""
 
@@ -482,6 +638,8 @@ class RunConfig(_Section):
     """Optimisation settings; names as in transformers `TrainingArguments`."""
     eval: EvalConfig = Field(default_factory=EvalConfig)
     """Evaluation before and after training."""
+    gates: GatesConfig = Field(default_factory=GatesConfig)
+    """Quality gates checked at the end of the run (`on_fail: warn | fail`)."""
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
     """Processes, sharding strategy, offload and gradient compression (`strategy: auto` by the planner's rules)."""
     output_dir: str | None = None
@@ -491,6 +649,12 @@ class RunConfig(_Section):
 
     data: DataConfig | None = None
     """The training data (required, except when every adapter of `method.adapters` or every stage brings its own)."""
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    """Experiment tracking: MLflow (default), W&B, TensorBoard or none (track/tracking.py)."""
+    pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
+    """The step DAG, its cache and artefact store (`trainpipe pipeline ...`, pipeline/dag.py)."""
+    tune: TuneConfig | None = None
+    """Hyperparameter search for `trainpipe tune` (ignored by `trainpipe run`)."""
 
     @field_validator("data", mode="after")
     @classmethod
@@ -709,6 +873,11 @@ def _resolve_paths(cfg: RunConfig, base_dir: Path) -> RunConfig:
         rm = rl.get("reward_model")
         if isinstance(rm, str) and (rm.startswith((".", "~")) or (base_dir / rm).exists()):
             rl["reward_model"] = resolve(rm)
+    for fs in cfg.eval.forgetting:  # forgetting sets and local benchmark task folders: relative to the config file
+        fs.path = resolve(fs.path)
+    for bm in cfg.eval.benchmarks:
+        if bm.include_path is not None:
+            bm.include_path = resolve(bm.include_path)
     if cfg.model.init_from_config is not None:
         cfg.model.init_from_config = resolve(cfg.model.init_from_config)
     mp = cfg.model.name_or_path

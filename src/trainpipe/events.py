@@ -39,9 +39,36 @@ EVENT_NAMES = {
     "distributed_hang",
     "nccl_timeout",
     "gpu_util_low",
+    "gpu_util_check_off",  # a GPU run without nvidia-ml-py: `gpu_util_low` cannot be checked (said once)
+    "gradient_clipped",  # per logging window: steps whose finite gradient norm was clipped, and the largest norm before clipping
+    "forgetting_detected",  # evaluate/forgetting.py: a forgetting set's loss rose past eval.forgetting_threshold
+    "gate_failed",  # evaluate/gates.py: a quality gate failed, with its evidence
 }
 
 LEVELS = ("debug", "info", "warning", "error", "fatal")
+
+
+# Listeners see every event and metric record as it is written (the experiment tracker, track/tracking.py):
+# called as fn(kind, run_dir, record) with kind "event" or "metric"; a listener that raises is ignored.
+_LISTENERS: list[Callable[[str, Path, dict], None]] = []
+
+
+def add_listener(fn: Callable[[str, Path, dict], None]) -> None:
+    _LISTENERS.append(fn)
+
+
+def remove_listener(fn: Callable[[str, Path, dict], None]) -> None:
+    if fn in _LISTENERS:
+        _LISTENERS.remove(fn)
+
+
+def notify(kind: str, run_dir: str | Path, record: dict) -> None:
+    """Hand a record just written to `events.jsonl` / `metrics.jsonl` to every listener (never raises)."""
+    for fn in list(_LISTENERS):
+        try:
+            fn(kind, Path(run_dir), record)
+        except Exception:  # noqa: BLE001 - tracking must never stop a run
+            pass
 
 
 def utcnow() -> str:
@@ -69,6 +96,7 @@ class EventLog:
             os.fsync(fh.fileno())
         if self.echo is not None:
             self.echo(record)
+        notify("event", self.path.parent, record)
         return record
 
 

@@ -94,6 +94,15 @@ class CheckpointFailed(TrainpipeError):
     title = "checkpoint failed"
 
 
+class StopTrial(Exception):
+    """Raised by an eval hook to end the run at this eval (a pruned search trial, trainpipe/tune): no further steps, no export."""
+
+
+# Callables (loop, step, eval_loss) run after every in-training eval, in this process: how `trainpipe tune` reports
+# intermediate values to its pruner. A hook may raise StopTrial. Empty for an ordinary run.
+EVAL_HOOKS: list = []
+
+
 @dataclass
 class LoopState:
     step: int = 0  # optimizer steps done
@@ -160,10 +169,14 @@ def restore_rng(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+SPIKE_MIN_HISTORY = 3  # prior step losses a spike is judged against: early in training the history that exists is used
+
+
 def is_loss_spike(loss: float, recent: list[float], factor: float, min_delta: float) -> float | None:
-    """The running median when ``loss`` is a spike: above ``factor`` x the median of the recent step losses (10 at
-    least) and above it by ``min_delta`` as well; None otherwise (or when ``factor`` is 0: detection off)."""
-    if not factor or len(recent) < 10:
+    """The running median when ``loss`` is a spike: above ``factor`` x the median of the recent step losses (the last
+    ``loss_spike_window``, or as many as there are, ``SPIKE_MIN_HISTORY`` at least) and above it by ``min_delta`` as well;
+    None otherwise (or when ``factor`` is 0: detection off)."""
+    if not factor or len(recent) < SPIKE_MIN_HISTORY:
         return None
     med = statistics.median(recent)
     return med if med > 0 and loss > factor * med and loss - med > min_delta else None
@@ -219,16 +232,18 @@ class TokenCrossEntropy(Objective):
     def collate(self, examples: list[dict]) -> dict:
         return self._collate(examples)
 
+    fused = False  # Liger's fused linear cross-entropy patched into the model (`training.use_liger_kernel` on a GPU; losses.setup_liger)
+
     def loss_sum(self, model, batch: dict):
-        import torch
+        """Summed next-token CE, in float32 one chunk at a time (train/losses.py): never the full-vocabulary logits upcast at once."""
+        from trainpipe.train.losses import chunked_cross_entropy_sum, shift_labels
 
         labels = batch.pop("labels")
+        if self.fused:  # the model's own (Liger) loss; num_items_in_batch=1 makes its reduction the sum
+            return model(**batch, labels=labels, num_items_in_batch=1).loss, {}
         logits = model(**batch).logits
         logits = logits[:, logits.size(1) - labels.size(1) :]  # prompt tuning returns logits for its virtual tokens too: drop them
-        ce = torch.nn.functional.cross_entropy(
-            logits[:, :-1].float().reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
-        )
-        return ce, {}
+        return chunked_cross_entropy_sum(logits, shift_labels(labels)), {}
 
 
 def _prefix_tuned(model) -> bool:
@@ -284,6 +299,7 @@ class TrainLoop:
         self.progress = progress
         self.ckpt = CheckpointManager(checkpoint_dir, keep_last=t.save_total_limit, keep_best=t.keep_best)
         self.device = next(model.parameters()).device
+        self._setup_liger(t.use_liger_kernel)
         self.fsdp = self.world > 1 and dist.strategy == "fsdp"  # FSDP2: the model is sharded in place, before the optimizer
         if self.fsdp:
             from trainpipe.distributed import fsdp
@@ -311,11 +327,13 @@ class TrainLoop:
         self._input_seconds = 0.0
         self._grace_timer: threading.Timer | None = None
         self._gpu_low_fired = False
+        self._clipped: tuple[int, float] = (0, 0.0)  # (steps whose gradient was clipped, their largest pre-clip norm) this logging window
         self.ddp = None  # the DDP wrapper that forwards run through (distributed runs); self.model stays the bare model
         self._phase = "compute"  # what this rank is doing, for the distributed hang watchdog
         self._agreed_stop: str | None = None  # the stop signal as all ranks agreed it (distributed runs)
         self._rank_rngs: list | None = None
         self._resumed_world: int | None = None
+        self._oom_ranks: list[int] = []  # the ranks that ran out of memory in the last OOM every rank recovered from
         if self.world > 1 and not self.fsdp:
             from trainpipe.distributed.ddp import wrap
 
@@ -336,6 +354,24 @@ class TrainLoop:
         return nullcontext()
 
     # ------------------------------------------------------------------ set-up
+    def _setup_liger(self, enabled: bool) -> None:
+        """`training.use_liger_kernel`: Liger's fused linear cross-entropy on a CUDA GPU for the token cross-entropy objectives;
+        otherwise one message and the chunked loss (train/losses.py)."""
+        if not enabled:
+            return
+        from trainpipe import ui
+        from trainpipe.train.losses import setup_liger
+
+        def say(text: str) -> None:
+            if self.is_main:
+                ui.console().print(f"[yellow]note:[/] {text}", markup=True, soft_wrap=True)
+
+        if not isinstance(self.objective, TokenCrossEntropy):
+            say(f"`training.use_liger_kernel: true` applies to the token cross-entropy of `sft` and `pretrain`; this objective "
+                f"({type(self.objective).__name__}) computes its own loss, so it is not used here.")
+            return
+        self.objective.fused = setup_liger(self.model, self.device.type, True, say=say)
+
     def _optimizer(self):
         torch = self.torch
         decay = [p for n, p in self.params if p.ndim >= 2]
@@ -454,12 +490,18 @@ class TrainLoop:
             part = examples[i + rank * micro : i + (rank + 1) * micro]
             idle = not part  # the window's last micro-step has fewer examples than ranks x micro: join the sync with a zero loss
             sync = j == len(starts) - 1
+            if oom is not None:  # FSDP: this rank ran out of memory earlier in the window; every sharded forward and backward is a
+                self._join_step(examples, amp, amp_dtype, sync)  # collective, so it keeps taking part (zero loss) until the window ends
+                synced = synced or sync
+                continue
+            forwarding = False  # an OOM before the forward leaves the collectives of every rank in step (FSDP can recover from it)
             try:
                 with self._no_sync() if not sync else nullcontext():
                     faults.before_forward(w)
                     tc = time.perf_counter()
                     batch = {k: (v.to(self.device) if hasattr(v, "to") else v) for k, v in obj.collate(part or examples[:1]).items()}
                     self._input_seconds += time.perf_counter() - tc
+                    forwarding = True
                     with torch.autocast(self.device.type, dtype=amp_dtype, enabled=amp):
                         loss_sum, extra = obj.loss_sum(self._fwd(), batch)
                     if idle:
@@ -476,8 +518,19 @@ class TrainLoop:
             except Exception as exc:  # noqa: BLE001 - an OOM on one rank must become every rank's OOM (below)
                 if world == 1 or not is_oom(exc):
                     raise
+                if self.fsdp and forwarding:
+                    raise OutOfMemoryPlan(
+                        f"Out of memory on rank {rank} inside a sharded forward or backward at step {self.state.step + 1} ({str(exc)[:120]}). "
+                        "Under `distributed.strategy: fsdp` the other ranks are then waiting in that forward's collectives, so this rank "
+                        "cannot retry with a smaller micro-batch; the launcher stops every worker. Resume with `--resume` after setting a "
+                        "smaller `training.per_device_train_batch_size` (the accumulation grows, the effective batch stays) or "
+                        "`training.gradient_checkpointing: true`."
+                    ) from None
                 oom = exc
-                break
+                if not self.fsdp:
+                    break  # DDP: the micro-steps before the last keep their gradients local; the all-reduce is joined below
+                self._join_step(examples, amp, amp_dtype, sync)
+                synced = synced or sync
         if world > 1:
             if not synced:  # this rank ran out of memory before the gradient all-reduce: take part in it, then all retry
                 self._join_sync(examples, amp, amp_dtype)
@@ -490,6 +543,9 @@ class TrainLoop:
             if red[2] and self._agreed_stop is None:
                 self._agreed_stop = self._stop_signal or "SIGTERM"
             if red[1]:
+                from trainpipe.distributed.env import gather_objects
+
+                self._oom_ranks = [r for r, hit in enumerate(gather_objects(oom is not None)) if hit]
                 self.optimizer.zero_grad(set_to_none=True)
                 raise oom if oom is not None else torch.OutOfMemoryError(f"out of memory on another rank ({int(red[1])} of {world} ranks)")
         if self.scaler:
@@ -510,6 +566,21 @@ class TrainLoop:
             loss_sum, _ = self.objective.loss_sum(self._fwd(), batch)
         self._mark("wait")
         (loss_sum * 0.0).backward()
+
+    def _oom_world_fields(self) -> dict:
+        """Under several processes (every rank is in the OOM recovery together): each rank's micro-batch after the decision,
+        gathered, and the per-rank accumulation that keeps the effective batch."""
+        if self.world == 1:
+            return {}
+        from trainpipe.distributed.env import gather_objects
+
+        return {**self._world_fields(), "micro_batch_per_rank": gather_objects(self.state.micro_batch), "ranks_out_of_memory": self._oom_ranks}
+
+    def _join_step(self, examples: list[dict], amp: bool, amp_dtype, sync: bool) -> None:
+        """FSDP, after an OOM on this rank: a zero-loss micro-step on one example, so that this rank's all-gathers (and, on the
+        window's last micro-step, reduce-scatter) pair with the other ranks'; then every rank retries the window together."""
+        with self._no_sync() if not sync else nullcontext():
+            self._join_sync(examples, amp, amp_dtype)
 
     def _mark(self, phase: str) -> None:
         """This rank's phase and the time of its last progress, read by the distributed hang watchdog."""
@@ -555,7 +626,7 @@ class TrainLoop:
                 self.events.emit(
                     "cuda_oom", step=self.state.step + 1, level="warning", error=str(exc)[:200], action=action, **{f"before_{k}": v for k, v in before.items()},
                     micro_batch=self.state.micro_batch, gradient_accumulation_steps=math.ceil(self.effective / self.state.micro_batch),
-                    effective_batch=self.effective, gradient_checkpointing=self.state.gradient_checkpointing,
+                    effective_batch=self.effective, gradient_checkpointing=self.state.gradient_checkpointing, **self._oom_world_fields(),
                 )
                 attempt += 1
 
@@ -796,7 +867,7 @@ class TrainLoop:
         tokens_at_start = self.state.tokens_seen
         t_log, tok_log = time.time(), self.state.tokens_seen
         try:
-            while self.state.window < self.total_windows:
+            while not self._finished():
                 w = self.state.window
                 if w in self.state.skipped:
                     self.state.window += 1
@@ -822,6 +893,8 @@ class TrainLoop:
                 st.tokens_seen += n_tok
                 st.recent_losses = (st.recent_losses + [loss])[-self.t.loss_spike_window :]
                 losses.append(loss)
+                if gnorm > self.t.max_grad_norm:  # clipped (finite: NaN/Inf rolled back above as gradient_overflow)
+                    self._clipped = (self._clipped[0] + 1, max(self._clipped[1], gnorm))
                 self._heartbeat = time.time()
                 if st.step % self.t.logging_steps == 0:
                     dt = max(time.time() - t_log, 1e-9)
@@ -833,7 +906,9 @@ class TrainLoop:
                     rec.update(self._extras)  # objective-specific figures (e.g. DPO reward margin), per unit of weight
                     rec["input_share"] = round(self._input_seconds / dt, 4)
                     self._input_seconds = 0.0
+                    rec["clipped_steps"] = self._clipped[0]
                     self._metric(rec)
+                    self._report_clipping(st.step)
                     self._check_gpu_util(rec)
                     if self.progress:
                         self.progress.log(rec, self.total_windows)
@@ -841,13 +916,14 @@ class TrainLoop:
                 if self.progress:
                     self.progress.update(st.step, loss)
                 metric = None
-                last = st.window >= self.total_windows
+                last = self._finished()
                 if st.step % self.t.eval_steps == 0 or last:
                     metric = self._eval()
                     if st.stopped_early:
                         last = True
                 stop = self._stop_signal if self.world == 1 else self._agreed_stop  # all ranks stop at the step they agreed on
-                if st.step % self.t.save_steps == 0 or last or stop:
+                best_now = metric is not None and st.best_step == st.step and self.t.keep_best > 0  # an eval that is the best so far
+                if st.step % self.t.save_steps == 0 or last or stop or best_now:  # is saved, so the best checkpoint holds the evaluated weights
                     self.save(metric)
                 if stop:
                     self.events.emit("preempted", step=st.step, level="warning", signal=stop, checkpoint=str(self.last_saved.path) if self.last_saved else None, **self._world_fields())
@@ -943,13 +1019,44 @@ class TrainLoop:
             rec["gradient_checkpointing"] = self.state.gradient_checkpointing
         path.write_text(json.dumps(rec, indent=2) + "\n", encoding="utf-8")
 
+    def _finished(self) -> bool:
+        """`max_steps`: the optimizer steps asked for are trained (a window skipped after a rollback is made up by the next
+        window); epochs: every window of them has been read (a skipped one is not repeated)."""
+        if self.t.max_steps > 0:
+            return self.state.step >= self.t.max_steps
+        return self.state.window >= self.total_windows
+
+    def _report_clipping(self, step: int) -> None:
+        """`gradient_clipped` once per logging window in which clipping (a finite norm above `max_grad_norm`) happened."""
+        count, worst = self._clipped
+        self._clipped = (0, 0.0)
+        if count:
+            self.events.emit(
+                "gradient_clipped", step=step, level="warning" if worst >= 10 * self.t.max_grad_norm else "info", clipped_steps=count,
+                window_steps=self.t.logging_steps, max_grad_norm_before_clip=round(worst, 4), max_grad_norm=self.t.max_grad_norm,
+            )
+
+    def _gpu_util(self) -> float | None:
+        """Device utilisation in % (None off a GPU); raises ModuleNotFoundError when nvidia-ml-py (pynvml) is missing."""
+        if self.device.type != "cuda":
+            return None
+        return self.torch.cuda.utilization(self.device)
+
     def _check_gpu_util(self, rec: dict) -> None:
-        """On a GPU: low device utilisation while input preparation takes a large share of the step (off on CPU)."""
-        if self.device.type != "cuda" or self._gpu_low_fired:
+        """On a GPU: low device utilisation while input preparation takes a large share of the step. Without nvidia-ml-py the
+        check is off, and the run says so once (`gpu_util_check_off`); on the CPU there is nothing to check and nothing is said."""
+        if self._gpu_low_fired:
             return
         try:
-            util = self.torch.cuda.utilization(self.device)
-        except Exception:  # noqa: BLE001 - needs pynvml; without it the check is off
+            util = self._gpu_util()
+        except Exception as exc:  # noqa: BLE001 - torch reads utilisation through pynvml (nvidia-ml-py)
+            self._gpu_low_fired = True
+            self.events.emit(
+                "gpu_util_check_off", step=rec["step"], level="warning", reason=f"{type(exc).__name__}: {str(exc)[:160]}",
+                fix="`pip install nvidia-ml-py` (or `pip install 'trainpipe[gpu]'`) to have `gpu_util_low` warn when the GPU waits for data",
+            )
+            return
+        if util is None:
             return
         if util < 50 and rec["input_share"] > 0.3:
             self._gpu_low_fired = True
@@ -983,6 +1090,8 @@ class TrainLoop:
             st.evals_without_improvement += 1
             if self.t.early_stopping_patience and st.evals_without_improvement >= self.t.early_stopping_patience:
                 st.stopped_early = True
+        for hook in list(EVAL_HOOKS):
+            hook(self, st.step, metric)
         return metric
 
     def _metric(self, rec: dict) -> None:
@@ -992,3 +1101,6 @@ class TrainLoop:
             return
         with open(self.metrics_path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(rec) + "\n")
+        from trainpipe.events import notify
+
+        notify("metric", self.metrics_path.parent, rec)  # the experiment tracker logs it now (track/tracking.py)
