@@ -45,8 +45,18 @@ def run_prepare(cfg: RunConfig, tokenizer, *, quiet: bool = False):
     return data
 
 
+def _stdout_is_for_json(as_json: bool):
+    """With --json, stdout carries the JSON alone: what libraries print while the data is prepared (DeepSpeed logs
+    "Setting accelerator to CPU" to stdout when transformers imports it) goes to stderr instead."""
+    import contextlib
+    import sys
+
+    return contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext()
+
+
 def prepare_command(cfg: RunConfig, tokenizer, *, as_json: bool = False) -> None:
-    data = run_prepare(cfg, tokenizer, quiet=as_json)
+    with _stdout_is_for_json(as_json):
+        data = run_prepare(cfg, tokenizer, quiet=as_json)
     if as_json:
         print(json.dumps(data.report, indent=2))
 
@@ -55,8 +65,9 @@ def inspect_command(cfg: RunConfig, tokenizer, *, n: int = 20, as_json: bool = F
     from trainpipe import ui
     from trainpipe.data.report import inspect_examples, plain_example, render_example
 
-    data = run_prepare(cfg, tokenizer, quiet=True)
-    examples = inspect_examples(data, tokenizer, n=n, seed=seed)
+    with _stdout_is_for_json(as_json):
+        data = run_prepare(cfg, tokenizer, quiet=True)
+        examples = inspect_examples(data, tokenizer, n=n, seed=seed)
     if as_json:
         print(json.dumps(examples, ensure_ascii=False))
         return
