@@ -61,7 +61,7 @@ from trainpipe.errors import TrainpipeError
 from trainpipe.events import EventLog
 from trainpipe.distributed.env import all_reduce_sum as env_all_reduce_sum
 from trainpipe.train import faults
-from trainpipe.train.checkpoints import CheckpointInfo, CheckpointManager, CheckpointWriteError
+from trainpipe.train.checkpoints import CheckpointInfo, CheckpointManager, CheckpointWriteError, interop_writer
 
 if TYPE_CHECKING:
     from trainpipe.train.context import DistRuntime
@@ -724,6 +724,7 @@ class TrainLoop:
             info = self.ckpt.save(
                 self.state.step, weights=self._weights(), state=self._state(), config_yaml=self.config_yaml, metric=metric,
                 info={"window": self.state.window, "micro_batch": self.state.micro_batch, "effective_batch": self.effective, "world_size": self.world},
+                extra=interop_writer(self.model, self._weights(), sharded=self.fsdp, warn=self._warn_once),  # adapter/model files other tools open
             )
         except CheckpointWriteError as exc:
             self.events.emit("checkpoint_failed", step=self.state.step, level="error", cause=str(exc), policy=self.t.on_checkpoint_error)
@@ -780,6 +781,14 @@ class TrainLoop:
                 self.total_windows = max(1, math.ceil(self.t.num_train_epochs * self.steps_per_epoch))
             self.scheduler = self._scheduler()
             self._perm_cache = {}
+
+    def _warn_once(self, text: str) -> None:
+        if getattr(self, "_warned_interop", False):
+            return
+        self._warned_interop = True
+        from trainpipe import ui
+
+        ui.console().print(f"[yellow]warning:[/] {text}", markup=True, soft_wrap=True)
 
     def _on_corrupt(self, info: CheckpointInfo, reason: str) -> None:
         self.events.emit("checkpoint_skipped", step=info.step, level="warning", path=str(info.path), reason=reason)
