@@ -13,6 +13,9 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ["NO_COLOR"] = "1"
 os.environ["COLUMNS"] = "120"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Experiment tracking (MLflow by default) is off unless a test turns it on: tests/e2e/test_tracking*.py set `tracking.backend`
+# explicitly (an MLflow store per run would cost every e2e test seconds of MLflow import and database setup).
+os.environ.setdefault("TRAINPIPE_TRACKING", "none")
 
 REPO = Path(__file__).resolve().parent.parent
 

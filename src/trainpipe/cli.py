@@ -178,17 +178,27 @@ def plan(
     gpu_file: Annotated[Optional[Path], typer.Option("--gpu-file", help="GPU catalog JSON that overrides/extends the built-in one.")] = None,
     max_quality: Annotated[bool, typer.Option("--max-quality", help="Prefer a full fine-tune when memory allows.")] = False,
     json_: Annotated[bool, typer.Option("--json", help="Print the plan as one JSON object.")] = False,
+    goal: Annotated[str, typer.Option(help="What the training is for: auto|task|knowledge|vocabulary|alignment|multitask (the objective rule).")] = "auto",
+    data: Annotated[Optional[list[str]], typer.Option("--data", help="The data at hand: instruction|preference|text, or a data file (repeatable).")] = None,
+    kl_control: Annotated[str, typer.Option("--kl-control", help="With preference data: how much KL control matters, low (DPO) | high (SFT -> reward -> RL).")] = "low",
+    continued: Annotated[bool, typer.Option("--continued", help="The model was fine-tuned before (continued training).")] = False,
+    tasks: Annotated[int, typer.Option(help="Number of tasks (> 1: one adapter per task).")] = 1,
+    objective: Annotated[Optional[str], typer.Option(help="With --budget-usd/--deadline-hours: cost (cheapest) | time (fastest within them); the headline is the ranking's best row.")] = None,
+    host_ram_gib: Annotated[Optional[float], typer.Option("--host-ram-gib", help="Host RAM per GPU for offload plans (default 64).")] = None,
 ) -> None:
     """Plan a run before spending anything: method, strategy, memory per GPU, time and cost, each choice with its rule.
 
     With a run config this is the plan `trainpipe run` executes (the same resolver), for this machine or the one
-    `--gpu NAME --num-gpus N --nodes M` describes."""
+    `--gpu NAME --num-gpus N --nodes M` describes.
+
+    Exit codes: 0 a plan, also one that does not fit (`fits: false` and the reason, with what would fit); 2 bad input."""
     from trainpipe.plan.command import plan_command
 
     plan_command(config=config, overrides=set_ or [], model=model, method=method, lora_r=lora_r, lora_targets=lora_targets, precision=precision,
                  micro_batch=micro_batch, seq_len=seq_len, grad_ckpt=grad_ckpt, optimizer=optimizer, gpu=gpu, num_gpus=num_gpus, nodes=nodes,
                  strategy=strategy, offload=offload, tokens=tokens, examples=examples, avg_len=avg_len, epochs=epochs, budget_usd=budget_usd,
-                 deadline_hours=deadline_hours, mfu=mfu, gpu_file=str(gpu_file) if gpu_file else None, max_quality=max_quality, as_json=json_)
+                 deadline_hours=deadline_hours, mfu=mfu, gpu_file=str(gpu_file) if gpu_file else None, max_quality=max_quality, as_json=json_,
+                 goal=goal, data=data, kl_control=kl_control, continued=continued, tasks=tasks, objective=objective, host_ram_gib=host_ram_gib)
 
 
 @app.command()
@@ -246,11 +256,13 @@ def export(
     combine: Annotated[Optional[str], typer.Option("--combine", help="Multi-adapter run: merge a weighted combination, e.g. `sql=0.5,chat=0.5`.")] = None,
     combination: Annotated[str, typer.Option("--combination", help="How `--combine` mixes LoRA adapters: cat (exact weighted sum of updates), linear, svd.")] = "cat",
     out: Annotated[Optional[Path], typer.Option("--out", help="Write here instead of RUN_DIR/model (or RUN_DIR/export/NAME).")] = None,
+    checkpoint: Annotated[Optional[str], typer.Option("--checkpoint", help="Export this checkpoint of the run (`step-N`, a name in RUN_DIR/checkpoints) instead of the best.")] = None,
 ) -> None:
     """Export the best checkpoint of a run (merged safetensors, adapter, tokenizer, model card); or one adapter / a combination of a multi-adapter run."""
     from trainpipe.pipeline.export_run import export_run, parse_combine
 
-    path = export_run(run_dir, adapter=adapter, combine=parse_combine(combine) if combine else None, combination=combination, out=out)
+    path = export_run(run_dir, adapter=adapter, combine=parse_combine(combine) if combine else None, combination=combination, out=out,
+                      checkpoint=checkpoint)
     typer.echo(f"exported: {path}")
 
 
@@ -273,6 +285,20 @@ def diagnose(
         con.print(f"[bold]{f.severity}: {f.kind}[/] - {f.cause}", markup=True, soft_wrap=True)
         con.print(f"  evidence: {f.evidence}", markup=False, soft_wrap=True)
         con.print(f"  fix:      {f.fix}", markup=False, soft_wrap=True)
+
+
+@app.command()
+def tune(
+    config: ConfigArg,
+    set_: SetOpt = None,
+    n_trials: Annotated[Optional[int], typer.Option("--n-trials", help="Override `tune.n_trials` (finished trials of the study, all workers).")] = None,
+) -> None:
+    """Search the config's `tune.space` with Optuna: every trial an ordinary run under OUTPUT/trials/, bad trials pruned on
+    the eval loss; writes best.yaml, leaderboard.csv/.html and best/model. Start the same command on several machines with
+    `tune.storage: postgresql://...` to share one study."""
+    from trainpipe.tune.tune import tune as run_tune
+
+    run_tune(config, set_ or [], n_trials=n_trials)
 
 
 @config_app.command("validate")
@@ -310,6 +336,36 @@ def config_schema(
         typer.echo(f"wrote {output}")
     else:
         typer.echo(text)
+
+
+track_app = typer.Typer(help="Experiment tracking (MLflow, W&B, TensorBoard).", no_args_is_help=True)
+app.add_typer(track_app, name="track")
+
+
+@track_app.command("sync")
+def track_sync(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory whose tracking did not reach the tracker (or not all of it).", show_default=False)],
+    uri: Annotated[Optional[str], typer.Option("--uri", help="Tracking URI to sync to (default: the run's `tracking.uri`, `$MLFLOW_TRACKING_URI`, or the local store).")] = None,
+) -> None:
+    """Log to the tracker what a run directory holds and the tracker has not got yet: params, metrics after the last one
+    logged, events as tags, artefacts, the registered model."""
+    from trainpipe import ui
+    from trainpipe.track.tracking import TrackingError, sync_run
+
+    try:
+        state = sync_run(run_dir, uri=uri)
+    except TrackingError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the tracker is still unreachable: one paragraph, nothing lost
+        from trainpipe.redact import redact_text
+
+        raise TrackingError(
+            f"Could not reach the tracker to sync `{run_dir}` ({redact_text(str(exc))[:300]}). Nothing was lost: the metrics stay in "
+            f"`{run_dir}/metrics.jsonl`; start the tracking server (or pass `--uri`) and run `trainpipe track sync {run_dir}` again."
+        ) from None
+    reg = state.get("registered")
+    ui.console().print(f"synced {run_dir} -> {state['backend']} {state.get('uri')}: run {state.get('run_id')}, {state.get('metrics_logged')} metric records"
+                       + (f", model {reg['name']} v{reg['version']}" if reg else ""), markup=False, soft_wrap=True)
 
 
 def _redacted_excepthook(exc_type, exc, tb) -> None:

@@ -32,7 +32,7 @@ from trainpipe.plan.run_plan import compare as compare_plan, plan_run, what_woul
 from trainpipe.plan.hardware import detect
 from trainpipe.redact import redact_obj
 from trainpipe.track.manifest import build_manifest, write_json
-from trainpipe.train.loop import EXIT_PREEMPTED, OutOfMemoryPlan, Preempted
+from trainpipe.train.loop import EXIT_PREEMPTED, OutOfMemoryPlan, Preempted, StopTrial
 
 
 def prepare_run_dir(output_dir: str, overwrite: bool, allow_unfinished: bool = False, protected: list | None = None) -> Path:
@@ -103,6 +103,12 @@ def run(cfg: RunConfig, *, config_path: str | None = None, overwrite: bool = Fal
     # transformers 5 renamed the property; peft and the Trainer still read the old name (noise, not a problem)
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
 
+    if cfg.method.name == "auto":  # the objective rule (plan/objective.py): one objective, or `stages:` where it says several
+        from trainpipe.plan.objective import expand_auto
+
+        cfg, choice = expand_auto(cfg)
+        ui.console().print(f"objective (method.name: auto): {choice.value}: {choice.rule}", markup=False, soft_wrap=True)
+
     if cfg.stages:  # several stages (e.g. RLHF: sft, reward, rl), each an ordinary run fed by the one before (pipeline/stages.py)
         from trainpipe.pipeline.stages import run_stages
 
@@ -147,8 +153,12 @@ def _run_in(cfg: RunConfig, plan, hw, run_dir: Path, config_path: str | None, t_
         (run_dir / "config.resolved.yaml").write_text(dump_yaml(cfg), encoding="utf-8")
     events = EventLog(run_dir / "events.jsonl", echo=ui.echo_event) if main else dist_env.NullEventLog()
     events.emit("run_started", run_dir=str(run_dir), config_hash=cfg.hash(), resume_from=str(resume_from.path) if resume_from else None, resume_notes=notes)
+    tracker = _start_tracking(cfg, run_dir, events) if main else None  # MLflow / W&B / TensorBoard (track/tracking.py)
+    status = "FAILED"
     try:
-        return _steps(cfg, plan, hw, run_dir, events, config_path, t_start, resume_from, lineage=lineage)
+        summary = _steps(cfg, plan, hw, run_dir, events, config_path, t_start, resume_from, lineage=lineage)
+        status = "FINISHED"
+        return summary
     except KeyboardInterrupt:  # Ctrl-C outside training (the loop turns it into a checkpoint and exit 75)
         events.emit("run_failed", level="error", error="KeyboardInterrupt", message="interrupted by Ctrl-C")
         raise Interrupted(
@@ -167,9 +177,40 @@ def _run_in(cfg: RunConfig, plan, hw, run_dir: Path, config_path: str | None, t_
             exc.message += " The planner says these would fit: " + "; ".join(fits) + "."
         events.emit("run_failed", level="error", error=type(exc).__name__, message=exc.message[:500])
         raise
+    except StopTrial:  # a search trial pruned at an eval (trainpipe/tune): its hook emitted `trial_pruned`; not a failure
+        raise
+    except TrainpipeError as exc:
+        if exc.exit_code == 6:  # quality gates failed (evaluate/gates.py): the run itself finished, `gate_failed` says why
+            raise
+        events.emit("run_failed", level="error", error=type(exc).__name__, message=str(getattr(exc, "message", exc))[:500])
+        raise
     except BaseException as exc:
         events.emit("run_failed", level="error", error=type(exc).__name__, message=str(getattr(exc, "message", exc))[:500])
         raise
+    finally:
+        if main:  # report.html after every run, also after a failure (with what exists)
+            _write_report(run_dir)
+        if tracker is not None:
+            from trainpipe.track import tracking
+
+            tracker.finish(status, register=tracking.REGISTER_AT_END)
+
+
+def _write_report(run_dir: Path) -> None:
+    """RUN_DIR/report.html (report/html.py); a report that cannot be drawn warns and never hides the run's own outcome."""
+    try:
+        from trainpipe.report.html import write_report
+
+        write_report(run_dir)
+    except Exception as exc:  # noqa: BLE001 - the run's result (or its error) matters more than its report
+        ui.console().print(f"warning: report.html not written: {type(exc).__name__}: {exc}", markup=False, soft_wrap=True)
+
+
+def _start_tracking(cfg: RunConfig, run_dir: Path, events: EventLog):
+    """The run's experiment tracker (None for `tracking.backend: none`); an unreachable one warns and the run goes on."""
+    from trainpipe.track import tracking
+
+    return tracking.start(cfg, run_dir, events)
 
 
 # keys that may differ between a checkpoint's config and the resuming one
@@ -180,6 +221,7 @@ SAFE_TO_RESUME = (
     "training.oom_recovery", "training.max_recoveries", "training.loss_spike_factor", "training.loss_spike_min_delta",
     # how many processes and how they talk, not what is trained: the loop keeps the checkpoint's effective batch (train/loop.py)
     "distributed.strategy", "distributed.nproc_per_node", "distributed.nnodes", "distributed.backend", "distributed.timeout_seconds",
+    "tracking.", "pipeline.", "gates.",  # where the run is tracked and cached, not what is trained (issue 13)
 )
 
 
@@ -333,6 +375,10 @@ def _steps(cfg: RunConfig, plan, hw, run_dir: Path, events: EventLog, config_pat
         )
     r = data.report
     events.emit("data_prepared", train=r["train_examples"], eval=r["eval_examples"], rejected=r["rejected_total"], dropped=sum(r["dropped"].values()))
+    if main:  # random formatted samples for a person to read (`trainpipe data review RUN_DIR`; the `samples_reviewed` gate)
+        from trainpipe.evaluate.gates import write_review_samples
+
+        write_review_samples(run_dir, data.train, tokenizer, n=int(cfg.gates.samples_reviewed.threshold or 50), seed=cfg.training.seed)
 
     # 3. the recipe of `method.name` trains, evaluates, exports and returns the summary
     from trainpipe.train.context import RunContext
@@ -345,7 +391,19 @@ def _steps(cfg: RunConfig, plan, hw, run_dir: Path, events: EventLog, config_pat
     summary["plan"] = compare_plan(plan, run_dir)  # plan vs measured: state bytes, peak memory, throughput
     summary["wall_seconds"] = round(time.time() - t_start, 2)
     write_json(run_dir / "summary.json", summary)
+    from trainpipe.evaluate.gates import GatesFailed, apply_gates  # quality gates with their evidence (`gate_failed` per failure)
+
+    summary["gates"] = apply_gates(run_dir, cfg.gates, forgetting_threshold=cfg.eval.forgetting_threshold, events=events)
+    write_json(run_dir / "summary.json", summary)
     events.emit("run_finished", step=summary.get("train", {}).get("global_step", 0), wall_seconds=summary["wall_seconds"])
+    if not summary["gates"]["passed"] and cfg.gates.on_fail == "fail":  # exit 6; report.html is written on the way out (_run_in)
+        failed = [g for g in summary["gates"]["results"] if g["status"] == "fail"]
+        raise GatesFailed(
+            f"The run finished but {len(failed)} quality gate(s) failed (`gates.on_fail: fail`): "
+            + "; ".join(f"{g['name']}: {g['evidence']}" for g in failed)
+            + f". Everything is written: {run_dir / 'report.html'} shows the evidence, and the exported model is marked as not passing "
+            "(model/quality_gates.json). Fix the cause, or set `gates.on_fail: warn` (or turn the gate off) to accept it."
+        )
     return summary
 
 
@@ -353,5 +411,6 @@ def recipe_for(method: str):
     """The module that runs `method.name` (each reads top to bottom: model, trainer, train, evaluate, export)."""
     import importlib
 
-    module = {"sft": "sft", "pretrain": "pretrain", "dpo": "preference", "orpo": "preference", "kto": "preference", "reward": "reward", "rl": "rl"}[method]
+    module = {"sft": "sft", "pretrain": "pretrain", "dpo": "preference", "orpo": "preference", "kto": "preference", "reward": "reward", "rl": "rl",
+              "classification": "classify"}[method]
     return importlib.import_module(f"trainpipe.train.{module}")

@@ -60,6 +60,7 @@ from trainpipe.data.collate import IGNORE_INDEX, PadCollator
 from trainpipe.errors import TrainpipeError
 from trainpipe.events import EventLog
 from trainpipe.distributed.env import all_reduce_sum as env_all_reduce_sum
+from trainpipe.distributed.ddp import powersgd_state_dict as psgd_state_dict
 from trainpipe.train import faults
 from trainpipe.train.checkpoints import CheckpointInfo, CheckpointManager, CheckpointWriteError, interop_writer
 
@@ -334,6 +335,8 @@ class TrainLoop:
         self._rank_rngs: list | None = None
         self._resumed_world: int | None = None
         self._oom_ranks: list[int] = []  # the ranks that ran out of memory in the last OOM every rank recovered from
+        self._powersgd_ranks: list | None = None  # every rank's PowerSGD state, for the checkpoint rank 0 writes
+        self._powersgd_note: str | None = None  # what a resume did with PowerSGD's state (restored / re-warmed and why)
         if self.world > 1 and not self.fsdp:
             from trainpipe.distributed.ddp import wrap
 
@@ -499,6 +502,7 @@ class TrainLoop:
                 with self._no_sync() if not sync else nullcontext():
                     faults.before_forward(w)
                     tc = time.perf_counter()
+                    faults.slow_input()
                     batch = {k: (v.to(self.device) if hasattr(v, "to") else v) for k, v in obj.collate(part or examples[:1]).items()}
                     self._input_seconds += time.perf_counter() - tc
                     forwarding = True
@@ -566,6 +570,29 @@ class TrainLoop:
             loss_sum, _ = self.objective.loss_sum(self._fwd(), batch)
         self._mark("wait")
         (loss_sum * 0.0).backward()
+
+    def _powersgd(self):
+        """The live PowerSGD state of this rank's DDP hook (`distributed.grad_compression: powersgd`), else None."""
+        return getattr(self.ddp, "trainpipe_hook_state", None) if self.ddp is not None else None
+
+    def _load_powersgd(self, st: dict) -> None:
+        """Give this rank its own PowerSGD state from the checkpoint, so that a resume under `powersgd` continues exactly
+        (same iteration count, projections and error feedback). A checkpoint without it (written without PowerSGD, or
+        before it was saved) or from another world size (the residuals are per rank) re-warms PowerSGD from scratch:
+        plain all-reduce for its first steps again, as stated in `checkpoint_resumed` and the manifest."""
+        psgd = self._powersgd()
+        saved = st.get("powersgd_ranks")
+        if psgd is None:
+            self._powersgd_note = None
+            return
+        from trainpipe.distributed.ddp import POWERSGD_START_STEP, load_powersgd_state
+
+        if saved and len(saved) == self.world:
+            load_powersgd_state(psgd, saved[self.rank], self.device)
+            self._powersgd_note = f"restored (iteration {int(saved[self.rank]['iter'])}, every rank's error feedback)"
+            return
+        why = f"the checkpoint holds the state of {len(saved)} rank(s), this run has {self.world}" if saved else "the checkpoint holds no PowerSGD state"
+        self._powersgd_note = f"re-warmed from scratch ({why}): plain all-reduce for {POWERSGD_START_STEP} steps, then rank-1 compression"
 
     def _oom_world_fields(self) -> dict:
         """Under several processes (every rank is in the OOM recovery together): each rank's micro-batch after the decision,
@@ -681,6 +708,8 @@ class TrainLoop:
         }
         if self._rank_rngs is not None:
             st["rng_ranks"] = self._rank_rngs  # rank r resumes with its own dropout stream
+        if self._powersgd_ranks is not None:
+            st["powersgd_ranks"] = self._powersgd_ranks  # rank r's PowerSGD state (its own error feedback)
         if self.scaler:
             st["scaler"] = self.scaler.state_dict()
         return st
@@ -694,6 +723,8 @@ class TrainLoop:
 
         self._mark("wait")
         rngs = gather_objects(capture_rng())
+        psgd = self._powersgd()
+        psgd_ranks = gather_objects(psgd_state_dict(psgd)) if psgd is not None else None
         if self.fsdp:  # every rank takes part in gathering the full state; rank 0 receives it
             from trainpipe.distributed.fsdp import full_state
 
@@ -701,6 +732,7 @@ class TrainLoop:
         info, outcome = None, None
         if self.is_main:
             self._rank_rngs = rngs
+            self._powersgd_ranks = psgd_ranks
             self._mark("checkpoint")
             try:
                 info = self._write_checkpoint(metric)
@@ -766,6 +798,7 @@ class TrainLoop:
             self._set_gradient_checkpointing(True)
         ranks = st.get("rng_ranks") or [st["rng"]]
         restore_rng(ranks[self.rank] if self.rank < len(ranks) else st["rng"])
+        self._load_powersgd(st)
         if self.state.world_size != self.world:
             self._resumed_world = self.state.world_size
         self.state.effective_batch, self.state.world_size = self.effective, self.world
@@ -849,7 +882,8 @@ class TrainLoop:
         if resume_from is not None:
             self._load(resume_from)
             self._apply_lr_scale()
-            self.events.emit("checkpoint_resumed", step=self.state.step, checkpoint=str(resume_from.path), window=self.state.window)
+            self.events.emit("checkpoint_resumed", step=self.state.step, checkpoint=str(resume_from.path), window=self.state.window,
+                             **({"powersgd": self._powersgd_note} if self._powersgd_note else {}))
         elif self.state.gradient_checkpointing:
             self._set_gradient_checkpointing(True)
         self.model.train()
@@ -988,6 +1022,7 @@ class TrainLoop:
             d.setdefault("resumes", []).append({
                 "step": self.state.step, "window": self.state.window, "from_world_size": self._resumed_world, "to_world_size": self.world,
                 "effective_batch": self.effective, "note": "the effective batch of the checkpoint is kept; the accumulation follows the world size",
+                **({"powersgd": self._powersgd_note} if self._powersgd_note else {}),
             })
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(man, indent=2, default=str) + "\n", encoding="utf-8")
@@ -1074,20 +1109,37 @@ class TrainLoop:
                 fix="more data-loader workers or prefetch, packing (`data.packing`), or a pre-tokenized cache",
             )
 
+    def _evaluate_or_stop(self) -> float:
+        """One in-training evaluation. Out of memory here is not the training step's (whose micro-batch recovery does not
+        apply): it stops with `cuda_oom` (`phase: eval`) and exit code 4, naming the evaluation settings to lower."""
+        try:
+            faults.before_eval(self.state.step)
+            return float(self.evaluate(self.model))
+        except Exception as exc:  # noqa: BLE001 - only an OOM is handled here
+            if not is_oom(exc):
+                raise
+            self.events.emit("cuda_oom", step=self.state.step, level="fatal", phase="eval", error=str(exc)[:200], action="stop",
+                             per_device_eval_batch_size=self.t.per_device_eval_batch_size)
+            raise OutOfMemoryPlan(
+                f"Out of memory in the evaluation after step {self.state.step} ({str(exc)[:120]}); the training steps fit. Lower "
+                f"`training.per_device_eval_batch_size` (now {self.t.per_device_eval_batch_size}), `eval.max_new_tokens` for generated "
+                "metrics, or `eval.max_samples`, then continue with `--resume`."
+            ) from None
+
     def _eval(self) -> float:
         if self.world == 1:
-            metric = float(self.evaluate(self.model))
+            metric = self._evaluate_or_stop()
         elif self.fsdp:  # a sharded forward needs every rank: all evaluate the same batches, rank 0's figure counts
             from trainpipe.distributed.env import broadcast_object
 
             self._mark("eval")
-            metric = broadcast_object(float(self.evaluate(self.model)))
+            metric = broadcast_object(self._evaluate_or_stop())
             self._mark("compute")
         else:  # rank 0 evaluates (the weights are the same on every rank); all take its figure
             from trainpipe.distributed.env import broadcast_object
 
             self._mark("eval" if self.is_main else "wait")
-            metric = broadcast_object(float(self.evaluate(self.model)) if self.is_main else None)
+            metric = broadcast_object(self._evaluate_or_stop() if self.is_main else None)
             self._mark("compute")
         self.model.train()
         st = self.state

@@ -1,0 +1,562 @@
+"""Experiment tracking: MLflow (default), W&B or TensorBoard, through their own libraries.
+
+`trainpipe run` starts a tracker for the run directory (`start`); the tracker listens to the event log and the
+metrics writer (`trainpipe.events.notify`), so every metric is logged as it is written and every event becomes a tag.
+When the run ends, `finish` logs what the run directory holds (the resolved config as params, the data report, the
+plan, the summary, the report page, the exported model as artefacts) and registers the model in MLflow's registry
+with its lineage. Both go through one idempotent function, `sync_run`, that `trainpipe track sync RUN_DIR` also calls.
+
+What has reached the tracker is recorded in `RUN_DIR/tracking.json` (backend, URI, run id, how many lines of
+`metrics.jsonl` were logged, whether params, artefacts and the model were logged). A tracker that cannot be reached
+does not lose the run: the first failure emits one `tracking_unavailable` warning, the run goes on with its metrics
+in `metrics.jsonl`, and `trainpipe track sync RUN_DIR` logs the rest later, from where it stopped.
+
+Nothing secret is logged: params, tags and metric names go through `trainpipe.redact`, and the artefacts are the
+files trainpipe itself wrote (already redacted where they were written).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from trainpipe.errors import TrainpipeError
+from trainpipe.redact import redact_obj, redact_text, redact_url
+
+STATE = "tracking.json"
+BACKENDS = ("mlflow", "wandb", "tensorboard", "none")
+# files of the run directory logged as artefacts when present (the report page of issue 11 included)
+ARTIFACT_FILES = ("config.resolved.yaml", "manifest.json", "data_report.json", "summary.json", "events.jsonl", "metrics.jsonl",
+                  "report.html", "lineage.json")
+
+
+class TrackingError(TrainpipeError):
+    title = "tracking"
+
+
+# --------------------------------------------------------------------------- settings
+
+
+def resolve_settings(tracking: Any, run_dir: Path, name: str | None) -> dict:
+    """(backend, uri, experiment, ...) for a run: `tracking.backend: auto` is `$TRAINPIPE_TRACKING`, else mlflow; the MLflow
+    URI is `tracking.uri`, else `$MLFLOW_TRACKING_URI`, else a SQLite store beside the run (`<parent>/mlflow.db`)."""
+    t = tracking if isinstance(tracking, dict) else tracking.model_dump()
+    backend = t.get("backend") or "auto"
+    if backend == "auto":
+        backend = (os.environ.get("TRAINPIPE_TRACKING") or "mlflow").strip().lower()
+    if backend not in BACKENDS:
+        raise TrackingError(f"`$TRAINPIPE_TRACKING` is {backend!r}; use one of {', '.join(BACKENDS)}.")
+    run_dir = Path(run_dir)
+    uri = t.get("uri")
+    if backend == "mlflow" and not uri:
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{run_dir.parent / 'mlflow.db'}"
+    if backend == "tensorboard" and not uri:
+        uri = str(run_dir / "tensorboard")
+    mode = t.get("mode") or "auto"
+    if backend == "wandb" and mode == "auto":
+        mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
+    return {"backend": backend, "uri": uri, "experiment": t.get("experiment") or name or "trainpipe", "mode": mode,
+            "register_model": bool(t.get("register_model", True)), "model_name": t.get("model_name") or name or "trainpipe-model"}
+
+
+def read_state(run_dir: Path) -> dict:
+    try:
+        return json.loads((Path(run_dir) / STATE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def write_state(run_dir: Path, state: dict) -> None:
+    from trainpipe.track.manifest import write_json
+
+    write_json(Path(run_dir) / STATE, state)
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue  # a torn last line of a killed run
+    return out
+
+
+def metric_values(rec: dict) -> dict[str, float]:
+    """The numbers of one metrics.jsonl record, keyed by name (not `time`, `step`)."""
+    out = {}
+    for k, v in rec.items():
+        if k in ("time", "step") or isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        if v != v or v in (float("inf"), float("-inf")):  # NaN/Inf: MLflow refuses them on some stores
+            continue
+        out[str(k)] = float(v)
+    return out
+
+
+# --------------------------------------------------------------------------- backends
+
+
+class Backend:
+    """One tracking library behind four calls; every call may raise when the tracker is unreachable."""
+
+    name = "none"
+
+    def open(self, state: dict, params: dict, tags: dict) -> str: ...
+
+    def log_metrics(self, values: dict[str, float], step: int, timestamp: float) -> None: ...
+
+    def set_tags(self, tags: dict[str, str]) -> None: ...
+
+    def log_artifacts(self, run_dir: Path, files: list[Path], model_dir: Path | None) -> None: ...
+
+    def register(self, name: str, tags: dict[str, str]) -> dict | None:
+        return None
+
+    def close(self, status: str) -> None: ...
+
+
+class MlflowBackend(Backend):
+    name = "mlflow"
+
+    def __init__(self, settings: dict):
+        # an unreachable server fails in seconds, not after MLflow's default minutes of retries
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
+        import logging
+
+        logging.getLogger("alembic").setLevel(logging.WARNING)
+        logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
+        from mlflow import MlflowClient
+
+        self.settings = settings
+        self.uri = settings["uri"]
+        self.client = MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
+        self.run_id: str | None = None
+        self.model_uri: str | None = None
+
+    def _artifact_location(self) -> str | None:
+        if self.uri.startswith("sqlite:///"):  # a local store: artefacts beside the database
+            return Path(self.uri[len("sqlite:///"):]).parent.joinpath("mlartifacts").as_uri()
+        return None  # a server decides (its --default-artifact-root / proxied artefacts)
+
+    def open(self, state: dict, params: dict, tags: dict) -> str:
+        from mlflow.exceptions import MlflowException
+
+        if state.get("run_id"):
+            try:
+                run = self.client.get_run(state["run_id"])
+                self.run_id = run.info.run_id
+                if run.info.status != "RUNNING":
+                    self.client.update_run(self.run_id, status="RUNNING")
+                return self.run_id
+            except MlflowException:
+                pass  # another store than the one the run started on: a new run there
+        exp = self.client.get_experiment_by_name(self.settings["experiment"])
+        exp_id = exp.experiment_id if exp else self.client.create_experiment(self.settings["experiment"], artifact_location=self._artifact_location())
+        run = self.client.create_run(exp_id, run_name=tags.get("mlflow.runName"), tags=tags)
+        self.run_id = run.info.run_id
+        return self.run_id
+
+    def log_params(self, params: dict) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(k[:250], str(v)[:6000]) for k, v in params.items()]
+        for i in range(0, len(items), 100):
+            self.client.log_batch(self.run_id, params=items[i:i + 100], synchronous=True)
+
+    def log_metrics(self, values: dict[str, float], step: int, timestamp: float) -> None:
+        from mlflow.entities import Metric
+
+        ms = [Metric(k, v, int(timestamp * 1000), int(step)) for k, v in values.items()]
+        if ms:
+            self.client.log_batch(self.run_id, metrics=ms, synchronous=True)
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        from mlflow.entities import RunTag
+
+        items = [RunTag(k[:250], str(v)[:5000]) for k, v in tags.items()]
+        for i in range(0, len(items), 100):
+            self.client.log_batch(self.run_id, tags=items[i:i + 100], synchronous=True)
+
+    def log_artifacts(self, run_dir: Path, files: list[Path], model_dir: Path | None) -> None:
+        for f in files:
+            self.client.log_artifact(self.run_id, str(f))
+        if model_dir is not None and model_dir.is_dir():
+            self.client.log_artifacts(self.run_id, str(model_dir), artifact_path="model")
+            self.model_uri = f"runs:/{self.run_id}/model"
+
+    def register(self, name: str, tags: dict[str, str]) -> dict | None:
+        from mlflow.exceptions import MlflowException
+
+        if self.model_uri is None:
+            return None
+        try:
+            self.client.get_registered_model(name)
+        except MlflowException:
+            self.client.create_registered_model(name, tags={"trainpipe": "1"}, description="Registered by trainpipe; see each version's lineage tags.")
+        source = self.client.get_run(self.run_id).info.artifact_uri.rstrip("/") + "/model"
+        mv = self.client.create_model_version(name, source=source, run_id=self.run_id, tags={k[:250]: str(v)[:5000] for k, v in tags.items()})
+        return {"name": name, "version": str(mv.version), "source": source}
+
+    def close(self, status: str) -> None:
+        self.client.set_terminated(self.run_id, status=status)
+
+
+class WandbBackend(Backend):
+    name = "wandb"
+
+    def __init__(self, settings: dict, run_dir: Path):
+        self.settings, self.run_dir, self.run = settings, Path(run_dir), None
+
+    def open(self, state: dict, params: dict, tags: dict) -> str:
+        import wandb
+
+        if self.settings.get("uri"):
+            os.environ.setdefault("WANDB_BASE_URL", self.settings["uri"])
+        os.environ.setdefault("WANDB_SILENT", "true")
+        self.run = wandb.init(
+            project=self.settings["experiment"], name=tags.get("mlflow.runName"), id=state.get("run_id") or None, resume="allow",
+            dir=str(self.run_dir), mode=self.settings["mode"], config=params, reinit="finish_previous",
+            settings=wandb.Settings(console="off", x_disable_stats=True, x_disable_meta=True, save_code=False, disable_git=True, program="trainpipe"),
+        )
+        self.run.tags = tuple(sorted({str(v)[:64] for k, v in tags.items() if k.startswith("trainpipe.") and len(str(v)) <= 64}))[:20]
+        return self.run.id
+
+    def log_metrics(self, values: dict[str, float], step: int, timestamp: float) -> None:
+        self.run.log(values, step=int(step))
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        self.run.summary.update({k: v for k, v in tags.items()})
+
+    def log_artifacts(self, run_dir: Path, files: list[Path], model_dir: Path | None) -> None:
+        import wandb
+
+        art = wandb.Artifact(f"{self.run.name or 'run'}-files".replace("/", "-"), type="run-files")
+        for f in files:
+            art.add_file(str(f))
+        self.run.log_artifact(art)
+        if model_dir is not None and model_dir.is_dir():
+            model = wandb.Artifact(self.settings["model_name"], type="model")
+            model.add_dir(str(model_dir))
+            self.run.log_artifact(model)
+
+    def close(self, status: str) -> None:
+        self.run.finish(exit_code=0 if status == "FINISHED" else 1)
+
+
+class TensorBoardBackend(Backend):
+    name = "tensorboard"
+
+    def __init__(self, settings: dict):
+        self.settings, self.writer = settings, None
+
+    def open(self, state: dict, params: dict, tags: dict) -> str:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=self.settings["uri"])
+        return self.settings["uri"]
+
+    def log_params(self, params: dict) -> None:
+        self.writer.add_text("config", "\n".join(f"    {k}: {v}" for k, v in params.items()), 0)
+
+    def log_metrics(self, values: dict[str, float], step: int, timestamp: float) -> None:
+        for k, v in values.items():
+            self.writer.add_scalar(k, v, global_step=int(step), walltime=timestamp)
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        for k, v in tags.items():
+            self.writer.add_text(k, str(v), 0)
+
+    def log_artifacts(self, run_dir: Path, files: list[Path], model_dir: Path | None) -> None:
+        self.writer.add_text("artifacts", "\n".join(f"    {f}" for f in files) + (f"\n    model: {model_dir}" if model_dir else ""), 0)
+
+    def close(self, status: str) -> None:
+        self.writer.flush()
+        self.writer.close()
+
+
+def make_backend(settings: dict, run_dir: Path) -> Backend:
+    if settings["backend"] == "mlflow":
+        return MlflowBackend(settings)
+    if settings["backend"] == "wandb":
+        return WandbBackend(settings, run_dir)
+    if settings["backend"] == "tensorboard":
+        return TensorBoardBackend(settings)
+    return Backend()
+
+
+# --------------------------------------------------------------------------- what a run directory holds
+
+
+def run_params(run_dir: Path) -> dict:
+    """The resolved config, flattened to dotted keys and redacted."""
+    import yaml
+
+    p = Path(run_dir) / "config.resolved.yaml"
+    if not p.exists():
+        return {}
+    cfg = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    return {k: (json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in redact_obj(flatten(cfg)).items()}
+
+
+def lineage_tags(run_dir: Path) -> dict[str, str]:
+    """What produced the model: data SHA-256s, config hash, code version and commit, base model, parent (stage) lineage."""
+    run_dir = Path(run_dir)
+    try:
+        m = json.loads((run_dir / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    tags = {"trainpipe.config_hash": m.get("config_hash"), "trainpipe.version": m.get("trainpipe_version"),
+            "trainpipe.code_commit": (m.get("trainpipe_git") or {}).get("commit"), "trainpipe.git_commit": (m.get("git") or {}).get("commit")}
+    for i, f in enumerate(m.get("data_files") or []):
+        if isinstance(f, dict):
+            tags[f"trainpipe.data.{i}.sha256"] = f.get("sha256")
+            tags[f"trainpipe.data.{i}.path"] = f.get("path")
+    if m.get("lineage"):
+        tags["trainpipe.parent"] = json.dumps(m["lineage"], sort_keys=True, default=str)
+    try:
+        import yaml
+
+        cfg = yaml.safe_load((run_dir / "config.resolved.yaml").read_text(encoding="utf-8")) or {}
+        tags["trainpipe.base_model"] = (cfg.get("model") or {}).get("name_or_path")
+    except (OSError, ValueError):
+        pass
+    tags["trainpipe.run_dir"] = str(run_dir)
+    return {k: redact_text(str(v)) for k, v in tags.items() if v is not None}
+
+
+def event_tags(events: list[dict]) -> dict[str, str]:
+    """One tag per event name: how often it happened and its last occurrence (the full log is the `events.jsonl` artefact)."""
+    out: dict[str, str] = {}
+    counts: dict[str, int] = {}
+    for e in events:
+        name = e.get("event", "?")
+        counts[name] = counts.get(name, 0) + 1
+        out[f"event.{name}"] = json.dumps(redact_obj(e), default=str)[:4900]
+    out.update({f"event.{n}.count": str(c) for n, c in counts.items()})
+    return out
+
+
+# --------------------------------------------------------------------------- live tracking during a run
+
+
+class Tracker:
+    """Live tracking of one run directory: a listener of `trainpipe.events` (metrics and events as they are written)."""
+
+    def __init__(self, run_dir: Path, settings: dict, events=None):
+        self.run_dir = Path(run_dir).resolve()
+        self.settings = settings
+        self.events = events
+        self.backend: Backend | None = None
+        self.available = True
+        self.state = read_state(self.run_dir)
+        if self.state.get("backend") != settings["backend"] or self.state.get("uri") != _safe_uri(settings["uri"]):
+            self.state = {}
+        self.state.update({"backend": settings["backend"], "uri": _safe_uri(settings["uri"]), "experiment": settings["experiment"],
+                           "mode": settings.get("mode"), "model_name": settings["model_name"], "register_model": settings["register_model"]})
+        self.state.setdefault("metrics_logged", 0)
+        self._busy = False
+
+    def start(self, run_name: str | None) -> None:
+        from trainpipe import events as ev
+
+        self.state["run_name"] = run_name
+        self._call(lambda: self._open(run_name))
+        write_state(self.run_dir, self.state)
+        ev.add_listener(self.on_record)
+
+    def _open(self, run_name: str | None) -> None:
+        self.backend = make_backend(self.settings, self.run_dir)
+        tags = {"mlflow.runName": run_name or self.run_dir.name, "trainpipe.run_dir": str(self.run_dir)}
+        self.state["run_id"] = self.backend.open(self.state, {}, redact_obj(tags))
+
+    def on_record(self, kind: str, run_dir: Path, record: dict) -> None:
+        if self._busy or not self.available or self.backend is None or Path(run_dir).resolve() != self.run_dir:
+            return
+        if kind == "metric":
+            values = metric_values(record)
+            if self._call(lambda: self.backend.log_metrics(values, int(record.get("step", 0)), float(record.get("time", time.time())))):
+                self.state["metrics_logged"] = self.state.get("metrics_logged", 0) + 1
+                write_state(self.run_dir, self.state)  # a killed run: `track sync` continues after the last metric logged
+        elif kind == "event" and record.get("event") not in ("tracking_unavailable",):
+            self._call(lambda: self.backend.set_tags(event_tags([record])))
+
+    def _call(self, fn) -> bool:
+        if not self.available:
+            return False
+        try:
+            fn()
+            return True
+        except Exception as exc:  # noqa: BLE001 - any failure of the tracker: the run goes on, the data stays in the run dir
+            self.available = False
+            self._warn(exc)
+            return False
+
+    def _warn(self, exc: BaseException) -> None:
+        msg = redact_text(f"{type(exc).__name__}: {exc}")[:400]
+        self.state["pending"] = True
+        self.state["error"] = msg
+        write_state(self.run_dir, self.state)
+        if self.events is not None:
+            self._busy = True
+            try:
+                self.events.emit("tracking_unavailable", level="warning", backend=self.settings["backend"], uri=_safe_uri(self.settings["uri"]),
+                                 error=msg, fix=f"metrics stay in {self.run_dir / 'metrics.jsonl'}; run `trainpipe track sync {self.run_dir}` once the tracker is reachable")
+            finally:
+                self._busy = False
+
+    def finish(self, status: str = "FINISHED", *, register: bool = True) -> dict:
+        """At the end of the run (however it ends): stop listening, then log what the run directory holds."""
+        from trainpipe import events as ev
+
+        ev.remove_listener(self.on_record)
+        write_state(self.run_dir, self.state)
+        if not self.available:
+            return self.state
+        try:
+            return sync_run(self.run_dir, status=status, backend=self.backend, register=register)
+        except Exception as exc:  # noqa: BLE001
+            self.available = False
+            self.state = read_state(self.run_dir)
+            self._warn(exc)
+            return self.state
+
+
+def _safe_uri(uri: str | None) -> str | None:
+    return redact_url(uri) if uri and "://" in uri else uri
+
+
+# `trainpipe pipeline run` registers the model in its own `register` step; a plain `trainpipe run` registers at its end
+REGISTER_AT_END = True
+
+
+def start(cfg, run_dir: Path, events=None) -> Tracker | None:
+    """The tracker of a run (None for `tracking.backend: none`); never raises for an unreachable tracker."""
+    settings = resolve_settings(cfg.tracking, run_dir, cfg.name)
+    if settings["backend"] == "none":
+        return None
+    tracker = Tracker(run_dir, settings, events)
+    tracker.start(cfg.name)
+    return tracker
+
+
+# --------------------------------------------------------------------------- catching up (end of run, `trainpipe track sync`)
+
+
+def sync_run(run_dir: str | Path, *, status: str | None = None, backend: Backend | None = None, uri: str | None = None,
+             register: bool = True) -> dict:
+    """Log everything of `run_dir` that has not reached the tracker yet: params, the metrics after the last one logged, event
+    tags, the artefacts, the model (registered with its lineage). Idempotent: `tracking.json` records what was logged."""
+    import yaml
+
+    run_dir = Path(run_dir).resolve()
+    if not (run_dir / "config.resolved.yaml").exists():
+        raise TrackingError(f"`{run_dir}` is not a trainpipe run directory (no config.resolved.yaml); give the `output_dir` of a run.")
+    state = read_state(run_dir)
+    cfg = yaml.safe_load((run_dir / "config.resolved.yaml").read_text(encoding="utf-8")) or {}
+    tracking = dict(cfg.get("tracking") or {})
+    if state.get("backend") and tracking.get("backend", "auto") == "auto":
+        tracking["backend"] = state["backend"]
+    if uri:
+        tracking["uri"] = uri
+    settings = resolve_settings(tracking, run_dir, cfg.get("name"))
+    if settings["backend"] == "none":
+        raise TrackingError(f"`{run_dir}` has `tracking.backend: none`; there is nothing to sync. Set `$TRAINPIPE_TRACKING=mlflow` (or the config's `tracking.backend`) to log it.")
+    if state.get("uri") and state.get("uri") != _safe_uri(settings["uri"]):
+        state = {k: v for k, v in state.items() if k in ("run_name",)}  # another tracker: everything goes there from the start
+    state.update({"backend": settings["backend"], "uri": _safe_uri(settings["uri"]), "experiment": settings["experiment"]})
+    state.setdefault("metrics_logged", 0)
+    if backend is None:
+        backend = make_backend(settings, run_dir)
+        state["run_id"] = backend.open(state, {}, redact_obj({"mlflow.runName": cfg.get("name") or run_dir.name, "trainpipe.run_dir": str(run_dir)}))
+    if not state.get("params_logged"):
+        params = run_params(run_dir)
+        if hasattr(backend, "log_params"):
+            backend.log_params(params)
+        elif isinstance(backend, WandbBackend):
+            backend.run.config.update(params, allow_val_change=True)
+        state["params_logged"] = True
+        write_state(run_dir, state)
+    metrics = _jsonl(run_dir / "metrics.jsonl")
+    for rec in metrics[state["metrics_logged"]:]:
+        backend.log_metrics(metric_values(rec), int(rec.get("step", 0)), float(rec.get("time", time.time())))
+        state["metrics_logged"] += 1
+    write_state(run_dir, state)
+    summary = {}
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        pass
+    finals = {f"{phase}.{k}": v for phase in ("baseline", "final") for k, v in (summary.get(phase) or {}).items()}
+    if finals:
+        backend.log_metrics(metric_values(finals), int((summary.get("train") or {}).get("global_step", 0)), time.time())
+    backend.set_tags(event_tags(_jsonl(run_dir / "events.jsonl")) | lineage_tags(run_dir))
+    finished = (run_dir / "summary.json").exists()
+    if finished and not state.get("artifacts_logged"):
+        files = [run_dir / f for f in ARTIFACT_FILES if (run_dir / f).is_file()]
+        try:
+            plan = json.loads((run_dir / "manifest.json").read_text(encoding="utf-8")).get("plan")
+        except (OSError, ValueError):
+            plan = None
+        if plan:  # the plan as its own artefact
+            from trainpipe.track.manifest import write_json
+
+            write_json(run_dir / "plan.json", plan)
+            files.append(run_dir / "plan.json")
+        report = run_dir / "report"
+        files += sorted(p for p in report.glob("*.html")) if report.is_dir() else []
+        model_dir = run_dir / "model" if (run_dir / "model").is_dir() else None
+        backend.log_artifacts(run_dir, files, model_dir)
+        state["artifacts_logged"] = True
+        state["model_logged"] = model_dir is not None
+        write_state(run_dir, state)
+    if finished and register and settings["register_model"] and not state.get("registered") and isinstance(backend, MlflowBackend):
+        if backend.model_uri is None and state.get("model_logged"):
+            backend.model_uri = f"runs:/{state['run_id']}/model"
+        reg = backend.register(settings["model_name"], lineage_tags(run_dir))
+        if reg:
+            state["registered"] = reg
+    state["pending"] = False
+    state.pop("error", None)
+    backend.close(status or ("FINISHED" if finished else "FAILED"))
+    state["synced_at"] = time.time()
+    write_state(run_dir, state)
+    return state
+
+
+def register_model(run_dir: str | Path, *, name: str | None = None, tags: dict | None = None) -> dict | None:
+    """Register `run_dir`'s logged model (its MLflow run) under `name` with the run's lineage and `tags` (the pipeline's
+    register step). Returns {name, version, source}, or None when the run has no MLflow run with a logged model."""
+    run_dir = Path(run_dir).resolve()
+    state = read_state(run_dir)
+    if state.get("backend") != "mlflow" or not state.get("run_id") or not state.get("model_logged"):
+        return None
+    import yaml
+
+    cfg = yaml.safe_load((run_dir / "config.resolved.yaml").read_text(encoding="utf-8")) or {}
+    settings = resolve_settings(cfg.get("tracking") or {}, run_dir, cfg.get("name"))
+    b = MlflowBackend(settings)
+    b.run_id = state["run_id"]
+    b.model_uri = f"runs:/{b.run_id}/model"
+    reg = b.register(name or settings["model_name"], lineage_tags(run_dir) | {k: redact_text(str(v)) for k, v in (tags or {}).items()})
+    state["registered"] = reg
+    write_state(run_dir, state)
+    return reg
