@@ -1,21 +1,27 @@
 """Reading sources into records, streamed, with where each record came from.
 
-A source is a file (JSONL, JSON, Parquet, CSV/TSV, TXT), a glob or folder of such files,
+A source is a file (JSONL, JSON, Parquet, CSV/TSV, TXT; the text formats also gzip-, bzip2-, xz- or, with the
+`zstandard` package, zstd-compressed: `train.jsonl.gz`), a glob or folder of such files,
 a folder written by ``datasets.save_to_disk``, a hub dataset id, or a SQL query. Every
 reader is a generator: nothing is loaded whole into memory (Parquet is read by row group,
 Arrow folders are memory-mapped, SQL rows are streamed from the cursor).
 
 Every item is either a :class:`Record` or a :class:`Rejected` with a reason; the
-``line`` of a record is its line number (JSONL, CSV, TXT) or its 1-based row / item index
-(``unit`` says which), so an error can always name where the record is.
+``line`` of a record is its line number (JSONL, CSV, TXT; of the decompressed text for a compressed file) or its
+1-based row / item index (``unit`` says which), so an error can always name where the record is. A UTF-8 byte-order
+mark at the start of a text file is not part of its first record.
 """
 
 from __future__ import annotations
 
+import bz2
 import csv
 import glob as _glob
+import gzip
 import hashlib
 import io
+import lzma
+import zlib
 import json
 import re
 from dataclasses import dataclass
@@ -27,6 +33,35 @@ from trainpipe.hashing import update_from_file
 from trainpipe.redact import redact_url
 
 FILE_SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".tsv": "tsv", ".txt": "txt"}
+# Whole-file compressions of the text formats that are read as they are decompressed (stdlib gzip, bz2, lzma; zstd when
+# the `zstandard` package is installed). Parquet compresses inside the file (its codec), so `.parquet.gz` is refused.
+COMPRESSIONS = {".gz": "gzip", ".gzip": "gzip", ".bz2": "bzip2", ".xz": "xz", ".lzma": "xz", ".zst": "zstd", ".zstd": "zstd"}
+# Archives and compressions that are not read: a file named so is refused with what works, never read as text.
+OTHER_COMPRESSIONS = {".zip": "zip", ".7z": "7-Zip", ".rar": "RAR", ".lz4": "LZ4", ".br": "Brotli", ".lz": "lzip", ".z": "Unix compress",
+                      ".sz": "Snappy", ".snappy": "Snappy", ".tgz": "tar.gz", ".tar": "tar"}
+# The first bytes of each compressed format: a compressed file without the suffix is read (or refused) by its content.
+_MAGIC = ((b"\x1f\x8b", "gzip"), (b"\xfd7zXZ\x00", "xz"), (b"\x28\xb5\x2f\xfd", "zstd"), (b"PK\x03\x04", "zip"),
+          (b"7z\xbc\xaf\x27\x1c", "7-Zip"), (b"\x04\x22\x4d\x18", "LZ4"), (b"Rar!\x1a\x07", "RAR"))
+_BOM = "\ufeff"
+
+
+def file_kind(p: Path) -> tuple[str | None, str | None]:
+    """(format kind or None, compression suffix or None) of a file name: `train.jsonl.gz` -> ("jsonl", ".gz")."""
+    suffixes = [x.lower() for x in p.suffixes[-2:]]
+    if suffixes and (suffixes[-1] in COMPRESSIONS or suffixes[-1] in OTHER_COMPRESSIONS):
+        inner = suffixes[-2] if len(suffixes) == 2 else None
+        return FILE_SUFFIXES.get(inner) if inner else None, suffixes[-1]
+    return FILE_SUFFIXES.get(suffixes[-1]) if suffixes else None, None
+
+
+def is_data_file(p: Path) -> bool:
+    """A file a glob or folder source reads: a data suffix, plain or under a compression suffix (an unreadable
+    compression included, so that it is refused with a reason rather than skipped without one)."""
+    return file_kind(p)[0] is not None
+
+
+_WHAT_WORKS = ("JSONL, JSON, CSV, TSV and TXT files plain or compressed as .gz, .bz2, .xz (and .zst with `pip install zstandard`), "
+               "Parquet with its own internal compression")
 
 
 @dataclass
@@ -63,16 +98,16 @@ def expand(path: str) -> list[Path]:
     """The files (or one save_to_disk folder) a ``path`` names: a file, a glob, or a folder of data files."""
     p = Path(path)
     if any(ch in path for ch in "*?["):
-        files = sorted(Path(x) for x in _glob.glob(path, recursive=True) if Path(x).suffix.lower() in FILE_SUFFIXES and Path(x).is_file())
+        files = sorted(Path(x) for x in _glob.glob(path, recursive=True) if is_data_file(Path(x)) and Path(x).is_file())
         if not files:
-            raise DataError(f"The glob `{path}` matches no data file ({', '.join(sorted(FILE_SUFFIXES))}). Check the pattern and the folder.")
+            raise DataError(f"The glob `{path}` matches no data file ({', '.join(sorted(FILE_SUFFIXES))}, plain or .gz/.bz2/.xz/.zst). Check the pattern and the folder.")
         return files
     if _is_arrow_dir(p):
         return [p]
     if p.is_dir():
-        files = sorted(x for x in p.rglob("*") if x.is_file() and x.suffix.lower() in FILE_SUFFIXES)
+        files = sorted(x for x in p.rglob("*") if x.is_file() and is_data_file(x))
         if not files:
-            raise DataError(f"The folder `{p}` holds no data file ({', '.join(sorted(FILE_SUFFIXES))}) and is not a `datasets.save_to_disk` folder.")
+            raise DataError(f"The folder `{p}` holds no data file ({', '.join(sorted(FILE_SUFFIXES))}, plain or .gz/.bz2/.xz/.zst) and is not a `datasets.save_to_disk` folder.")
         return files
     if not p.exists():
         raise DataError(f"Data file `{p}` does not exist: check `data.sources[].path` (relative paths are resolved against the config file's folder).")
@@ -153,6 +188,111 @@ def _hashed_open(p: Path) -> tuple[io.BufferedReader, _HashingRaw]:
     return io.BufferedReader(raw, buffer_size=1 << 20), raw
 
 
+def sniff_compression(p: Path) -> str | None:
+    """The compression a file's first bytes show (gzip, bzip2, xz, zstd, zip, ...), or None for plain bytes."""
+    with open(p, "rb") as fh:
+        head = fh.read(10)
+    if head[:3] == b"BZh" and head[3:4].isdigit() and head[4:10] == b"1AY&SY":
+        return "bzip2"
+    return next((name for magic, name in _MAGIC if head.startswith(magic)), None)
+
+
+def compression_of(p: Path) -> str | None:
+    """How a data file is compressed: its suffix (`.gz`, `.bz2`, `.xz`, `.zst`, ...) or, without one, its first bytes.
+    Raises DataError, naming the file and what works, for a compression trainpipe does not read."""
+    kind, suffix = file_kind(p)
+    name = COMPRESSIONS.get(suffix) or OTHER_COMPRESSIONS.get(suffix) if suffix else sniff_compression(p)
+    if name is None:
+        return None
+    how = f"its name ends in `{suffix}`" if suffix else "its first bytes say so"
+    if name in OTHER_COMPRESSIONS.values() or name in ("zip", "7-Zip", "LZ4", "RAR"):
+        raise DataError(
+            f"`{p}` is {name}-compressed ({how}), which trainpipe does not read. Unpack it (e.g. `unzip`, `7z x`, `lz4 -d`) "
+            f"and point `data.sources[].path` at the data file inside, or recompress it with gzip (`gzip -c FILE > FILE.gz`); "
+            f"what works: {_WHAT_WORKS}."
+        )
+    if kind == "parquet" and suffix:
+        raise DataError(
+            f"`{p}` is a Parquet file inside a {name} file; Parquet compresses its own columns, so write it uncompressed "
+            f"with a codec instead (`df.to_parquet(path, compression='zstd')`) or decompress it (`{ {'gzip': 'gunzip', 'bzip2': 'bunzip2', 'xz': 'unxz', 'zstd': 'unzstd'}[name]} {p.name}`)."
+        )
+    if name == "zstd":
+        try:
+            import zstandard  # noqa: F401
+        except ImportError:
+            raise DataError(
+                f"`{p}` is zstd-compressed ({how}); reading it needs the `zstandard` package: `pip install zstandard` "
+                f"(or decompress it: `unzstd {p.name}`). What works without it: {_WHAT_WORKS}."
+            ) from None
+    return name
+
+
+class _Opened:
+    """A data file opened for one front-to-back read: ``fh`` yields the (decompressed) bytes, ``hashing`` sees every
+    byte of the file as stored (the cache key is the hash of those), ``finish()`` reads what the decompressor left
+    (trailing bytes) into the hash and closes everything."""
+
+    def __init__(self, p: Path, compression: str | None):
+        self.path, self.compression = p, compression
+        self.stored, self.hashing = _hashed_open(p)
+        if compression is None:
+            self.fh = self.stored
+        elif compression == "gzip":
+            self.fh = gzip.GzipFile(fileobj=self.stored, mode="rb")
+        elif compression == "bzip2":
+            self.fh = bz2.BZ2File(self.stored, mode="rb")
+        elif compression == "xz":
+            self.fh = lzma.LZMAFile(self.stored, mode="rb")
+        else:  # zstd (compression_of checked that zstandard imports)
+            import zstandard
+
+            self.fh = io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(self.stored, read_across_frames=True, closefd=False), buffer_size=1 << 20)
+
+    def __enter__(self) -> "_Opened":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def read_all(self) -> bytes:
+        with self.errors():
+            return self.fh.read()
+
+    def finish(self) -> str:
+        """The SHA-256 of every stored byte (read to the end), once the records are read."""
+        while self.stored.read(1 << 20):
+            pass
+        return self.hashing.sha.hexdigest()
+
+    def close(self) -> None:
+        if self.fh is not self.stored:
+            self.fh.close()
+        self.stored.close()
+
+    def errors(self, where: str = ""):
+        return _decompress_errors(self.path, self.compression, where)
+
+
+class _decompress_errors:
+    """A broken compressed stream (truncated, corrupt) is one DataError naming the file and where it broke."""
+
+    def __init__(self, p: Path, compression: str | None, where: str = ""):
+        self.p, self.compression, self.where = p, compression, where
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, typ, exc, tb):
+        if exc is None or self.compression is None or isinstance(exc, (DataError, UnicodeDecodeError, GeneratorExit)):
+            return False
+        if isinstance(exc, (EOFError, OSError, lzma.LZMAError, zlib.error)) or type(exc).__name__ == "ZstdError":
+            raise DataError(
+                f"`{self.p}` is not a complete {self.compression} file{self.where} ({type(exc).__name__}: {exc}); it was probably cut short "
+                f"or damaged in transfer. Copy or compress it again (check it with `{ {'gzip': 'gzip -t', 'bzip2': 'bzip2 -t', 'xz': 'xz -t', 'zstd': 'zstd -t'}[self.compression]} {self.p.name}`)."
+            ) from None
+        return False
+
+
 def iter_source(src, digests: dict | None = None) -> Iterator[Record | Rejected]:
     """Every record of one configured source, in order. ``digests`` (when given) receives, per file read,
     ``{"sha256": ..., "exact": bool}``: the hash of the bytes the records came from (``exact``), or, for Parquet
@@ -173,7 +313,7 @@ def read_file(p: Path, split: str = "train", digests: dict | None = None) -> Ite
         if digests is not None:
             digests[str(p)] = {"sha256": sha256_path(p), "exact": False}
         return
-    kind = FILE_SUFFIXES.get(p.suffix.lower(), "jsonl")
+    kind = file_kind(p)[0] or "jsonl"
     if p.stat().st_size == 0:
         raise DataError(f"Data file `{p}` is empty (0 bytes). Fill it, or remove it from `data.sources`.")
     reader = {"jsonl": read_jsonl, "json": read_json, "parquet": read_parquet, "csv": read_csv, "tsv": read_csv, "txt": read_txt}[kind]
@@ -231,15 +371,17 @@ def read_jsonl(path: str | Path, digests: dict | None = None) -> Iterator[Record
         hint = "it is a folder; name a .jsonl file inside it" if p.is_dir() else "check `data.sources[].path` (relative paths are resolved against the config file's folder)"
         raise DataError(f"Data file `{p}` does not exist: {hint}.")
     offset = 0
-    fh, hashing = _hashed_open(p)
-    with fh:
-        for lineno, raw in enumerate(fh, 1):
+    with _Opened(p, compression_of(p)) as opened:
+        lines = _lines(opened)
+        for lineno, raw in enumerate(lines, 1):
             start = offset
             offset += len(raw)
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
                 raise _utf8_error(p, exc, lineno, start) from None
+            if lineno == 1 and line.startswith(_BOM):  # a byte-order mark (Windows editors, Excel exports) is not data
+                line = line[1:]
             if not line.strip():
                 continue
             try:
@@ -254,17 +396,39 @@ def read_jsonl(path: str | Path, digests: dict | None = None) -> Iterator[Record
                 yield Rejected(str(p), lineno, _dup_reason(dups), excerpt(line), kind="duplicate_key")
                 continue
             yield Record(str(p), lineno, obj)
+        sha = opened.finish()
     if digests is not None:
-        digests[str(p)] = {"sha256": hashing.sha.hexdigest(), "exact": True}
+        digests[str(p)] = {"sha256": sha, "exact": True}
+
+
+def _lines(opened: _Opened) -> Iterator[bytes]:
+    """The lines of a (decompressed) file; a broken compressed stream is a DataError naming the line it broke at."""
+    it = iter(opened.fh)
+    n = 0
+    while True:
+        with opened.errors(f" (it breaks after line {n})"):
+            line = next(it, None)
+        if line is None:
+            return
+        n += 1
+        yield line
+
+
+def _read_bytes(p: Path, digests: dict | None) -> bytes:
+    """A whole (decompressed) file, read once; ``digests`` gets the hash of the stored bytes that were read."""
+    with _Opened(p, compression_of(p)) as opened:
+        raw = opened.read_all()
+        sha = opened.finish()
+    if digests is not None:  # the bytes parsed by the caller, read once
+        digests[str(p)] = {"sha256": sha, "exact": True}
+    return raw
 
 
 def read_json(p: Path, digests: dict | None = None) -> Iterator[Record | Rejected]:
     """A JSON array of objects, or an object of equal-length lists (columns)."""
-    raw = p.read_bytes()
-    if digests is not None:  # the bytes parsed below, read once
-        digests[str(p)] = {"sha256": hashlib.sha256(raw).hexdigest(), "exact": True}
+    raw = _read_bytes(p, digests)
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8").removeprefix(_BOM)
     except UnicodeDecodeError as exc:
         raise _utf8_error(p, exc, None) from None
     try:
@@ -306,6 +470,7 @@ def read_parquet(p: Path, batch_size: int = 4096, digests: dict | None = None) -
     hashed when the rows are read, so a file changed in place while it was read is detected."""
     import pyarrow.parquet as pq
 
+    compression_of(p)  # `.parquet.gz` and the like: refused with what works
     with open(p, "rb") as fh:
         try:
             f = pq.ParquetFile(fh)
@@ -325,10 +490,10 @@ def read_parquet(p: Path, batch_size: int = 4096, digests: dict | None = None) -
 
 
 def read_csv(p: Path, digests: dict | None = None) -> Iterator[Record | Rejected]:
-    delim = "\t" if p.suffix.lower() == ".tsv" else ","
-    raw, hashing = _hashed_open(p)
-    with raw:
-        fh = io.TextIOWrapper(raw, encoding="utf-8", newline="")
+    delim = "\t" if file_kind(p)[0] == "tsv" else ","
+    with _Opened(p, compression_of(p)) as opened, opened.errors():
+        fh = io.TextIOWrapper(opened.fh, encoding="utf-8-sig", newline="")  # -sig: a leading byte-order mark is not the first column's name
+        reader = None
         try:
             reader = csv.reader(fh, delimiter=delim)
             header = next(reader, None)
@@ -348,18 +513,19 @@ def read_csv(p: Path, digests: dict | None = None) -> Iterator[Record | Rejected
                     continue
                 yield Record(str(p), lineno, dict(zip(header, row)))
         except UnicodeDecodeError as exc:
-            raise DataError(f"`{p}` (near line {reader.line_num + 1}) is not valid UTF-8 ({exc.reason}). Re-encode the file as UTF-8.") from None
+            near = reader.line_num + 1 if reader is not None else 1
+            raise DataError(f"`{p}` (near line {near}) is not valid UTF-8 ({exc.reason}). Re-encode the file as UTF-8.") from None
+        fh.detach()  # the Opened closes the streams under it
+        sha = opened.finish()
     if digests is not None:
-        digests[str(p)] = {"sha256": hashing.sha.hexdigest(), "exact": True}
+        digests[str(p)] = {"sha256": sha, "exact": True}
 
 
 def read_txt(p: Path, digests: dict | None = None) -> Iterator[Record]:
     """A .txt file is one raw-text record (for continued pretraining)."""
-    raw = p.read_bytes()
-    if digests is not None:
-        digests[str(p)] = {"sha256": hashlib.sha256(raw).hexdigest(), "exact": True}
+    raw = _read_bytes(p, digests)
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8").removeprefix(_BOM)
     except UnicodeDecodeError as exc:
         raise _utf8_error(p, exc, None) from None
     yield Record(str(p), 1, {"text": text}, unit="file")
