@@ -301,6 +301,114 @@ def tune(
     run_tune(config, set_ or [], n_trials=n_trials)
 
 
+@app.command("eval")
+def eval_(
+    model_or_run: Annotated[Path, typer.Argument(help="A model folder (save_pretrained) or a finished run directory (its `model/`).", show_default=False)],
+    config: Annotated[Path, typer.Option("--config", "-c", help="Run config whose data, eval split, test split, forgetting sets and benchmarks to use.")],
+    set_: SetOpt = None,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Also write the figures as JSON here.")] = None,
+) -> None:
+    """Evaluate any model with a run config's evaluator and data (eval metrics, test split, forgetting sets, benchmarks)."""
+    from trainpipe import ui
+    from trainpipe.config import load_config
+    from trainpipe.evaluate.standalone import evaluate_model
+
+    cfg = load_config(config, set_ or [])
+    res = evaluate_model(model_or_run, cfg)
+    if out:
+        from trainpipe.track.manifest import write_json
+
+        write_json(out, res)
+    from rich.table import Table
+
+    table = Table(title=f"{res['model']} ({res['eval_examples']} eval examples)")
+    table.add_column("set")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for k, v in res["metrics"].items():
+        table.add_row("eval", k, f"{100 * v:.1f} %" if k in ("exact_match", "accuracy", "rouge_l") else f"{v:.4f}")
+    for k in ("loss", "perplexity"):
+        if res.get("test"):
+            table.add_row("test", k, f"{res['test'][k]:.4f}")
+    for name, m in (res.get("forgetting") or {}).items():
+        table.add_row(f"forgetting: {name}", "loss", f"{m['loss']:.4f}")
+    for name, b in (res.get("benchmarks") or {}).items():
+        table.add_row(f"benchmark: {name}", b["metric"], f"{b['value']:.4f}")
+    ui.console().print(table)
+
+
+@app.command()
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory (output_dir of a run), finished or failed.", show_default=False)],
+) -> None:
+    """Write RUN_DIR/report.html (self-contained: curves, baseline vs final, forgetting, benchmarks, gates, data, plan, events, manifest); the gates are checked again first (a review recorded since counts)."""
+    from trainpipe.errors import RunDirError
+    from trainpipe.report.html import write_report
+
+    if not (run_dir / "events.jsonl").exists() and not (run_dir / "summary.json").exists():
+        raise RunDirError(f"`{run_dir}` is not a run directory (no events.jsonl or summary.json). Pass the `output_dir` of a run.")
+    if (run_dir / "summary.json").exists() and (run_dir / "config.resolved.yaml").exists():
+        from trainpipe.config import load_config
+        from trainpipe.evaluate.gates import apply_gates
+
+        cfg = load_config(run_dir / "config.resolved.yaml")
+        apply_gates(run_dir, cfg.gates, forgetting_threshold=cfg.eval.forgetting_threshold)
+    typer.echo(f"report: {write_report(run_dir)}")
+
+
+@app.command()
+def compare(
+    run_dirs: Annotated[list[Path], typer.Argument(help="Two or more run directories.", show_default=False)],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the comparison page.")] = Path("compare.html"),
+) -> None:
+    """Compare runs side by side: a terminal table and one self-contained HTML page (figures and overlaid curves)."""
+    from rich.table import Table
+
+    from trainpipe import ui
+    from trainpipe.report.compare import compare_runs
+
+    path, runs, rows = compare_runs(run_dirs, out)
+    table = Table(title=f"{len(runs)} runs")
+    table.add_column("")
+    for r in runs:
+        table.add_column(r["label"], justify="right")
+    for label, cells in rows:
+        table.add_row(label, *cells)
+    con = ui.console()
+    con.print(table)
+    con.print(f"page: {path}")
+
+
+@data_app.command("review")
+def data_review(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory: its review_samples.jsonl (written by the data step).", show_default=False)],
+    reviewer: Annotated[Optional[str], typer.Option("--reviewer", help="Who reviewed (default: $USER).")] = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Record the review without asking (you read the samples printed or in the file).")] = False,
+) -> None:
+    """Show the run's formatted training samples (as the model sees them, trained part apart) and record that a person reviewed them (the `samples_reviewed` gate)."""
+    from trainpipe.errors import RunDirError
+    from trainpipe.evaluate.gates import REVIEW_SAMPLES, record_review
+
+    samples = run_dir / REVIEW_SAMPLES
+    if not samples.exists():
+        raise RunDirError(f"`{samples}` does not exist: `{run_dir}` is not a run directory, or its data step did not finish. Run `trainpipe run CONFIG` first.")
+    from trainpipe import ui
+
+    con = ui.console()
+    rows = [json.loads(x) for x in samples.read_text(encoding="utf-8").splitlines() if x.strip()]
+    for i, r in enumerate(rows, 1):
+        con.rule(f"sample {i}/{len(rows)} (training example {r['index']}, {r['tokens']} tokens)")
+        con.print(r["text"], markup=False, highlight=False, soft_wrap=True)
+        con.print("[bold]trained on:[/] ", end="", markup=True)
+        con.print(r["trained"], markup=False, highlight=False, soft_wrap=True)
+    who = reviewer or os.environ.get("USER") or "unknown"
+    if not yes and not typer.confirm(f"Did you read these {len(rows)} samples, {who}?", default=False):
+        typer.echo("not recorded")
+        raise typer.Exit(1)
+    rec = record_review(run_dir, who)
+    typer.echo(f"recorded: {rec['samples']} samples reviewed by {rec['reviewer']} ({run_dir / 'review.json'}); `trainpipe report {run_dir}` checks the gates again")
+
+
 @config_app.command("validate")
 def config_validate(config: ConfigArg, set_: SetOpt = None) -> None:
     """Check a config; list every problem with its key path."""

@@ -379,6 +379,9 @@ def _steps(cfg: RunConfig, plan, hw, run_dir: Path, events: EventLog, config_pat
         from trainpipe.evaluate.gates import write_review_samples
 
         write_review_samples(run_dir, data.train, tokenizer, n=int(cfg.gates.samples_reviewed.threshold or 50), seed=cfg.training.seed)
+        from trainpipe.report.html import write_length_histogram
+
+        write_length_histogram(run_dir, data.train)  # lengths.json: the report's length histogram
 
     # 3. the recipe of `method.name` trains, evaluates, exports and returns the summary
     from trainpipe.train.context import RunContext

@@ -59,6 +59,15 @@ class PlanRequest:
     attention: str = "sdpa"
     preemptions_per_hour: float = 0.1
     target_effective_batch: int = 32
+    # the objective rule (plan/objective.py): what the training is for and the data at hand
+    goal: str = "auto"
+    data: tuple[str, ...] = ()
+    kl_control: str = "low"
+    continued: bool = False
+    tasks: int = 1
+    # with --budget-usd / --deadline-hours: what the headline optimises (cost: cheapest; time: fastest within the budget)
+    objective: str | None = None
+    host_ram_gib: float | None = None  # host RAM per GPU for offload plans (default: the GPU catalog's, else 64 GiB)
 
 
 def _check(req: PlanRequest) -> None:
@@ -121,8 +130,9 @@ def _best_strategy_fit(spec: ModelSpec, s: Setup, gpu: GPU, world: int, requeste
     return False, options[-1], s.offload
 
 
-def plan_on(spec: ModelSpec, req: PlanRequest, gpu: GPU | None, examples: int | None) -> dict:
-    """Every decision for one GPU type and count; the chosen setup and its memory."""
+def _plan_on_rules(spec: ModelSpec, req: PlanRequest, gpu: GPU | None, examples: int | None) -> dict:
+    """Every decision for one GPU type and count from the decision rules directly (the CPU, a GPU from `--gpu-file`,
+    and the inputs a run config cannot express: `--precision bf16-true`, `--strategy zero1`); `plan_on` otherwise."""
     world = req.num_gpus * req.nodes
     precision = D.decide_precision(gpu, req.precision)
     decisions: list[Decision] = [precision]
@@ -170,6 +180,94 @@ def plan_on(spec: ModelSpec, req: PlanRequest, gpu: GPU | None, examples: int | 
     return {"decisions": decisions, "setup": s, "memory": b, "fits": _fits(b, gpu)}
 
 
+# --------------------------------------------------------------------------- one resolver for `plan --model` too
+_PEFT_KEY = {"full": "none", "freeze": "freeze", "lora": "lora", "dora": "dora", "qlora": "qlora"}
+_OFFLOAD_KEY = {"none": "none", "optimizer": "optimizer", "params": "optimizer+params"}
+_OPTIM_OF = {"adamw": "adamw_torch", "adamw_8bit": "adamw_8bit", "paged_adamw_8bit": "paged_adamw_8bit", "adafactor": "adafactor", "sgd": "sgd"}
+
+
+def _resolvable(req: PlanRequest, gpu: GPU | None) -> bool:
+    """Whether the what-if request has a run-config equivalent that `plan.resolve.resolve` can take."""
+    if gpu is None or req.precision == "bf16-true" or req.strategy == "zero1":
+        return False
+    from trainpipe.plan.gpus import gpu_from_device_name
+
+    return gpu_from_device_name(gpu.name) == gpu.name  # a catalog GPU (not only in --gpu-file): the resolver finds it by name
+
+
+def config_for_request(req: PlanRequest, method: str, objective: str = "sft"):
+    """The run config `trainpipe plan --model` stands for: the request's flags as config keys, `auto` where the flag is unset."""
+    from trainpipe.config import build_config
+
+    targets = req.lora_targets if req.lora_targets in ("attention", "all-linear") else [t.strip() for t in req.lora_targets.split(",") if t.strip()]
+    training: dict = {"per_device_train_batch_size": req.micro_batch or "auto",
+                      "gradient_checkpointing": req.grad_ckpt if req.grad_ckpt is not None else "auto",
+                      "optim": _OPTIM_OF[req.optimizer], "target_effective_batch_size": req.target_effective_batch, "num_train_epochs": req.epochs}
+    if req.precision != "auto":
+        training |= {"bf16": req.precision == "bf16", "fp16": req.precision == "fp16"}
+    dist: dict = {"strategy": req.strategy}
+    if req.offload != "none":
+        dist["offload"] = _OFFLOAD_KEY[req.offload]
+    return build_config({
+        "model": {"name_or_path": req.model},
+        "data": {"sources": [{"path": "planned.jsonl"}], "max_length": req.seq_len},
+        "method": {"name": objective, "peft": "auto" if method == "auto" else _PEFT_KEY[method],
+                   "lora": {"r": req.lora_r, "target_modules": targets, "dropout": req.lora_dropout}},
+        "training": training,
+        "distributed": dist,
+    })
+
+
+def plan_on(spec: ModelSpec, req: PlanRequest, gpu: GPU | None, examples: int | None, objective: str = "sft") -> dict:
+    """Every decision for one GPU type and count, through the one resolver `plan.resolve.resolve` (as `plan CONFIG` and
+    `run`): the request becomes the run config it stands for (`config_for_request`) on a described machine."""
+    if not _resolvable(req, gpu):
+        return _plan_on_rules(spec, req, gpu, examples)
+    from trainpipe.plan.hardware import Hardware
+    from trainpipe.plan.resolve import PLAN_METHOD, memory_setup, resolve
+
+    D.decide_precision(gpu, req.precision)  # the same one-paragraph errors (bf16 on a GPU without it)
+    world = req.num_gpus * req.nodes
+    method, pre = req.method, []
+    if method == "auto" and (req.max_quality or (examples or 0) > D.LARGE_DATA):
+        # the method rule with the two inputs a run config has no key for (--max-quality, the data size): decided here, then
+        # given to the resolver as `method.peft`
+        limit = gpu.memory_bytes * (1 - D.HEADROOM)
+        prec = D.decide_precision(gpu, req.precision).value
+
+        def fits_method(m: str) -> bool:
+            s = replace(_setup(req, m, prec, world), micro_batch=1, grad_ckpt=True)
+            return any(estimate(spec, replace(s, strategy=st)).total_bytes <= limit for st in (["single"] if world == 1 else ["ddp", "zero2", "fsdp", "zero3"]))
+
+        d = D.decide_method(requested="auto", gpu_memory_gib=gpu.memory_gib, total_memory_gib=gpu.memory_gib * world,
+                            model_16bit_gib=D.model_16bit_gib(spec.total_params), fits=fits_method, max_quality=req.max_quality, examples=examples)
+        method, pre = d.value, [d]
+    cfg = config_for_request(req, method, objective)
+    hw = Hardware("cuda", req.num_gpus, (gpu.name,) * req.num_gpus, gpu.bf16, 1, f"described by --gpu {gpu.name}")
+    plan = resolve(cfg, hw, world, nnodes=req.nodes, env={})
+    rc = plan.config
+    m = PLAN_METHOD.get(rc.method.peft, "lora")
+    s = memory_setup(rc, m, plan.precision.value, world, plan.strategy.value, plan.offload.value)
+    b = estimate(spec, s)
+    st = plan.settings()
+
+    fallback_watch = {"learning_rate": D._watch_method(m), "micro_batch": "if `cuda_oom` appears on long examples, halve it (trainpipe does so itself with oom_recovery)",
+                      "gradient_checkpointing": "step time ~1.33x with it on; GPU memory should sit below the plan's total",
+                      "gradient_accumulation": "the lr is tuned for this effective batch", "offload": "CPU RAM must hold the offloaded states"}
+
+    def dec(key: str, setting, value=None) -> Decision:
+        return Decision(key, setting.value if value is None else value, setting.rule, setting.watch or fallback_watch.get(key, ""))
+
+    decisions = [dec("precision", st["precision"])]
+    decisions.append(pre[0] if pre else Decision("method", m, st["peft"].rule if st["peft"].source == "planner" else "as requested", st["peft"].watch or D._watch_method(m)))
+    decisions.append(dec("strategy", st["strategy"]))
+    if plan.offload.value != "none":
+        decisions.append(dec("offload", st["offload"]))
+    decisions += [dec("micro_batch", st["micro_batch"]), dec("gradient_checkpointing", st["gradient_checkpointing"]),
+                  dec("gradient_accumulation", st["grad_accum"]), dec("learning_rate", st["learning_rate"])]
+    return {"decisions": decisions, "setup": s, "memory": b, "fits": _fits(b, gpu), "plan": plan}
+
+
 def suggestions(spec: ModelSpec, req: PlanRequest, gpu: GPU) -> list[str]:
     """What would fit, nearest change first."""
     out: list[str] = []
@@ -201,8 +299,21 @@ def suggestions(spec: ModelSpec, req: PlanRequest, gpu: GPU) -> list[str]:
     return out
 
 
+OBJECTIVES = ("cost", "time")
+DEFAULT_HOST_RAM_GIB = 64.0  # host RAM per GPU when not given: the low end of the 64-128 GB per GPU that offload needs
+HOST_PROCESS_GIB = 4.0  # one training process's own host memory (Python, CUDA host runtime, data loader, pinned staging)
+
+
+def _objective(req: PlanRequest) -> str:
+    """What the ranking and the headline optimise: `--objective`, else time under a deadline alone, else cost."""
+    if req.objective is not None:
+        return req.objective
+    return "time" if (req.deadline_hours is not None and req.budget_usd is None) else "cost"
+
+
 def _rank(spec: ModelSpec, req: PlanRequest, tokens: float, examples: int | None) -> list[dict]:
-    """GPU type x count x method among those that fit, ranked by cost (budget) or time (deadline); top five."""
+    """GPU type x count x method among those that fit (and the budget/deadline), ranked by the objective: cost (cheapest
+    first) or time (fastest first); top five."""
     rows = []
     gpus = [find_gpu(req.gpu, req.gpu_file)] if req.gpu else gpu_catalog(req.gpu_file)
     methods = [req.method] if req.method != "auto" else ["full", "lora", "qlora"]
@@ -216,7 +327,7 @@ def _rank(spec: ModelSpec, req: PlanRequest, tokens: float, examples: int | None
                     p = plan_on(spec, r, g, examples)
                 except PlanError:
                     continue
-                if not p["fits"]:
+                if not p["fits"] or not host_ram_check(p["memory"], r)[0]:
                     continue
                 s: Setup = p["setup"]
                 comp = C.compute(spec, m, tokens, s.seq_len, s.grad_ckpt, g, n, s.precision, req.mfu, p["memory"].trainable_params)
@@ -232,7 +343,7 @@ def _rank(spec: ModelSpec, req: PlanRequest, tokens: float, examples: int | None
         rows = [r for r in rows if r["hours"] <= req.deadline_hours]
         for r in rows:
             r["deadline_margin_hours"] = req.deadline_hours - r["hours"]
-    key = (lambda r: (r["hours"], r["on_demand_usd"])) if (req.deadline_hours is not None and req.budget_usd is None) else (lambda r: (r["on_demand_usd"], r["hours"]))
+    key = (lambda r: (r["hours"], r["on_demand_usd"], r["num_gpus"])) if _objective(req) == "time" else (lambda r: (r["on_demand_usd"], r["hours"], r["num_gpus"]))
     rows.sort(key=key)
     return rows[:5]
 
@@ -241,50 +352,194 @@ def _checkpoint_bytes(b: Breakdown) -> float:
     return float(b.weights_bytes + b.optimizer_bytes) * 1.0 if b.trainable_params == b.total_params else float(b.trainable_params * 12)
 
 
+def host_ram_check(b: Breakdown, req: PlanRequest) -> tuple[bool, str]:
+    """(enough, rule): an offload plan needs host RAM per GPU for the offloaded states plus the process itself."""
+    if not b.cpu_bytes:
+        return True, ""
+    have = req.host_ram_gib if req.host_ram_gib is not None else DEFAULT_HOST_RAM_GIB
+    need = b.cpu_bytes / GIB + HOST_PROCESS_GIB
+    given = "--host-ram-gib" if req.host_ram_gib is not None else "the default of 64 GB per GPU, the low end of the 64-128 GB per GPU offload plans need; give --host-ram-gib"
+    if need <= have:
+        return True, f"host RAM: the offloaded states take {b.cpu_bytes / GIB:.1f} GiB per GPU + {HOST_PROCESS_GIB:g} GiB for the process = {need:.1f} of {have:g} GiB per GPU ({given})"
+    return False, (f"the host lacks the RAM this offload plan needs: {b.cpu_bytes / GIB:.1f} GiB of offloaded states per GPU + {HOST_PROCESS_GIB:g} GiB for the "
+                   f"process = {need:.1f} GiB per GPU, but the host has {have:g} GiB per GPU ({given}). Use more GPUs (the states shard over them), "
+                   "a host with more RAM, or offload less (`--offload optimizer` instead of `params`)")
+
+
+# --------------------------------------------------------------------------- > 100B: tensor + pipeline parallel
+def plan_3d(spec: ModelSpec, req: PlanRequest, gpu: GPU) -> dict:
+    """Above 100B parameters the rule is tensor + pipeline parallel (Megatron-LM, torchtitan), which trainpipe does not run:
+    size TP x PP x DP. TP = the GPUs of one node (NVLink; Megatron's guidance keeps TP inside a node); PP = the fewest
+    pipeline stages (a power of two) whose per-GPU share fits; DP = the remaining GPUs. Per GPU: weights, gradients and
+    optimizer states / (TP x PP); activations (checkpointed, micro-batch 1) / TP: sequence parallelism splits them over TP
+    and the 1F1B schedule keeps PP micro-batches of L/PP layers on the first stage, i.e. one whole model's worth."""
+    precision = D.decide_precision(gpu, req.precision).value
+    method = req.method if req.method != "auto" else ("full" if req.max_quality else "lora")
+    s = replace(_setup(req, method, precision, 1), micro_batch=1, grad_ckpt=True, strategy="single", num_gpus=1, offload="none")
+    one = estimate(spec, s)
+    tp = gpu.max_per_node
+    world = req.num_gpus * req.nodes
+    limit = gpu.memory_bytes * (1 - D.HEADROOM)
+
+    def per_gpu(pp: int) -> Breakdown:
+        shard = tp * pp
+        W, G, O = one.weights_bytes // shard, one.gradients_bytes // shard, one.optimizer_bytes // shard
+        A = one.activations_bytes // tp
+        alloc = W + G + O + A
+        from trainpipe.plan import memory as M
+
+        return Breakdown(W, G, O, A, M.CUDA_CONTEXT + int(M.FRAGMENTATION * alloc) + M.NCCL_BUFFERS, one.total_params, one.trainable_params, 0,
+                         {"tensor_parallel": tp, "pipeline_parallel": pp, "single_device_breakdown": one.to_dict()})
+
+    pp = 1
+    while pp < spec.layers and per_gpu(pp).total_bytes > limit:
+        pp *= 2
+    b = per_gpu(pp)
+    need = tp * pp
+    dp = max(1, world // need)
+    fits = b.total_bytes <= limit and world >= need
+    value = f"tensor+pipeline parallel: TP {tp} x PP {pp} x DP {dp}"
+    rule = (f"{spec.total_params / 1e9:.0f}B params (> 100B): data-parallel sharding alone (FSDP, ZeRO-3) spends each step gathering weights "
+            f"across nodes; the standard is tensor + pipeline parallelism with Megatron-LM (or Megatron-DeepSpeed) or torchtitan. TP {tp} = the "
+            f"GPUs of one {gpu.name} node (NVLink), PP {pp} = the fewest pipeline stages whose share fits ({b.total_bytes / GIB:.1f} of "
+            f"{gpu.memory_gib:g} GiB per GPU with {int(D.HEADROOM * 100)} % headroom), DP {dp} = {world} GPU(s) / (TP x PP)")
+    if world < need:
+        rule += f"; it needs at least {need} GPUs ({math.ceil(need / gpu.max_per_node)} nodes of {gpu.max_per_node}), and {world} were given"
+    watch = ("trainpipe does not run tensor/pipeline parallelism: export this plan to Megatron-LM or torchtitan; pipeline bubbles cost "
+             "(PP-1)/(micro-batches+PP-1) of each step: use >= 4 x PP micro-batches per step")
+    acc, eff, acc_rule = D.accumulation(1, dp, req.target_effective_batch)
+    decisions = [D.decide_precision(gpu, req.precision),
+                 Decision("method", method, "as requested" if req.method != "auto" else "above 100B: LoRA unless maximum quality is asked for (a full fine-tune needs "
+                          "~16 B per parameter across the cluster)", D._watch_method(method)),
+                 Decision("strategy", value, rule, watch),
+                 Decision("tensor_parallel", tp, f"TP {tp}: the GPUs of one node", "TP across nodes is limited by the inter-node link"),
+                 Decision("pipeline_parallel", pp, f"PP {pp}: the fewest stages (power of two, <= {spec.layers} layers) that fit", ""),
+                 Decision("data_parallel", dp, f"DP {dp}: the remaining GPUs", ""),
+                 Decision("micro_batch", 1, "1 per pipeline micro-batch (checkpointed)", ""),
+                 Decision("gradient_checkpointing", True, "on: activations dominate at this scale", ""),
+                 Decision("gradient_accumulation", acc, acc_rule + " (pipeline micro-batches)", ""),
+                 D.decide_learning_rate(method)]
+    setup = replace(s, strategy="single", num_gpus=max(world, need))
+    return {"decisions": decisions, "setup": setup, "memory": b, "fits": fits, "why_not": None if fits else rule,
+            "parallel": {"tensor": tp, "pipeline": pp, "data": dp, "gpus_needed": need, "frameworks": ["Megatron-LM", "torchtitan"]}}
+
+
+def _objective_rows(req: PlanRequest):
+    from trainpipe.plan.objective import DATA_KINDS, choose_objective, kind_of_file
+
+    kinds, assumed = set(), not req.data
+    for d in req.data:
+        if d in DATA_KINDS:
+            kinds.add(d)
+            continue
+        k = kind_of_file(d)
+        if k is None:
+            raise PlanError(f"`--data {d}` is neither a data kind ({', '.join(DATA_KINDS)}) nor a local JSONL/JSON/TXT file whose first record "
+                            "names its format. Give the kind, or the path of the training data.")
+        kinds.add(k)
+    c = choose_objective(goal=req.goal, data=kinds or {"instruction"}, kl_control=req.kl_control, continued=req.continued, tasks=req.tasks)
+    if assumed:
+        c.decisions[-1] = replace(c.decisions[-1], rule=c.decisions[-1].rule + " (instruction data assumed: give `--data KIND|FILE` for the data at hand)")
+    return c
+
+
 def make_plan(req: PlanRequest) -> dict:
     _check(req)
+    if req.objective is not None and req.objective not in OBJECTIVES:
+        raise PlanError(f"`--objective {req.objective}` must be `cost` (the cheapest setup) or `time` (the fastest within the budget/deadline).")
     spec = find_model(req.model)
-    D.check_scale(spec.total_params, req.strategy)
+    big = spec.total_params > D.BEYOND_SHARDING and req.strategy == "auto"
     gpu = find_gpu(req.gpu, req.gpu_file) if req.gpu else None
     if gpu is not None and req.num_gpus > gpu.max_per_node:
         raise PlanError(f"`--num-gpus {req.num_gpus}` is more GPUs per node than {gpu.name} machines have ({gpu.max_per_node}). Use `--num-gpus {gpu.max_per_node} --nodes {math.ceil(req.num_gpus / gpu.max_per_node)}`.")
+    choice = _objective_rows(req)
+    obj_stage = choice.stages[0]
     tokens = total_tokens(req)
     examples = req.examples
-    if gpu is None and req.gpu is None:
+    why_not = None
+    if big:
+        gpu = gpu or find_gpu("H100-80GB", req.gpu_file)
+        chosen = plan_3d(spec, req, gpu)
+        fits_map = {gpu.name: chosen["fits"]}
+        why_not = chosen["why_not"]
+    elif gpu is None and req.gpu is None:
         # no GPU named: size every catalog GPU at this count and recommend the cheapest per unit of work that fits
         cands = []
         for g in gpu_catalog(req.gpu_file):
             if req.num_gpus > g.max_per_node:
                 continue
             try:
-                p = plan_on(spec, replace(req, gpu=g.name), g, examples)
+                p = plan_on(spec, replace(req, gpu=g.name), g, examples, obj_stage)
             except PlanError:
                 continue
             cands.append((g, p))
         fitting = [(g, p) for g, p in cands if p["fits"]]
         fits_map = {g.name: p["fits"] for g, p in cands}
-        if not fitting:
-            big = max(gpu_catalog(req.gpu_file), key=lambda g: g.memory_gib)
-            sug = suggestions(spec, replace(req, gpu=big.name), big)
-            raise PlanError(f"`{spec.id}` ({spec.total_params / 1e9:.1f}B params) trained as asked fits no GPU in the catalog with {req.num_gpus * req.nodes} GPU(s). What would fit on a {big.name}: {'; '.join(sug) or 'nothing found: reduce --seq-len'}.")
-        gpu, chosen = min(fitting, key=lambda gp: gp[0].on_demand_usd / (gp[0].peak_tflops(gp[1]["setup"].precision) or 1))
+        if fitting:
+            gpu, chosen = min(fitting, key=lambda gp: gp[0].on_demand_usd / (gp[0].peak_tflops(gp[1]["setup"].precision) or 1))
+        else:
+            gpu = max(gpu_catalog(req.gpu_file), key=lambda g: g.memory_gib)
+            chosen = next((p for g, p in cands if g.name == gpu.name), None) or plan_on(spec, replace(req, gpu=gpu.name), gpu, examples, obj_stage)
+            sug = suggestions(spec, replace(req, gpu=gpu.name), gpu)
+            why_not = (f"`{spec.id}` ({spec.total_params / 1e9:.1f}B params) trained as asked fits no GPU in the catalog with {req.num_gpus * req.nodes} GPU(s); "
+                       f"shown for the largest, {gpu.name}. What would fit on a {gpu.name}: {'; '.join(sug) or 'nothing found: reduce --seq-len'}.")
     else:
-        chosen = plan_on(spec, req, gpu, examples)
+        chosen = plan_on(spec, req, gpu, examples, obj_stage)
         fits_map = {gpu.name: chosen["fits"]}
         if not chosen["fits"]:
             sug = suggestions(spec, req, gpu)
             b = chosen["memory"]
-            raise PlanError(
-                f"`{spec.id}` with {chosen['setup'].method} on {req.num_gpus * req.nodes} x {gpu.name} needs {b.total_bytes / GIB:.1f} GiB per GPU "
-                f"(weights {b.weights_bytes / GIB:.1f}, gradients {b.gradients_bytes / GIB:.1f}, optimizer {b.optimizer_bytes / GIB:.1f}, activations {b.activations_bytes / GIB:.1f}) "
-                f"but the GPU has {gpu.memory_gib:g} GiB (planned with {int(D.HEADROOM * 100)} % headroom). What would fit: {'; '.join(sug) or 'nothing on this GPU type: a larger GPU'}."
-            )
+            why_not = (f"`{spec.id}` with {chosen['setup'].method} on {req.num_gpus * req.nodes} x {gpu.name} needs {b.total_bytes / GIB:.1f} GiB per GPU "
+                       f"(weights {b.weights_bytes / GIB:.1f}, gradients {b.gradients_bytes / GIB:.1f}, optimizer {b.optimizer_bytes / GIB:.1f}, activations {b.activations_bytes / GIB:.1f}) "
+                       f"but the GPU has {gpu.memory_gib:g} GiB (planned with {int(D.HEADROOM * 100)} % headroom). What would fit: {'; '.join(sug) or 'nothing on this GPU type: a larger GPU'}.")
+    out = _assemble(spec, req, gpu, chosen, fits_map, tokens)
+    if why_not is None:
+        ok, ram_rule = host_ram_check(chosen["memory"], req)
+        if ram_rule:
+            out["decision"].append({"key": "host_ram", "value": "enough" if ok else "too little", "rule": ram_rule, "watch": "swap or the OOM killer on the host means too little RAM"})
+        if not ok:
+            why_not = ram_rule
+    if gpu is not None and (req.budget_usd is not None or req.deadline_hours is not None):
+        if tokens is None:
+            raise PlanError("`--budget-usd`/`--deadline-hours` rank setups by cost or time, which needs the amount of data: add `--tokens N` or `--examples N --avg-len L`.")
+        if not big:
+            ranking = _rank(spec, replace(req, gpu=req.gpu), tokens, examples)
+            out["ranking"] = ranking
+            objective = _objective(req)
+            limits = " and ".join(x for x in (f"the ${req.budget_usd:,.2f} budget" if req.budget_usd is not None else "",
+                                              f"the {req.deadline_hours:g} h deadline" if req.deadline_hours is not None else "") if x)
+            if ranking:
+                top = ranking[0]
+                r = replace(req, gpu=top["gpu"], num_gpus=top["num_gpus"], nodes=1, method=top["method"])
+                g = find_gpu(top["gpu"], req.gpu_file)
+                p = plan_on(spec, r, g, examples, obj_stage)
+                out = _assemble(spec, r, g, p, {g.name: p["fits"]}, tokens) | {"ranking": ranking}
+                why_not = None
+                rule = (f"the {'cheapest' if objective == 'cost' else 'fastest'} setup within {limits}: row 1 of the ranking "
+                        f"({top['num_gpus']} x {top['gpu']}, {top['method']}, ${top['on_demand_usd']:,.2f}, {top['hours']:.2f} h)")
+            else:
+                rule = f"no setup in the ranking fits {limits}: the headline is the plan as asked, outside them"
+            out["headline"] = {"objective": objective, "rule": rule}
+            out["recommendation"]["objective"] = objective
+            out["decision"].append({"key": "headline", "value": objective, "rule": rule, "watch": "prices move: re-plan with current prices (`--gpu-file`)"})
+    out["objective"] = {"stages": choice.stages, "value": choice.value, "rule": choice.rule, "watch": choice.watch, "continued": choice.continued,
+                        "adapters": choice.adapters}
+    out["decision"] = [asdict(d) for d in choice.decisions] + out["decision"]
+    out["fits"] = why_not is None
+    out["why_not"] = why_not
+    if "parallel" in chosen:
+        out["parallel"] = chosen["parallel"]
+    return out
+
+
+def _assemble(spec: ModelSpec, req: PlanRequest, gpu: GPU | None, chosen: dict, fits_map: dict, tokens: float | None) -> dict:
     s: Setup = chosen["setup"]
     b: Breakdown = chosen["memory"]
     world = req.num_gpus * req.nodes if gpu else 1
+    decisions = chosen["decisions"]
     out = {
         "model": {"id": spec.id, "source": spec.source, "model_type": spec.model_type, "params": spec.total_params, "trainable_params": b.trainable_params, "note": spec.note},
-        "decision": [asdict(d) for d in chosen["decisions"]],
+        "decision": [asdict(d) for d in decisions],
         "memory": {
             "per_device": {k: getattr(b, k) for k in ("weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes", "overhead_bytes")} | {"total_bytes": b.total_bytes, "cpu_offload_bytes": b.cpu_bytes},
             "fits": fits_map,
@@ -294,25 +549,21 @@ def make_plan(req: PlanRequest) -> dict:
         "compute": None,
         "cost": None,
         "recommendation": {
-            "method": s.method, "micro_batch": s.micro_batch, "gradient_accumulation": next(d.value for d in chosen["decisions"] if d.key == "gradient_accumulation"),
-            "precision": s.precision, "gradient_checkpointing": s.grad_ckpt, "strategy": s.strategy, "offload": s.offload,
+            "method": s.method, "micro_batch": s.micro_batch, "gradient_accumulation": next(d.value for d in decisions if d.key == "gradient_accumulation"),
+            "precision": s.precision, "gradient_checkpointing": s.grad_ckpt, "strategy": next(d.value for d in decisions if d.key == "strategy"), "offload": s.offload,
             "gpu": gpu.name if gpu else "cpu", "num_gpus": world, "nodes": req.nodes if gpu else 1,
             "lora_r": s.lora_r if s.method in ("lora", "dora", "qlora") else None,
-            "learning_rate": next(d.value for d in chosen["decisions"] if d.key == "learning_rate"),
+            "learning_rate": next(d.value for d in decisions if d.key == "learning_rate"),
         },
         "setup": asdict(s),
     }
-    out["recommendation"]["effective_batch"] = s.micro_batch * out["recommendation"]["gradient_accumulation"] * world
+    dp = chosen.get("parallel", {}).get("data", world)
+    out["recommendation"]["effective_batch"] = s.micro_batch * out["recommendation"]["gradient_accumulation"] * (dp if "parallel" in chosen else world)
     if gpu is not None:
         tk = tokens if tokens is not None else 0.0
         comp = C.compute(spec, s.method, tk, s.seq_len, s.grad_ckpt, gpu, world, s.precision, req.mfu, b.trainable_params, req.nodes)
         out["compute"] = comp.to_dict() | {"flops_per_token": C.flops_per_token(spec, s.method, s.seq_len, s.grad_ckpt, b.trainable_params), "tokens_known": tokens is not None}
-        cst = C.cost(comp.hours, world, gpu, _checkpoint_bytes(b), req.preemptions_per_hour)
-        out["cost"] = cst.to_dict()
-        if req.budget_usd is not None or req.deadline_hours is not None:
-            if tokens is None:
-                raise PlanError("`--budget-usd`/`--deadline-hours` rank setups by cost or time, which needs the amount of data: add `--tokens N` or `--examples N --avg-len L`.")
-            out["ranking"] = _rank(spec, replace(req, gpu=req.gpu), tokens, examples)
+        out["cost"] = C.cost(comp.hours, world, gpu, _checkpoint_bytes(b), req.preemptions_per_hour).to_dict()
     return out
 
 
@@ -389,7 +640,10 @@ def plan_command(*, config=None, overrides=(), model=None, as_json=False, gpu=No
         out = plan_for_config(config, list(overrides), model=model, gpu=gpu, num_gpus=num_gpus, nodes=nodes, **flags)
         _show(out, as_json)
         return out
-    req = PlanRequest(model=model, gpu=gpu, num_gpus=num_gpus or 1, nodes=nodes or 1, **{k: v for k, v in flags.items() if k in PlanRequest.__dataclass_fields__})
+    kw = {k: v for k, v in flags.items() if k in PlanRequest.__dataclass_fields__ and v is not None}
+    if "data" in kw:
+        kw["data"] = tuple(kw["data"])
+    req = PlanRequest(model=model, gpu=gpu, num_gpus=num_gpus or 1, nodes=nodes or 1, **kw)
     return run_plan(req, as_json=as_json)
 
 
@@ -440,6 +694,11 @@ def flag_overrides(flags: dict) -> list[str]:
         out.append(f"distributed.offload={'optimizer+params' if changed['offload'] == 'params' else changed['offload']}")
     if "epochs" in changed:
         out.append(f"training.num_train_epochs={changed['epochs']}")
+    for key in ("goal", "kl_control"):
+        if key in changed:
+            out.append(f"method.{key}={changed[key]}")
+    if changed.get("continued"):
+        out.append("method.continued=true")
     if changed.get("max_quality"):
         raise PlanError("`--max-quality` belongs to `trainpipe plan --model`; with a run config, ask for a full fine-tune with `--set method.peft=none`.")
     return out
@@ -477,6 +736,11 @@ def plan_for_config(config, overrides: list[str], *, model=None, gpu=None, num_g
 
     extra = flag_overrides(flags) + ([f"model.name_or_path={model}"] if model else [])
     cfg = load_config(config, list(overrides) + extra)
+    choice = None
+    if cfg.method.name == "auto":  # the objective rule, as `run` applies it: plan the first stage
+        from trainpipe.plan.objective import expand_auto
+
+        cfg, choice = expand_auto(cfg)
     hw, world, nodes = config_hardware(cfg, gpu=gpu, num_gpus=num_gpus, nodes=nodes, gpu_file=gpu_file)
     plan = resolve(cfg, hw, world, nnodes=nodes, env={})
     rc = plan.config
@@ -527,8 +791,26 @@ def plan_for_config(config, overrides: list[str], *, model=None, gpu=None, num_g
         if budget_usd is not None or deadline_hours is not None:
             if tk is None:
                 raise PlanError("`--budget-usd`/`--deadline-hours` rank setups by cost or time, which needs the amount of data: add `--tokens N` or `--examples N --avg-len L`.")
-            req = replace(request_from_config(rc, gpu=gpu), budget_usd=budget_usd, deadline_hours=deadline_hours, mfu=mfu, gpu_file=gpu_file)
+            req = replace(request_from_config(rc, gpu=gpu), budget_usd=budget_usd, deadline_hours=deadline_hours, mfu=mfu, gpu_file=gpu_file,
+                          objective=flags.get("objective"), host_ram_gib=flags.get("host_ram_gib"))
             out["ranking"] = _rank(spec, req, tk, ex)
     elif hw.accelerator != "cuda" and gpu is None:
         out["notes"].append("planned for this machine (no CUDA GPU); plan for GPUs with `--gpu NAME --num-gpus N`")
+    if choice is not None:
+        out["objective"] = {"stages": choice.stages, "value": choice.value, "rule": choice.rule, "watch": choice.watch, "continued": choice.continued,
+                            "adapters": choice.adapters}
+        out["decision"] = [asdict(d) | {"source": "planner"} for d in choice.decisions] + out["decision"]
+    why_not = None
+    if out["memory"]["fits"] and not all(out["memory"]["fits"].values()):
+        why_not = (f"the plan needs {mem['total_bytes'] / GIB:.1f} GiB per GPU but the {g.name} has {g.memory_gib:g} GiB "
+                   f"(planned with {int(D.HEADROOM * 100)} % headroom); see the memory table, and `trainpipe plan --model` for what would fit")
+    if mem and mem.get("cpu_bytes"):
+        b = Breakdown(mem["weights_bytes"], mem["gradients_bytes"], mem["optimizer_bytes"], mem["activations_bytes"], mem["overhead_bytes"],
+                      mem["total_params"], mem["trainable_params"], mem["cpu_bytes"])
+        ok, ram_rule = host_ram_check(b, PlanRequest(model="", host_ram_gib=flags.get("host_ram_gib")))
+        out["decision"].append({"key": "host_ram", "value": "enough" if ok else "too little", "rule": ram_rule, "source": "planner", "watch": ""})
+        if not ok and why_not is None:
+            why_not = ram_rule
+    out["fits"] = why_not is None
+    out["why_not"] = why_not
     return out

@@ -46,8 +46,12 @@ def print_plan(plan: dict) -> None:
     fits = plan["memory"]["fits"]
     if fits:
         con.print("fits: " + ", ".join(f"{g} {'yes' if ok else 'no'}" for g, ok in fits.items()), markup=False, soft_wrap=True)
+    if plan.get("fits") is False:
+        con.print(f"DOES NOT FIT: {plan.get('why_not')}", markup=False, soft_wrap=True)
+    if plan.get("headline"):
+        con.print(f"headline ({plan['headline']['objective']}): {plan['headline']['rule']}", markup=False, soft_wrap=True)
     r = plan["recommendation"]
-    con.print(f"recommendation: {r['method']} on {r['num_gpus']} x {r['gpu']} ({r['strategy']}{', offload ' + r['offload'] if r['offload'] != 'none' else ''}), "
+    con.print(f"{'recommendation' if plan.get('fits', True) else 'closest plan (does not fit)'}: {r['method']} on {r['num_gpus']} x {r['gpu']} ({r['strategy']}{', offload ' + r['offload'] if r['offload'] != 'none' else ''}), "
               f"{r['precision']}, micro-batch {r['micro_batch']} x accumulation {r['gradient_accumulation']} x {r['num_gpus']} device(s) = effective batch {r['effective_batch']}, "
               f"gradient checkpointing {'on' if r['gradient_checkpointing'] else 'off'}, lr {r['learning_rate']:g}", markup=False, soft_wrap=True)
     c = plan.get("compute")
@@ -61,7 +65,8 @@ def print_plan(plan: dict) -> None:
         else:
             con.print(f"compute: {c['flops_per_token']:.3g} FLOPs per token; give --tokens N (or --examples N --avg-len L) for time and cost", markup=False, soft_wrap=True)
     if plan.get("ranking"):
-        rt = Table(title="cheapest setups that fit" if "budget_margin_usd" in plan["ranking"][0] or "deadline_margin_hours" not in plan["ranking"][0] else "fastest setups that fit")
+        by_time = (plan.get("headline") or {}).get("objective") == "time"
+        rt = Table(title="fastest setups that fit" if by_time else "cheapest setups that fit")
         for col in ("gpu", "n", "method", "strategy", "hours", "on-demand $", "spot $", "memory margin GiB"):
             rt.add_column(col)
         for row in plan["ranking"]:

@@ -218,10 +218,23 @@ def test_more_gpus_per_node_than_machines_have():
 
 
 def test_fits_nowhere_says_what_would_fit():
-    with pytest.raises(PlanError) as e:
-        make_plan(PlanRequest(model="meta-llama/Llama-3.1-70B", gpu="A100-80GB", method="full", micro_batch=8, seq_len=4096))
-    msg = e.value.message
-    assert "What would fit" in msg and "--num-gpus" in msg
+    # "does not fit" is an answer, not a usage error (issue 14 item 5): the plan comes back with fits false and the reason
+    p = make_plan(PlanRequest(model="meta-llama/Llama-3.1-70B", gpu="A100-80GB", method="full", micro_batch=8, seq_len=4096))
+    assert p["fits"] is False and p["memory"]["fits"] == {"A100-80GB": False}
+    assert "What would fit" in p["why_not"] and "--num-gpus" in p["why_not"]
+    assert p["memory"]["per_device"]["total_bytes"] > 80 * 1024**3
+
+
+def test_does_not_fit_is_exit_0_with_fits_false_in_json_and_table(capsys):
+    from trainpipe.cli import main
+
+    args = ["plan", "--model", "meta-llama/Llama-3.1-70B", "--gpu", "A100-80GB", "--method", "full", "--micro-batch", "8", "--seq-len", "4096"]
+    assert main(args + ["--json"]) == 0
+    p = json.loads(capsys.readouterr().out)
+    assert p["fits"] is False and p["why_not"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "DOES NOT FIT" in out and "What would fit" in out and "Traceback" not in out
 
 
 def test_bad_lora_target_names_module_choices():
