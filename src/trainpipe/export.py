@@ -258,6 +258,8 @@ def how_to_load(peft: str) -> str:
 def model_card(card: dict) -> str:
     lines = [f"# {card.get('name', 'trainpipe model')}", "", f"Trained with trainpipe {card.get('trainpipe_version', '')}.", ""]
     lines += [f"- base model: `{card.get('base_model')}`", f"- method: {card.get('method')}", f"- config hash: `{card.get('config_hash')}`"]
+    if card.get("checkpoint"):
+        lines.append(f"- checkpoint: `{Path(card['checkpoint']).name}` (`{card['checkpoint']}`)")
     for f in card.get("data_files", []):
         lines.append(f"- data: `{f.get('path')}` sha256 `{f.get('sha256')}`")
     lines += ["", "## Metrics (eval split)", "", "| metric | baseline | final |", "|---|---|---|"]

@@ -1,9 +1,9 @@
 """`trainpipe export RUN_DIR`: the export step on its own.
 
 - A run directory: rebuild the model of its resolved config, load the best checkpoint (by eval
-  loss; the newest valid one when none was evaluated) and export it as `run` does (merged
-  full-precision weights, adapter, tokenizer, generation config, model card) to `RUN_DIR/model`
-  or `--out`.
+  loss; the newest valid one when none was evaluated), or the one `--checkpoint step-N` names (one
+  of the run's own, checksums verified), and export it as `run` does (merged full-precision
+  weights, adapter, tokenizer, generation config, model card) to `RUN_DIR/model` or `--out`.
 - A multi-adapter run directory (`method.adapters`, it holds `adapters.json`): `--adapter NAME`
   merges that adapter into the base; `--combine a=0.7,b=0.3` merges the weighted combination
   (PEFT `add_weighted_adapter`; `cat` by default, which makes the merged update exactly
@@ -63,20 +63,41 @@ def protected_paths(run_dir: Path, cfg: RunConfig) -> list[tuple[str, Path]]:
 
 
 def export_run(run_dir: str | Path, *, adapter: str | None = None, combine: dict[str, float] | None = None, combination: str = "cat",
-               out: str | Path | None = None) -> Path:
+               out: str | Path | None = None, checkpoint: str | None = None) -> Path:
     from trainpipe.export import check_destination
 
     run_dir = Path(run_dir).resolve()
     if out is not None:  # before any weights load: a destination that is not ours to replace is refused
         check_destination(Path(out), run_dir=run_dir, protect=protected_paths(run_dir, _resolved_config(run_dir)))
     if (run_dir / "adapters.json").is_file():
+        if checkpoint:
+            raise RunDirError(f"`--checkpoint` picks a checkpoint of a single run; `{run_dir}` is a multi-adapter run (adapters.json): export "
+                              f"one adapter with `--adapter NAME`, or a checkpoint of one adapter's run with `trainpipe export {run_dir}/adapters/NAME --checkpoint step-N`.")
         return export_adapters(run_dir, adapter=adapter, combine=combine, combination=combination, out=out)
     if adapter or combine:
         raise RunDirError(f"`--adapter`/`--combine` need a multi-adapter run (one with `method.adapters`); `{run_dir}` has no adapters.json.")
-    return export_single(run_dir, out=out)
+    return export_single(run_dir, out=out, checkpoint=checkpoint)
 
 
-def export_single(run_dir: Path, *, out: str | Path | None = None) -> Path:
+def pick_checkpoint(run_dir: Path, name: str):
+    """The run's own checkpoint called ``name`` (`step-N`), verified; a RunDirError naming the run's checkpoints otherwise."""
+    from trainpipe.train.checkpoints import CheckpointManager, verify
+
+    ck_dir = run_dir / "checkpoints"
+    own = CheckpointManager(ck_dir).all() if ck_dir.is_dir() else []
+    names = [c.path.name for c in own]
+    match = [c for c in own if c.path.name == str(name).strip().rstrip("/")]
+    if not match:
+        have = ", ".join(names) if names else "none"
+        raise RunDirError(f"`--checkpoint {name}` is not one of this run's checkpoints (`{ck_dir}` holds: {have}). Give one of those names, "
+                          f"e.g. `trainpipe export {run_dir} --checkpoint {names[-1] if names else 'step-N'}`, or leave `--checkpoint` out to export the best.")
+    reason = verify(match[0].path)
+    if reason:
+        raise RunDirError(f"Checkpoint `{match[0].path}` fails its check ({reason}), so it is not exported. Export another: {', '.join(names)}.")
+    return match[0]
+
+
+def export_single(run_dir: Path, *, out: str | Path | None = None, checkpoint: str | None = None) -> Path:
     from trainpipe.data.tokenize import end_of_turn_ids, setup_chat_template
     from trainpipe.export import export_model, stop_token_ids
     from trainpipe.train.checkpoints import CheckpointManager
@@ -87,7 +108,10 @@ def export_single(run_dir: Path, *, out: str | Path | None = None) -> Path:
         raise TrainpipeError(f"`trainpipe export` re-exports causal-LM runs ({', '.join(EXPORTABLE)}, without new tokens); this run is `{cfg.method.name}`. "
                              "Its `model/` was written by `trainpipe run`; rerun with `--resume` to write it again.")
     ck = CheckpointManager(run_dir / "checkpoints")
-    info = ck.best() if (run_dir / "checkpoints").is_dir() else None
+    if checkpoint:
+        info = pick_checkpoint(run_dir, checkpoint)
+    else:
+        info = ck.best() if (run_dir / "checkpoints").is_dir() else None
     if info is None and (run_dir / "checkpoints").is_dir():
         info = ck.latest_valid()
     if info is None:

@@ -6,8 +6,16 @@ loop position) as ``state.pt``, the resolved config, then ``manifest.json`` with
 SHA-256 of every file. Every file and the folder are fsynced, then the folder is renamed to
 ``step-N``. Loading verifies the manifest first and reads the state with ``weights_only=True``.
 
+Other tools open a checkpoint as it is (issue 14.3): under PEFT it also holds ``adapter_config.json`` and
+``adapter_model.safetensors`` (``AutoPeftModelForCausalLM.from_pretrained(step-N)``); a full fine-tune holds
+``config.json`` and ``model.safetensors`` (``AutoModelForCausalLM.from_pretrained(step-N)``; a hard link to the
+weights file when every weight trains, so it costs no space). The loop writes them through ``extra``; the
+manifest's checksums cover every file. ``trainpipe export RUN_DIR --checkpoint step-N`` exports one of them.
+
 Retention: the newest ``keep_last`` checkpoints plus the best ``keep_best`` by eval metric;
-the best is never deleted.
+the best is never deleted. A checkpoint saved between evaluations (``save_steps`` that is not a
+multiple of ``eval_steps``) has no metric: it counts only among the newest ``keep_last``; the loop
+saves every evaluation that is the best so far, so the best ``keep_best`` are evaluated weights.
 
 Ownership: the run folder's marker ``.trainpipe-run`` (pipeline/rundir.py) names the run; every
 checkpoint's manifest carries that ``run_id``, and listing, best, latest and rotation only ever
@@ -176,8 +184,9 @@ class CheckpointManager:
         return min(scored, key=lambda c: (c.metric, c.step)) if scored else None
 
     # ----------------------------------------------------------------- writing
-    def save(self, step: int, *, weights: dict, state: dict, config_yaml: str, metric: float | None, info: dict) -> CheckpointInfo:
-        """Write checkpoint ``step`` atomically; raises CheckpointWriteError (nothing half-written remains)."""
+    def save(self, step: int, *, weights: dict, state: dict, config_yaml: str, metric: float | None, info: dict, extra=None) -> CheckpointInfo:
+        """Write checkpoint ``step`` atomically; raises CheckpointWriteError (nothing half-written remains). ``extra(folder)``
+        writes further files (the interoperable adapter or model files) into the folder before the manifest is made."""
         import torch
         from safetensors.torch import save_file
 
@@ -187,12 +196,14 @@ class CheckpointManager:
             if tmp.exists():
                 shutil.rmtree(tmp)
             tmp.mkdir(parents=True)
-            save_file({k: v.detach().contiguous() for k, v in weights.items()}, str(tmp / WEIGHTS), metadata={"step": str(step)})
+            save_file({k: v.detach().contiguous() for k, v in weights.items()}, str(tmp / WEIGHTS), metadata={"step": str(step), "format": "pt"})
             faults.during_checkpoint_write(step)
             with open(tmp / STATE, "wb") as fh:  # an open file: a full disk surfaces as the OSError behind torch's RuntimeError
                 torch.save(state, fh)
             faults.during_checkpoint_write(step)
             (tmp / "config.resolved.yaml").write_text(config_yaml, encoding="utf-8")
+            if extra is not None:
+                extra(tmp)
             (tmp / "trainer_state.json").write_text(json.dumps({"step": step, "metric": metric, "run_id": self.run_id, **info}, indent=2, default=str), encoding="utf-8")
             files = {}
             for f in sorted(tmp.iterdir()):
@@ -244,3 +255,67 @@ class CheckpointManager:
         weights = load_file(str(path / WEIGHTS))
         state = torch.load(path / STATE, weights_only=True, map_location="cpu")
         return weights, state
+
+
+# --------------------------------------------------------------------------------- files other tools open
+
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+MODEL_FILES = ("config.json", "model.safetensors")
+
+
+def interop_writer(model, weights: dict, *, sharded: bool = False, warn=None):
+    """A callable that writes, into a checkpoint folder, the files PEFT and transformers load it from; None when there is
+    nothing to write (a model that is not a transformers model; a partly trained model sharded by FSDP, whose frozen weights
+    no process holds whole). Under PEFT: ``adapter_config.json`` + ``adapter_model.safetensors`` (the adapter's own
+    weights, from ``weights``). Otherwise ``config.json`` + ``model.safetensors``: a hard link to the checkpoint's weights
+    when every weight trains, else the model's full state as ``save_pretrained`` writes it. A failure that is not a
+    write error (an architecture PEFT or transformers cannot save) leaves the checkpoint without these files and calls
+    ``warn(text)``; training and resume do not depend on them."""
+    from peft import PeftModel
+    from transformers import PreTrainedModel
+
+    if isinstance(model, PeftModel):
+        def write(folder: Path) -> None:
+            from peft.utils import get_peft_model_state_dict
+            from safetensors.torch import save_file
+
+            name = model.active_adapter if isinstance(model.active_adapter, str) else model.active_adapters[0]
+            sd = get_peft_model_state_dict(model, state_dict=dict(weights), adapter_name=name, save_embedding_layers=False)
+            save_file({k: v.detach().contiguous() for k, v in sd.items()}, str(folder / ADAPTER_FILES[1]), metadata={"format": "pt"})
+            model.peft_config[name].save_pretrained(str(folder))
+
+        return _guarded(write, ADAPTER_FILES, warn)
+    if not isinstance(model, PreTrainedModel):
+        return None
+    every = set(weights) >= {n for n, _ in model.named_parameters()}
+    if not every and sharded:
+        return None
+
+    def write_full(folder: Path) -> None:
+        if every:
+            model.config.to_json_file(str(folder / MODEL_FILES[0]))
+            try:
+                os.link(folder / WEIGHTS, folder / MODEL_FILES[1])  # the same bytes: no second copy on disk
+            except OSError:
+                shutil.copyfile(folder / WEIGHTS, folder / MODEL_FILES[1])
+        else:  # `freeze`: the frozen weights too, so that the folder is a whole model
+            model.save_pretrained(str(folder), safe_serialization=True)
+
+    return _guarded(write_full, MODEL_FILES + ("generation_config.json",), warn)
+
+
+def _guarded(write, names: tuple[str, ...], warn):
+    def run(folder: Path) -> None:
+        try:
+            write(folder)
+        except OSError:
+            raise  # a full disk: the checkpoint write fails as a whole (CheckpointWriteError)
+        except Exception as exc:  # noqa: BLE001 - the interop files are an extra; the checkpoint itself stays complete
+            for f in list(folder.iterdir()):
+                if f.name in names or f.name.startswith("model-") or f.name == "model.safetensors.index.json":
+                    f.unlink()
+            if warn is not None:
+                warn(f"the checkpoint holds no {' / '.join(names[:2])} for other tools ({type(exc).__name__}: {str(exc)[:160]}); "
+                     "trainpipe resumes and exports from it as usual")
+
+    return run

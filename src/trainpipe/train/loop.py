@@ -1017,7 +1017,8 @@ class TrainLoop:
         d = man.setdefault("distributed", {})
         d.update({"world_size": self.world, "strategy": ("fsdp" if self.fsdp else "ddp") if self.world > 1 else "single", "effective_batch": self.effective,
                   "micro_batch": self.state.micro_batch, "accumulation": math.ceil(self.effective / (self.state.micro_batch * self.world)),
-                  "grad_compression": self.dist.grad_compression if self.dist else "none"})
+                  "grad_compression": self.dist.grad_compression if self.dist else "none",
+                  "launcher": self.dist.env.launcher if self.dist is not None and self.world > 1 else None})
         if self._resumed_world is not None:
             d.setdefault("resumes", []).append({
                 "step": self.state.step, "window": self.state.window, "from_world_size": self._resumed_world, "to_world_size": self.world,
