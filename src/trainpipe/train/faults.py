@@ -13,6 +13,8 @@ Keys:
 - ``step_seconds``: s, sleep before every forward (a slower step, so that kills land mid-step)
 - ``slow_checkpoint_seconds``: s, sleep between files of a checkpoint write (to land kills mid-write)
 - ``checkpoint_error_at_steps``: [n, ...] raise OSError(ENOSPC) while writing the checkpoint of step n
+- ``oom_in_eval_at_steps``: [n, ...] raise torch.OutOfMemoryError in the in-training evaluation after step n
+- ``input_seconds``: s, sleep inside the timed input preparation of every micro-batch (a slow data pipeline)
 - ``ranks``: [r, ...] the faults happen only on these ranks of a distributed run (default: every rank)
 - ``export_error``: true raises OSError(ENOSPC) while writing an export (after its files, before the rename)
 """
@@ -94,3 +96,16 @@ def during_checkpoint_write(step: int) -> None:
 def during_export_write() -> None:
     if spec().get("export_error"):
         raise OSError(errno.ENOSPC, "TEST-ONLY injected: No space left on device")
+
+
+def before_eval(step: int) -> None:
+    if step in spec().get("oom_in_eval_at_steps", []) and _once("oom_eval", step):
+        import torch
+
+        raise torch.OutOfMemoryError("TEST-ONLY injected out of memory in evaluation")
+
+
+def slow_input() -> None:
+    s = spec()
+    if s.get("input_seconds"):
+        time.sleep(float(s["input_seconds"]))
