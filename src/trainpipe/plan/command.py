@@ -113,7 +113,15 @@ def _setup(req: PlanRequest, method: str, precision: str, world: int) -> Setup:
 
 
 def _fits(b: Breakdown, gpu: GPU) -> bool:
+    """Fits with the planner's headroom: what the planner *chooses* (micro-batch, method, ranking rows)."""
     return b.total_bytes <= gpu.memory_bytes * (1 - D.HEADROOM)
+
+
+def _runs(b: Breakdown, gpu: GPU) -> bool:
+    """Runs at all: the predicted peak (allocator cache and CUDA context included) within the GPU's memory. The verdict
+    `fits` is this physical question; the 10 % headroom is for choosing, not for saying a measured-running setup
+    does not fit (issue 14 item 5: 13B LoRA on 40 GB, 7B LoRA on 24 GB, 40B QLoRA on 40 GB run)."""
+    return b.total_bytes <= gpu.memory_bytes
 
 
 def _best_strategy_fit(spec: ModelSpec, s: Setup, gpu: GPU, world: int, requested: str) -> tuple[bool, str, str]:
@@ -177,7 +185,7 @@ def _plan_on_rules(spec: ModelSpec, req: PlanRequest, gpu: GPU | None, examples:
     decisions.append(D.decide_learning_rate(method))
     s = replace(base, micro_batch=bdec[0].value, grad_ckpt=bdec[1].value)
     b = estimate(spec, s)
-    return {"decisions": decisions, "setup": s, "memory": b, "fits": _fits(b, gpu)}
+    return {"decisions": decisions, "setup": s, "memory": b, "fits": _runs(b, gpu), "within_headroom": _fits(b, gpu)}
 
 
 # --------------------------------------------------------------------------- one resolver for `plan --model` too
@@ -265,7 +273,7 @@ def plan_on(spec: ModelSpec, req: PlanRequest, gpu: GPU | None, examples: int | 
         decisions.append(dec("offload", st["offload"]))
     decisions += [dec("micro_batch", st["micro_batch"]), dec("gradient_checkpointing", st["gradient_checkpointing"]),
                   dec("gradient_accumulation", st["grad_accum"]), dec("learning_rate", st["learning_rate"])]
-    return {"decisions": decisions, "setup": s, "memory": b, "fits": _fits(b, gpu), "plan": plan}
+    return {"decisions": decisions, "setup": s, "memory": b, "fits": _runs(b, gpu), "within_headroom": _fits(b, gpu), "plan": plan}
 
 
 def suggestions(spec: ModelSpec, req: PlanRequest, gpu: GPU) -> list[str]:
@@ -327,7 +335,7 @@ def _rank(spec: ModelSpec, req: PlanRequest, tokens: float, examples: int | None
                     p = plan_on(spec, r, g, examples)
                 except PlanError:
                     continue
-                if not p["fits"] or not host_ram_check(p["memory"], r)[0]:
+                if not p.get("within_headroom", p["fits"]) or not host_ram_check(p["memory"], r)[0]:
                     continue
                 s: Setup = p["setup"]
                 comp = C.compute(spec, m, tokens, s.seq_len, s.grad_ckpt, g, n, s.precision, req.mfu, p["memory"].trainable_params)
@@ -493,6 +501,10 @@ def make_plan(req: PlanRequest) -> dict:
                        f"(weights {b.weights_bytes / GIB:.1f}, gradients {b.gradients_bytes / GIB:.1f}, optimizer {b.optimizer_bytes / GIB:.1f}, activations {b.activations_bytes / GIB:.1f}) "
                        f"but the GPU has {gpu.memory_gib:g} GiB (planned with {int(D.HEADROOM * 100)} % headroom). What would fit: {'; '.join(sug) or 'nothing on this GPU type: a larger GPU'}.")
     out = _assemble(spec, req, gpu, chosen, fits_map, tokens)
+    if why_not is None and gpu is not None and not chosen.get("within_headroom", True):
+        out["decision"].append({"key": "memory_headroom", "value": "tight", "rule": f"the predicted peak {chosen['memory'].total_bytes / GIB:.1f} GiB fits the "
+                                f"{gpu.memory_gib:g} GiB GPU but not with the planner's {int(D.HEADROOM * 100)} % headroom",
+                                "watch": "long examples may hit `cuda_oom` (trainpipe halves the micro-batch itself); --micro-batch 1 or --grad-ckpt leave room"})
     if why_not is None:
         ok, ram_rule = host_ram_check(chosen["memory"], req)
         if ram_rule:
@@ -765,7 +777,7 @@ def plan_for_config(config, overrides: list[str], *, model=None, gpu=None, num_g
         "memory": {
             "per_device": None if not mem else {k: mem[k] for k in ("weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes", "overhead_bytes", "total_bytes")}
             | {"cpu_offload_bytes": mem["cpu_bytes"]},
-            "fits": {g.name: mem["total_bytes"] <= g.memory_bytes * (1 - D.HEADROOM)} if (g and mem) else {},
+            "fits": {g.name: mem["total_bytes"] <= g.memory_bytes} if (g and mem) else {},
             "gpu_memory_bytes": g.memory_bytes if g else None,
             "detail": mem["detail"] if mem else None,
         },

@@ -69,7 +69,12 @@ ATTENTION = ("sdpa", "flash", "eager")
 #               native tanh-GELU, bf16 logits and a bf16 cross-entropy
 # torchtune     pytorch/torchtune: adapters in the model dtype, chunked cross-entropy (8 fp32 chunks)
 # torchtitan    pytorch/torchtitan: full-vocabulary logits cast to fp32 for the loss, as transformers
-FRAMEWORKS = ("transformers", "litgpt", "torchtune", "torchtitan")
+# trainpipe     trainpipe's own loop: transformers + PEFT modules, but the loss is train/losses.py's chunked
+#               cross-entropy (one fp32 chunk of CHUNK_ELEMENTS logits at a time, the gradient written over the
+#               logits): the default for plans of trainpipe runs
+FRAMEWORKS = ("transformers", "litgpt", "torchtune", "torchtitan", "trainpipe")
+HF_MODULES = ("transformers", "trainpipe")  # frameworks whose modules are transformers' + PEFT's (fp32 adapters, Python GELU)
+LOSS_CHUNK_ELEMENTS = 1 << 26  # train/losses.py CHUNK_ELEMENTS: logits per fp32 chunk
 
 CUDA_CONTEXT = int(0.5 * GIB)  # CUDA 12 context with lazy module loading, cuBLAS/cuDNN handles (measured 0.3-0.6 GiB on A100/H100)
 FRAGMENTATION = 0.05  # caching allocator: reserved is typically 2-10 % above allocated in steady training
@@ -97,7 +102,7 @@ class Setup:
     freeze_layers: int = 2
     fused_optimizer: bool = False
     lm_head: bool = True  # False: a classification head (no vocabulary logits)
-    framework: str = "transformers"  # whose training code saves the activations (FRAMEWORKS)
+    framework: str = "trainpipe"  # whose training code saves the activations (FRAMEWORKS); accuracy rows name theirs
     base_dtype: str = "auto"  # LoRA/DoRA frozen base: auto = 16-bit under bf16/fp16/bf16-true (loaded with torch_dtype), fp32 = loaded in fp32 and run under autocast
 
 
@@ -185,7 +190,7 @@ def weights_bytes(spec: ModelSpec, s: Setup, trainable: int) -> tuple[int, dict]
         d.update(frozen=half * frozen, trainable=tw, autocast_copies=copy)
         return half * frozen + tw + copy, d
     # PEFT upcasts adapter weights to fp32 (autocast_adapter_dtype=True); litgpt/torchtune keep them in the model dtype
-    adapters = (4 if (s.framework == "transformers" or s.precision != "bf16-true") else half) * trainable
+    adapters = (4 if (s.framework in HF_MODULES or s.precision != "bf16-true") else half) * trainable
     if s.method == "qlora":
         q = spec.linear_params
         rest = N - q  # embeddings, lm_head, norms, biases stay in the 16-bit compute dtype
@@ -243,7 +248,7 @@ def _python_tanh_gelu(spec: ModelSpec, s: Setup) -> bool:
     MLP width; litgpt/torchtune call the fused F.gelu(approximate="tanh"), which keeps only its input."""
     # the catalog keeps no activation name; phi (1.5/2) and gpt2 configs ship `gelu_new`
     act = spec.config.get("hidden_act") or spec.config.get("activation_function") or {"phi": "gelu_new", "gpt2": "gelu_new"}.get(spec.model_type, "")
-    return s.framework == "transformers" and act in ("gelu_new", "gelu_fast")
+    return s.framework in HF_MODULES and act in ("gelu_new", "gelu_fast")
 
 
 def layer_activation_bytes(spec: ModelSpec, s: Setup, tokens: int, *, trained: bool | None = None) -> int:
@@ -266,7 +271,7 @@ def layer_activation_bytes(spec: ModelSpec, s: Setup, tokens: int, *, trained: b
     autocast = s.precision in ("bf16", "fp16")
     # PEFT upcasts adapters to fp32 and casts the adapter's input to fp32 before its dropout; litgpt and
     # torchtune keep adapters in the model dtype. Under autocast the adapter input is the 16-bit cast.
-    fp32_adapters = s.framework == "transformers" and not autocast and a != 4
+    fp32_adapters = s.framework in HF_MODULES and not autocast and a != 4
     adapter_in = 4 if fp32_adapters else a
 
     saved = 0.0
@@ -326,13 +331,18 @@ def logits_bytes(spec: ModelSpec, s: Setup, tokens: int) -> int:
     """Per token and vocabulary entry, what the loss keeps at the start of the backward pass.
 
     transformers/torchtitan: the 16-bit lm_head output, its fp32 upcast, the fp32 log-softmax and its
-    gradient (a + 4 + 4 + 4). litgpt: a 16-bit cross-entropy on the 16-bit logits (output, log-softmax
+    gradient (a + 4 + 4 + 4). trainpipe: the logits (a) plus one fp32 chunk (train/losses.py). litgpt: a 16-bit cross-entropy on the 16-bit logits (output, log-softmax
     and their gradients, 4 x a). torchtune: the 16-bit logits, their gradient and one of 8 chunks upcast
     to fp32 at a time (2 a + 12 / 8).
     """
     if not s.lm_head:
         return 0
     a = act_bytes(s.precision)
+    if s.framework == "trainpipe":
+        # the 16-bit logits (their gradient is written over them), one fp32 chunk and its exp/scatter temporary, the
+        # per-token fp32 log-sum-exp (train/losses.py)
+        n = tokens * spec.vocab
+        return int(a * n + 2 * 4 * min(n, LOSS_CHUNK_ELEMENTS) + 4 * tokens)
     per = {"litgpt": 4 * a, "torchtune": 2 * a + 12 / 8}.get(s.framework, a + 4 + 4 + 4)
     return int(tokens * spec.vocab * per)
 

@@ -95,7 +95,7 @@ def test_frozen_weights_save_less_than_full(llama7b):
 
 def test_logits_are_fp32_sized_per_vocab():
     spec = find_model("meta-llama/Llama-3.1-8B")
-    assert M.logits_bytes(spec, M.Setup(precision="bf16"), 1000) == 1000 * 128256 * 14
+    assert M.logits_bytes(spec, M.Setup(precision="bf16", framework="transformers"), 1000) == 1000 * 128256 * 14
 
 
 def test_sharding(llama7b):
@@ -146,11 +146,25 @@ def test_bitsandbytes_4bit_matmul_keeps_inputs_a_frozen_16bit_linear_does_not(ll
 
 
 def test_loss_dtype_by_framework(llama7b):
-    hf = M.logits_bytes(llama7b, M.Setup(precision="bf16-true"), 1000)
+    hf = M.logits_bytes(llama7b, M.Setup(precision="bf16-true", framework="transformers"), 1000)
     lit = M.logits_bytes(llama7b, M.Setup(precision="bf16-true", framework="litgpt"), 1000)
     tune = M.logits_bytes(llama7b, M.Setup(precision="bf16-true", framework="torchtune"), 1000)
     v = llama7b.vocab
     assert hf == 1000 * v * 14 and lit == 1000 * v * 8 and tune < lit
+
+
+def test_trainpipe_chunked_loss_keeps_the_logits_and_one_fp32_chunk(llama7b):
+    """trainpipe's loss (train/losses.py) upcasts one chunk at a time: the plan for a trainpipe run (the default framework)
+    counts the 16-bit logits and one fp32 chunk, not transformers' 14 B per logit (issue 14 items 4 and 5)."""
+    tokens = 4 * 4096
+    ours = M.logits_bytes(llama7b, M.Setup(precision="bf16"), tokens)
+    hf = M.logits_bytes(llama7b, M.Setup(precision="bf16", framework="transformers"), tokens)
+    n = tokens * llama7b.vocab
+    assert ours == 2 * n + 8 * M.LOSS_CHUNK_ELEMENTS + 4 * tokens and hf == 14 * n
+    assert M.Setup().framework == "trainpipe" and hf / ours > 4
+    from trainpipe.train.losses import CHUNK_ELEMENTS
+
+    assert M.LOSS_CHUNK_ELEMENTS == CHUNK_ELEMENTS  # the memory model follows the loss the loop runs
 
 
 def test_fp32_loaded_lora_base_under_autocast(llama7b):
