@@ -284,14 +284,32 @@ def _task_for(cfg_dict: dict) -> str:
     return "causal-lm"
 
 
+def _remote_code_equivalent(model_type: str, d: dict) -> tuple[str, dict, str] | None:
+    """A config.json whose `model_type` transformers does not ship (remote code, e.g. Qwen 1's `qwen`) planned as the
+    built-in layout with the same tensors: (model_type, config, note), or None."""
+    if model_type == "qwen" and {"hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"} <= set(d):
+        # Qwen 1 (remote code): c_attn is one fused qkv with bias, the MLP's intermediate_size is halved inside (w1, w2 of
+        # intermediate_size // 2), untied embeddings: the qwen2 layout (q/k/v with bias, gated MLP) has the same tensors
+        c = {"hidden_size": d["hidden_size"], "num_hidden_layers": d["num_hidden_layers"], "num_attention_heads": d["num_attention_heads"],
+             "num_key_value_heads": d["num_attention_heads"], "intermediate_size": d["intermediate_size"] // 2, "vocab_size": d["vocab_size"],
+             "tie_word_embeddings": bool(d.get("tie_word_embeddings", False)), "max_position_embeddings": d.get("seq_length", d.get("max_position_embeddings", 8192))}
+        return "qwen2", c, "Qwen 1 ships remote code (model_type qwen, intermediate_size halved inside); planned as the equivalent qwen2 layout"
+    return None
+
+
 def spec_from_config_dict(id: str, cfg_dict: dict, source: str) -> ModelSpec:
     """Build from a full config.json mapping (local folder or hub) on the meta device."""
     from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
     d = {k: v for k, v in cfg_dict.items() if not k.startswith("_")}
     model_type = d.pop("model_type", None)
     if not model_type:
         raise ModelNotFoundError(f"`{id}`: config.json has no `model_type`, so its architecture is unknown. Use a config.json written by transformers `save_pretrained`.")
+    if model_type not in CONFIG_MAPPING_NAMES and (eq := _remote_code_equivalent(model_type, d)) is not None:
+        mt, c, note = eq
+        model = build_meta_model(mt, c, "causal-lm")
+        return _spec(id, mt, "causal-lm", c, source, shapes_from_model(model, 0), note)
     d.pop("architectures", None)
     d.pop("quantization_config", None)
     if model_type == "gemma3" and "text_config" in d:  # multimodal wrapper: plan the text decoder
@@ -326,6 +344,9 @@ def _close_names(name: str, n: int = 5) -> list[str]:
     return out[:n]
 
 
+_HUB_SPECS: dict[str, ModelSpec] = {}
+
+
 def find_model(name_or_path: str, *, allow_hub: bool | None = None) -> ModelSpec:
     """A catalog id or alias (case-insensitive), a local folder (or file) with config.json, or a hub id when online."""
     p = Path(name_or_path).expanduser()
@@ -347,6 +368,8 @@ def find_model(name_or_path: str, *, allow_hub: bool | None = None) -> ModelSpec
             model = build_meta_model(e["model_type"], e["config"], e["task"])
             sh = shapes_from_model(model, 0)
         return _spec(e["id"], e["model_type"], e["task"], e["config"], "catalog", sh, e.get("note"))
+    if name_or_path in _HUB_SPECS:  # read from the hub earlier in this process (the resolver asks again, offline)
+        return _HUB_SPECS[name_or_path]
     offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes") or os.environ.get("TRANSFORMERS_OFFLINE", "").lower() in ("1", "true", "yes")
     if allow_hub is None:
         allow_hub = not offline
@@ -354,12 +377,19 @@ def find_model(name_or_path: str, *, allow_hub: bool | None = None) -> ModelSpec
         try:
             from huggingface_hub import hf_hub_download
 
-            path = hf_hub_download(name_or_path, "config.json")
-            return spec_from_config_dict(name_or_path, json.loads(Path(path).read_text(encoding="utf-8")), "hub")
+            path = hf_hub_download(name_or_path, "config.json")  # config.json alone: no weights, no remote code
         except Exception as exc:  # network, auth, missing repo: all end in the same advice
-            why = f"the hub did not give its config.json ({type(exc).__name__})"
+            why = f"the hub did not give its config.json ({type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''})"
+        else:
+            spec = spec_from_config_dict(name_or_path, json.loads(Path(path).read_text(encoding="utf-8")), "hub")
+            _HUB_SPECS[name_or_path] = spec
+            return spec
+    elif offline and name_or_path.count("/") == 1:
+        why = ("the hub is offline (HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE is set), so its config.json cannot be read. Go online for this "
+               "command (unset HF_HUB_OFFLINE and TRANSFORMERS_OFFLINE: `trainpipe plan` then downloads only config.json, no weights), "
+               "or put the model's config.json in a folder and pass that folder")
     else:
-        why = "the hub is offline (HF_HUB_OFFLINE is set)" if offline else "it is not a hub id"
+        why = "it is not a hub id (ORG/NAME)"
     close = _close_names(name_or_path)
     near = f" Close catalog names: {', '.join(close)}." if close else f" The catalog has {len(catalog_ids())} models (e.g. Qwen/Qwen2.5-7B, meta-llama/Llama-3.1-8B)."
     raise ModelNotFoundError(
