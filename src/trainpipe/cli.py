@@ -476,6 +476,71 @@ def track_sync(
                        + (f", model {reg['name']} v{reg['version']}" if reg else ""), markup=False, soft_wrap=True)
 
 
+pipeline_app = typer.Typer(help="Run a config as a DAG of cached steps (prepare -> train -> evaluate -> export -> register -> report).", no_args_is_help=True)
+app.add_typer(pipeline_app, name="pipeline")
+cache_app = typer.Typer(help="The pipeline's step cache in the artefact store.", no_args_is_help=True)
+app.add_typer(cache_app, name="cache")
+StoreOpt = Annotated[Optional[str], typer.Option("--store", help="Artefact store: a folder or fsspec URL (default `pipeline.store`, else `<parent of output_dir>/.trainpipe-store`).")]
+
+
+@pipeline_app.command("run")
+def pipeline_run(
+    config: ConfigArg,
+    set_: SetOpt = None,
+    store: StoreOpt = None,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Run every step, even those whose key has a cache entry.")] = False,
+) -> None:
+    """Run the config's DAG; a step whose key (inputs' content, config section, code) was built before is reused."""
+    from trainpipe.pipeline.dag import load_config_for, run_pipeline
+
+    run_pipeline(load_config_for(config, set_ or []), config_path=str(config.resolve()), store=store, no_cache=no_cache)
+
+
+@pipeline_app.command("show")
+def pipeline_show(config: ConfigArg, set_: SetOpt = None) -> None:
+    """Print the DAG of CONFIG: every step with its typed inputs (and where they come from) and outputs."""
+    from trainpipe.pipeline.dag import build_dag, load_config_for, show
+
+    typer.echo(show(build_dag(load_config_for(config, set_ or []))))
+
+
+@cache_app.command("ls")
+def cache_ls(
+    config: Annotated[Optional[Path], typer.Argument(help="A run config (its store), or leave out and give --store.", show_default=False)] = None,
+    store: StoreOpt = None,
+    json_: Annotated[bool, typer.Option("--json", help="Print the entries as JSON.")] = False,
+) -> None:
+    """List the cache entries: step, key, size, when built, what produced them."""
+    from trainpipe.pipeline.cache_cli import cache_ls as ls
+
+    ls(config, store, as_json=json_)
+
+
+@cache_app.command("gc")
+def cache_gc(
+    config: Annotated[Optional[Path], typer.Argument(help="A run config (its store), or leave out and give --store.", show_default=False)] = None,
+    store: StoreOpt = None,
+    all_: Annotated[bool, typer.Option("--all", help="Remove every entry, also those the pipelines' latest runs use.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be removed; remove nothing.")] = False,
+) -> None:
+    """Remove cache entries no pipeline's latest run uses, artefacts without an entry, and interrupted writes."""
+    from trainpipe.pipeline.cache_cli import cache_gc as gc
+
+    gc(config, store, everything=all_, dry_run=dry_run)
+
+
+@app.command()
+def lineage(
+    target: Annotated[Path, typer.Argument(help="A run directory or an exported model folder.", show_default=False)],
+    json_: Annotated[bool, typer.Option("--json", help="Print the lineage as JSON.")] = False,
+) -> None:
+    """Print what produced a model: data -> config -> code -> model (and the parent artefacts)."""
+    from trainpipe.pipeline.lineage import format_chain, lineage_of
+
+    info = lineage_of(target)
+    typer.echo(json.dumps(info, indent=2, default=str) if json_ else format_chain(info))
+
+
 def _redacted_excepthook(exc_type, exc, tb) -> None:
     """Print a crash's traceback with credentials redacted (a database URL's password, a token: trainpipe.redact)."""
     import traceback

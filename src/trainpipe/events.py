@@ -41,6 +41,8 @@ EVENT_NAMES = {
     "gpu_util_low",
     "gpu_util_check_off",  # a GPU run without nvidia-ml-py: `gpu_util_low` cannot be checked (said once)
     "gradient_clipped",  # per logging window: steps whose finite gradient norm was clipped, and the largest norm before clipping
+    "tracking_unavailable",  # the tracker (MLflow, W&B, TensorBoard) could not be reached; metrics stay in the run dir (`trainpipe track sync`)
+    "tracking_synced",
     "forgetting_detected",  # evaluate/forgetting.py: a forgetting set's loss rose past eval.forgetting_threshold
     "gate_failed",  # evaluate/gates.py: a quality gate failed, with its evidence
 }

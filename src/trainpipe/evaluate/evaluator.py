@@ -20,8 +20,12 @@ def eval_loss(model, examples: list[dict], *, batch_size: int, pad_id: int, adva
     model.eval()
     total, count = 0.0, 0
     device = next(model.parameters()).device
+    from trainpipe.distributed.env import current_eval_shard
+
+    shard = current_eval_shard()  # under several processes (train/loop.py): this rank's batches; the sums are reduced below
+    starts = shard.assign(range(0, len(examples), batch_size)) if shard else [(i, True) for i in range(0, len(examples), batch_size)]
     with torch.no_grad():
-        for i in range(0, len(examples), batch_size):
+        for i, counted in starts:
             batch = pad_batch(examples[i : i + batch_size], pad_id)
             batch = {k: v.to(device) for k, v in batch.items()}
             logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
@@ -29,11 +33,15 @@ def eval_loss(model, examples: list[dict], *, batch_size: int, pad_id: int, adva
             shift_logits = logits[:, :-1].reshape(-1, logits.size(-1))
             shift_labels = batch["labels"][:, 1:].reshape(-1)
             loss = torch.nn.functional.cross_entropy(shift_logits, shift_labels, ignore_index=IGNORE_INDEX, reduction="sum")
+            if not counted:  # FSDP: a forward only to keep the ranks' collectives in step
+                continue
             total += loss.item()
             count += int((shift_labels != IGNORE_INDEX).sum())
             if advance:
                 advance(len(batch["input_ids"]))
     model.train(was_training)
+    if shard:
+        total, count = shard.reduce(total, count)
     mean = total / max(count, 1)
     return {"loss": mean, "perplexity": math.exp(min(mean, 50.0)), "loss_tokens": count}
 
@@ -118,7 +126,7 @@ def exact_match(predictions: list[str], references: list[str]) -> float:
 
 def evaluate_lm(model, tokenizer, data, ev, *, batch_size: int, stop_ids: list[int], phase: str) -> tuple[dict, list[dict]]:
     """The LM metrics of ``ev`` (an EvalConfig) on ``data.eval``: loss, perplexity and, with
-    `exact_match`, greedy generations against the references. Returns (metrics, samples)."""
+    `exact_match` / `accuracy` / `rouge_l` / `bleu`, greedy generations against the references. Returns (metrics, samples)."""
     from trainpipe import ui
 
     out: dict = {}
@@ -130,7 +138,9 @@ def evaluate_lm(model, tokenizer, data, ev, *, batch_size: int, stop_ids: list[i
     if "perplexity" in ev.metrics:
         out["perplexity"] = res["perplexity"]
     samples: list[dict] = []
-    if "exact_match" in ev.metrics:
+    from trainpipe.evaluate.metrics import GENERATED
+
+    if "exact_match" in ev.metrics or any(m in GENERATED for m in ev.metrics):
         gens = data.eval_generation[: ev.max_samples] if ev.max_samples else data.eval_generation
         with ui.progress() as bar:
             task = bar.add_task(f"eval ({phase}) generate", total=len(gens))
@@ -139,6 +149,19 @@ def evaluate_lm(model, tokenizer, data, ev, *, batch_size: int, stop_ids: list[i
                 batch_size=batch_size * 4, stop_ids=stop_ids, advance=lambda n: bar.advance(task, n),
             )
         refs = [g["reference"] for g in gens]
-        out["exact_match"] = exact_match(preds, refs)
+        if "exact_match" in ev.metrics:
+            out["exact_match"] = exact_match(preds, refs)
+        for name in ev.metrics:  # accuracy, ROUGE-L, BLEU from the same generations (evaluate/metrics.py)
+            if name in GENERATED:
+                out[name] = GENERATED[name](preds, refs)
         samples = [{"prompt": g["prompt"], "reference": r, "prediction": p} for g, r, p in zip(gens, refs, preds)]
     return out, samples
+
+
+def evaluate_test(model, tokenizer, data, *, batch_size: int) -> dict | None:
+    """Loss and perplexity on the held-out test split (`data.test`), or None when there is none. Measured once, at the
+    end, on the chosen checkpoint: the test split never takes part in checkpoint selection or early stopping."""
+    if not data.test:
+        return None
+    res = eval_loss(model, data.test, batch_size=batch_size, pad_id=tokenizer.pad_token_id)
+    return {"loss": res["loss"], "perplexity": res["perplexity"], "examples": len(data.test), "loss_tokens": res["loss_tokens"]}

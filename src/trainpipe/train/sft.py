@@ -23,6 +23,7 @@ from trainpipe.train.progress import TrainProgress
 
 
 def run(ctx: RunContext) -> dict:
+    from trainpipe.evaluate import suite
     from trainpipe.evaluate.evaluator import eval_loss, evaluate_lm
     from trainpipe.export import export_model
     from trainpipe.train.model import build_model, parameter_counts
@@ -38,10 +39,14 @@ def run(ctx: RunContext) -> dict:
     # 2. baseline on the eval split (measured once; a resumed run reads it back)
     baseline, base_samples = ctx.baseline_once(lambda: evaluate_lm(model, tok, data, cfg.eval, batch_size=bs, stop_ids=ctx.stop_ids, phase="baseline"))
 
-    # 3. train
+    # forgetting sets and benchmarks on the base model (evaluate/suite.py; read back when resuming)
+    extra = suite.before_training(ctx, model)
+
+    # 3. train (every in-training eval measures the forgetting sets too)
     loop = build_loop(
         model, tok, data.train, cfg.training, run_dir=ctx.run_dir, events=ctx.events, config_yaml=ctx.config_yaml,
-        evaluate=lambda m: eval_loss(m, data.eval, batch_size=bs, pad_id=tok.pad_token_id)["loss"], dist=ctx.dist,
+        evaluate=suite.in_training(ctx, extra, lambda m: eval_loss(m, data.eval, batch_size=bs, pad_id=tok.pad_token_id)["loss"], lambda: loop.state.step),
+        dist=ctx.dist,
     )
     outcome = train(loop, ctx.resume_from)
     if not ctx.is_main:  # rank 0 evaluates, exports and reports for the run
@@ -50,6 +55,7 @@ def run(ctx: RunContext) -> dict:
     # 4. final eval on the same split, with the best checkpoint loaded
     final, final_samples = evaluate_lm(model, tok, data, cfg.eval, batch_size=bs, stop_ids=ctx.stop_ids, phase="final")
     ctx.events.emit("eval_done", step=outcome.global_step, phase="final", **final)
+    more = suite.after_training(ctx, model, extra, step=outcome.global_step)  # test split, forgetting sets, benchmarks
 
     # 5. export the best model
     model_dir = export_model(run_dir=ctx.run_dir, model=model, tokenizer=tok, base=cfg.model, peft=cfg.method.peft, stop_ids=ctx.stop_ids, card=ctx.card(baseline, final))
@@ -58,7 +64,7 @@ def run(ctx: RunContext) -> dict:
         "name": cfg.name, "method": cfg.method.name, "peft": cfg.method.peft,
         "baseline": baseline, "final": final, "train": asdict(outcome), "parameters": params, "data": ctx.data_summary(),
         "samples": [{**f, "baseline_prediction": b["prediction"]} for f, b in zip(final_samples[:20], base_samples[:20])],
-        "artifacts": artifacts(ctx.run_dir, model_dir, cfg.method.peft),
+        "artifacts": artifacts(ctx.run_dir, model_dir, cfg.method.peft), **more,
     }
 
 

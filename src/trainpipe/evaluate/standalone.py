@@ -1,0 +1,71 @@
+"""`trainpipe eval MODEL_OR_RUN_DIR --config CONFIG`: the run's evaluator on any model folder or finished run.
+
+The config's data is prepared exactly as `trainpipe run` prepares it (same cache, same split, same seed) with the
+evaluated model's own tokenizer, and the same evaluator measures `eval.metrics` on the eval split, the test split,
+each forgetting set and each benchmark, so a model trained elsewhere is compared on the very examples a run used.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from trainpipe.errors import ModelLoadError
+
+
+def model_folder(path: str | Path) -> Path:
+    """A model folder (config.json), or a run directory's exported `model/`."""
+    p = Path(path).resolve()
+    if (p / "config.json").exists():
+        return p
+    if (p / "model" / "config.json").exists():
+        return p / "model"
+    if (p / "summary.json").exists() or (p / "events.jsonl").exists():
+        raise ModelLoadError(f"`{p}` is a run directory without an exported model (`model/`): the run did not finish. Export its best checkpoint first with `trainpipe export {p}`.")
+    raise ModelLoadError(f"`{p}` is neither a model folder (no config.json) nor a run directory with `model/`. Pass a folder saved with `save_pretrained`, or a finished run's `output_dir`.")
+
+
+def evaluate_model(path: str | Path, cfg) -> dict:
+    """Measure the model at ``path`` with ``cfg``'s data and eval settings; returns the figures (summary-shaped)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from trainpipe import ui
+    from trainpipe.data.prepare import prepare
+    from trainpipe.data.tokenize import end_of_turn_ids, setup_chat_template
+    from trainpipe.evaluate.benchmarks import run_benchmarks
+    from trainpipe.evaluate.evaluator import evaluate_lm, evaluate_test
+    from trainpipe.evaluate.forgetting import ForgettingMonitor, load_sets
+    from trainpipe.export import stop_token_ids
+    from trainpipe.train.model import load_tokenizer
+
+    t0 = time.time()
+    folder = model_folder(path)
+    mcfg = cfg.model.model_copy(update={"name_or_path": str(folder), "revision": None, "init_from_config": None})
+    tok = load_tokenizer(mcfg, cfg.model.pad_token)
+    template = setup_chat_template(tok, cfg.data.chat_template, str(folder))
+    stop_ids = list(dict.fromkeys(stop_token_ids(tok, template) + end_of_turn_ids(tok)))
+    with ui.progress() as bar:
+        task = bar.add_task("tokenize", total=None)
+        data = prepare(cfg.data, tok, train_on=cfg.method.train_on, seed=cfg.training.seed, progress=lambda n: bar.advance(task, n),
+                       on_total=lambda n: bar.update(task, total=n), template_name=template, for_method=cfg.method.name)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, trust_remote_code=cfg.model.trust_remote_code, use_safetensors=True)
+    except OSError as exc:
+        raise ModelLoadError(f"Cannot load the model in `{folder}`: {exc}. It must hold safetensors weights saved with `save_pretrained`.") from None
+    if torch.cuda.is_available():
+        model = model.cuda()
+    model.eval()
+    bs = cfg.training.per_device_eval_batch_size
+    metrics, samples = evaluate_lm(model, tok, data, cfg.eval, batch_size=bs, stop_ids=stop_ids, phase="eval")
+    out: dict = {"model": str(folder), "metrics": metrics, "eval_examples": len(data.eval), "samples": samples[:20]}
+    if cfg.eval.test_split and data.test:
+        out["test"] = evaluate_test(model, tok, data, batch_size=bs)
+    if cfg.eval.forgetting:
+        sets = load_sets(cfg.eval.forgetting, tok, template, max_length=cfg.data.max_length)
+        mon = ForgettingMonitor(sets, cfg.eval.forgetting_threshold, Path("forgetting.json"), None, batch_size=bs, pad_id=tok.pad_token_id)  # measure only: writes nothing
+        out["forgetting"] = mon.measure(model)
+    if cfg.eval.benchmarks:
+        out["benchmarks"] = run_benchmarks(model, tok, cfg.eval.benchmarks, batch_size=bs, phase="eval")
+    out["seconds"] = round(time.time() - t0, 2)
+    return out

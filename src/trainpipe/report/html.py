@@ -1,0 +1,394 @@
+"""`RUN_DIR/report.html`: one self-contained page per run, for the person deciding whether the model ships.
+
+Drawn from the files the run wrote (nothing is recomputed, nothing is fetched; the plots are inline SVG made by
+report/plots.py): the verdict and the quality gates with their evidence; baseline vs final (and the test split);
+loss, eval loss, learning rate, grad norm and tokens/s curves; forgetting curves; benchmarks; sample generations;
+the data report (records read, kept, dropped by reason, duplicates, PII, length histogram); plan vs measured memory
+and throughput; the events timeline; the manifest (config, data hashes, code version, packages).
+
+`write_report(run_dir) -> Path` is the entry point: `trainpipe run` calls it at the end of every run (also after a
+failure, with what exists), `trainpipe report RUN_DIR` on demand, and pipelines after their steps.
+"""
+
+from __future__ import annotations
+
+import json
+from html import escape
+from pathlib import Path
+
+from trainpipe.report import plots
+
+CSS = """
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#222;background:#f6f7f9}
+main{max-width:1180px;margin:0 auto;padding:18px 22px 60px}
+h1{font-size:22px;margin:8px 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
+table{border-collapse:collapse;background:#fff;margin:6px 0 10px;font-size:13px}td,th{border:1px solid #ddd;padding:4px 8px;text-align:left;vertical-align:top}
+th{background:#f0f2f5}td.num{text-align:right;font-variant-numeric:tabular-nums}
+.pass{color:#176c2e;font-weight:600}.fail{color:#b3261e;font-weight:600}.na{color:#777}
+.verdict{display:inline-block;padding:4px 10px;border-radius:4px;font-weight:600}
+.verdict.pass{background:#e3f4e7}.verdict.fail{background:#fbe4e2}.verdict.na{background:#eee}
+.charts{display:flex;flex-wrap:wrap;gap:12px}figure.chart{margin:0;background:#fff;border:1px solid #ddd;padding:6px}
+figcaption{font-weight:600;font-size:12px;margin-bottom:2px}p.empty{color:#777;font-style:italic;width:540px;margin:8px 4px}
+pre{background:#fff;border:1px solid #ddd;padding:8px;overflow:auto;max-height:420px;font-size:12px}
+.level-warning{color:#9a6700}.level-error,.level-fatal{color:#b3261e}small{color:#666}
+"""
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    out = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            pass
+    return out
+
+
+def _num(v, pct: bool = False) -> str:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return escape("" if v is None else str(v))
+    if pct:
+        return f"{100 * v:.1f} %"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return f"{v:.4g}" if abs(v) < 1e5 else f"{v:,.0f}"
+
+
+def _table(headers: list[str], rows: list[list], num_cols: set[int] | None = None) -> str:
+    num_cols = num_cols or set()
+    head = "".join(f"<th>{escape(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f'<td class="num">{c}</td>' if i in num_cols else f"<td>{c}</td>" for i, c in enumerate(r)) + "</tr>" for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _bytes(n) -> str:
+    if not isinstance(n, (int, float)):
+        return ""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return str(n)
+
+
+RATE_METRICS = {"exact_match", "accuracy", "rouge_l"}
+
+
+def load_run(run_dir: str | Path) -> dict:
+    """Everything the report draws, read from ``run_dir`` (missing files give empty entries)."""
+    import yaml
+
+    run = Path(run_dir).resolve()
+    try:
+        config_text = (run / "config.resolved.yaml").read_text(encoding="utf-8")
+        config = yaml.safe_load(config_text) or {}
+    except (OSError, yaml.YAMLError):
+        config_text, config = "", {}
+    return {
+        "dir": run, "summary": _read_json(run / "summary.json") or {}, "metrics": _read_jsonl(run / "metrics.jsonl"),
+        "events": _read_jsonl(run / "events.jsonl"), "data": _read_json(run / "data_report.json") or {}, "manifest": _read_json(run / "manifest.json") or {},
+        "forgetting": _read_json(run / "forgetting.json") or {}, "gates": _read_json(run / "gates.json"), "lengths": _read_json(run / "lengths.json") or {},
+        "measured": _read_json(run / "measured_memory.json") or {}, "baseline_file": _read_json(run / "baseline.json") or {},
+        "config": config, "config_text": config_text,
+    }
+
+
+def status_of(r: dict) -> tuple[str, str]:
+    """("finished" | "failed" | "running or killed", detail) from the events."""
+    names = [e.get("event") for e in r["events"]]
+    if "run_failed" in names:
+        e = [e for e in r["events"] if e.get("event") == "run_failed"][-1]
+        return "failed", f"{e.get('error')}: {e.get('message', '')}"
+    if "preempted" in names and "run_finished" not in names:
+        return "preempted", "stopped by a signal; continue with `trainpipe run CONFIG --resume`"
+    if "run_finished" in names:
+        return "finished", ""
+    return "unfinished", "no run_finished event: the run is still going, or its process was killed"
+
+
+def _series(metrics: list[dict], key: str) -> list[tuple[float, float]]:
+    by_step = {}
+    for m in metrics:
+        if isinstance(m.get(key), (int, float)) and "step" in m:
+            by_step[m["step"]] = m[key]
+    return sorted(by_step.items())
+
+
+def build_html(r: dict) -> str:
+    s, cfg = r["summary"], r["config"]
+    name = s.get("name") or cfg.get("name") or r["dir"].name
+    status, detail = status_of(r)
+    gates = r["gates"]
+    if gates is None:
+        verdict = ("na", "gates not checked (the run did not finish)" if status != "finished" else "gates not checked")
+    elif gates.get("passed"):
+        verdict = ("pass", "all quality gates passed")
+    else:
+        verdict = ("fail", f"quality gates failed: {', '.join(gates.get('failed', []))}")
+    method = s.get("method") or (cfg.get("method") or {}).get("name")
+    peft = s.get("peft") or (cfg.get("method") or {}).get("peft")
+    out = [f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+           f"<title>trainpipe report: {escape(str(name))}</title><style>{CSS}</style></head><body><main>",
+           f"<h1>{escape(str(name))}</h1><p>{escape(str(method))} / {escape(str(peft))} &middot; base model <code>{escape(str((cfg.get('model') or {}).get('name_or_path', '')))}</code>"
+           f" &middot; run <b class=\"{'pass' if status == 'finished' else 'fail'}\" id=\"status\">{escape(status)}</b>"
+           + (f" <small>{escape(detail[:400])}</small>" if detail else "") + "</p>",
+           f'<p><span class="verdict {verdict[0]}" id="verdict">{escape(verdict[1])}</span></p>']
+    out += _section_gates(gates)
+    out += _section_results(s)
+    out += _section_curves(r)
+    out += _section_forgetting(r)
+    out += _section_benchmarks(s)
+    out += _section_samples(s)
+    out += _section_data(r)
+    out += _section_plan(r)
+    out += _section_events(r)
+    out += _section_manifest(r)
+    out.append(f"<p><small>{escape(str(r['dir']))} &middot; written by trainpipe {escape(str(r['manifest'].get('trainpipe_version', '')))}</small></p></main></body></html>")
+    return "\n".join(out)
+
+
+def _section_gates(gates) -> list[str]:
+    out = ['<h2 id="gates">Quality gates</h2>']
+    if not gates:
+        return out + ["<p class=\"na\">Not checked: the gates are checked when a run finishes (and by <code>trainpipe report RUN_DIR</code>).</p>"]
+    rows = []
+    for g in gates.get("results", []):
+        cls = {"pass": "pass", "fail": "fail"}.get(g["status"], "na")
+        rows.append([escape(g["name"]), f'<span class="{cls}">{escape(g["status"])}</span>', escape("" if g.get("threshold") is None else str(g["threshold"])), escape(g.get("evidence", ""))])
+    out.append(_table(["gate", "result", "threshold", "evidence"], rows))
+    out.append(f"<p><small>on failure: <code>{escape(str(gates.get('on_fail')))}</code></small></p>")
+    return out
+
+
+def _section_results(s: dict) -> list[str]:
+    out = ['<h2 id="results">Baseline vs final</h2>']
+    base, final = s.get("baseline") or {}, s.get("final") or {}
+    if not final and not base:
+        return out + ['<p class="na">Not measured (the run did not reach the final evaluation).</p>']
+    rows = []
+    for k in dict.fromkeys([*base, *final]):
+        b, f = base.get(k), final.get(k)
+        pct = k in RATE_METRICS
+        ch = ""
+        if isinstance(b, (int, float)) and isinstance(f, (int, float)):
+            ch = f"{100 * (f - b):+.1f} pts" if pct else f"{f - b:+.4g}"
+        rows.append([escape(k), _num(b, pct), _num(f, pct), ch])
+    out.append(_table(["metric (eval split)", "baseline", "final", "change"], rows, {1, 2, 3}))
+    t = s.get("test")
+    if t:
+        out.append("<p>Held-out test split, measured once on the chosen checkpoint:</p>")
+        out.append(_table(["test", "examples", "loss", "perplexity"], [["final", _num(t.get("examples")), _num(t.get("loss")), _num(t.get("perplexity"))]], {1, 2, 3}))
+    tr = s.get("train") or {}
+    if tr:
+        out.append(f"<p><small>{_num(tr.get('global_step'))} steps, {_num(tr.get('train_seconds'))} s training, best checkpoint <code>{escape(str(tr.get('best_checkpoint')))}</code> (eval loss {_num(tr.get('best_eval_loss'))})"
+                   + (", stopped early" if tr.get("stopped_early") else "") + "</small></p>")
+    charts = [(k, base.get(k), final.get(k)) for k in final if k in RATE_METRICS and isinstance(final.get(k), (int, float)) and isinstance(base.get(k), (int, float))]
+    if charts:
+        out.append('<div class="charts">' + plots.bar_chart("generated metrics: baseline vs final (share of the eval split)", [c[0] for c in charts], [("baseline", [c[1] for c in charts]), ("final", [c[2] for c in charts])]) + "</div>")
+    return out
+
+
+def _section_curves(r: dict) -> list[str]:
+    m = r["metrics"]
+    train = _series(m, "loss")
+    ev = _series(m, "eval_loss")
+    base_loss = (r["summary"].get("baseline") or r["baseline_file"].get("metrics") or {}).get("loss")
+    charts = [
+        plots.line_chart("loss", [("train loss", train), ("eval loss", ev)], ylabel="loss", hlines=[("baseline eval loss", base_loss)] if base_loss is not None else None,
+                         why_empty="no loss logged yet (metrics.jsonl)"),
+        plots.line_chart("learning rate", [("lr", _series(m, "learning_rate"))], ylabel="lr", why_empty="no learning rate logged"),
+        plots.line_chart("gradient norm (before clipping)", [("grad norm", _series(m, "grad_norm"))], ylabel="norm", why_empty="no gradient norm logged"),
+        plots.line_chart("throughput", [("tokens/s", _series(m, "tokens_per_second"))], ylabel="tokens/s", why_empty="no throughput logged"),
+    ]
+    extra = sorted({k for rec in m for k, v in rec.items() if isinstance(v, (int, float)) and k not in {"time", "step", "epoch", "loss", "eval_loss", "learning_rate", "grad_norm", "tokens_per_second", "tokens_seen", "input_share"}})
+    for k in extra[:6]:  # objective-specific figures (DPO margins, RL reward, ...)
+        charts.append(plots.line_chart(k, [(k, _series(m, k))], ylabel=k))
+    return ['<h2 id="curves">Training curves</h2>', '<div class="charts">' + "".join(charts) + "</div>"]
+
+
+def _section_forgetting(r: dict) -> list[str]:
+    f = r["forgetting"]
+    out = ['<h2 id="forgetting">Forgetting</h2>']
+    sets = f.get("sets") or {}
+    if not sets:
+        return out + ['<p class="na">No forgetting set configured (<code>eval.forgetting</code>).</p>']
+    thr = f.get("threshold", 0.05)
+    series, rows = [], []
+    for name, e in sets.items():
+        series.append((name, [(h["step"], 100 * h["change"]) for h in e.get("history", [])]))
+        fin = e.get("final") or {}
+        b = (e.get("baseline") or {}).get("loss")
+        ch = fin.get("change")
+        rows.append([escape(name), _num(e.get("examples")), _num(b), _num(fin.get("loss")), "" if ch is None else f"{100 * ch:+.2f} %",
+                     "" if ch is None else ('<span class="fail">forgot</span>' if fin.get("forgot") else '<span class="pass">kept</span>')])
+    out.append(_table(["set", "examples", "baseline loss", "final loss", "change", "verdict"], rows, {1, 2, 3, 4}))
+    out.append('<div class="charts">' + plots.line_chart("forgetting sets: loss change from baseline", series, ylabel="% change", hlines=[(f"alert threshold {100 * thr:.1f} %", 100 * thr)]) + "</div>")
+    alerts = [e for e in r["events"] if e.get("event") == "forgetting_detected"]
+    if alerts:
+        out.append(_table(["step", "phase", "set", "baseline", "current", "change"], [[_num(a.get("step")), escape(str(a.get("phase"))), escape(str(a.get("task"))), _num(a.get("baseline")), _num(a.get("current")), f"{a.get('change_pct')} %"] for a in alerts], {0, 3, 4, 5}))
+    return out
+
+
+def _section_benchmarks(s: dict) -> list[str]:
+    b = s.get("benchmarks") or {}
+    out = ['<h2 id="benchmarks">Benchmarks</h2>']
+    if not b:
+        return out + ['<p class="na">No benchmark configured (<code>eval.benchmarks</code>).</p>']
+    rows = [[escape(t), escape(str(v.get("metric"))), _num(v.get("samples")), _num(v.get("baseline")), _num(v.get("final")), "" if v.get("change") is None else f"{v['change']:+.4g}"] for t, v in b.items()]
+    out.append(_table(["task", "metric", "documents", "base model", "trained", "change"], rows, {2, 3, 4, 5}))
+    out.append('<div class="charts">' + plots.bar_chart("benchmarks: base vs trained", list(b), [("base", [v.get("baseline") for v in b.values()]), ("trained", [v.get("final") for v in b.values()])]) + "</div>")
+    return out
+
+
+def _section_samples(s: dict) -> list[str]:
+    smp = s.get("samples") or []
+    if not smp:
+        return []
+    rows = [[f"<pre>{escape(x.get('prompt', ''))}</pre>", escape(x.get("reference", "")), escape(x.get("baseline_prediction", "")), escape(x.get("prediction", ""))] for x in smp[:10]]
+    return ['<h2 id="samples">Sample generations (eval split)</h2>', _table(["prompt", "reference", "base model", "trained"], rows)]
+
+
+def _section_data(r: dict) -> list[str]:
+    d = r["data"]
+    out = ['<h2 id="data">Data</h2>']
+    if not d:
+        return out + ['<p class="na">No data report (the data step did not finish).</p>']
+    dropped = d.get("dropped") or {}
+    rows = [["records read", _num(d.get("records_read"))], ["records kept", _num(d.get("records_kept"))]]
+    rows += [[f"dropped: {escape(k)}", _num(v)] for k, v in dropped.items()]
+    rows += [["rejected (on_error: skip)", _num(d.get("rejected_total"))]]
+    dup = d.get("duplicates") or {}
+    rows += [["exact duplicates", _num(dup.get("exact"))], ["near duplicates", _num(dup.get("near"))], ["decontaminated", _num(d.get("decontaminated"))]]
+    rows += [[f"PII: {escape(k)}", _num(v)] for k, v in (d.get("pii") or {}).items()] or [["PII found", "0"]]
+    for split, v in (d.get("splits") or {}).items():
+        rows.append([f"{escape(split)} split", f"{_num(v.get('records'))} records, {_num(v.get('tokens'))} tokens ({_num(v.get('loss_tokens'))} trained)"])
+    inv = d.get("invariant") or {}
+    if inv:
+        rows.append(["accounting", f"{escape(inv.get('rule', ''))}: " + ('<span class="pass">holds</span>' if inv.get("holds") else '<span class="fail">does not hold</span>')])
+    out.append(_table(["", ""], rows, {1}))
+    lengths = r["lengths"]
+    ln = d.get("length") or {}
+    if lengths.get("counts"):
+        edges, counts = lengths["edges"], lengths["counts"]
+        labels = [f"{int(edges[i])}-{int(edges[i + 1])}" for i in range(len(counts))]
+        out.append('<div class="charts">' + plots.bar_chart(f"training example length (tokens), p50 {ln.get('p50')}, p95 {ln.get('p95')}, max {ln.get('max')} of {ln.get('max_length')}", labels, [("examples", counts)], ylabel="examples") + "</div>")
+    elif ln:
+        out.append(f"<p>lengths: p50 {ln.get('p50')}, p95 {ln.get('p95')}, max {ln.get('max')} tokens (limit {ln.get('max_length')}, {ln.get('policy')})</p>")
+    return out
+
+
+def _section_plan(r: dict) -> list[str]:
+    p = (r["summary"].get("plan") or {})
+    pred = (p.get("predicted") or {})
+    meas = (p.get("measured") or {}) or r["measured"]
+    out = ['<h2 id="plan">Plan vs measured</h2>']
+    if not pred and not meas:
+        return out + ['<p class="na">No plan comparison (the run did not finish training).</p>']
+    ps, ms = pred.get("state_bytes") or {}, meas.get("state_bytes") or {}
+    rows = [[escape(k.replace("_bytes", "")), _bytes(ps.get(k)), _bytes(ms.get(k))] for k in ("parameters_bytes", "gradients_bytes", "optimizer_bytes")]
+    mem = pred.get("memory") or {}
+    if mem.get("total_bytes"):
+        rows.append(["total (predicted peak)", _bytes(mem.get("total_bytes")), _bytes(meas.get("cuda_peak_bytes") or meas.get("peak_bytes"))])
+    tps_pred = pred.get("tokens_per_second")
+    rows.append(["tokens/s", _num(tps_pred), _num(meas.get("tokens_per_second"))])
+    out.append(_table(["", "predicted", "measured"], rows, {1, 2}))
+    return out
+
+
+def _section_events(r: dict) -> list[str]:
+    ev = r["events"]
+    out = ['<h2 id="events">Events</h2>']
+    if not ev:
+        return out + ['<p class="na">No events.</p>']
+    skip = {"time", "event", "level", "step"}
+    shown = [e for e in ev if e.get("event") not in ("checkpoint_saved",)] or ev
+    rows = []
+    for e in shown[-300:]:
+        more = ", ".join(f"{k}={json.dumps(v, default=str)[:120]}" for k, v in e.items() if k not in skip)
+        rows.append([escape(str(e.get("time", ""))[11:23]), _num(e.get("step")), f'<span class="level-{escape(str(e.get("level")))}">{escape(str(e.get("event")))}</span>', escape(more[:600])])
+    n_ck = sum(1 for e in ev if e.get("event") == "checkpoint_saved")
+    out.append(_table(["time (UTC)", "step", "event", "details"], rows, {1}))
+    if n_ck:
+        out.append(f"<p><small>{n_ck} checkpoint_saved events not listed</small></p>")
+    return out
+
+
+def _section_manifest(r: dict) -> list[str]:
+    m = r["manifest"]
+    out = ['<h2 id="manifest">Manifest</h2>']
+    rows = [["config hash", f"<code>{escape(str(m.get('config_hash', '')))}</code>"], ["trainpipe", escape(str(m.get("trainpipe_version", "")))],
+            ["git", escape(json.dumps(m.get("git", {}), default=str))], ["seed", _num(m.get("seed"))],
+            ["hardware", escape(json.dumps(m.get("hardware", {}), default=str)[:400])]]
+    for f in m.get("data_files") or []:
+        rows.append([f"data {escape(str(f.get('path')))}", f"sha256 <code>{escape(str(f.get('sha256')))}</code>"])
+    pk = m.get("packages") or {}
+    if pk:
+        rows.append(["packages", escape(", ".join(f"{k} {v}" for k, v in pk.items()))])
+    out.append(_table(["", ""], rows))
+    if r["config_text"]:
+        out.append(f"<details><summary>resolved config</summary><pre>{escape(r['config_text'])}</pre></details>")
+    return out
+
+
+def write_report(run_dir: str | Path) -> Path:
+    """Write ``RUN_DIR/report.html`` (atomically) from what the run wrote; returns its path."""
+    from trainpipe.redact import redact_text
+
+    run = Path(run_dir).resolve()
+    html = redact_text(build_html(load_run(run)))
+    path = run / "report.html"
+    tmp = run / "report.html.tmp"
+    try:
+        tmp.write_text(html, encoding="utf-8")
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_length_histogram(run_dir: Path, rows, bins: int = 20) -> None:
+    """`RUN_DIR/lengths.json`: the histogram of training example lengths (tokens) for the report."""
+    lengths = _lengths(rows)
+    if not lengths:
+        return
+    lo, hi = min(lengths), max(lengths)
+    width = max(1, -(-(hi - lo + 1) // bins))
+    edges = [lo + i * width for i in range(bins + 1)]
+    counts = [0] * bins
+    for n in lengths:
+        counts[min((n - lo) // width, bins - 1)] += 1
+    while counts and counts[-1] == 0:
+        counts.pop()
+        edges.pop()
+    from trainpipe.track.manifest import write_json
+
+    write_json(run_dir / "lengths.json", {"edges": edges, "counts": counts, "examples": len(lengths)})
+
+
+def _lengths(rows) -> list[int]:
+    table = getattr(rows, "data", None)  # a datasets.Dataset: the lengths from Arrow, without reading the rows into Python
+    if table is not None and hasattr(table, "column_names"):
+        import pyarrow.compute as pc
+
+        cols = [c for c in table.column_names if c == "input_ids" or c.endswith("_input_ids")]
+        if cols:
+            total = None
+            for c in cols:
+                n = pc.list_value_length(table.column(c))
+                total = n if total is None else pc.add(total, n)
+            return [int(x) for x in total.to_pylist() if x is not None]
+    from trainpipe.data.tokenize import row_tokens
+
+    return [row_tokens(r) for r in rows]
