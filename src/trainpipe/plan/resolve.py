@@ -356,7 +356,9 @@ def _resolve_strategy(cfg: RunConfig, spec, gpu, world: int, method: str, precis
     if requested != "auto":
         d, _ = D.decide_strategy(requested=requested, num_gpus=world, params=spec.total_params if spec else 0, fits_replicated=True, fits_zero2=True, fits_zero3=True)
         if spec is not None and spec.total_params > D.BEYOND_SHARDING:
-            decisions.append(Decision("strategy", requested, f"as set, at {spec.total_params / 1e9:.0f}B params: tensor + pipeline parallel (Megatron-LM, torchtitan) is the standard at this size", d.watch))
+            decisions.append(Decision("strategy", requested, f"`{requested}` as set (data-parallel sharding, which trainpipe runs); at {spec.total_params / 1e9:.0f}B params the "
+                                      "standard is tensor + pipeline parallel with Megatron-LM or torchtitan instead (`trainpipe plan --model` without "
+                                      "`--strategy` sizes its TP x PP x DP)", d.watch))
         else:
             decisions.append(Decision("strategy", requested, "as set", d.watch))
         return (Setting(requested, "config", "as set", d.watch),
@@ -379,7 +381,7 @@ def _resolve_strategy(cfg: RunConfig, spec, gpu, world: int, method: str, precis
                                    fits_replicated=fits("ddp"), fits_zero2=fits("zero2"), fits_zero3=fits("zero3"))
     matrix = d.value
     if matrix in ("zero2", "zero3"):  # the matrix's ZeRO sharding, run by the engine trainpipe's loop executes: FSDP2
-        usable = cfg.method.peft in D.FSDP_PEFT and cfg.method.peft != "qlora"
+        usable = cfg.method.peft in D.FSDP_PEFT  # qlora too: its 4-bit storage is sharded as floats (distributed/fsdp.py)
         value = "fsdp" if usable or not fits("ddp") else "ddp"
         d = replace(d, value=value, watch=D._watch_strategy(value), rule=d.rule + (
             f"; run as `{value}`: trainpipe's loop executes FSDP2 (parameters, gradients and optimizer states sharded, as ZeRO-3), "

@@ -349,3 +349,25 @@ def test_plan_config_nproc_above_the_machine_is_an_error(tmp_path, tiny_model_di
     assert main(["plan", str(cfg), "--gpu", "L4", "--num-gpus", "64"]) == 2
     out = capsys.readouterr()
     assert "Traceback" not in out.out + out.err and "--nodes" in out.out
+
+
+# ------------------------------------------------------------------ issue 10: `plan --model` resolves through the same resolver
+@pytest.mark.parametrize("model, gpu, n", [("Qwen/Qwen2.5-7B", "A100-80GB", 1), ("Qwen/Qwen2.5-7B", "L4", 1), ("Qwen/Qwen2.5-7B", "A100-40GB", 4),
+                                           ("Qwen/Qwen2.5-0.5B", "H100", 2), ("meta-llama/Llama-3.1-70B", "A100-80GB", 8), ("Qwen/Qwen2.5-14B", "RTX-4090", 2)])
+def test_plan_model_equals_plan_config(tmp_path, capsys, model, gpu, n):
+    """`plan --model X --gpu Y` and `plan CONFIG --gpu Y` for the config it stands for give the same micro-batch,
+    accumulation, precision, lr, strategy and method: both go through `plan.resolve.resolve` (as `run` does)."""
+    import yaml
+
+    from trainpipe.cli import main
+
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump({"model": {"name_or_path": model}, "data": {"sources": [{"path": "train.jsonl"}]},
+                                   "method": {"peft": "auto"}, "training": {"per_device_train_batch_size": "auto", "gradient_checkpointing": "auto"}}))
+    assert main(["plan", str(cfg), "--gpu", gpu, "--num-gpus", str(n), "--json"]) == 0
+    a = json.loads(capsys.readouterr().out)["recommendation"]
+    assert main(["plan", "--model", model, "--gpu", gpu, "--num-gpus", str(n), "--json"]) == 0
+    b = json.loads(capsys.readouterr().out)["recommendation"]
+    keys = ("method", "micro_batch", "gradient_accumulation", "effective_batch", "precision", "learning_rate", "strategy", "offload", "gradient_checkpointing")
+    assert {k: a[k] for k in keys} == {k: b[k] for k in keys}
+
