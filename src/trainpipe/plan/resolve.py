@@ -361,7 +361,7 @@ def _resolve_strategy(cfg: RunConfig, spec, gpu, world: int, method: str, precis
                                       "`--strategy` sizes its TP x PP x DP)", d.watch))
         else:
             decisions.append(Decision("strategy", requested, "as set", d.watch))
-        return (Setting(requested, "config", "as set", d.watch),
+        return (Setting(requested, "config", decisions[-1].rule, d.watch),
                 Setting(dist.offload, _source(dist, "offload"), "as set" if off_set else "the config's default"), False)
     if spec is None:
         value = "single" if world == 1 else "ddp"
