@@ -294,15 +294,110 @@ def test_a_worker_that_stops_answering_is_named_and_the_run_exits(tmp_path, base
 # ------------------------------------------------------------------------------ gradient compression
 
 
+COMPRESSED = {"training.max_steps": 14, "training.eval_steps": 7, "training.save_steps": 4}  # PowerSGD compresses from step 11 on
+
+
+@pytest.fixture(scope="module")
+def powersgd_reference(tmp_path_factory, base):
+    """The uninterrupted 2-process run under `grad_compression: powersgd` (14 steps, checkpoints at 4, 8, 12, 14)."""
+    tmp = tmp_path_factory.mktemp("psgd_ref")
+    rc, out = finish(launch(sft_config(tmp, base, **COMPRESSED, **{"distributed.grad_compression": "powersgd"})))
+    assert rc == 0, out[-3000:]
+    return tmp / "run"
+
+
 @pytest.mark.parametrize("kind", ["fp16", "powersgd"])
-def test_gradient_compression_trains(tmp_path, base, kind):
-    cfg = sft_config(tmp_path, base, **{"distributed.grad_compression": kind, "training.max_steps": 14, "training.eval_steps": 7, "training.save_steps": 7})
+def test_gradient_compression_trains(tmp_path, base, kind, request):
+    if kind == "powersgd":
+        run = request.getfixturevalue("powersgd_reference")
+    else:
+        rc, out = finish(launch(sft_config(tmp_path, base, **COMPRESSED, **{"distributed.grad_compression": kind})))
+        assert rc == 0, out[-3000:]
+        run = tmp_path / "run"
+    evals = [e["eval_loss"] for e in events(run) if e["event"] == "eval_done" and e.get("phase") == "train"]
+    base_loss = next(e["loss"] for e in events(run) if e["event"] == "eval_done" and e.get("phase") == "baseline")
+    assert evals[-1] < base_loss - 0.05, (base_loss, evals)
+    assert json.loads((run / "manifest.json").read_text())["distributed"]["grad_compression"] == kind
+
+
+def test_powersgd_state_is_checkpointed_so_resume_after_sigkill_is_bit_identical(tmp_path, base, powersgd_reference):
+    """SIGKILL of every worker after the step-12 checkpoint (PowerSGD has compressed steps 11 and 12: warm-started P/Q and
+    each rank's error feedback are live), then `--resume`: each rank gets its own PowerSGD state back, and the run ends
+    bit-identical to the uninterrupted one (a fresh PowerSGD state would all-reduce plainly again and differ)."""
+    cfg = sft_config(tmp_path, base, **COMPRESSED, **{"distributed.grad_compression": "powersgd", "training.resume": "auto"})
+    run = tmp_path / "run"
+    p = launch(cfg, faults={"step_seconds": 0.3})
+    wait_for(lambda: any(e["event"] == "checkpoint_saved" and e["step"] == 12 for e in events(run)), p)
+    for pid in worker_pids(p.pid).values():
+        os.kill(pid, signal.SIGKILL)
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    assert not any(e["event"] == "training_finished" for e in events(run))
+    from trainpipe.train.checkpoints import CheckpointManager
+
+    import torch
+
+    st = CheckpointManager.load(CheckpointManager(run / "checkpoints").latest_valid().path)[1]
+    ranks = st["powersgd_ranks"]
+    assert len(ranks) == 2 and all(r["iter"] == 12 for r in ranks) and ranks[0]["error"]  # compressed steps left residuals
+    assert not all(torch.equal(ranks[0]["error"][k], ranks[1]["error"][k]) for k in ranks[0]["error"])  # each rank's own
     rc, out = finish(launch(cfg))
     assert rc == 0, out[-3000:]
-    evals = [e["eval_loss"] for e in events(tmp_path / "run") if e["event"] == "eval_done" and e.get("phase") == "train"]
-    base_loss = next(e["loss"] for e in events(tmp_path / "run") if e["event"] == "eval_done" and e.get("phase") == "baseline")
-    assert evals[-1] < base_loss - 0.05, (base_loss, evals)
-    assert json.loads((tmp_path / "run" / "manifest.json").read_text())["distributed"]["grad_compression"] == kind
+    resumed = [e for e in events(run) if e["event"] == "checkpoint_resumed"][-1]
+    assert resumed["step"] == 12 and resumed["powersgd"].startswith("restored (iteration 12"), resumed
+    a, b = newest_weights(run), newest_weights(powersgd_reference)
+    assert all(torch.equal(a[k], b[k]) for k in a), f"resumed powersgd run differs from the uninterrupted one by {max_diff(a, b):.2e}"
+
+
+# ------------------------------------------------------------------------------ accelerate launch
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def accelerate_launch(cfg: Path, *flags: str) -> subprocess.Popen:
+    env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "120", "OMP_NUM_THREADS": "1"}
+    env.pop("TRAINPIPE_TEST_FAULTS", None)
+    accelerate = str(Path(sys.executable).with_name("accelerate"))
+    argv = [accelerate, "launch", *flags, "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "trainpipe.cli", "run", str(cfg)]
+    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def run_files(run: Path) -> set[str]:
+    return {str(f.relative_to(run)) for f in run.rglob("*") if f.is_file()}
+
+
+def test_accelerate_launch_trains_on_two_processes_like_torchrun(tmp_path, base, reference):
+    """`accelerate launch --multi_gpu --num_processes 2 -m trainpipe.cli run CFG` (accelerate 1.16 runs torchrun's agent;
+    without GPUs the workers use gloo): world size 2, the same run directory as `trainpipe run --nproc-per-node 2`
+    (torchrun semantics) and bit-identical weights; the manifest names the launcher."""
+    cfg = sft_config(tmp_path, base)
+    rc, out = finish(accelerate_launch(cfg, "--multi_gpu", "--num_processes", "2", "--main_process_port", str(free_port())))
+    assert rc == 0, out[-3000:]
+    run = tmp_path / "run"
+    started = [e for e in events(run) if e["event"] == "training_started"]
+    assert len(started) == 1 and started[0]["world_size"] == 2 and started[0]["effective_batch"] == 16
+    man, ref_man = (json.loads((r / "manifest.json").read_text())["distributed"] for r in (run, reference))
+    assert man["world_size"] == 2 and man["launcher"] == "accelerate" and ref_man["launcher"] == "torchrun"
+    assert run_files(run) == run_files(reference)
+    a, b = newest_weights(run), newest_weights(reference)
+    assert all(__import__("torch").equal(a[k], b[k]) for k in a), "accelerate launch trained other weights than torchrun"
+
+
+def test_accelerate_launch_cpu_without_mpirun_is_refused_not_trained_alone(tmp_path, base):
+    """`accelerate launch --cpu --num_processes 2` without an MPI host file starts one process (accelerate leaves the others
+    to mpirun); trainpipe stops with the launch lines that work instead of training alone under a 2-process plan."""
+    cfg = sft_config(tmp_path, base)
+    rc, out = finish(accelerate_launch(cfg, "--cpu", "--num_processes", "2"), timeout=120)
+    assert rc != 0, out[-3000:]
+    assert "`accelerate launch --cpu` with more than one process started a single process" in out and "--multi_gpu" in out
+    assert "Traceback" not in out.split("started a single process")[0][-2000:]
+    assert not any(e["event"] == "training_started" for e in events(tmp_path / "run"))
 
 
 # ------------------------------------------------------------------------------ every method under DDP

@@ -18,7 +18,7 @@ import pytest
 import torch
 import yaml
 
-from test_distributed import _method_config, base, events, finish, launch, max_diff, newest_weights, sft_config, sigterm_one_worker, wait_for, worker_pids  # noqa: F401 - `base` is a fixture
+from test_distributed import _method_config, assert_every_rank_halved, base, events, finish, launch, max_diff, newest_weights, sft_config, sigterm_one_worker, wait_for, worker_pids  # noqa: F401 - `base` is a fixture
 from trainpipe.cli import main
 
 pytestmark = pytest.mark.e2e
@@ -150,13 +150,84 @@ def test_fsdp_sigterm_to_one_worker_stops_all_then_the_checkpoint_resumes_on_one
     assert diff < 1e-5
 
 
-def test_fsdp_with_qlora_stops_before_any_weights_load_naming_what_works(tmp_path, base):  # noqa: F811
-    cfg = sft_config(tmp_path, base, **SHORT, **FSDP, **{"method.peft": "qlora"})
-    rc, out = finish(launch(cfg))
-    assert rc == 2, out[-3000:]
-    assert "`distributed.strategy: fsdp` with `method.peft: qlora`" in out and "`distributed.strategy: ddp` with `qlora`" in out
-    assert not (tmp_path / "run" / "checkpoints").exists() or not any((tmp_path / "run" / "checkpoints").iterdir())
-    assert not any(e["event"] == "training_started" for e in events(tmp_path / "run"))
+def test_fsdp_oom_on_one_rank_halves_every_ranks_micro_batch(tmp_path, base, fsdp_reference):  # noqa: F811
+    """An OOM on rank 1 alone, before its forward of window 1: rank 1 keeps taking part in the window's sharded forwards
+    and backwards with zero-loss micro-steps (every FSDP forward is a collective), the all-reduced flag makes both ranks
+    retry the window with micro-batch 2, and the run ends where the uninterrupted FSDP run ends (no hang: a timeout)."""
+    cfg = sft_config(tmp_path, base, **SHORT, **FSDP)
+    rc, out = finish(launch(cfg, faults={"ranks": [1], "oom_at_windows": [1]}), timeout=240)
+    assert rc == 0, out[-3000:]
+    assert_every_rank_halved(tmp_path / "run")
+    diff = max_diff(newest_weights(tmp_path / "run"), newest_weights(fsdp_reference))
+    print(f"\nfsdp oom on rank 1: max |w - w(uninterrupted)| = {diff:.2e}")
+    assert diff < 1e-5
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_divergence_on_one_rank_rolls_every_rank_back_together(tmp_path, base, strategy):  # noqa: F811
+    """A NaN loss on rank 1 alone in window 3: the all-reduced loss (and gradient norm) is NaN on every rank, so all roll
+    back to the step-2 checkpoint together, each loading it (FSDP: the gathered state, each rank keeping its shard), skip
+    window 3 and continue at half the learning rate. The 2-process run ends where one process with micro-batch 8 and the
+    same NaN ends: a rank that kept its own weights would have computed other gradients."""
+    one = sft_config(tmp_path / "one", base, **SHORT, **{"training.per_device_train_batch_size": 8})
+    rc, out = finish(launch(one, nproc=None, faults={"nan_at_windows": [3]}), timeout=240)
+    assert rc == 0, out[-3000:]
+    two = sft_config(tmp_path / "two", base, **SHORT, **{"distributed.strategy": strategy})
+    rc, out = finish(launch(two, faults={"ranks": [1], "nan_at_windows": [3]}), timeout=240)
+    assert rc == 0, out[-3000:]
+    for run in (_run_dir(one), _run_dir(two)):
+        ev = events(run)
+        assert [e["event"] for e in ev if e["event"] in ("gradient_overflow", "rolled_back")] == ["gradient_overflow", "rolled_back"]
+        rb = next(e for e in ev if e["event"] == "rolled_back")
+        assert rb["step"] == 2 and rb["checkpoint"].endswith("step-2") and rb["skipped_windows"] == [3] and rb["lr_scale"] == 0.5
+        assert [e for e in ev if e["event"] == "training_finished"]
+    assert json.loads((_run_dir(two) / "manifest.json").read_text())["distributed"]["strategy"] == strategy
+    diff = max_diff(newest_weights(_run_dir(one)), newest_weights(_run_dir(two)))
+    print(f"\n{strategy} rollback after a NaN on rank 1: max |w(2 procs) - w(1 proc, same NaN)| = {diff:.2e}")
+    assert diff < 1e-5
+
+
+def test_fsdp_with_qlora_trains_the_4bit_base_sharded_and_equals_one_process(tmp_path, base):  # noqa: F811
+    """FSDP + QLoRA as in PEFT's docs: the 4-bit weights are stored as the float dtype of the other parameters
+    (`bnb_4bit_quant_storage`), so FSDP2 shards them with everything else and all-gathers them before each layer; the
+    adapters train. 2 processes x micro-batch 4 equal 1 process x 8 on the same 4-bit base, and the eval loss falls."""
+    one = sft_config(tmp_path / "one", base, **SHORT, **{"method.peft": "qlora", "training.per_device_train_batch_size": 8})
+    assert main(["run", str(one)]) == 0
+    two = sft_config(tmp_path / "two", base, **SHORT, **FSDP, **{"method.peft": "qlora"})
+    rc, out = finish(launch(two), timeout=300)
+    assert rc == 0, out[-3000:]
+    run = _run_dir(two)
+    ev = events(run)
+    assert next(e for e in ev if e["event"] == "training_started")["world_size"] == 2
+    assert json.loads((run / "manifest.json").read_text())["distributed"]["strategy"] == "fsdp"
+    baseline = next(e["loss"] for e in ev if e["event"] == "eval_done" and e.get("phase") == "baseline")
+    evals = [e["eval_loss"] for e in ev if e["event"] == "eval_done" and e.get("phase") == "train"]
+    assert evals[-1] < baseline - 0.05, (baseline, evals)
+    diff = max_diff(newest_weights(_run_dir(one)), newest_weights(run))
+    print(f"\nfsdp qlora: eval loss {baseline:.4f} -> {evals[-1]:.4f}; max |w(2 procs x mb 4, FSDP) - w(1 proc x mb 8)| = {diff:.2e}")
+    assert diff < 1e-5
+    assert any("lora_A" in k for k in newest_weights(run)) and sum(e["event"] == "model_exported" for e in ev) == 1
+
+
+def test_four_bit_storage_is_viewed_as_floats_with_the_same_bytes(base):  # noqa: F811
+    """The conversion FSDP + QLoRA relies on: every Params4bit becomes float32 storage over the very same bytes, and the
+    4-bit model's forward is unchanged (one process, no sharding)."""
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    from trainpipe.distributed.fsdp import four_bit_storage_as_float
+
+    q = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32)
+    m = AutoModelForCausalLM.from_pretrained(str(base), quantization_config=q, dtype=torch.float32)
+    before = {n: p.data.clone() for n, p in m.named_parameters() if type(p).__name__ == "Params4bit"}
+    ids = torch.randint(5, 100, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref = m(input_ids=ids).logits
+    assert four_bit_storage_as_float(m) == len(before) > 0
+    after = dict(m.named_parameters())
+    assert all(after[n].dtype == torch.float32 and type(after[n]).__name__ == "Params4bit" for n in before)
+    assert all(torch.equal(after[n].data.reshape(-1).view(torch.uint8), before[n].reshape(-1)) for n in before)
+    with torch.no_grad():
+        assert torch.equal(m(input_ids=ids).logits, ref)
 
 
 @pytest.mark.parametrize("kind", ["rl", "pretrain", "reward", "dpo", "kto"])

@@ -37,16 +37,17 @@ def wrap(model, device, grad_compression: str = "none"):
     from torch.nn.parallel import DistributedDataParallel
 
     ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None, forward_sync_buffers=False)
-    register_compression(ddp, grad_compression)
+    ddp.trainpipe_hook_state = register_compression(ddp, grad_compression)  # PowerSGD's state (checkpointed per rank), else None
     return ddp
 
 
-def register_compression(ddp, kind: str) -> None:
-    """`distributed.grad_compression` as a DDP communication hook (torch.distributed.algorithms.ddp_comm_hooks)."""
+def register_compression(ddp, kind: str):
+    """`distributed.grad_compression` as a DDP communication hook (torch.distributed.algorithms.ddp_comm_hooks); returns
+    PowerSGD's state for `powersgd` (None otherwise)."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
     if kind == "none":
-        return
+        return None
     if kind == "fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
     elif kind == "bf16":
@@ -57,8 +58,36 @@ def register_compression(ddp, kind: str) -> None:
             warm_start=True, random_seed=0,
         )
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        return state
     else:
         raise ValueError(f"unknown grad_compression {kind!r}")
+    return None
+
+
+def powersgd_state_dict(state) -> dict:
+    """This rank's PowerSGD state as plain tensors and numbers (a checkpoint loads with ``weights_only=True``): the
+    iteration count (plain all-reduce until POWERSGD_START_STEP), the RNG that seeds new projections (the same on every
+    rank), the warm-started P and Q of each bucket and this rank's own error-feedback residuals (different per rank)."""
+    import torch
+
+    kind, keys, pos, has_gauss, cached = state.rng.get_state()
+    cpu = lambda d: {int(k): v.detach().to("cpu", copy=True) for k, v in d.items()}  # noqa: E731
+    return {
+        "iter": int(state.iter), "start_iter": int(state.start_powerSGD_iter), "matrix_rank": int(state.matrix_approximation_rank),
+        "rng": {"kind": kind, "keys": torch.from_numpy(keys.astype("int64")), "pos": int(pos), "has_gauss": int(has_gauss), "cached": float(cached)},
+        "error": cpu(state.error_dict), "p": cpu(state.p_memory_dict), "q": cpu(state.q_memory_dict),
+    }
+
+
+def load_powersgd_state(state, sd: dict, device) -> None:
+    """Restore :func:`powersgd_state_dict` into this rank's live PowerSGD state (its tensors moved to ``device``)."""
+    r = sd["rng"]
+    state.rng.set_state((r["kind"], r["keys"].numpy().astype("uint32"), r["pos"], r["has_gauss"], r["cached"]))
+    state.iter = int(sd["iter"])
+    for name, attr in (("error", "error_dict"), ("p", "p_memory_dict"), ("q", "q_memory_dict")):
+        live = getattr(state, attr)
+        live.clear()
+        live.update({int(k): v.to(device) for k, v in sd[name].items()})
 
 
 def _store():

@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime
 import math
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 
@@ -65,6 +66,7 @@ def init(backend: str = "auto", timeout_seconds: float = 600.0) -> DistEnv:
     ``timeout_seconds`` and names the rank; the backend's timeout only backs it up."""
     env = detect()
     if not env.distributed:
+        check_single_process_launch()
         return env
     import torch
     import torch.distributed as dist
@@ -86,6 +88,24 @@ def init(backend: str = "auto", timeout_seconds: float = 600.0) -> DistEnv:
     if not env.is_main:
         silence_console()
     return env
+
+
+def check_single_process_launch(environ: dict | None = None) -> None:
+    """`accelerate launch --cpu --num_processes N` (N > 1) without an MPI host file starts ONE process: accelerate's
+    multi-CPU mode expects `mpirun` to start the others, and sets MASTER_ADDR but no RANK / WORLD_SIZE. Training would
+    silently run on one process with a plan for N; stop instead and name the launch lines that start N workers."""
+    e = os.environ if environ is None else environ
+    mpi = any(k in e for k in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK"))
+    if e.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true") and "MASTER_ADDR" in e and "WORLD_SIZE" not in e and not mpi:
+        from trainpipe.errors import TrainpipeError
+
+        raise TrainpipeError(
+            "`accelerate launch --cpu` with more than one process started a single process: accelerate's multi-CPU mode leaves "
+            "starting the other processes to `mpirun` (`--mpirun_hostfile`), so this process has no RANK or WORLD_SIZE and would "
+            "train alone. Start the workers with `accelerate launch --multi_gpu --num_processes N -m trainpipe.cli run CONFIG` "
+            "(torchrun underneath; on a machine without GPUs the workers use gloo on the CPU), `trainpipe run CONFIG "
+            "--nproc-per-node N`, or `torchrun --nproc-per-node N -m trainpipe.cli run CONFIG`."
+        )
 
 
 def shutdown() -> None:
@@ -160,6 +180,53 @@ def all_reduce_sum(values: list[float], device=None) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t)
     return t.tolist()
+
+
+class EvalShard:
+    """This rank's share of an evaluation under several processes (train/loop.py sets it around its eval; the evaluator
+    reads it with :func:`current_eval_shard`). Batch k of the eval set goes to rank ``k % world``; ``lockstep`` (FSDP,
+    where every forward is a collective) gives every rank the same number of forwards, a rank short of batches
+    repeating one uncounted. :meth:`reduce` sums the losses and loss tokens over the ranks, so the mean is the one a
+    single process computes over the whole set."""
+
+    def __init__(self, rank: int, world: int, lockstep: bool):
+        self.rank, self.world, self.lockstep = rank, world, lockstep
+        self.used = False
+        self.counts: list[int] = []  # loss tokens each rank evaluated, after reduce
+
+    def assign(self, starts) -> list[tuple[int, bool]]:
+        """(batch start, counted) for this rank from the starts of every batch."""
+        starts = list(starts)
+        mine = [(i, True) for i in starts[self.rank :: self.world]]
+        if self.lockstep and starts:
+            mine += [(starts[0], False)] * (math.ceil(len(starts) / self.world) - len(mine))
+        self.used = True
+        return mine
+
+    def reduce(self, total: float, count: int) -> tuple[float, int]:
+        own = [0.0] * self.world
+        own[self.rank] = float(count)
+        red = all_reduce_sum([total, float(count), *own])
+        self.counts = [int(x) for x in red[2:]]
+        return red[0], int(red[1])
+
+
+_eval_shard: EvalShard | None = None
+
+
+def current_eval_shard() -> EvalShard | None:
+    """The evaluation shard of this rank while train/loop.py evaluates under several processes, else None."""
+    return _eval_shard
+
+
+@contextmanager
+def sharded_eval(rank: int, world: int, lockstep: bool):
+    global _eval_shard
+    _eval_shard = EvalShard(rank, world, lockstep)
+    try:
+        yield _eval_shard
+    finally:
+        _eval_shard = None
 
 
 class NullEventLog:

@@ -49,12 +49,13 @@ def wrap(model, grad_compression: str = "none", offload: str = "none"):
             f"`distributed.grad_compression: {grad_compression}` is a DDP communication hook; FSDP reduce-scatters its own "
             "gradients and has none. Set `distributed.grad_compression: none` with `distributed.strategy: fsdp`, or use `ddp`."
         )
+    four_bit_storage_as_float(model)
     for p in model.parameters():
         if p.dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise TrainpipeError(
                 f"`distributed.strategy: fsdp` trains on floating-point weights, and this model holds {p.dtype} parameters "
-                "(a quantized model: QLoRA). Under FSDP trainpipe trains `method.peft: none | freeze | lora | rslora | dora`; "
-                "for QLoRA on several processes use `distributed.strategy: ddp`."
+                "(an 8-bit quantized model: `qlora8`). Under FSDP trainpipe trains `method.peft: none | freeze | lora | rslora | "
+                "dora | qlora`; for 8-bit QLoRA on several processes use `distributed.strategy: ddp`."
             )
     policy = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if offload != "none" else OffloadPolicy()
     for layer in decoder_layers(model):
@@ -65,6 +66,42 @@ def wrap(model, grad_compression: str = "none", offload: str = "none"):
 
         register_fsdp_forward_method(model, "generate")
     return model
+
+
+def four_bit_storage_as_float(model) -> int:
+    """QLoRA under FSDP, PEFT's recipe (`bnb_4bit_quant_storage` = the float dtype of the other parameters): the packed
+    4-bit bytes of every bitsandbytes ``Params4bit`` are viewed as that float dtype (4 bytes = 8 weights per float32), so
+    that FSDP2 shards them on dim 0 like any other parameter and all-gathers them, in one flat buffer of one dtype,
+    before each layer's forward. The bytes and the quantization state are unchanged; bitsandbytes' ``Linear4bit``
+    re-attaches its module's ``quant_state`` to the gathered tensor in its forward (``fix_4bit_weight_quant_state_from_module``,
+    written for FSDP). Returns the number of weights converted."""
+    import torch
+
+    four = [(m, m.weight) for m in model.modules() if type(getattr(m, "weight", None)).__name__ == "Params4bit"]
+    if not four:
+        return 0
+    import bitsandbytes as bnb
+
+    floats = {p.dtype for p in model.parameters() if p.dtype.is_floating_point and type(p).__name__ != "Params4bit"}
+    target = torch.float32 if torch.float32 in floats or not floats else next(iter(floats))
+    for mod, w in four:
+        if w.dtype == target:
+            mod.quant_state, mod.quant_storage = w.quant_state, target
+            continue
+        data = w.data.reshape(-1)
+        if w.dtype != torch.uint8 or (data.numel() * data.element_size()) % target.itemsize:
+            raise TrainpipeError(
+                f"`distributed.strategy: fsdp` with `method.peft: qlora` shards the 4-bit weights as {target}, and a weight of "
+                f"{type(mod).__name__} holds {data.numel()} {w.dtype} values that do not fill whole {target} elements. Use "
+                "`distributed.strategy: ddp` with `qlora`, or `fsdp` with `lora`."
+            )
+        new = bnb.nn.Params4bit(
+            data.view(torch.uint8).view(target).reshape(-1, 1), requires_grad=False, quant_state=w.quant_state, blocksize=w.blocksize,
+            compress_statistics=w.compress_statistics, quant_type=w.quant_type, quant_storage=target, module=mod, bnb_quantized=True,
+        )
+        mod._parameters["weight"] = new
+        mod.quant_state, mod.quant_storage = w.quant_state, target
+    return len(four)
 
 
 def is_sharded(model) -> bool:

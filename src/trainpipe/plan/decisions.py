@@ -270,11 +270,6 @@ def check_strategy(*, strategy: str, offload: str, peft: str, world: int, accele
         raise PlanError(f"`distributed.strategy: fsdp` with `method.peft: {peft}`: PEFT does not support {peft} under FSDP "
                         f"({'the trainable soft prompt lives outside the sharded blocks' if peft in ('prompt_tuning', 'prefix_tuning') else '8-bit bitsandbytes weights cannot be sharded' if peft == 'qlora8' else 'it is not documented or tested with FSDP'}). "
                         f"Use `distributed.strategy: ddp` (or `zero2`), or a method FSDP runs: {', '.join(FSDP_PEFT)}.")
-    if strategy == "fsdp" and peft == "qlora" and world > 1:
-        raise PlanError("`distributed.strategy: fsdp` with `method.peft: qlora`: trainpipe's FSDP2 loop shards floating-point "
-                        "parameters, and bitsandbytes 4-bit weights lose their quantization state when FSDP2 shards them, so "
-                        "FSDP + QLoRA does not train in trainpipe yet. Use `distributed.strategy: ddp` with `qlora` (each process "
-                        "holds the 4-bit model), or `fsdp` with `method.peft: lora`, `rslora`, `dora`, `freeze` or `none`.")
     if strategy == "zero3" and peft not in ZERO3_PEFT:
         raise PlanError(f"`distributed.strategy: zero3` with `method.peft: {peft}`: ZeRO-3 partitions every parameter, and "
                         f"{'the soft prompt embedding PEFT prepends is read outside the partitioned forward' if peft in ('prompt_tuning', 'prefix_tuning') else '8-bit bitsandbytes weights cannot be partitioned'}. "

@@ -1128,13 +1128,21 @@ class TrainLoop:
             ) from None
 
     def _eval(self) -> float:
+        shard_fields: dict = {}
         if self.world == 1:
             metric = self._evaluate_or_stop()
-        elif self.fsdp:  # a sharded forward needs every rank: all evaluate the same batches, rank 0's figure counts
-            from trainpipe.distributed.env import broadcast_object
+        elif self.fsdp or type(self.objective) is TokenCrossEntropy:
+            # the token loss (sft, pretrain: evaluate/evaluator.eval_loss) is sharded: rank r evaluates batches r, r + world, ...
+            # and the sums of losses and loss tokens are all-reduced, so the figure is one process's over the whole set. Other
+            # evaluations run whole on every rank under FSDP (a sharded forward needs every rank); rank 0's figure counts.
+            from trainpipe.distributed.env import broadcast_object, sharded_eval
 
             self._mark("eval")
-            metric = broadcast_object(self._evaluate_or_stop())
+            with sharded_eval(self.rank, self.world, lockstep=self.fsdp) as shard:
+                metric = self._evaluate_or_stop()
+            metric = broadcast_object(metric)
+            if shard.used:
+                shard_fields = {"eval_ranks": self.world, "eval_loss_tokens_per_rank": shard.counts}
             self._mark("compute")
         else:  # rank 0 evaluates (the weights are the same on every rank); all take its figure
             from trainpipe.distributed.env import broadcast_object
@@ -1144,7 +1152,7 @@ class TrainLoop:
             self._mark("compute")
         self.model.train()
         st = self.state
-        self.events.emit("eval_done", step=st.step, phase="train", eval_loss=metric)
+        self.events.emit("eval_done", step=st.step, phase="train", eval_loss=metric, **shard_fields)
         self._metric({"time": time.time(), "step": st.step, "eval_loss": metric})
         if st.best_metric is None or metric < st.best_metric:
             st.best_metric, st.best_step, st.evals_without_improvement = metric, st.step, 0
