@@ -422,10 +422,11 @@ def config_validate(config: ConfigArg, set_: SetOpt = None) -> None:
 def config_show(config: ConfigArg, set_: SetOpt = None) -> None:
     """Print the resolved config: defaults, the file and overrides, with `auto` values filled in for this machine."""
     from trainpipe.config import dump_yaml, load_config
-    from trainpipe.plan.hardware import detect
+    from trainpipe.plan.hardware import detect_without_torch
     from trainpipe.plan.run_plan import plan_run
 
-    plan = plan_run(load_config(config, set_ or []), detect())
+    # no torch or transformers import unless a decision needs the model's size (`auto` method/batch, several processes)
+    plan = plan_run(load_config(config, set_ or []), detect_without_torch(), sizing=False)
     for d in plan.decisions:
         typer.echo(f"# {d.key}: {d.value} ({d.rule})")
     typer.echo(dump_yaml(plan.config), nl=False)

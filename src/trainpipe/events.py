@@ -45,6 +45,7 @@ EVENT_NAMES = {
     "tracking_synced",
     "forgetting_detected",  # evaluate/forgetting.py: a forgetting set's loss rose past eval.forgetting_threshold
     "gate_failed",  # evaluate/gates.py: a quality gate failed, with its evidence
+    "trial_pruned",  # tune/tune.py: the study's pruner stopped this trial at an eval (no export; not a failure)
 }
 
 LEVELS = ("debug", "info", "warning", "error", "fatal")

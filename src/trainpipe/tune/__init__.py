@@ -1,0 +1,1 @@
+"""Search and sizing: `trainpipe tune` (Optuna study over `tune.space`), `lr-find`, `batch-find`, `automl`."""
