@@ -257,13 +257,22 @@ def export(
     combination: Annotated[str, typer.Option("--combination", help="How `--combine` mixes LoRA adapters: cat (exact weighted sum of updates), linear, svd.")] = "cat",
     out: Annotated[Optional[Path], typer.Option("--out", help="Write here instead of RUN_DIR/model (or RUN_DIR/export/NAME).")] = None,
     checkpoint: Annotated[Optional[str], typer.Option("--checkpoint", help="Export this checkpoint of the run (`step-N`, a name in RUN_DIR/checkpoints) instead of the best.")] = None,
+    gguf: Annotated[Optional[str], typer.Option("--gguf", help="Also write the export as GGUF for llama.cpp / Ollama: f16 or f32 (llama-architecture models).")] = None,
 ) -> None:
     """Export the best checkpoint of a run (merged safetensors, adapter, tokenizer, model card); or one adapter / a combination of a multi-adapter run."""
     from trainpipe.pipeline.export_run import export_run, parse_combine
 
+    if gguf:
+        from trainpipe.export_gguf import check_dtype
+
+        check_dtype(gguf)  # a type it cannot write stops before the export
     path = export_run(run_dir, adapter=adapter, combine=parse_combine(combine) if combine else None, combination=combination, out=out,
                       checkpoint=checkpoint)
     typer.echo(f"exported: {path}")
+    if gguf:
+        from trainpipe.export_gguf import write_gguf
+
+        typer.echo(f"gguf: {write_gguf(path, dtype=gguf)}")
 
 
 @app.command()

@@ -155,6 +155,20 @@ def _start_server(tmp: Path, port: int) -> subprocess.Popen:
     raise AssertionError("mlflow server did not answer in 120 s:\n" + (tmp / "server.log").read_text()[-3000:])
 
 
+def _stop(proc: subprocess.Popen) -> None:
+    """The server and its workers (their own process group, started by this test)."""
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=20)
+    except ProcessLookupError:
+        pass
+
+
 def test_mlflow_server_unreachable_then_synced_then_live(tmp_path, tiny_model_dir, secret_env):
     """A run against a server that is not up finishes with `tracking_unavailable` and everything in the run dir; once a
     real `mlflow server` listens there, `trainpipe track sync` logs all of it; a run while it is up logs live."""
@@ -183,8 +197,7 @@ def test_mlflow_server_unreachable_then_synced_then_live(tmp_path, tiny_model_di
         client, run = _assert_mlflow_has_everything(uri, live)
         assert json.loads((live / "tracking.json").read_text())["registered"]["version"] == "2"  # the second version of `tracked`
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        _stop(server)
     _no_secret_under(tmp_path / "server.db", tmp_path / "server-artifacts", tmp_path / "server.log", run_dir)
 
 
@@ -204,21 +217,42 @@ def test_tensorboard_offline(tmp_path, tiny_model_dir, secret_env):
     _no_secret_under(run_dir)
 
 
+def _wandb_records(path: Path) -> list[bytes]:
+    """The records of a `.wandb` file: W&B's LevelDB-style log (a 7-byte `:W&B` header, then 32 KiB blocks of
+    [crc32, length, type] chunks; type 1 a whole record, 2/3/4 its first/middle/last parts)."""
+    import struct
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B", data[:7]
+    pos, buf, out, block = 7, b"", [], 32768
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7:
+            pos += left
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        chunk = data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind == 1:
+            out.append(chunk)
+        elif kind == 2:
+            buf = chunk
+        elif kind == 3:
+            buf += chunk
+        elif kind == 4:
+            out.append(buf + chunk)
+    return out
+
+
 def _wandb_history(run_dir: Path) -> tuple[dict, dict]:
     """(history rows by step, config) read back from the offline run's own `.wandb` record log."""
     from wandb.proto import wandb_internal_pb2
-    from wandb.sdk.internal import datastore
 
     files = list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(files) == 1, files
-    ds = datastore.DataStore()
-    ds.open_for_scan(str(files[0]))
     rows: dict[int, dict] = {}
     config: dict = {}
-    while True:
-        data = ds.scan_data()
-        if data is None:
-            break
+    for data in _wandb_records(files[0]):
         rec = wandb_internal_pb2.Record()
         rec.ParseFromString(data)
         kind = rec.WhichOneof("record_type")
@@ -227,7 +261,7 @@ def _wandb_history(run_dir: Path) -> tuple[dict, dict]:
             rows.setdefault(int(items.get("_step", rec.history.step.num)), {}).update(items)
         elif kind == "config":
             for i in rec.config.update:
-                config[i.key] = json.loads(i.value_json)
+                config[i.key or "/".join(i.nested_key)] = json.loads(i.value_json)
     return rows, config
 
 

@@ -1,0 +1,147 @@
+"""The content-addressed step cache of `trainpipe pipeline run`.
+
+A step's key is the SHA-256 of three parts: its inputs' content (the digests of the artefacts it consumes, files hashed
+byte for byte), its config section (canonical JSON of the keys the step reads), and its code (the trainpipe version and
+the SHA-256 of the source files of the modules that run it). The same key means the same result; a step whose key has an
+entry is reused, not run.
+
+An entry lives at `cache/<step>/<key>.json` in the artefact store (store.py), beside its outputs under
+`artifacts/<step>/<key>/`. It records each output's files with their SHA-256, the key's parts, and the lineage (what
+produced it), and it carries its own checksum. It is written last, so a step that failed half way leaves no entry; an
+entry whose checksum or whose files do not verify is ignored with a warning and the step runs again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import trainpipe
+from trainpipe.pipeline.store import ArtifactStore, digest_of, sha256_bytes
+
+_SRC = Path(trainpipe.__file__).parent
+
+
+def canonical(obj) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str).encode()
+
+
+def code_hash(modules: tuple[str, ...]) -> str:
+    """trainpipe's version and the SHA-256 of the source of `modules` (package-relative files or folders, e.g.
+    `data`, `train/loop.py`)."""
+    h = hashlib.sha256(f"trainpipe {trainpipe.__version__}\n".encode())
+    for m in sorted(modules):
+        p = _SRC / m
+        files = sorted(p.rglob("*.py")) if p.is_dir() else [p]
+        for f in files:
+            if f.is_file():
+                h.update(f.relative_to(_SRC).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def step_key(step: str, inputs: dict[str, str], config: dict, code: str) -> tuple[str, dict]:
+    parts = {"step": step, "inputs": dict(sorted(inputs.items())), "config": sha256_bytes(canonical(config)), "code": code}
+    return sha256_bytes(canonical(parts)), parts
+
+
+@dataclass
+class Lookup:
+    entry: dict | None
+    warning: str | None = None
+
+
+class StepCache:
+    def __init__(self, store: ArtifactStore):
+        self.store = store
+
+    @staticmethod
+    def entry_key(step: str, key: str) -> str:
+        return f"cache/{step}/{key}.json"
+
+    @staticmethod
+    def artifact_key(step: str, key: str, name: str) -> str:
+        return f"artifacts/{step}/{key}/{name}"
+
+    def lookup(self, step: str, key: str) -> Lookup:
+        """The entry of (step, key) when its checksum and every file of its outputs verify; else None (with a warning
+        when an entry was there but failed)."""
+        ek = self.entry_key(step, key)
+        if not self.store.exists(ek):
+            return Lookup(None)
+        try:
+            entry = json.loads(self.store.get_bytes(ek))
+        except ValueError:
+            return Lookup(None, f"cache entry {self.store.uri(ek)} is not valid JSON; ignored, the step runs again")
+        body = {k: v for k, v in entry.items() if k != "checksum"}
+        if entry.get("checksum") != sha256_bytes(canonical(body)) or entry.get("key") != key:
+            return Lookup(None, f"cache entry {self.store.uri(ek)} fails its checksum; ignored, the step runs again")
+        for name, out in entry.get("outputs", {}).items():
+            for rel, sha in out.get("files", {}).items():
+                fk = f"{out['key']}/{rel}" if rel else out["key"]
+                try:
+                    got = self.store.file_sha256(fk)
+                except (FileNotFoundError, OSError):
+                    return Lookup(None, f"cache entry {step}/{key[:12]}: output `{name}` file {rel or out['key']} is missing; ignored, the step runs again")
+                if got != sha:
+                    return Lookup(None, f"cache entry {step}/{key[:12]}: output `{name}` file {rel or out['key']} has sha256 {got[:12]}, the entry recorded "
+                                        f"{sha[:12]}; ignored, the step runs again")
+        return Lookup(entry)
+
+    def save(self, step: str, key: str, parts: dict, outputs: dict[str, Path], *, types: dict[str, str], lineage: dict, seconds: float,
+             exclude: tuple[str, ...] = ()) -> dict:
+        """Upload `outputs` (name -> local file or folder) and write the entry last."""
+        recorded = {}
+        for name, local in outputs.items():
+            ak = self.artifact_key(step, key, name)
+            files = self.store.put_path(Path(local), ak, exclude=exclude)
+            recorded[name] = {"key": ak, "uri": self.store.uri(ak), "type": types.get(name), "files": files, "digest": digest_of(files),
+                              "kind": "file" if list(files) == [""] else "folder"}
+        body = {"step": step, "key": key, "parts": parts, "outputs": recorded, "lineage": lineage, "created": time.time(), "seconds": round(seconds, 3),
+                "trainpipe_version": trainpipe.__version__}
+        entry = body | {"checksum": sha256_bytes(canonical(json.loads(canonical(body))))}
+        self.store.put_bytes(self.entry_key(step, key), canonical(entry))
+        return entry
+
+    def entries(self) -> list[dict]:
+        out = []
+        for step_dir in self.store.ls("cache"):
+            for k in self.store.ls(step_dir):
+                if not k.endswith(".json"):
+                    continue
+                e = self.store.get_json(k)
+                if e:
+                    size = sum(self.store.walk_files(o["key"]).values()) if e.get("outputs") else 0
+                    out.append(e | {"_size": size, "_entry": k})
+        return sorted(out, key=lambda e: e.get("created", 0))
+
+    def gc(self, *, keep: set[tuple[str, str]], dry_run: bool = False) -> list[str]:
+        """Remove every entry (and its artefacts) not in `keep` ((step, key) pairs the pipelines' latest runs use),
+        artefact folders without an entry and temporaries left by an interrupted write. Returns what was removed."""
+        removed = []
+        live = set()
+        for e in self.entries():
+            if (e["step"], e["key"]) in keep:
+                live.add((e["step"], e["key"]))
+                continue
+            removed.append(e["_entry"])
+            if not dry_run:
+                self.store.rm(f"artifacts/{e['step']}/{e['key']}")
+                self.store.rm(e["_entry"])
+        for step_dir in self.store.ls("artifacts"):
+            step = step_dir.rsplit("/", 1)[-1]
+            for k in self.store.ls(step_dir):
+                key = k.rsplit("/", 1)[-1]
+                if (step, key) not in live:
+                    removed.append(k)
+                    if not dry_run:
+                        self.store.rm(k)
+        for step_dir in self.store.ls("cache"):
+            for k in self.store.ls(step_dir):
+                if ".tmp-" in k:
+                    removed.append(k)
+                    if not dry_run:
+                        self.store.rm(k)
+        return sorted(set(removed))

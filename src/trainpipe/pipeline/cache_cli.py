@@ -1,0 +1,68 @@
+"""`trainpipe cache ls | gc`: the pipeline's step cache (cache.py) in its artefact store (store.py)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from trainpipe.errors import TrainpipeError
+
+
+def open_store(config: Path | None, store: str | None):
+    from trainpipe.pipeline.store import ArtifactStore
+
+    if store is None:
+        if config is None:
+            raise TrainpipeError("Give a run config (its `pipeline.store`, or the default beside its `output_dir`) or `--store URL`.")
+        from trainpipe.config import load_config
+        from trainpipe.pipeline.dag import default_store
+
+        store = default_store(load_config(config, []))
+    return ArtifactStore(store)
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def cache_ls(config: Path | None, store: str | None, *, as_json: bool = False) -> list[dict]:
+    from trainpipe import ui
+    from trainpipe.pipeline.cache import StepCache
+
+    st = open_store(config, store)
+    entries = StepCache(st).entries()
+    if as_json:
+        print(json.dumps([{k: e[k] for k in ("step", "key", "created", "seconds", "outputs", "lineage", "_size")} for e in entries], indent=2, default=str))
+        return entries
+    con = ui.console()
+    con.print(f"{len(entries)} cache entries in {st.url}", markup=False)
+    for e in entries:
+        outs = ", ".join(f"{n}: {o['type']}" for n, o in e["outputs"].items())
+        made = (e.get("lineage") or {}).get("produced_by", {}).get("step", e["step"])
+        con.print(f"  {e['step']:<9} {e['key'][:16]}  {_size(e['_size']):>10}  {time.strftime('%Y-%m-%d %H:%M', time.localtime(e['created']))}  "
+                  f"{e.get('seconds', 0):>7.1f} s  {outs}  (by {made})", markup=False, soft_wrap=True)
+    return entries
+
+
+def cache_gc(config: Path | None, store: str | None, *, everything: bool = False, dry_run: bool = False) -> list[str]:
+    from trainpipe import ui
+    from trainpipe.pipeline.cache import StepCache
+
+    st = open_store(config, store)
+    keep: set[tuple[str, str]] = set()
+    if not everything:
+        for k in st.ls("pipelines"):
+            rec = st.get_json(k) or {}
+            keep |= {(s["kind"], s["key"]) for s in rec.get("steps", [])}
+    removed = StepCache(st).gc(keep=keep, dry_run=dry_run)
+    con = ui.console()
+    verb = "would remove" if dry_run else "removed"
+    con.print(f"cache gc: {verb} {len(removed)} item(s), kept {len(keep)} entr{'y' if len(keep) == 1 else 'ies'} the pipelines' latest runs use", markup=False)
+    for r in removed:
+        con.print(f"  {r}", markup=False)
+    return removed

@@ -1,0 +1,497 @@
+"""`trainpipe pipeline`: a run as a DAG of typed steps with a content-addressed cache.
+
+    prepare -> train -> evaluate -> export -> register -> report
+
+Every step declares typed inputs and outputs (`PreparedData`, `RunDir`, `EvalReport`, `Model`, `Registration`,
+`ReportPage`); `build_dag` connects them and refuses a connection whose types differ. A multi-stage config (`stages:`)
+is one chain per stage, each stage's `train` taking the model the previous policy stage exported (and an rl stage the
+reward stage's model); `method.adapters` is one chain per adapter on the shared base. The steps call the functions
+`trainpipe run` uses (`data.prepare.prepare`, `pipeline.run.run`, `evaluate.evaluator.eval_loss`, the tracker's
+registry, `report.html.write_report`), never copies of them.
+
+Each step's key (cache.py) is the hash of its inputs' content, its config section and its code. A step whose key has a
+verified entry in the store is reused (its outputs copied back where the next steps read them, when they are not
+already there), and the run says which steps were reused and why, and why each other step ran (which input, which
+config key, or the code changed). `--no-cache` runs every step. Outputs go to the artefact store (store.py), the entry
+last; the record of each pipeline run goes to `pipelines/<id>.json` in the store and `<output_dir>/pipeline.json`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainpipe import ui
+from trainpipe.config import RunConfig
+from trainpipe.errors import ConfigError, TrainpipeError
+from trainpipe.pipeline.cache import StepCache, canonical, code_hash, step_key
+from trainpipe.pipeline.store import ArtifactStore, digest_of, sha256_bytes
+from trainpipe.redact import redact_obj
+
+KINDS = ("prepare", "train", "evaluate", "export", "register", "report")
+# the typed interface of each kind of step: inputs (name -> type) and outputs (name -> type)
+INPUTS = {
+    "prepare": {},
+    "train": {"data": "PreparedData", "base_model": "Model", "reward_model": "Model"},
+    "evaluate": {"run": "RunDir", "data": "PreparedData"},
+    "export": {"run": "RunDir", "metrics": "EvalReport"},
+    "register": {"model": "Model", "run": "RunDir"},
+    "report": {"run": "RunDir", "metrics": "EvalReport"},
+}
+OUTPUTS = {
+    "prepare": {"data": "PreparedData"},
+    "train": {"run": "RunDir"},
+    "evaluate": {"metrics": "EvalReport"},
+    "export": {"model": "Model"},
+    "register": {"registration": "Registration"},
+    "report": {"page": "ReportPage"},
+}
+# the source the step runs (its code hash): package-relative modules
+CODE = {
+    "prepare": ("data", "pipeline/dag.py"),
+    "train": ("train", "data", "evaluate", "export.py", "pipeline/run.py", "plan", "distributed"),
+    "evaluate": ("evaluate", "pipeline/dag.py"),
+    "export": ("pipeline/dag.py", "pipeline/lineage.py"),
+    "register": ("track", "pipeline/dag.py"),
+    "report": ("report", "pipeline/dag.py"),
+}
+RUN_EXCLUDE = ("checkpoints", ".trainpipe.lock")  # the run folder in the store: everything but the checkpoints
+
+
+class PipelineError(TrainpipeError):
+    title = "pipeline"
+
+
+@dataclass
+class Step:
+    id: str  # unique in the DAG: `train`, `sft.train`, `adapter-a.train`
+    kind: str
+    cfg: RunConfig  # the config of its branch (a stage's, an adapter's, or the run's)
+    inputs: dict[str, tuple[str, str]] = field(default_factory=dict)  # input name -> (producing step id, its output name)
+    external: dict[str, str] = field(default_factory=dict)  # content of inputs from outside the DAG (data sources, base model)
+    branch: str | None = None
+
+    @property
+    def outputs(self) -> dict[str, str]:
+        return OUTPUTS[self.kind]
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.cfg.output_dir).resolve()
+
+    def config_section(self) -> dict:
+        """The keys of the config this step reads (part of its key)."""
+        c = self.cfg.model_dump(mode="json")
+        if self.kind == "prepare":
+            return {"data": c["data"], "model": {k: c["model"][k] for k in ("pad_token", "trust_remote_code", "revision")},
+                    "method": {"name": c["method"]["name"], "train_on": c["method"]["train_on"], "new_tokens": c["method"]["pretrain"]["new_tokens"]},
+                    "training": {"seed": c["training"]["seed"]}}
+        if self.kind == "train":
+            model = dict(c["model"])
+            if "base_model" in self.inputs:
+                model.pop("name_or_path")  # its content is the input `base_model`
+            method = dict(c["method"])
+            if "reward_model" in self.inputs:
+                method["rl"] = {k: v for k, v in method["rl"].items() if k != "reward_model"}
+            return {"model": model, "method": method, "training": c["training"], "eval": c["eval"], "distributed": c["distributed"]}
+        if self.kind == "evaluate":
+            return {"eval": c["eval"], "per_device_eval_batch_size": c["training"]["per_device_eval_batch_size"]}
+        if self.kind == "register":
+            t = c["tracking"]
+            return {"tracking": {k: t[k] for k in ("backend", "experiment", "register_model", "model_name")}, "name": c["name"]}
+        return {}
+
+
+# --------------------------------------------------------------------------- building
+
+
+def build_dag(cfg: RunConfig) -> list[Step]:
+    """The steps of `cfg` in an order that runs each after its inputs."""
+    if cfg.output_dir is None:
+        cfg = cfg.model_copy(update={"output_dir": f"runs/{cfg.name or 'run'}"})
+    root = Path(cfg.output_dir).resolve()
+    steps: list[Step] = []
+    if cfg.stages:
+        from trainpipe.pipeline.stages import stage_plan
+
+        produced: dict[str, str] = {}  # model folder path -> step id of the export that made it
+        for st in stage_plan(cfg, root):
+            sub, name = st["config"], st["name"]
+            links = {}
+            if st["input_stage"]:
+                links["base_model"] = (f"{st['input_stage']}.export", "model")
+            if st["reward_stage"]:
+                links["reward_model"] = (f"{st['reward_stage']}.export", "model")
+            steps += _chain(sub, name, links)
+            produced[str(root / name / "model")] = f"{name}.export"
+    elif cfg.method.adapters:
+        from trainpipe.pipeline.adapters import adapter_config
+
+        for a in cfg.method.adapters:
+            steps += _chain(adapter_config(cfg, a.name, root), f"adapter-{a.name}", {})
+    else:
+        steps += _chain(cfg.model_copy(update={"output_dir": str(root)}), None, {})
+    check_types(steps)
+    return steps
+
+
+def _chain(cfg: RunConfig, branch: str | None, train_links: dict) -> list[Step]:
+    p = (lambda k: f"{branch}.{k}") if branch else (lambda k: k)  # noqa: E731
+    return [
+        Step(p("prepare"), "prepare", cfg, branch=branch),
+        Step(p("train"), "train", cfg, {"data": (p("prepare"), "data"), **train_links}, branch=branch),
+        Step(p("evaluate"), "evaluate", cfg, {"run": (p("train"), "run"), "data": (p("prepare"), "data")}, branch=branch),
+        Step(p("export"), "export", cfg, {"run": (p("train"), "run"), "metrics": (p("evaluate"), "metrics")}, branch=branch),
+        Step(p("register"), "register", cfg, {"model": (p("export"), "model"), "run": (p("train"), "run")}, branch=branch),
+        Step(p("report"), "report", cfg, {"run": (p("train"), "run"), "metrics": (p("evaluate"), "metrics")}, branch=branch),
+    ]
+
+
+def check_types(steps: list[Step]) -> None:
+    by_id = {s.id: s for s in steps}
+    problems = []
+    for s in steps:
+        for name, (src, out) in s.inputs.items():
+            want = INPUTS[s.kind].get(name)
+            got = by_id[src].outputs.get(out) if src in by_id else None
+            if want is None or got != want:
+                problems.append(f"`{s.id}` input `{name}` wants {want}, `{src}.{out}` gives {got}")
+    if problems:
+        raise PipelineError("The pipeline's steps do not fit together: " + "; ".join(problems) + ".")
+
+
+def show(steps: list[Step]) -> str:
+    """The DAG as text: each step with its typed inputs (and where they come from) and outputs."""
+    lines = []
+    for s in steps:
+        ins = ", ".join(f"{n}: {INPUTS[s.kind][n]} <- {src}.{out}" for n, (src, out) in s.inputs.items())
+        ext = _externals(s)
+        if ext:
+            ins = ", ".join(x for x in (ins, ext) if x)
+        outs = ", ".join(f"{n}: {t}" for n, t in s.outputs.items())
+        lines.append(f"{s.id:<24} ({ins or 'no inputs'}) -> {outs}")
+    edges = " ; ".join(f"{src} -> {s.id}" for s in steps for src in dict.fromkeys(v[0] for v in s.inputs.values()))
+    return "\n".join(lines) + "\nedges: " + edges
+
+
+def _externals(s: Step) -> str:
+    if s.kind == "prepare":
+        return "sources: " + ", ".join(str(src.path or src.hub or "sql") for src in s.cfg.data.sources) + f"; tokenizer: {s.cfg.model.name_or_path}"
+    if s.kind == "train" and "base_model" not in s.inputs:
+        return f"base model: {s.cfg.model.init_from_config or s.cfg.model.name_or_path}"
+    return ""
+
+
+# --------------------------------------------------------------------------- content of outside inputs
+
+
+def folder_digest(path: Path, patterns: tuple[str, ...] = ("*",)) -> str:
+    from trainpipe.hashing import file_sha256
+
+    p = Path(path)
+    if p.is_file():
+        return file_sha256(p)
+    files = sorted({f for pat in patterns for f in p.glob(pat) if f.is_file()})
+    return digest_of({f.name: file_sha256(f) for f in files})
+
+
+def external_inputs(step: Step) -> dict[str, str]:
+    cfg = step.cfg
+    if step.kind == "prepare":
+        from trainpipe.pipeline.run import source_sha256
+
+        out = {f"source[{i}]": source_sha256(src) for i, src in enumerate(cfg.data.sources)}
+        m = Path(cfg.model.name_or_path)
+        out["tokenizer"] = folder_digest(m, ("tokenizer*", "special_tokens_map.json", "vocab*", "merges.txt", "*.model", "chat_template*")) if m.is_dir() \
+            else sha256_bytes(f"hub:{cfg.model.name_or_path}@{cfg.model.revision}".encode())
+        return out
+    if step.kind == "train" and "base_model" not in step.inputs:
+        out = {}
+        for what, ref in (("base_model", cfg.model.name_or_path), ("base_config", cfg.model.init_from_config)):
+            if ref:
+                p = Path(ref)
+                out[what] = folder_digest(p) if p.exists() else sha256_bytes(f"hub:{ref}@{cfg.model.revision}".encode())
+        if cfg.method.name == "rl" and "reward_model" not in step.inputs and cfg.method.rl.reward_model:
+            p = Path(cfg.method.rl.reward_model)
+            out["reward_model"] = folder_digest(p) if p.exists() else sha256_bytes(cfg.method.rl.reward_model.encode())
+        return out
+    return {}
+
+
+# --------------------------------------------------------------------------- running
+
+
+def default_store(cfg: RunConfig) -> str:
+    return cfg.pipeline.store or str(Path(cfg.output_dir or f"runs/{cfg.name or 'run'}").resolve().parent / ".trainpipe-store")
+
+
+def pipeline_id(cfg: RunConfig) -> str:
+    return hashlib.sha256(str(Path(cfg.output_dir or f"runs/{cfg.name or 'run'}").resolve()).encode()).hexdigest()[:16]
+
+
+def run_pipeline(cfg: RunConfig, *, config_path: str | None = None, store: str | None = None, no_cache: bool = False, only: list[str] | None = None) -> dict:
+    """Run the DAG of `cfg`; returns the record ({steps: [{id, status: ran|reused, why, key, outputs}], ...})."""
+    t0 = time.time()
+    if cfg.output_dir is None:
+        cfg = cfg.model_copy(update={"output_dir": f"runs/{cfg.name or 'run'}"})
+    steps = build_dag(cfg)
+    st = ArtifactStore(store or default_store(cfg))
+    cache = StepCache(st)
+    con = ui.console()
+    pid = pipeline_id(cfg)
+    previous = st.get_json(f"pipelines/{pid}.json") or {}
+    prev_steps = {s["id"]: s for s in previous.get("steps", [])}
+    con.print(f"[bold]trainpipe pipeline run[/] {cfg.name or ''}  store {st.url}  ({len(steps)} steps)", markup=True, soft_wrap=True)
+    use_cache = cfg.pipeline.cache and not no_cache
+    entries: dict[str, dict] = {}
+    record_steps = []
+    for step in steps:
+        t = time.time()
+        inputs = {name: entries[src]["outputs"][out]["digest"] for name, (src, out) in step.inputs.items()}
+        inputs |= external_inputs(step)
+        section = step.config_section()
+        key, parts = step_key(step.kind, inputs, section, code_hash(CODE[step.kind]))
+        look = cache.lookup(step.kind, key) if use_cache else None
+        warning = look.warning if look else None
+        if warning:
+            con.print(f"[yellow]warning:[/] {warning}", markup=True, soft_wrap=True)
+        if look is not None and look.entry is not None:
+            entry = look.entry
+            _restore(step, entry, st)
+            status = "reused"
+            why = (f"key {key[:12]} found: same inputs ({', '.join(sorted(inputs)) or 'none'}), same config section"
+                   f"{' (' + ', '.join(sorted(section)) + ')' if section else ''}, same code; built {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(entry['created']))}")
+        else:
+            why = "--no-cache" if not use_cache else _why_ran(prev_steps.get(step.id), parts, section, warning)
+            con.print(f"[bold]{step.id}[/]: running ({why})", markup=True, soft_wrap=True)
+            entry = _run_step(step, key, parts, entries, cache, st, config_path=config_path)
+            status = "ran"
+        entries[step.id] = entry
+        record_steps.append({"id": step.id, "kind": step.kind, "status": status, "why": why, "key": key, "parts": parts, "config": redact_obj(section),
+                             "outputs": {n: {"uri": o["uri"], "digest": o["digest"], "type": o["type"]} for n, o in entry["outputs"].items()},
+                             "seconds": round(time.time() - t, 3), **({"warning": warning} if warning else {})})
+        con.print(f"  {step.id:<22} {status:<7} {why}", markup=False, soft_wrap=True)
+    record = {"pipeline": pid, "name": cfg.name, "output_dir": str(Path(cfg.output_dir).resolve()), "store": st.url, "config_path": config_path,
+              "steps": record_steps, "reused": [s["id"] for s in record_steps if s["status"] == "reused"],
+              "ran": [s["id"] for s in record_steps if s["status"] == "ran"], "seconds": round(time.time() - t0, 3), "finished": time.time()}
+    st.put_json(f"pipelines/{pid}.json", record)
+    from trainpipe.track.manifest import write_json
+
+    root = Path(cfg.output_dir).resolve()
+    if root.is_dir():
+        write_json(root / "pipeline.json", record)
+    con.print(f"pipeline: {len(record['ran'])} step(s) ran, {len(record['reused'])} reused, {record['seconds']:.2f} s", markup=False)
+    return record
+
+
+def _why_ran(prev: dict | None, parts: dict, section: dict, warning: str | None) -> str:
+    if warning:
+        return "its cache entry failed verification"
+    if prev is None:
+        return "no cache entry for its key (first build)"
+    old = prev.get("parts", {})
+    why = []
+    changed_inputs = sorted(k for k in set(old.get("inputs", {})) | set(parts["inputs"]) if old.get("inputs", {}).get(k) != parts["inputs"].get(k))
+    if changed_inputs:
+        why.append("input changed: " + ", ".join(changed_inputs))
+    if old.get("config") != parts["config"]:
+        from trainpipe.track.tracking import flatten
+
+        a, b = flatten(prev.get("config") or {}), flatten(redact_obj(section))
+        keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+        why.append("config changed: " + (", ".join(keys[:8]) + (" ..." if len(keys) > 8 else "") if keys else "its section"))
+    if old.get("code") != parts["code"]:
+        why.append("code changed (trainpipe version or source)")
+    return "; ".join(why) or "same key as last time, but no valid cache entry (removed by `cache gc`?)"
+
+
+def _restore(step: Step, entry: dict, st: ArtifactStore) -> None:
+    """A reused train step: its run folder back in `output_dir` when it is not there as that step left it."""
+    if step.kind != "train":
+        return
+    run_dir = step.run_dir
+    mark = run_dir / ".pipeline-step.json"
+    try:
+        if json.loads(mark.read_text())["key"] == entry["key"]:
+            return
+    except (OSError, ValueError, KeyError):
+        pass
+    from trainpipe.pipeline import rundir
+
+    kind, foreign = rundir.ownership(run_dir)
+    if kind == "foreign":
+        raise PipelineError(f"`{run_dir}` holds files trainpipe did not write ({', '.join(foreign[:5])}); the pipeline will not replace them with the "
+                            "cached run. Move them away or choose another `output_dir`.")
+    st.materialize(entry["outputs"]["run"]["key"], run_dir)
+
+
+def _local_input(entries: dict, src: str, out: str, st: ArtifactStore, work: Path) -> Path:
+    o = entries[src]["outputs"][out]
+    local = st.local_path(o["key"])
+    if local is not None:
+        return local
+    return st.materialize(o["key"], work / f"in-{src}-{out}")
+
+
+def _lineage(step: Step, key: str, parts: dict, entries: dict) -> dict:
+    from trainpipe.track.manifest import git_state, package_versions
+
+    import trainpipe
+
+    return {
+        "produced_by": {"step": step.id, "kind": step.kind, "key": key},
+        "parents": {name: {"step": src, "output": out, "key": entries[src]["key"], "digest": entries[src]["outputs"][out]["digest"],
+                           "uri": entries[src]["outputs"][out]["uri"]} for name, (src, out) in step.inputs.items()},
+        "external_inputs": {k: v for k, v in parts["inputs"].items() if k not in step.inputs},
+        "config_section_sha256": parts["config"], "config_hash": step.cfg.hash(),
+        "code": {"trainpipe_version": trainpipe.__version__, "source_sha256": parts["code"], "git": git_state(Path(trainpipe.__file__).parent)},
+        "packages": {k: v for k, v in package_versions().items() if k in ("torch", "transformers", "peft")},
+    }
+
+
+def _run_step(step: Step, key: str, parts: dict, entries: dict, cache: StepCache, st: ArtifactStore, *, config_path: str | None) -> dict:
+    t = time.time()
+    work = Path(tempfile.mkdtemp(prefix=f"trainpipe-{step.kind}-"))
+    try:
+        fn = globals()[f"_step_{step.kind}"]
+        outputs = fn(step, entries, st, work, config_path=config_path, key=key)
+        lineage = _lineage(step, key, parts, entries)
+        if step.kind == "export":  # the model carries its own lineage
+            (outputs["model"] / "lineage.json").write_text(json.dumps(redact_obj(lineage), indent=2, default=str) + "\n", encoding="utf-8")
+        return cache.save(step.kind, key, parts, outputs, types=step.outputs, lineage=redact_obj(lineage), seconds=time.time() - t,
+                          exclude=RUN_EXCLUDE if step.kind == "train" else ())
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- the steps (each calls trainpipe's own functions)
+
+
+def _tokenizer_and_template(cfg: RunConfig, model_path: str | None = None):
+    from trainpipe.data.tokenize import setup_chat_template
+    from trainpipe.train.model import load_tokenizer
+
+    mcfg = cfg.model if model_path is None else cfg.model.model_copy(update={"name_or_path": model_path, "init_from_config": None})
+    tok = load_tokenizer(mcfg, cfg.model.pad_token)
+    if cfg.method.name == "pretrain" and cfg.method.pretrain.new_tokens and model_path is None:
+        tok.add_tokens(cfg.method.pretrain.new_tokens)
+    return tok, setup_chat_template(tok, cfg.data.chat_template, mcfg.name_or_path)
+
+
+def _prepared(cfg: RunConfig, model_path: str | None = None, report_path: Path | None = None):
+    from trainpipe.data.prepare import prepare
+
+    tok, template = _tokenizer_and_template(cfg, model_path)
+    data = prepare(cfg.data, tok, train_on=cfg.method.train_on, seed=cfg.training.seed, report_path=report_path, template_name=template,
+                   batch_size_hint=cfg.training.per_device_train_batch_size if isinstance(cfg.training.per_device_train_batch_size, int) else 8,
+                   for_method=cfg.method.name)
+    return tok, data
+
+
+def _step_prepare(step: Step, entries, st, work: Path, **_) -> dict:
+    """Read, clean, dedup, split and tokenize the data (trainpipe's data step; the data cache keeps the tokens)."""
+    _, data = _prepared(step.cfg, report_path=work / "data_report.json")
+    if not (work / "data_report.json").exists():
+        from trainpipe.track.manifest import write_json
+
+        write_json(work / "data_report.json", data.report)
+    return {"data": work / "data_report.json"}
+
+
+def _step_train(step: Step, entries, st, work: Path, *, config_path: str | None, key: str, **_) -> dict:
+    """`trainpipe run` of the branch's config into its run folder (baseline eval, training, final eval, export inside it)."""
+    from trainpipe.pipeline.run import run
+    from trainpipe.track import tracking
+
+    run_dir = step.run_dir
+    tracking.REGISTER_AT_END = False  # the pipeline's `register` step registers the model
+    try:
+        run(step.cfg, config_path=config_path, overwrite=True)
+    finally:
+        tracking.REGISTER_AT_END = True
+    (run_dir / ".pipeline-step.json").write_text(json.dumps({"step": step.id, "key": key}) + "\n", encoding="utf-8")
+    return {"run": run_dir}
+
+
+def _step_evaluate(step: Step, entries, st, work: Path, **_) -> dict:
+    """The run's baseline and final metrics, and the exported model measured again on the same eval split: the eval loss
+    of what was exported must be the final eval loss of the best checkpoint."""
+    run_dir = step.run_dir  # the train step left it there, or a reused one was restored (never the store's copy: that stays as hashed)
+    summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    out: dict[str, Any] = {"baseline": summary.get("baseline"), "final": summary.get("final"), "method": summary.get("method")}
+    if summary.get("method") in ("sft", "pretrain") and (run_dir / "model").is_dir():
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from trainpipe.evaluate.evaluator import eval_loss
+
+        tok, data = _prepared(step.cfg)
+        model = AutoModelForCausalLM.from_pretrained(run_dir / "model", dtype=torch.float32)
+        model.eval()
+        loss = eval_loss(model, data.eval, batch_size=step.cfg.training.per_device_eval_batch_size, pad_id=tok.pad_token_id)["loss"]
+        final = (summary.get("final") or {}).get("loss")
+        out["exported_model"] = {"loss": loss, "final_loss": final, "abs_diff": abs(loss - final) if final is not None else None}
+    else:
+        out["exported_model"] = {"skipped": f"re-measuring the export is done for sft and pretrain; this run is {summary.get('method')}"}
+    (work / "eval.json").write_text(json.dumps(out, indent=2, default=str) + "\n", encoding="utf-8")
+    return {"metrics": work / "eval.json"}
+
+
+def _step_export(step: Step, entries, st, work: Path, **_) -> dict:
+    """The exported model (the run's `model/`) as a content-addressed artefact, with its lineage inside."""
+    run_dir = step.run_dir  # the train step left it there, or a reused one was restored (never the store's copy: that stays as hashed)
+    if not (run_dir / "model").is_dir():
+        raise PipelineError(f"`{run_dir}` holds no exported model (`model/`); the train step did not finish its export.")
+    dest = work / "model"
+    shutil.copytree(run_dir / "model", dest)
+    return {"model": dest}
+
+
+def _step_register(step: Step, entries, st, work: Path, **_) -> dict:
+    """The model in MLflow's model registry (tracking.backend mlflow) with its lineage as tags."""
+    from trainpipe.track import tracking
+
+    run_dir = step.run_dir  # the train step left it there, or a reused one was restored (never the store's copy: that stays as hashed)
+    model = entries[step.inputs["model"][0]]["outputs"]["model"]
+    rec: dict[str, Any] = {"model_uri": model["uri"], "model_digest": model["digest"]}
+    if not step.cfg.tracking.register_model:
+        rec |= {"registered": False, "reason": "tracking.register_model is false"}
+    else:
+        name = step.cfg.tracking.model_name or step.cfg.name
+        try:
+            reg = tracking.register_model(run_dir, name=name, tags={"trainpipe.pipeline.model_uri": model["uri"], "trainpipe.pipeline.model_digest": model["digest"]})
+        except Exception as exc:  # noqa: BLE001 - an unreachable registry: the model stays in the store, recorded as not registered
+            reg = None
+            rec["error"] = str(exc)[:300]
+        rec |= {"registered": True, **reg} if reg else {"registered": False, "reason": rec.pop("error", None) or
+                                                        "the run has no MLflow run with a logged model (tracking.backend is not mlflow, or the tracker was unreachable)"}
+    (work / "registration.json").write_text(json.dumps(redact_obj(rec), indent=2, default=str) + "\n", encoding="utf-8")
+    return {"registration": work / "registration.json"}
+
+
+def _step_report(step: Step, entries, st, work: Path, **_) -> dict:
+    """The run's HTML report page (report/html.py), or a record of why there is none."""
+    run_dir = step.run_dir  # the train step left it there, or a reused one was restored (never the store's copy: that stays as hashed)
+    try:
+        from trainpipe.report.html import write_report
+    except ImportError as exc:
+        (work / "report.json").write_text(json.dumps({"skipped": f"no HTML report writer in this trainpipe ({exc})"}) + "\n", encoding="utf-8")
+        return {"page": work / "report.json"}
+    page = Path(write_report(run_dir))
+    shutil.copyfile(page, work / page.name)
+    return {"page": work / page.name}
+
+
+def load_config_for(config: str | Path, overrides: list[str]) -> RunConfig:
+    from trainpipe.config import load_config
+
+    cfg = load_config(config, overrides)
+    if cfg.output_dir is None:
+        raise ConfigError("`output_dir` is needed for a pipeline (the run folder its steps write).", ["output_dir: missing"])
+    return cfg
