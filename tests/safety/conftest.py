@@ -58,34 +58,4 @@ def base(tiny_model_dir):
     return tiny_model_dir
 
 
-@pytest.fixture()
-def postgres_url():
-    """A throwaway PostgreSQL server on a Unix socket (skipped where there is no server binary or driver)."""
-    import glob
-    import os
-    import shutil
-    import subprocess
-    import tempfile
-
-    pytest.importorskip("psycopg")
-    bins = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
-    if not bins:
-        pytest.skip("no PostgreSQL server installed (apt-get install postgresql)")
-    bindir = os.path.dirname(bins[-1])
-    root = tempfile.mkdtemp(prefix="trainpipe-pg-")
-    as_root = os.geteuid() == 0  # initdb refuses root: run the server as the `postgres` user
-    if as_root:
-        shutil.chown(root, "postgres")
-
-    def sh(cmd: str) -> None:
-        argv = ["su", "postgres", "-s", "/bin/sh", "-c", cmd] if as_root else ["/bin/sh", "-c", cmd]
-        subprocess.run(argv, check=True, capture_output=True, timeout=120)
-
-    port = 20000 + os.getpid() % 20000
-    sh(f"{bindir}/initdb -D {root}/data -A trust -U postgres")
-    sh(f"{bindir}/pg_ctl -D {root}/data -o \"-k {root} -c listen_addresses='' -p {port}\" -l {root}/log -w start")
-    try:
-        yield f"postgresql+psycopg://postgres@/postgres?host={root}&port={port}"
-    finally:
-        sh(f"{bindir}/pg_ctl -D {root}/data -m fast -w stop")
-        shutil.rmtree(root, ignore_errors=True)
+# `postgres_url` (a throwaway PostgreSQL server) lives in tests/conftest.py: the tune tests share it
