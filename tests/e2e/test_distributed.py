@@ -146,6 +146,21 @@ def _pair_configs(tmp: Path, base: Path, kind: str) -> tuple[Path, Path]:
     return one, two
 
 
+def assert_sharded_eval(run2: Path, run1: Path) -> None:
+    """The in-training eval of a 2-process run is sharded (each rank evaluated part of the eval set, the sums all-reduced)
+    and equals one process's: at every eval step against the 1-process run (weights within 1e-7), and on the very same
+    weights against rank 0's whole-set final eval of the best (= last) checkpoint."""
+    ev2, ev1 = events(run2), events(run1)
+    train2 = [e for e in ev2 if e["event"] == "eval_done" and e.get("phase") == "train"]
+    train1 = [e for e in ev1 if e["event"] == "eval_done" and e.get("phase") == "train"]
+    assert train2 and all(e["eval_ranks"] == 2 and len(e["eval_loss_tokens_per_rank"]) == 2 and min(e["eval_loss_tokens_per_rank"]) > 0 for e in train2)
+    assert len({sum(e["eval_loss_tokens_per_rank"]) for e in train2}) == 1  # the whole eval set, every time
+    assert all(abs(a["eval_loss"] - b["eval_loss"]) < 1e-5 for a, b in zip(train1, train2, strict=True)), (train1, train2)
+    final = next(e for e in ev2 if e["event"] == "eval_done" and e.get("phase") == "final")
+    if min(train2, key=lambda e: e["eval_loss"]) is train2[-1]:  # the exported best checkpoint is the last step's weights
+        assert abs(final["loss"] - train2[-1]["eval_loss"]) < 1e-6, (final["loss"], train2[-1]["eval_loss"])
+
+
 @pytest.mark.parametrize("kind", ["sft_lora", "full", "dpo"])
 def test_two_processes_equal_one_process_with_twice_the_micro_batch(tmp_path, base, kind):
     one, two = _pair_configs(tmp_path, base, kind)
@@ -167,6 +182,8 @@ def test_two_processes_equal_one_process_with_twice_the_micro_batch(tmp_path, ba
     metrics = [json.loads(x) for x in (run2 / "metrics.jsonl").read_text().splitlines()]
     assert len([m for m in metrics if "loss" in m]) == 2  # logging_steps 2 of 4 steps, written once
     assert (run2 / "model").is_dir() and (run2 / "summary.json").exists()
+    if kind != "dpo":  # the token loss is sharded over the ranks (dpo's pair loss runs whole on rank 0)
+        assert_sharded_eval(run2, run1)
 
 
 # ------------------------------------------------------------------------------ kill / preempt / resume

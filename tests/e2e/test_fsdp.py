@@ -18,7 +18,7 @@ import pytest
 import torch
 import yaml
 
-from test_distributed import _method_config, assert_every_rank_halved, base, events, finish, launch, max_diff, newest_weights, sft_config, sigterm_one_worker, wait_for, worker_pids  # noqa: F401 - `base` is a fixture
+from test_distributed import _method_config, assert_every_rank_halved, assert_sharded_eval, base, events, finish, launch, max_diff, newest_weights, sft_config, sigterm_one_worker, wait_for, worker_pids  # noqa: F401 - `base` is a fixture
 from trainpipe.cli import main
 
 pytestmark = pytest.mark.e2e
@@ -78,6 +78,7 @@ def test_fsdp_two_processes_equal_one_process_with_twice_the_micro_batch(tmp_pat
     norms1 = [m["grad_norm"] for m in map(json.loads, (_run_dir(one) / "metrics.jsonl").read_text().splitlines()) if "grad_norm" in m]
     norms2 = [m["grad_norm"] for m in metrics if "grad_norm" in m]
     assert len(norms2) == 2 and all(abs(a - b) <= 1e-4 * max(1.0, a) for a, b in zip(norms1, norms2, strict=True)), (norms1, norms2)
+    assert_sharded_eval(run2, _run_dir(one))  # every rank forwards the same number of eval batches (FSDP), each its own share
     # the checkpoints are rank 0's gathered full state (every trainable parameter, unsharded), checksums over every file
     from trainpipe.train.checkpoints import CheckpointManager, verify
 
