@@ -121,3 +121,18 @@ def test_plan_cli_reads_the_data_kind_from_a_file(tmp_path, capsys):
     assert main(["plan", "--model", "Qwen/Qwen2.5-0.5B", "--gpu", "A100-80GB", "--data", p, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["objective"]["stages"] == ["dpo"]
+
+
+def test_plan_config_with_method_auto_plans_the_first_stage(tmp_path, capsys):
+    import yaml
+
+    from trainpipe.cli import main
+
+    _, p, _ = _files(tmp_path)
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump({"model": {"name_or_path": "Qwen/Qwen2.5-0.5B"}, "data": {"sources": [{"path": p}]}, "method": {"name": "auto"}}))
+    assert main(["plan", str(cfg), "--gpu", "A100-80GB", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["objective"]["stages"] == ["dpo"] and out["plan"]["learning_rate"]["value"] == 5e-6  # DPO's adapter lr, not SFT's
+    assert main(["plan", str(cfg), "--gpu", "A100-80GB", "--kl-control", "high", "--json"]) == 2  # SFT -> reward -> RL needs instruction data
+    assert "instruction data" in capsys.readouterr().out
