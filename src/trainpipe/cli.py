@@ -310,6 +310,37 @@ def tune(
     run_tune(config, set_ or [], n_trials=n_trials)
 
 
+@app.command("lr-find")
+def lr_find(
+    config: ConfigArg,
+    set_: SetOpt = None,
+    start: Annotated[float, typer.Option("--start", help="First learning rate of the sweep.")] = 1e-7,
+    end: Annotated[float, typer.Option("--end", help="Last learning rate of the sweep.")] = 10.0,
+    steps: Annotated[int, typer.Option("--steps", help="Optimizer steps of the sweep (one micro-batch each).")] = 100,
+    out: Annotated[Optional[Path], typer.Option("-o", "--out", help="Folder for lr_find.json / lr_find.svg (default OUTPUT_DIR-lr-find).")] = None,
+) -> None:
+    """LR range test: exponential sweep, smoothed loss, stop at divergence; prints the suggested lr as a `--set` line."""
+    from trainpipe.config import load_config
+    from trainpipe.tune.lrfind import lr_find as run_lr_find
+
+    run_lr_find(load_config(config, set_ or []), start=start, end=end, steps=steps, out_dir=out)
+
+
+@app.command("batch-find")
+def batch_find(
+    config: ConfigArg,
+    set_: SetOpt = None,
+    max_memory_gib: Annotated[Optional[float], typer.Option("--max-memory-gib", help="Memory cap per device (GPU: a real allocator limit; CPU: checked against the planner's estimate, a simulated OOM).")] = None,
+    max_batch: Annotated[int, typer.Option("--max-batch", help="Largest micro-batch to try.")] = 256,
+    out: Annotated[Optional[Path], typer.Option("-o", "--out", help="Folder for batch_find.json (default OUTPUT_DIR-batch-find).")] = None,
+) -> None:
+    """The largest micro-batch that fits (doubling, then binary search), and the accumulation for the target effective batch."""
+    from trainpipe.config import load_config
+    from trainpipe.tune.batchfind import batch_find as run_batch_find
+
+    run_batch_find(load_config(config, set_ or []), max_memory_gib=max_memory_gib, max_batch=max_batch, out_dir=out)
+
+
 @app.command("eval")
 def eval_(
     model_or_run: Annotated[Path, typer.Argument(help="A model folder (save_pretrained) or a finished run directory (its `model/`).", show_default=False)],
@@ -512,6 +543,68 @@ def pipeline_show(config: ConfigArg, set_: SetOpt = None) -> None:
     from trainpipe.pipeline.dag import build_dag, load_config_for, show
 
     typer.echo(show(build_dag(load_config_for(config, set_ or []))))
+
+
+@pipeline_app.command("compile")
+def pipeline_compile(
+    config: ConfigArg,
+    out: Annotated[Path, typer.Option("-o", "--out", help="The KFP v2 pipeline file to write (IR YAML).")] = Path("pipeline.yaml"),
+    set_: SetOpt = None,
+    store: StoreOpt = None,
+    image: Annotated[Optional[str], typer.Option("--image", help="The trainpipe image (default `pipeline.image`); its tag is pinned to this version.")] = None,
+) -> None:
+    """Write CONFIG's DAG as a Kubeflow Pipelines v2 pipeline: one component per step, GPU and memory limits from the plan,
+    the trainpipe image pinned to this version."""
+    from trainpipe import ui
+    from trainpipe.pipeline.dag import load_config_for
+    from trainpipe.pipeline.kfp_compile import compile_pipeline
+
+    info = compile_pipeline(load_config_for(config, set_ or []), out, store=store, image=image)
+    ui.console().print(f"kfp pipeline: {info['path']}  (image {info['image']}; train: {info['gpus_per_node']} GPU(s), {info['memory_gib']} GiB)", markup=False, soft_wrap=True)
+
+
+@pipeline_app.command("schedule")
+def pipeline_schedule(
+    config: ConfigArg,
+    cron: Annotated[Optional[str], typer.Option("--cron", help="Five-field cron expression, e.g. `0 3 * * *` (UTC).")] = None,
+    on_new_data: Annotated[bool, typer.Option("--on-new-data", help="Run only when a data source's content hash changed since the last run.")] = False,
+    once: Annotated[bool, typer.Option("--once", help="One tick now and exit (what an emitted CronJob runs).")] = False,
+    interval: Annotated[float, typer.Option("--interval", help="Without --cron: seconds between checks for new data.")] = 300.0,
+    emit: Annotated[Optional[str], typer.Option("--emit", help="k8s-cronjob: write a Kubernetes CronJob instead of running the loop here.")] = None,
+    out: Annotated[Optional[Path], typer.Option("-o", "--out", help="With --emit: the file to write (default stdout).")] = None,
+    set_: SetOpt = None,
+    store: StoreOpt = None,
+) -> None:
+    """Run CONFIG's pipeline on a schedule (a long-running loop), when its data changes, or emit a Kubernetes CronJob."""
+    from trainpipe.errors import ConfigError
+    from trainpipe.pipeline.dag import load_config_for
+    from trainpipe.pipeline import schedule as sch
+
+    cfg = load_config_for(config, set_ or [])
+    if emit is not None:
+        if emit != "k8s-cronjob":
+            raise ConfigError(f"`--emit {emit}`: the schedule can be emitted as `k8s-cronjob`.", [f"--emit {emit}"])
+        if not cron:
+            raise ConfigError("`--emit k8s-cronjob` needs `--cron \"...\"` (the CronJob's schedule).", ["--cron missing"])
+        import yaml
+
+        text = yaml.safe_dump(sch.k8s_cronjob(cfg, cron=cron, config_path=str(config), on_new_data=on_new_data, store=store), sort_keys=False)
+        if out:
+            out.write_text(text, encoding="utf-8")
+            typer.echo(f"k8s-cronjob: {out}")
+        else:
+            typer.echo(text, nl=False)
+        return
+    if not (cron or on_new_data or once):
+        raise ConfigError("`trainpipe pipeline schedule` needs `--cron \"...\"`, `--on-new-data` or `--once`.", ["no trigger given"])
+    c = sch.parse_cron(cron) if cron else None
+    trigger = sch.Trigger(cfg, config_path=str(config.resolve()), on_new_data=on_new_data, store=store, log=typer.echo)
+    if once:
+        from datetime import datetime, timezone
+
+        trigger.tick(datetime.now(timezone.utc))
+        return
+    sch.schedule_loop(trigger, c, interval_seconds=interval)
 
 
 @cache_app.command("ls")

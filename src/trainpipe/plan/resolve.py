@@ -197,12 +197,15 @@ def _source(section, key: str) -> str:
 
 # --------------------------------------------------------------------------- the one resolver
 def resolve(cfg: RunConfig, hw: Hardware, world_size: int | None = None, *, nnodes: int | None = None,
-            env: Mapping[str, str] | None = None) -> Plan:
+            env: Mapping[str, str] | None = None, sizing: bool = True) -> Plan:
     """Resolve every `auto`/unset choice of ``cfg`` for ``hw`` and a world size (see the module docstring for the order).
 
     ``world_size``/``nnodes``: given by the caller (`trainpipe plan --num-gpus N --nodes M`); otherwise read from
     ``env`` (torchrun's variables; `plan_run` passes ``os.environ``) or the config. Raises `PlanError` before anything
-    is loaded when the config asks for something the strategy, method or machine cannot do."""
+    is loaded when the config asks for something the strategy, method or machine cannot do.
+
+    ``sizing=False`` (`trainpipe config show`): no predictions, and the model is sized (a meta-device build through
+    transformers) only when a decision needs its size: `auto` method, micro-batch or checkpointing, or several processes."""
     from trainpipe.plan.memory import estimate
 
     cfg = cfg.model_copy(deep=True)
@@ -216,8 +219,9 @@ def resolve(cfg: RunConfig, hw: Hardware, world_size: int | None = None, *, nnod
     if hw.accelerator == "cpu" and world > 1:
         notes.append(f"{world} processes share this machine's CPU cores (gloo backend)")
 
+    needs_size = sizing or world > 1 or "auto" in (cfg.method.peft, t.per_device_train_batch_size, t.gradient_checkpointing)
     try:
-        spec = model_spec(cfg)
+        spec = model_spec(cfg) if needs_size else None
     except Exception as exc:  # noqa: BLE001 - the planner informs, it never blocks a run
         spec = None
         notes.append(f"the planner could not size `{cfg.model.name_or_path}` ({str(exc).splitlines()[0][:160]}); no predictions")
@@ -292,7 +296,7 @@ def resolve(cfg: RunConfig, hw: Hardware, world_size: int | None = None, *, nnod
         cfg.output_dir = f"runs/{cfg.name or 'run'}"
         decisions.append(Decision("output_dir", cfg.output_dir, "runs/<name>"))
 
-    predicted = predict(cfg, spec, gpu, world, precision, strategy_s.value, offload_s.value) if spec is not None else {}
+    predicted = predict(cfg, spec, gpu, world, precision, strategy_s.value, offload_s.value) if spec is not None and sizing else {}
     return Plan(config=cfg, hardware=hw, world_size=world_s, nnodes=nodes_s, nproc_per_node=local_s, strategy=strategy_s, offload=offload_s, peft=peft_s,
                 micro_batch=mb_s, grad_accum=acc_s, effective_batch=eff_s, precision=precision_s, gradient_checkpointing=ck_s, learning_rate=lr_s,
                 lr_scaling=scaling_s, decisions=tuple(decisions), predicted=predicted, notes=tuple(notes))

@@ -31,11 +31,11 @@ from trainpipe.plan.resolve import Plan, catalog_gpu, model_spec, resolve
 RunPlan = Plan  # the name `run` used before the one resolver
 
 
-def plan_run(cfg: RunConfig, hw: Hardware, world_size: int | None = None, *, nnodes: int | None = None) -> Plan:
+def plan_run(cfg: RunConfig, hw: Hardware, world_size: int | None = None, *, nnodes: int | None = None, sizing: bool = True) -> Plan:
     """The plan `run` executes: `resolve` with this process's launcher environment (or ``world_size`` when the caller knows it).
     DeepSpeed ZeRO set explicitly on several processes is refused here: trainpipe's loop runs single, DDP and FSDP2, and a
     ZeRO run that silently trained as DDP would not be what the plan said."""
-    plan = resolve(cfg, hw, world_size, nnodes=nnodes, env=os.environ)
+    plan = resolve(cfg, hw, world_size, nnodes=nnodes, env=os.environ, sizing=sizing)
     if plan.world_size.value > 1 and plan.strategy.value in ("zero2", "zero3"):
         raise PlanError(
             f"`distributed.strategy: {plan.strategy.value}`: `trainpipe run` executes `single`, `ddp` and `fsdp`, not DeepSpeed ZeRO. "

@@ -1,0 +1,107 @@
+"""Issue 14 item 8, noise: no command prints bitsandbytes' "No module named 'kernels'" line or transformers'
+`is_gradient_checkpointing` FutureWarning, the filters are precise (other warnings still show), and `config show`
+imports neither torch nor transformers for a config whose decisions do not need the model's size.
+
+Each command runs in a fresh interpreter (subprocess), as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+QUICKSTART = REPO / "examples" / "quickstart" / "run.yaml"
+KERNELS_LINE = "Failed to load CPU gemm_4bit_forward from kernels-community"
+
+
+def _env() -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", NO_COLOR="1", COLUMNS="120")
+    return env
+
+
+def _python(code: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=_env(), cwd=REPO, timeout=300)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return _python("import sys; from trainpipe.cli import main; sys.exit(main(sys.argv[1:]))", *args)
+
+
+@pytest.mark.parametrize("args", [("--help",), ("config", "validate", str(QUICKSTART)), ("config", "show", str(QUICKSTART)), ("config", "schema")])
+def test_config_commands_and_help_print_nothing_on_stderr(args):
+    p = _cli(*args)
+    assert p.returncode == 0, p.stderr
+    assert p.stderr == "", f"`trainpipe {' '.join(args)}` wrote to stderr:\n{p.stderr}"
+
+
+# bitsandbytes logs the `kernels` line at import only on CPUs with AVX512-BF16. Where the CPU lacks it, a fake CPU
+# feature (named as such: the one thing that cannot exist here) makes bitsandbytes' own import take that branch: its
+# real code then tries the real `from kernels import get_kernel` and logs through its real logger.
+_FORCE_AVX512_BF16 = """
+import importlib.abc, sys
+class FakeAvx512Bf16(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "bitsandbytes.backends.cpu.ops":
+            sys.modules["bitsandbytes.functional"].has_avx512bf16 = lambda: True
+        return None
+sys.meta_path.insert(0, FakeAvx512Bf16())
+"""
+
+
+@pytest.mark.parametrize("with_trainpipe", [False, True])
+def test_bitsandbytes_kernels_line_is_gone_once_trainpipe_is_imported(with_trainpipe):
+    pytest.importorskip("bitsandbytes")
+    code = _FORCE_AVX512_BF16 + ("import trainpipe\n" if with_trainpipe else "") + "import bitsandbytes\nprint('ok')"
+    p = _python(code)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr
+    if with_trainpipe:
+        assert KERNELS_LINE not in p.stderr, p.stderr
+    else:  # the line this fixes is real: bitsandbytes prints it without trainpipe's filter
+        assert KERNELS_LINE in p.stderr and "No module named 'kernels'" in p.stderr
+
+
+def test_the_filters_are_precise():
+    """Another failure to load the kernel, another bitsandbytes warning, another FutureWarning of transformers and
+    the same deprecation text from elsewhere all still show."""
+    code = """
+import logging, warnings
+import trainpipe
+log = logging.getLogger("bitsandbytes.backends.cpu.ops")
+log.warning("Failed to load CPU gemm_4bit_forward from kernels-community: %s. Please make sure ...", ModuleNotFoundError("No module named 'kernels'", name="kernels"))
+log.warning("Failed to load CPU gemm_4bit_forward from kernels-community: %s. Please make sure ...", RuntimeError("hub unreachable"))
+log.warning("another bitsandbytes warning")
+warnings.warn_explicit("`is_gradient_checkpointing` is deprecated and will be removed in v6.", FutureWarning, "modeling_utils.py", 1, module="transformers.modeling_utils")
+warnings.warn_explicit("`other_thing` is deprecated", FutureWarning, "modeling_utils.py", 2, module="transformers.modeling_utils")
+warnings.warn_explicit("`is_gradient_checkpointing` is deprecated", FutureWarning, "mine.py", 3, module="mypackage.mine")
+"""
+    err = _python(code).stderr
+    assert "No module named 'kernels'" not in err
+    assert "hub unreachable" in err and "another bitsandbytes warning" in err
+    assert "`other_thing` is deprecated" in err and "mine.py:3" in err
+    assert "modeling_utils.py:1" not in err
+
+
+def test_config_show_imports_neither_torch_nor_transformers():
+    code = (
+        "import json, sys; from trainpipe.cli import main; rc = main(['config', 'show', sys.argv[1]]);"
+        "print(json.dumps({'rc': rc, 'heavy': sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'peft', 'datasets'))}))"
+    )
+    p = _python(code, str(QUICKSTART))
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["rc"] == 0 and "training.save_steps: 40" in p.stdout
+    assert out["heavy"] == [], f"`config show` imported {out['heavy'][:5]}"
+
+
+def test_config_show_still_sizes_the_model_when_a_decision_needs_it(tmp_path):
+    """`method.peft: auto` needs the model's size: config show then builds it (and says what it chose, as before)."""
+    p = _cli("config", "show", str(QUICKSTART), "--set", "method.peft=auto")
+    assert p.returncode == 0, p.stderr
+    assert "# method.peft: none (CPU: full fine-tune below 1B parameters (3.3M)" in p.stdout
+    assert p.stderr == ""
