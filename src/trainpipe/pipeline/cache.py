@@ -113,7 +113,7 @@ class StepCache:
                     continue
                 e = self.store.get_json(k)
                 if e:
-                    size = sum(self.store.walk_files(o["key"]).values()) if e.get("outputs") else 0
+                    size = sum(sum(self.store.walk_files(o["key"]).values()) for o in e.get("outputs", {}).values())
                     out.append(e | {"_size": size, "_entry": k})
         return sorted(out, key=lambda e: e.get("created", 0))
 

@@ -252,31 +252,8 @@ def run_pipeline(cfg: RunConfig, *, config_path: str | None = None, store: str |
     entries: dict[str, dict] = {}
     record_steps = []
     for step in steps:
-        t = time.time()
-        inputs = {name: entries[src]["outputs"][out]["digest"] for name, (src, out) in step.inputs.items()}
-        inputs |= external_inputs(step)
-        section = step.config_section()
-        key, parts = step_key(step.kind, inputs, section, code_hash(CODE[step.kind]))
-        look = cache.lookup(step.kind, key) if use_cache else None
-        warning = look.warning if look else None
-        if warning:
-            con.print(f"[yellow]warning:[/] {warning}", markup=True, soft_wrap=True)
-        if look is not None and look.entry is not None:
-            entry = look.entry
-            _restore(step, entry, st)
-            status = "reused"
-            why = (f"key {key[:12]} found: same inputs ({', '.join(sorted(inputs)) or 'none'}), same config section"
-                   f"{' (' + ', '.join(sorted(section)) + ')' if section else ''}, same code; built {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(entry['created']))}")
-        else:
-            why = "--no-cache" if not use_cache else _why_ran(prev_steps.get(step.id), parts, section, warning)
-            con.print(f"[bold]{step.id}[/]: running ({why})", markup=True, soft_wrap=True)
-            entry = _run_step(step, key, parts, entries, cache, st, config_path=config_path)
-            status = "ran"
-        entries[step.id] = entry
-        record_steps.append({"id": step.id, "kind": step.kind, "status": status, "why": why, "key": key, "parts": parts, "config": redact_obj(section),
-                             "outputs": {n: {"uri": o["uri"], "digest": o["digest"], "type": o["type"]} for n, o in entry["outputs"].items()},
-                             "seconds": round(time.time() - t, 3), **({"warning": warning} if warning else {})})
-        con.print(f"  {step.id:<22} {status:<7} {why}", markup=False, soft_wrap=True)
+        entries[step.id], rec = execute_step(step, entries, cache, use_cache=use_cache, prev=prev_steps.get(step.id), config_path=config_path)
+        record_steps.append(rec)
     record = {"pipeline": pid, "name": cfg.name, "output_dir": str(Path(cfg.output_dir).resolve()), "store": st.url, "config_path": config_path,
               "steps": record_steps, "reused": [s["id"] for s in record_steps if s["status"] == "reused"],
               "ran": [s["id"] for s in record_steps if s["status"] == "ran"], "seconds": round(time.time() - t0, 3), "finished": time.time()}
@@ -288,6 +265,63 @@ def run_pipeline(cfg: RunConfig, *, config_path: str | None = None, store: str |
         write_json(root / "pipeline.json", record)
     con.print(f"pipeline: {len(record['ran'])} step(s) ran, {len(record['reused'])} reused, {record['seconds']:.2f} s", markup=False)
     return record
+
+
+def execute_step(step: Step, entries: dict[str, dict], cache: StepCache, *, use_cache: bool, prev: dict | None, config_path: str | None) -> tuple[dict, dict]:
+    """Reuse `step` from the cache when its key has a verified entry, else run it and save its outputs; `entries` holds
+    the entries of the steps it reads. Returns (its entry, its line of the pipeline record)."""
+    con = ui.console()
+    st = cache.store
+    t = time.time()
+    inputs = {name: entries[src]["outputs"][out]["digest"] for name, (src, out) in step.inputs.items()}
+    inputs |= external_inputs(step)
+    section = step.config_section()
+    key, parts = step_key(step.kind, inputs, section, code_hash(CODE[step.kind]))
+    look = cache.lookup(step.kind, key) if use_cache else None
+    warning = look.warning if look else None
+    if warning:
+        con.print(f"[yellow]warning:[/] {warning}", markup=True, soft_wrap=True)
+    if look is not None and look.entry is not None:
+        entry = look.entry
+        _restore(step, entry, st)
+        status = "reused"
+        why = (f"key {key[:12]} found: same inputs ({', '.join(sorted(inputs)) or 'none'}), same config section"
+               f"{' (' + ', '.join(sorted(section)) + ')' if section else ''}, same code; built {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(entry['created']))}")
+    else:
+        why = "--no-cache" if not use_cache else _why_ran(prev, parts, section, warning)
+        con.print(f"[bold]{step.id}[/]: running ({why})", markup=True, soft_wrap=True)
+        entry = _run_step(step, key, parts, entries, cache, st, config_path=config_path)
+        status = "ran"
+    rec = {"id": step.id, "kind": step.kind, "status": status, "why": why, "key": key, "parts": parts, "config": redact_obj(section),
+           "outputs": {n: {"uri": o["uri"], "digest": o["digest"], "type": o["type"]} for n, o in entry["outputs"].items()},
+           "seconds": round(time.time() - t, 3), **({"warning": warning} if warning else {})}
+    con.print(f"  {step.id:<22} {status:<7} {why}", markup=False, soft_wrap=True)
+    return entry, rec
+
+
+def run_step_in_store(config_yaml: str, step_id: str, store: str, upstream: dict[str, str], *, use_cache: bool = True) -> str:
+    """One step of the DAG on its own (a Kubeflow component, kfp_compile.py): the config as YAML, the entries of the steps
+    it reads as `kind:key` (what their components returned), the shared artefact store. Returns its own `kind:key`."""
+    import yaml
+
+    cfg = RunConfig.model_validate(yaml.safe_load(config_yaml))
+    steps = {s.id: s for s in build_dag(cfg)}
+    if step_id not in steps:
+        raise PipelineError(f"The config's DAG has no step `{step_id}`; it has {', '.join(steps)}.")
+    step = steps[step_id]
+    cache = StepCache(ArtifactStore(store))
+    entries = {}
+    for name, (src, _out) in step.inputs.items():
+        ref = upstream.get(name)
+        if not ref:
+            raise PipelineError(f"Step `{step_id}` needs its input `{name}` (from `{src}`) and got none.")
+        kind, _, key = ref.partition(":")
+        look = cache.lookup(kind, key)
+        if look.entry is None:
+            raise PipelineError(f"Step `{step_id}`: the entry {ref} of its input `{name}` is not in {store} or fails verification ({look.warning}).")
+        entries[src] = look.entry
+    entry, _ = execute_step(step, entries, cache, use_cache=use_cache, prev=None, config_path=None)
+    return f"{step.kind}:{entry['key']}"
 
 
 def _why_ran(prev: dict | None, parts: dict, section: dict, warning: str | None) -> str:
