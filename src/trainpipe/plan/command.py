@@ -204,7 +204,22 @@ def _resolvable(req: PlanRequest, gpu: GPU | None) -> bool:
 
 
 def config_for_request(req: PlanRequest, method: str, objective: str = "sft"):
-    """The run config `trainpipe plan --model` stands for: the request's flags as config keys, `auto` where the flag is unset."""
+    """The run config `trainpipe plan --model` stands for: the request's flags as config keys, `auto` where the flag is unset.
+    It does not depend on the GPU type or count (the resolver takes those as the machine), so a ranking over GPUs builds
+    it once (`resolve` copies it before filling anything in)."""
+    key = (req.model, req.lora_targets, req.micro_batch, req.grad_ckpt, req.optimizer, req.target_effective_batch, req.epochs, req.precision,
+           req.strategy, req.offload, req.seq_len, req.lora_r, req.lora_dropout, method, objective)
+    if key not in _CONFIGS:
+        if len(_CONFIGS) > 256:
+            _CONFIGS.clear()
+        _CONFIGS[key] = _config_for_request(req, method, objective)
+    return _CONFIGS[key]
+
+
+_CONFIGS: dict = {}
+
+
+def _config_for_request(req: PlanRequest, method: str, objective: str):
     from trainpipe.config import build_config
 
     targets = req.lora_targets if req.lora_targets in ("attention", "all-linear") else [t.strip() for t in req.lora_targets.split(",") if t.strip()]

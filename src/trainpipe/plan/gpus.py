@@ -50,6 +50,7 @@ class GPU:
         return (self.bf16_tflops / 2) if self.bf16 else self.fp16_tflops / 8
 
 
+@lru_cache(maxsize=4096)
 def normalise(name: str) -> str:
     """`A100-80GB`, `a100 80gb`, `NVIDIA A100-SXM4-80GB` -> one key (case, spaces, hyphens, vendor words ignored)."""
     s = name.lower()
