@@ -1,0 +1,142 @@
+"""`trainpipe batch-find CONFIG`: the largest micro-batch that fits, then the accumulation for the target effective batch.
+
+Each candidate micro-batch runs one real forward and backward of the run's model on that many of the training data's
+longest examples, padded to `data.max_length` (the worst case a step can meet). Doubling from 1 until a step does not fit,
+then a binary search between the last fit and the first failure.
+
+What "does not fit" means:
+- on a GPU: a real `torch.cuda.OutOfMemoryError`, caught, the cache emptied; `--max-memory-gib` caps the process with
+  `torch.cuda.set_per_process_memory_fraction`, so the cap is a real allocator limit;
+- on the CPU, where running out of memory kills the process instead of raising: a SIMULATED out-of-memory when the
+  planner's peak estimate for that micro-batch (plan/memory.py: weights, gradients, optimizer, activations, overhead)
+  exceeds `--max-memory-gib` (default: the CPU share of the RAM the planner uses). The step is still run for every
+  micro-batch that passes, so the answer is one that trains.
+
+The result is printed as `--set` lines (micro-batch and gradient accumulation) and written to `batch_find.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import replace
+from pathlib import Path
+
+from trainpipe import ui
+from trainpipe.config import RunConfig
+from trainpipe.errors import ConfigError
+
+
+class SimulatedOOM(Exception):
+    """CPU only: the planner's estimate for this micro-batch exceeds the memory cap (see the module docstring)."""
+
+
+def _planner_bytes(cfg: RunConfig, mb: int) -> int | None:
+    from trainpipe.plan.memory import estimate
+    from trainpipe.plan.resolve import PLAN_METHOD, memory_setup, model_spec
+
+    try:
+        spec = model_spec(cfg)
+    except Exception:  # noqa: BLE001 - an unsizeable model: no estimate
+        return None
+    s = replace(memory_setup(cfg, PLAN_METHOD.get(cfg.method.peft, "lora"), "fp32" if not (cfg.training.bf16 or cfg.training.fp16) else "bf16", 1),
+                micro_batch=mb)
+    return int(estimate(spec, s).total_bytes)
+
+
+def batch_find(cfg: RunConfig, *, max_memory_gib: float | None = None, max_batch: int = 256, out_dir: str | Path | None = None) -> dict:
+    import torch
+
+    from trainpipe.plan.resolve import CPU_MEMORY_SHARE, _ram_bytes
+    from trainpipe.tune.lrfind import load_probe
+
+    if max_batch < 1:
+        raise ConfigError(f"`--max-batch {max_batch}` must be at least 1.")
+    cfg, model, tok, data, objective = load_probe(cfg)
+    device = next(model.parameters()).device
+    on_gpu = device.type == "cuda"
+    cap = max_memory_gib * 1024**3 if max_memory_gib else (None if on_gpu else _ram_bytes() * CPU_MEMORY_SHARE)
+    if on_gpu and max_memory_gib:
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), device)
+    seq = cfg.data.max_length
+    longest = sorted(data.train, key=lambda ex: -len(ex["input_ids"]))
+    tries: list[dict] = []
+
+    def fits(mb: int) -> bool:
+        rec: dict = {"micro_batch": mb}
+        tries.append(rec)
+        if not on_gpu:
+            need = _planner_bytes(cfg, mb)
+            rec["planner_bytes"] = need
+            if need is not None and cap is not None and need > cap:
+                rec.update(fits=False, why=f"simulated OOM: the planner's peak {need / 1024**3:.3f} GiB > cap {cap / 1024**3:.3f} GiB")
+                return False
+        rows = [dict(longest[i % len(longest)]) for i in range(mb)]
+        for r in rows:  # the worst case: every row as long as the data allows
+            pad = seq - len(r["input_ids"])
+            if pad > 0:
+                r["input_ids"] = list(r["input_ids"]) + [tok.pad_token_id] * pad
+                r["labels"] = list(r["labels"]) + [r["labels"][-1] if r["labels"] else -100] * pad
+        try:
+            if on_gpu:
+                torch.cuda.reset_peak_memory_stats(device)
+            batch = {k: v.to(device) for k, v in objective.collate(rows).items()}
+            loss, _ = objective.loss_sum(model, batch)
+            loss.backward()
+            model.zero_grad(set_to_none=True)
+            if on_gpu:
+                rec["peak_bytes"] = int(torch.cuda.max_memory_allocated(device))
+            rec["fits"] = True
+            return True
+        except torch.cuda.OutOfMemoryError:
+            model.zero_grad(set_to_none=True)
+            torch.cuda.empty_cache()
+            rec.update(fits=False, why="CUDA out of memory")
+            return False
+
+    model.train()
+    good, bad = 0, None
+    mb = 1
+    while mb <= max_batch:
+        if fits(mb):
+            good = mb
+            mb *= 2
+        else:
+            bad = mb
+            break
+    if good == 0:
+        raise ConfigError(
+            f"not even a micro-batch of 1 at `data.max_length` {seq} fits ({tries[-1].get('why')}). Lower `data.max_length`, turn on "
+            "`training.gradient_checkpointing`, use `method.peft: lora` or `qlora`, or raise `--max-memory-gib`."
+        )
+    if bad is not None:  # binary search in (good, bad)
+        lo, hi = good, bad
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if fits(mid):
+                lo = mid
+            else:
+                hi = mid
+        good = lo
+    good = min(good, max_batch)
+    target = cfg.training.target_effective_batch_size
+    accum = max(1, math.ceil(target / good))
+    result = {
+        "micro_batch": good, "gradient_accumulation_steps": accum, "effective_batch": good * accum, "target_effective_batch": target,
+        "seq_len": seq, "device": device.type, "cap_bytes": int(cap) if cap else None, "limited_by": "memory" if bad is not None else f"--max-batch {max_batch}",
+        "simulated": not on_gpu, "tries": tries,
+        "set": [f"--set training.per_device_train_batch_size={good}", f"--set training.gradient_accumulation_steps={accum}"],
+    }
+    out = Path(out_dir or (Path(cfg.output_dir).parent / f"{Path(cfg.output_dir).name}-batch-find")).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / "batch_find.json.tmp"
+    tmp.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, out / "batch_find.json")
+    con = ui.console()
+    how = "CUDA OOM caught" if on_gpu else "CPU: simulated OOM from the planner's peak estimate against the cap"
+    con.print(f"batch-find: largest micro-batch {good} at {seq} tokens ({how}; {len(tries)} tries); accumulation {accum} for an effective batch of {good * accum} (target {target})")
+    for line in result["set"]:
+        con.print(line, markup=False, highlight=False)
+    return result | {"out_dir": str(out)}
