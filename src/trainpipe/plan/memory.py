@@ -30,8 +30,9 @@ against published measurements: see plan/data/measurements.json and benchmarks/p
 
 Mechanisms added while calibrating on published LLM measurements (each is how the code runs, not a fit):
 - a frozen Linear saves no input (autograd keeps the input only for the weight's gradient), but
-  bitsandbytes' 4-bit matmul keeps its input for every call (MatMul4Bit: ctx.tensors = (A, B)), so QLoRA
-  saves the inputs of all quantized linears that LoRA on a 16-bit base does not;
+  older bitsandbytes' 4-bit matmul kept its input for every call (MatMul4Bit: ctx.tensors = (A, B)), so QLoRA
+  in the published rows saves the inputs of all quantized linears that LoRA on a 16-bit base does not; the
+  bitsandbytes trainpipe runs keeps only the packed weight (ctx.tensors = (None, B)): `bnb_saves_input`;
 - PEFT's adapters are fp32 (autocast_adapter_dtype) and the adapter input is cast to fp32 before the
   LoRA dropout (5 B per element with the mask); litgpt and torchtune keep adapters in the model dtype
   (3 B), litgpt with one dropout for its fused qkv;
@@ -104,6 +105,7 @@ class Setup:
     lm_head: bool = True  # False: a classification head (no vocabulary logits)
     framework: str = "trainpipe"  # whose training code saves the activations (FRAMEWORKS); accuracy rows name theirs
     base_dtype: str = "auto"  # LoRA/DoRA frozen base: auto = 16-bit under bf16/fp16/bf16-true (loaded with torch_dtype), fp32 = loaded in fp32 and run under autocast
+    bnb_saves_input: bool | None = None  # QLoRA: does bitsandbytes' MatMul4Bit keep its input A? None: by framework (bnb_saves_input())
 
 
 @dataclass
@@ -243,6 +245,17 @@ def _linear_lookup(spec: ModelSpec, s: Setup) -> tuple[set[str], set[str]]:
     return set(), adapted
 
 
+def bnb_saves_input(s: Setup) -> bool:
+    """Whether the 4-bit matmul keeps its input for the backward pass. The bitsandbytes trainpipe installs (>= 0.45; 0.50 in
+    the venv) keeps only the packed weight (`MatMul4Bit.forward`: ctx.tensors = (None, B); the input gradient needs B alone,
+    tests/unit/plan/test_accuracy.py checks the installed one), so a trainpipe QLoRA run saves what LoRA on a 16-bit base
+    saves. The published measurements (litgpt 2023-24, the PEFT docs) ran older releases whose MatMul4Bit kept
+    ctx.tensors = (A, B): every quantized linear's input stayed alive until its backward."""
+    if s.bnb_saves_input is not None:
+        return s.bnb_saves_input
+    return s.framework != "trainpipe"
+
+
 def _python_tanh_gelu(spec: ModelSpec, s: Setup) -> bool:
     """transformers' `gelu_new` is written in Python (0.5*x*(1+tanh(...))): autograd keeps four tensors of the
     MLP width; litgpt/torchtune call the fused F.gelu(approximate="tanh"), which keeps only its input."""
@@ -255,8 +268,8 @@ def layer_activation_bytes(spec: ModelSpec, s: Setup, tokens: int, *, trained: b
     """Bytes autograd saves in one decoder layer for `tokens` = micro_batch * seq_len tokens.
 
     A Linear saves its input only when its weight trains (a frozen weight's backward needs the weight,
-    not the input), except bitsandbytes' 4-bit matmul (QLoRA), whose autograd function keeps the input
-    for every call (`MatMul4Bit.forward`: ctx.tensors = (A, B)). Modules reading the same tensor share
+    not the input), except an older bitsandbytes' 4-bit matmul (QLoRA), whose autograd function kept the input
+    for every call (`MatMul4Bit.forward`: ctx.tensors = (A, B)); see `bnb_saves_input`. Modules reading the same tensor share
     one saved copy (q/k/v read the norm output, gate/up read the second norm output).
     """
     a = act_bytes(s.precision)
@@ -286,7 +299,7 @@ def layer_activation_bytes(spec: ModelSpec, s: Setup, tokens: int, *, trained: b
         group = (li.fan_in, path.split(".")[0], shared)
         is_expert = ".experts." in path
         mult = k_act if is_expert else 1
-        keeps_input = full_layer or s.method == "qlora"  # trained weight, or bitsandbytes' 4-bit matmul
+        keeps_input = full_layer or (s.method == "qlora" and bnb_saves_input(s))  # trained weight, or an older bitsandbytes' 4-bit matmul
         if keeps_input and group not in inputs_seen:
             saved += a * tokens * li.fan_in * mult * (1 if group[2] else count)
             inputs_seen.add(group)

@@ -31,3 +31,33 @@ def test_accuracy_on_calibration_and_held_out_rows():
     assert share >= 0.8 and share_within(held)[0] >= 0.75 and share_within(calib)[0] >= 0.8
     # no systematic bias left on the held-out part: the mean signed error is within +/-10 %
     assert abs(sum(r["error"] for r in held) / len(held)) < 0.10
+
+
+def test_installed_bitsandbytes_keeps_only_the_packed_weight():
+    """The mechanism behind QLoRA's activation count: the installed bitsandbytes' 4-bit matmul keeps the packed weight
+    for the input gradient, not the input itself (older releases kept both), so a trainpipe QLoRA layer saves what a
+    LoRA layer on a 16-bit base saves; the published rows (older bitsandbytes) still count the inputs."""
+    import torch
+    import bitsandbytes as bnb
+    import bitsandbytes.functional as BF
+
+    from trainpipe.plan import memory as M
+    from trainpipe.plan.catalog import find_model
+
+    q, state = BF.quantize_4bit(torch.randn(128, 64), quant_type="nf4", blocksize=64)
+    a = torch.randn(8, 64, requires_grad=True)
+    out = bnb.matmul_4bit(a, q.t(), quant_state=state)
+    kept = out.grad_fn.tensors
+    assert kept[0] is None and kept[1] is not None and kept[1].data_ptr() == q.data_ptr()
+    out.sum().backward()
+    assert a.grad is not None and a.grad.shape == a.shape  # the input gradient without the input
+
+    spec = find_model("meta-llama/Llama-2-7b-hf")
+    t = 8192
+    ours = M.Setup(method="qlora", precision="bf16", seq_len=t, micro_batch=1)
+    lora = M.Setup(method="lora", precision="bf16", seq_len=t, micro_batch=1)
+    old = M.Setup(method="qlora", precision="bf16", seq_len=t, micro_batch=1, framework="transformers")
+    assert M.layer_activation_bytes(spec, ours, t) == M.layer_activation_bytes(spec, lora, t)
+    h, i = spec.hidden, spec.arch["intermediate"]
+    old_lora = M.Setup(method="lora", precision="bf16", seq_len=t, micro_batch=1, framework="transformers")
+    assert M.layer_activation_bytes(spec, old, t) - M.layer_activation_bytes(spec, old_lora, t) == 2 * t * (3 * h + i)
