@@ -519,6 +519,9 @@ def _step_report(step: Step, entries, st, work: Path, **_) -> dict:
         return {"page": work / "report.json"}
     page = Path(write_report(run_dir))
     shutil.copyfile(page, work / page.name)
+    from trainpipe.track import tracking
+
+    tracking.log_artifact(run_dir, page)  # the page beside the run's other artefacts in MLflow
     return {"page": work / page.name}
 
 

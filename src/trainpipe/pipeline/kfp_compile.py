@@ -75,8 +75,10 @@ FUNCS = {"prepare": prepare, "train": train, "evaluate": evaluate, "export": exp
 
 def build_pipeline(cfg, *, store: str | None = None, image: str | None = None):
     """The @dsl.pipeline function of `cfg` (steps, edges, resources, pinned image)."""
-    from trainpipe.config import dump_yaml
+    import json
+
     from trainpipe.distributed.launch import cluster_layout
+    from trainpipe.redact import redact_obj
     from trainpipe.pipeline.dag import build_dag, default_store
 
     steps = build_dag(cfg)
@@ -84,7 +86,9 @@ def build_pipeline(cfg, *, store: str | None = None, image: str | None = None):
     comps = {k: dsl.component(func=f, base_image=img) for k, f in FUNCS.items()}
     layout = cluster_layout(cfg)
     store_url = store or default_store(cfg)
-    config_yaml = dump_yaml(cfg)
+    # the resolved config on one line (JSON is YAML): kfp lists every parameter's default in the file's comment header,
+    # where a multi-line default would break the YAML; secrets redacted as in every file trainpipe writes
+    config_yaml = json.dumps(redact_obj(cfg.model_dump(mode="json")), separators=(",", ":"))
     name = "trainpipe-" + "".join(c if c.isalnum() else "-" for c in (cfg.name or "run").lower())
 
     @dsl.pipeline(name=name, description=f"trainpipe {trainpipe.__version__}: {' -> '.join(s.id for s in steps)}")

@@ -46,7 +46,11 @@ def resolve_settings(tracking: Any, run_dir: Path, name: str | None) -> dict:
     t = tracking if isinstance(tracking, dict) else tracking.model_dump()
     backend = t.get("backend") or "auto"
     if backend == "auto":
-        backend = (os.environ.get("TRAINPIPE_TRACKING") or "mlflow").strip().lower()
+        backend = (os.environ.get("TRAINPIPE_TRACKING") or "").strip().lower()
+        if not backend:  # MLflow by default, where it is installed (`pip install 'trainpipe[mlflow]'`); else no tracker
+            import importlib.util
+
+            backend = "mlflow" if importlib.util.find_spec("mlflow") is not None else "none"
     if backend not in BACKENDS:
         raise TrackingError(f"`$TRAINPIPE_TRACKING` is {backend!r}; use one of {', '.join(BACKENDS)}.")
     run_dir = Path(run_dir)
@@ -540,6 +544,24 @@ def sync_run(run_dir: str | Path, *, status: str | None = None, backend: Backend
     state["synced_at"] = time.time()
     write_state(run_dir, state)
     return state
+
+
+def log_artifact(run_dir: str | Path, path: str | Path) -> bool:
+    """Add one file to the run's MLflow run after the run ended (the pipeline's report page). False when the run has no
+    MLflow run or the tracker cannot be reached (the file stays in the run directory)."""
+    run_dir = Path(run_dir).resolve()
+    state = read_state(run_dir)
+    if state.get("backend") != "mlflow" or not state.get("run_id"):
+        return False
+    import yaml
+
+    cfg = yaml.safe_load((run_dir / "config.resolved.yaml").read_text(encoding="utf-8")) or {}
+    try:
+        b = MlflowBackend(resolve_settings(cfg.get("tracking") or {}, run_dir, cfg.get("name")))
+        b.client.log_artifact(state["run_id"], str(path))
+        return True
+    except Exception:  # noqa: BLE001 - the page stays in the run directory and the store
+        return False
 
 
 def register_model(run_dir: str | Path, *, name: str | None = None, tags: dict | None = None) -> dict | None:
