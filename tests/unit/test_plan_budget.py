@@ -104,3 +104,21 @@ def test_405b_with_zero3_asked_for_says_zero3_in_value_and_rule():
                               micro_batch=1, grad_ckpt=True))
     st = next(d for d in p["decision"] if d["key"] == "strategy")
     assert st["value"] == "zero3" and st["rule"].startswith("`zero3` as set") and "Megatron-LM" in st["rule"]
+
+
+def test_objective_without_a_budget_is_usage():
+    from trainpipe.plan.decisions import PlanError
+
+    with pytest.raises(PlanError, match="--budget-usd"):
+        make_plan(PlanRequest(model="Qwen/Qwen2.5-1.5B", objective="time"))
+
+
+def test_405b_effective_batch_counts_data_parallel_replicas(capsys):
+    from trainpipe.cli import main
+
+    assert main(["plan", "--model", "meta-llama/Llama-3.1-405B", "--gpu", "H100", "--num-gpus", "8", "--nodes", "4"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    p = make_plan(PlanRequest(model="meta-llama/Llama-3.1-405B", gpu="H100", num_gpus=8, nodes=4))
+    r, dp = p["recommendation"], p["parallel"]["data"]
+    assert r["effective_batch"] == r["micro_batch"] * r["gradient_accumulation"] * dp >= 32
+    assert f"x {dp} data-parallel replica(s) = effective batch {r['effective_batch']}" in out

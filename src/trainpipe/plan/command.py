@@ -470,6 +470,9 @@ def make_plan(req: PlanRequest) -> dict:
     _check(req)
     if req.objective is not None and req.objective not in OBJECTIVES:
         raise PlanError(f"`--objective {req.objective}` must be `cost` (the cheapest setup) or `time` (the fastest within the budget/deadline).")
+    if req.objective is not None and req.budget_usd is None and req.deadline_hours is None:
+        raise PlanError(f"`--objective {req.objective}` chooses the headline among setups ranked under a budget or deadline: add "
+                        "`--budget-usd N` (or `--deadline-hours H`) and `--tokens N`.")
     spec = find_model(req.model)
     big = spec.total_params > D.BEYOND_SHARDING and req.strategy == "auto"
     gpu = find_gpu(req.gpu, req.gpu_file) if req.gpu else None

@@ -52,7 +52,8 @@ def print_plan(plan: dict) -> None:
         con.print(f"headline ({plan['headline']['objective']}): {plan['headline']['rule']}", markup=False, soft_wrap=True)
     r = plan["recommendation"]
     con.print(f"{'recommendation' if plan.get('fits', True) else 'closest plan (does not fit)'}: {r['method']} on {r['num_gpus']} x {r['gpu']} ({r['strategy']}{', offload ' + r['offload'] if r['offload'] != 'none' else ''}), "
-              f"{r['precision']}, micro-batch {r['micro_batch']} x accumulation {r['gradient_accumulation']} x {r['num_gpus']} device(s) = effective batch {r['effective_batch']}, "
+              f"{r['precision']}, micro-batch {r['micro_batch']} x accumulation {r['gradient_accumulation']} x "
+              f"{str(plan['parallel']['data']) + ' data-parallel replica(s)' if plan.get('parallel') else str(r['num_gpus']) + ' device(s)'} = effective batch {r['effective_batch']}, "
               f"gradient checkpointing {'on' if r['gradient_checkpointing'] else 'off'}, lr {r['learning_rate']:g}", markup=False, soft_wrap=True)
     c = plan.get("compute")
     if c:
