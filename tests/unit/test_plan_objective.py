@@ -136,3 +136,17 @@ def test_plan_config_with_method_auto_plans_the_first_stage(tmp_path, capsys):
     assert out["objective"]["stages"] == ["dpo"] and out["plan"]["learning_rate"]["value"] == 5e-6  # DPO's adapter lr, not SFT's
     assert main(["plan", str(cfg), "--gpu", "A100-80GB", "--kl-control", "high", "--json"]) == 2  # SFT -> reward -> RL needs instruction data
     assert "instruction data" in capsys.readouterr().out
+
+
+def test_config_show_expands_method_auto(tmp_path, capsys):
+    import yaml
+
+    from trainpipe.cli import main
+
+    a, _, t = _files(tmp_path)
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump({"model": {"name_or_path": "Qwen/Qwen2.5-0.5B"}, "data": {"sources": [{"path": t}, {"path": a}]},
+                                   "method": {"name": "auto", "goal": "knowledge"}}))
+    assert main(["config", "show", str(cfg)]) == 0
+    shown = yaml.safe_load(capsys.readouterr().out)
+    assert [s["name"] for s in shown["stages"]] == ["pretrain", "sft"] and shown["method"]["name"] == "pretrain"

@@ -35,6 +35,10 @@ def plan_run(cfg: RunConfig, hw: Hardware, world_size: int | None = None, *, nno
     """The plan `run` executes: `resolve` with this process's launcher environment (or ``world_size`` when the caller knows it).
     DeepSpeed ZeRO set explicitly on several processes is refused here: trainpipe's loop runs single, DDP and FSDP2, and a
     ZeRO run that silently trained as DDP would not be what the plan said."""
+    if cfg.method.name == "auto":  # the objective rule first (plan/objective.py), as `run` applies it: the first stage is planned
+        from trainpipe.plan.objective import expand_auto
+
+        cfg, _ = expand_auto(cfg)
     plan = resolve(cfg, hw, world_size, nnodes=nnodes, env=os.environ, sizing=sizing)
     if plan.world_size.value > 1 and plan.strategy.value in ("zero2", "zero3"):
         raise PlanError(
