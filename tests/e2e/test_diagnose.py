@@ -103,7 +103,7 @@ def test_input_bound_synthetic_gpu_record(tmp_path):
           {"time": "t", "event": "run_finished", "level": "info", "step": 100}]
     _write(tmp_path / "run", ev, [])
     (f,) = diagnose(tmp_path / "run")
-    assert f.kind == "input_bound" and "workers" in f.fix
+    assert f.kind == "input_bound" and "data.packing" in f.settings
 
 
 def test_cli_diagnose_json_on_a_crashed_run(tmp_path, base, capsys, monkeypatch):

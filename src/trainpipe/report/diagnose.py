@@ -8,8 +8,10 @@ Findings are ordered most important first.
 from __future__ import annotations
 
 import json
+import math
+import re
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from trainpipe.errors import RunDirError
@@ -25,6 +27,12 @@ class Finding:
     cause: str
     evidence: str
     fix: str
+    settings: list[str] = field(default_factory=list)  # the config keys the fix changes; each one RunConfig accepts
+
+    def __post_init__(self) -> None:
+        for key in re.findall(r"`([a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)+)", self.fix):  # every `section.key` the fix names
+            if key not in self.settings:
+                self.settings.append(key)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -89,38 +97,57 @@ def diagnose(run_dir: str | Path) -> list[Finding]:
         out.append(Finding("never_started", "fatal", f"the run stopped before training ({err}): a config, data or model problem",
                            msg, "Fix what the message names, then run again; `trainpipe config validate` checks the config alone."))
 
+    t = cfg.get("training", {}) or {}
     oom_stop = [e for e in by("cuda_oom") if e.get("action") == "stop"]
-    if oom_stop:
+    oom_failed = [e for e in failed if e.get("error") in ("OutOfMemoryError", "OutOfMemoryPlan")]
+    if oom_stop and oom_stop[-1].get("phase") == "eval":
         e = oom_stop[-1]
-        out.append(Finding("oom", "fatal", "out of memory even at micro-batch 1 with gradient checkpointing",
+        out.append(Finding("oom_eval", "fatal", "out of memory in evaluation, not in training: the training steps fit",
+                           f"cuda_oom in the evaluation after step {e['step']}: {e.get('error', '')}; eval batch {e.get('per_device_eval_batch_size', t.get('per_device_eval_batch_size'))}",
+                           f"Lower `training.per_device_eval_batch_size` (now {t.get('per_device_eval_batch_size')}), `eval.max_new_tokens` for generated metrics "
+                           "or `eval.max_samples`; then `trainpipe run CONFIG --resume`."))
+    elif oom_stop:
+        e = oom_stop[-1]
+        out.append(Finding("oom", "fatal", "out of memory in the training step even at micro-batch 1 with gradient checkpointing",
                            f"step {e['step']}: {e.get('error', '')}; {len(by('cuda_oom'))} OOM events in all",
-                           "Shorten `data.max_length`, use LoRA/QLoRA instead of a full fine-tune, a smaller model or a larger GPU; then `--resume`."))
+                           "Shorten `data.max_length`, train an adapter (`method.peft: lora` or `qlora`) instead of a full fine-tune, "
+                           "or use a smaller model or a larger GPU; then `--resume`."))
+    elif oom_failed and "training_started" in names:
+        e = oom_failed[-1]
+        where = "before the first training step (the baseline evaluation)" if not any(m.get("loss") is not None for m in metrics) else "outside the training step (evaluation or export)"
+        out.append(Finding("oom_eval", "fatal", f"out of memory {where}",
+                           e.get("message", ""),
+                           f"Lower `training.per_device_eval_batch_size` (now {t.get('per_device_eval_batch_size')}) or `eval.max_new_tokens`, or set `eval.max_samples`."))
     elif by("oom_recovered"):
         last = by("oom_recovered")[-1]
-        out.append(Finding("oom_recovered", "warning", "out-of-memory errors were recovered by smaller micro-batches",
+        out.append(Finding("oom_recovered", "warning", "out-of-memory errors in training were recovered by smaller micro-batches",
                            f"{len(by('cuda_oom'))} OOM event(s); now micro-batch {last['micro_batch']} x {last['gradient_accumulation_steps']} accumulation "
                            f"(effective batch {last['effective_batch']}), gradient checkpointing {last['gradient_checkpointing']}",
-                           f"Start with `training.per_device_train_batch_size: {last['micro_batch']}` to skip the retries."))
+                           f"Start with `training.per_device_train_batch_size: {last['micro_batch']}`"
+                           + (" and `training.gradient_checkpointing: true`" if last.get("gradient_checkpointing") else "") + " to skip the retries."))
 
     div = by("training_diverged")
+    lr = t.get("learning_rate")
     if div:
         e = div[-1]
         overflow, spikes = by("gradient_overflow"), by("loss_spike")
-        t = cfg.get("training", {})
         if t.get("fp16") and overflow:
-            cause, fix = "fp16 overflow: the loss or gradients left float16's range", "Train in bf16 (`training.bf16: true`) or fp32 (`training.fp16: false`)."
+            cause, fix = "fp16 overflow: the loss or gradients left float16's range", "Train in bf16 (`training.bf16: true`, `training.fp16: false`) or fp32 (`training.fp16: false`)."
         elif spikes and len(spikes) >= len(overflow):
-            cause, fix = "the learning rate is too high: the loss spiked again after each rollback", f"Lower `training.learning_rate` (now {t.get('learning_rate')}) by 3-10x, or lengthen the warmup."
+            cause, fix = "the learning rate is too high: the loss spiked again after each rollback", f"Lower `training.learning_rate` (now {lr}) by 3-10x, or lengthen the warmup (`training.warmup_ratio`)."
         elif len(set(x.get("window") for x in overflow)) == len(overflow) and len(overflow) > 1 and e.get("recoveries", 0) and first_loss_ok(metrics):
-            cause, fix = "bad data or the learning rate: NaN in several different batches after good steps", "Inspect the skipped windows' examples (`trainpipe data inspect`), and lower `training.learning_rate`."
+            cause, fix = "bad data or the learning rate: NaN in several different batches after good steps", f"Inspect the skipped windows' examples (`trainpipe data inspect CONFIG`), and lower `training.learning_rate` (now {lr})."
         else:
-            cause, fix = "NaN/Inf from the first steps: the learning rate is far too high, or the data or model produce NaN", f"Lower `training.learning_rate` (now {t.get('learning_rate')}); check the data with `trainpipe data inspect`."
+            cause, fix = ("NaN/Inf from the first steps: the learning rate is far too high, or the data or model produce NaN",
+                          f"Lower `training.learning_rate` (now {lr}) and keep `training.max_grad_norm` at 1.0; check the data with `trainpipe data inspect CONFIG`.")
         out.append(Finding("divergence", "fatal", cause,
                            f"training_diverged at step {e['step']} after {e.get('recoveries')} rollback(s); {len(overflow)} NaN/Inf and {len(spikes)} loss-spike events; skipped windows {e.get('skipped_windows')}",
                            fix))
     elif by("rolled_back"):
-        out.append(Finding("recovered_divergence", "warning", "NaN or loss spikes were recovered by rollback",
-                           f"{len(by('rolled_back'))} rollback(s); learning rate now x{by('rolled_back')[-1]['lr_scale']}", "If it recurs, lower `training.learning_rate`."))
+        kinds_seen = sorted({e["event"] for e in by("gradient_overflow") + by("loss_spike")})
+        out.append(Finding("recovered_divergence", "warning", f"{' and '.join(kinds_seen) or 'NaN or loss spikes'} recovered by rollback",
+                           f"{len(by('rolled_back'))} rollback(s); learning rate now x{by('rolled_back')[-1]['lr_scale']}",
+                           f"If it recurs, lower `training.learning_rate` (now {lr})."))
 
     pre = by("preempted")
     if pre and names.index("preempted") == max(i for i, n in enumerate(names) if n == "preempted") and not any(
@@ -142,32 +169,13 @@ def diagnose(run_dir: str | Path) -> list[Finding]:
         e = low[-1]
         out.append(Finding("input_bound", "warning", "training is input-bound: the GPU waits for data",
                            f"GPU utilisation {e.get('gpu_util')} % with the data loader at {e.get('dataloader_share')} of step time",
-                           "Raise `dataloader_num_workers`, enable packing, or pre-tokenize (the data cache)."))
+                           "Pack short examples (`data.packing: padding_free` or `pack`) so fewer, fuller batches move; the data step already "
+                           "pre-tokenizes into the cache (`data.cache`), so keep it on."))
 
-    train_loss = [m["loss"] for m in metrics if "loss" in m]
-    eval_loss = [(m["step"], m["eval_loss"]) for m in metrics if "eval_loss" in m]
-    if "training_started" in names and not div and len(train_loss) >= 4:
-        k = max(1, len(train_loss) // 4)
-        head, tail = statistics.mean(train_loss[:k]), statistics.mean(train_loss[-k:])
-        if tail > 0.98 * head:
-            report = _jsonl_or_json(run / "data_report.json")
-            loss_tokens = sum(s.get("loss_tokens", 1) for s in report.get("splits", {}).values()) if report.get("splits") else None
-            lr = cfg.get("training", {}).get("learning_rate")
-            if loss_tokens == 0:
-                cause, fix = "no token carries loss: a label-masking bug (every label is -100)", "Check `method.train_on` and the chat template; `trainpipe data inspect` shows the trained tokens."
-            elif lr is not None and lr < 1e-6:
-                cause, fix = f"the learning rate ({lr}) is too low to move the weights", "Raise `training.learning_rate` (LoRA 2e-4, full fine-tune 5e-5 are the usual starts)."
-            else:
-                cause, fix = "the learning rate is too high (the loss oscillates) or too low", f"Run an LR range test or try 3x lower and higher than {lr}."
-            out.append(Finding("loss_flat", "warning", "the training loss did not decrease: " + cause,
-                               f"mean train loss {head:.4f} over the first {k} logs vs {tail:.4f} over the last {k}", fix))
-    if len(eval_loss) >= 3 and len(train_loss) >= 4:
-        best_step, best = min(eval_loss, key=lambda x: x[1])
-        last_step, last = eval_loss[-1]
-        if last > best * 1.05 and best_step < last_step and train_loss[-1] < train_loss[0]:
-            out.append(Finding("overfitting", "warning", "overfitting: the eval loss rose while the training loss kept falling",
-                               f"best eval loss {best:.4f} at step {best_step}, {last:.4f} at step {last_step}; train loss {train_loss[0]:.4f} -> {train_loss[-1]:.4f}",
-                               "Train fewer epochs (early stopping keeps the best checkpoint), add data, or raise dropout/weight decay."))
+    out += _curve_findings(run, metrics, cfg, names, diverged=bool(div))
+    if not low:
+        out += _speed_findings(run, metrics, cfg)
+    out += _forgetting_findings(by("forgetting_detected"))
 
     if not out:
         if "run_finished" in names:
@@ -178,6 +186,150 @@ def diagnose(run_dir: str | Path) -> list[Finding]:
             out.append(Finding("interrupted", "warning", "the run stopped without a final event (killed, or still running)",
                                f"last event {last['event']} at step {last['step']} ({last['time']})", "If it is not running, continue with `trainpipe run CONFIG --resume`."))
     return out
+
+
+# ---------------------------------------------------------------------------------------------------- the curves
+def _smooth(xs: list[float], k: int) -> list[float]:
+    """Trailing moving average over ``k`` points (shorter at the start)."""
+    out = []
+    for i in range(len(xs)):
+        w = xs[max(0, i - k + 1) : i + 1]
+        out.append(sum(w) / len(w))
+    return out
+
+
+def train_curve(losses: list[float]) -> dict:
+    """The shape of a training-loss curve: where its smoothed low is and what it did before and after.
+
+    ``falling``: the last stretch is clearly below the first; ``rising``: the last stretch is clearly above the
+    smoothed low and the low came before it (the loss went up after its best point, whatever it did first);
+    ``flat``: neither. Figures: ``head`` / ``tail`` (means of the first / last fifth), ``low`` and ``low_index``."""
+    n = len(losses)
+    k = max(2, n // 5)
+    sm = _smooth(losses, k)
+    low_i = min(range(n), key=lambda i: sm[i])
+    head, tail, low = statistics.mean(losses[:k]), statistics.mean(losses[-k:]), sm[low_i]
+    spread = statistics.pstdev(losses[-k:]) if k > 1 else 0.0
+    rising = low_i < n - k and tail > low * 1.10 and tail - low > max(0.05, spread)
+    falling = not rising and tail < head * 0.95
+    return {"head": head, "tail": tail, "low": low, "low_index": low_i, "k": k, "rising": rising, "falling": falling, "flat": not rising and not falling}
+
+
+def _curve_findings(run: Path, metrics: list[dict], cfg: dict, names: list[str], *, diverged: bool) -> list[Finding]:
+    """Instability (train loss rising after its low), overfitting (train falling, eval rising after its best),
+    not learning (flat train loss); from the logged curves, not from the first and last points alone."""
+    out: list[Finding] = []
+    train = [(m["step"], float(m["loss"])) for m in metrics if m.get("loss") is not None and math.isfinite(float(m["loss"]))]
+    evals = [(m["step"], float(m["eval_loss"])) for m in metrics if m.get("eval_loss") is not None and math.isfinite(float(m["eval_loss"]))]
+    if "training_started" not in names or diverged or len(train) < 4:
+        return out
+    t = cfg.get("training", {}) or {}
+    lr = t.get("learning_rate")
+    shape = train_curve([x for _, x in train])
+    low_step = train[shape["low_index"]][0]
+    if shape["rising"]:
+        fp16 = " and fp16 overflow (`training.fp16: false`, or `training.bf16: true` on a GPU with bf16)" if t.get("fp16") else ""
+        out.append(Finding(
+            "instability", "warning",
+            "training is unstable: the training loss rose after its best point (a learning rate too high" + (", fp16 overflow" if t.get("fp16") else "") + ", or bad data)",
+            f"smoothed train loss fell to {shape['low']:.4f} at step {low_step}, then rose to {shape['tail']:.4f} (mean of the last {shape['k']} logs, "
+            f"step {train[-1][0]}); it started at {shape['head']:.4f}; learning rate {lr}",
+            f"Lower `training.learning_rate` (now {lr}) 3-10x, lengthen the warmup (`training.warmup_ratio`) and keep `training.max_grad_norm` at 1.0{fp16}; "
+            "if it rises at the same data, inspect those examples (`trainpipe data inspect CONFIG`).",
+        ))
+    elif shape["flat"]:
+        report = _jsonl_or_json(run / "data_report.json")
+        splits = report.get("splits") or {}
+        loss_tokens = sum(s.get("loss_tokens", 1) for s in splits.values()) if splits else None
+        default_lr = _default_lr(cfg)
+        if loss_tokens == 0:
+            cause, fix = ("no token carries loss: every label is masked (-100)",
+                          "Check `method.train_on` and `data.chat_template`; `trainpipe data inspect CONFIG` shows the trained tokens.")
+        elif lr is not None and (lr < 1e-6 or (default_lr and lr < default_lr / 100)):
+            cause = f"the learning rate ({lr}) is too low to move the weights" + (f" (the usual start here is {default_lr:g})" if default_lr else "")
+            fix = f"Raise `training.learning_rate` to about {default_lr or 2e-4:g} (LoRA 2e-4, full fine-tune 5e-5 are the usual starts)."
+        else:
+            cause = "the data or the learning rate: the loss neither fell nor rose (labels that do not follow from the inputs, or a learning rate off by far)"
+            fix = (f"Look at what is trained (`trainpipe data inspect CONFIG`: `method.train_on`), then try `training.learning_rate` 3x and 10x "
+                   f"either side of {lr}.")
+        out.append(Finding("loss_flat", "warning", "the training loss did not decrease: " + cause,
+                           f"mean train loss {shape['head']:.4f} over the first {shape['k']} logs vs {shape['tail']:.4f} over the last {shape['k']}", fix))
+    if len(evals) >= 3 and not shape["rising"]:
+        best_step, best = min(evals, key=lambda x: x[1])
+        last_step, last = evals[-1]
+        train_at_best = [x for s, x in train if s <= best_step]
+        after = [x for s, x in train if s > best_step]
+        train_kept_falling = bool(train_at_best and after) and statistics.mean(after[-max(1, len(after) // 3):]) < statistics.mean(train_at_best[-max(1, len(train_at_best) // 3):])
+        if last > best * 1.05 and best_step < last_step and train_kept_falling:
+            out.append(Finding(
+                "overfitting", "warning", "overfitting: the eval loss rose after its best step while the training loss kept falling",
+                f"best eval loss {best:.4f} at step {best_step}, {last:.4f} at step {last_step}; train loss {train[0][1]:.4f} -> {train[-1][1]:.4f}",
+                "Train fewer epochs (`training.num_train_epochs`; `training.early_stopping_patience` stops at the best eval and the best "
+                "checkpoint is exported), add data, or regularise more (`method.lora.dropout`, `training.weight_decay`).",
+            ))
+    return out
+
+
+def _default_lr(cfg: dict) -> float | None:
+    try:
+        from trainpipe.plan.decisions import default_learning_rate
+
+        m = cfg.get("method", {}) or {}
+        return default_learning_rate(m.get("name", "sft"), m.get("peft", "lora"))[0]
+    except Exception:  # noqa: BLE001 - a config of another version: no default to compare with
+        return None
+
+
+# ---------------------------------------------------------------------------------------------------- speed
+INPUT_SHARE_SLOW = 0.3  # the input pipeline taking more than this share of the step time makes training input-bound
+THROUGHPUT_SLOW = 0.5  # measured tokens/s under half the planner's prediction (GPU runs, where the plan predicts it)
+
+
+def _speed_findings(run: Path, metrics: list[dict], cfg: dict) -> list[Finding]:
+    out: list[Finding] = []
+    logs = [m for m in metrics if "tokens_per_second" in m]
+    shares = [float(m["input_share"]) for m in logs if m.get("input_share") is not None]
+    tps = [float(m["tokens_per_second"]) for m in logs]
+    if len(shares) >= 2 and statistics.median(shares) > INPUT_SHARE_SLOW:
+        out.append(Finding(
+            "input_bound", "warning", "training is slow because it waits for its input: preparing and moving the batches takes a large share of each step",
+            f"input preparation {statistics.median(shares):.0%} of step time (median over {len(shares)} logs), {statistics.median(tps):,.0f} tokens/s",
+            "Pack short examples (`data.packing: padding_free` or `pack`) so fewer, fuller batches are built and moved, keep the "
+            "pre-tokenized cache on (`data.cache: true`), and look for slow custom collation or a slow disk under the cache.",
+        ))
+    summary = _jsonl_or_json(run / "summary.json")
+    plan = summary.get("plan") or {}
+    ratio = plan.get("throughput_ratio")
+    if ratio is not None and ratio < THROUGHPUT_SLOW:
+        pred = (plan.get("predicted") or {}).get("tokens_per_second")
+        meas = (plan.get("measured") or {}).get("tokens_per_second")
+        out.append(Finding(
+            "slow_training", "warning", "training ran far slower than the plan predicted for this hardware",
+            f"{meas} tokens/s measured vs {pred} planned (ratio {ratio})",
+            "Check that mixed precision is on (`training.bf16: true`), turn off `training.gradient_checkpointing` if memory allows, raise "
+            "`training.per_device_train_batch_size`, try `training.torch_compile: true`, and check the input pipeline (`data.packing`).",
+        ))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- forgetting
+def _forgetting_findings(found: list[dict]) -> list[Finding]:
+    if not found:
+        return []
+    worst: dict[str, dict] = {}
+    for e in found:
+        task = str(e.get("task"))
+        rise = (e.get("current", 0) - e.get("baseline", 0)) / max(abs(e.get("baseline") or 1e-12), 1e-12)
+        if task not in worst or rise > worst[task]["rise"]:
+            worst[task] = {**e, "rise": rise}
+    ev = "; ".join(f"{k}: {e.get('metric', 'loss')} {e.get('baseline'):.4f} at baseline -> {e.get('current'):.4f} at step {e.get('step')} ({e['rise']:+.0%})"
+                   for k, e in worst.items())
+    return [Finding(
+        "forgetting", "warning", "catastrophic forgetting: the model got worse on what it knew before (the forgetting sets)",
+        ev,
+        "Train less (`training.num_train_epochs`, or a lower `training.learning_rate`), train an adapter rather than every weight "
+        "(`method.peft: lora`, lower `method.lora.r`), or mix general data back into `data.sources` (`weight` per source).",
+    )]
 
 
 def first_loss_ok(metrics: list[dict]) -> bool:
