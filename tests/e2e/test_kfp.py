@@ -19,17 +19,28 @@ QUICKSTART = REPO / "examples" / "quickstart" / "run.yaml"
 STEPS = ["prepare", "train", "evaluate", "export", "register", "report"]
 
 
-def _sets(tmp: Path) -> list[str]:
-    sets = ["output_dir=" + str(tmp / "qs"), "training.max_steps=4", "training.eval_steps=2", "training.logging_steps=2",
-            "training.per_device_train_batch_size=16", "eval.metrics=[loss]", "data.eval_split=32", "pipeline.store=" + (tmp / "store").as_uri()]
-    return [x for s in sets for x in ("--set", s)]
+def _config(tmp: Path) -> Path:
+    """The quickstart (its base model, its data: the first 400 records), a few steps."""
+    cfg = yaml.safe_load(QUICKSTART.read_text())
+    qs = QUICKSTART.parent
+    cfg["model"]["name_or_path"] = str(qs / "base")
+    cfg["data"]["sources"] = [{"path": str(qs / "data" / "train.jsonl"), "format": "alpaca", "max_records": 400}]
+    cfg["data"]["eval_split"] = 32
+    cfg["training"].update(max_steps=4, eval_steps=2, logging_steps=2, per_device_train_batch_size=16)
+    cfg["eval"] = {"metrics": ["loss"]}
+    cfg["pipeline"] = {"store": (tmp / "store").as_uri()}
+    cfg["output_dir"] = str(tmp / "qs")
+    path = tmp / "quickstart.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
 
 
 def test_compiled_pipeline_runs_on_kfp_local(tmp_path, monkeypatch):
     from kfp import components, local
 
     out = tmp_path / "pipeline.yaml"
-    assert main(["pipeline", "compile", str(QUICKSTART), "-o", str(out), *_sets(tmp_path)]) == 0
+    config = _config(tmp_path)
+    assert main(["pipeline", "compile", str(config), "-o", str(out)]) == 0
     spec = yaml.safe_load(out.read_text())
     # one component per step, the image pinned to this trainpipe's version, the plan's resources on the train task
     assert sorted(spec["components"]) == sorted(f"comp-{s}" for s in STEPS)
@@ -56,6 +67,6 @@ def test_compiled_pipeline_runs_on_kfp_local(tmp_path, monkeypatch):
     assert (model / "model.safetensors").is_file() and json.loads((model / "lineage.json").read_text())["produced_by"]["step"] == "export"
 
     # the same DAG, run here: every step is reused from what the Kubeflow tasks built (one cache, one store)
-    assert main(["pipeline", "run", str(QUICKSTART), *_sets(tmp_path)]) == 0
+    assert main(["pipeline", "run", str(config)]) == 0
     rec = json.loads((tmp_path / "qs" / "pipeline.json").read_text())
     assert {s["id"]: s["status"] for s in rec["steps"]} == {s: "reused" for s in STEPS}

@@ -29,13 +29,13 @@ SECRETS = {"HF_TOKEN": "hf_tracktestSECRETvalue0123456789", "AWS_SECRET_ACCESS_K
 
 
 def _config(tmp: Path, model_dir: Path, out: str, tracking: dict) -> Path:
-    write_jsonl(tmp / "train.jsonl", alpaca_records(64, seed=5))
+    write_jsonl(tmp / "train.jsonl", alpaca_records(48, seed=5))
     cfg = {
         "name": "tracked",
         "model": {"name_or_path": str(model_dir)},
-        "data": {"sources": [{"path": "train.jsonl"}], "eval_split": 16, "max_length": 96},
+        "data": {"sources": [{"path": "train.jsonl"}], "eval_split": 12, "max_length": 96},
         "method": {"peft": "lora", "lora": {"r": 4, "alpha": 8, "dropout": 0.0}},
-        "training": {"max_steps": 8, "eval_steps": 4, "logging_steps": 2, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 1,
+        "training": {"max_steps": 6, "eval_steps": 3, "logging_steps": 2, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 1,
                      "learning_rate": 5e-3, "early_stopping_patience": None},
         "eval": {"metrics": ["loss"]},
         "tracking": tracking,

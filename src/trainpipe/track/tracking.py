@@ -383,7 +383,11 @@ class Tracker:
         from trainpipe import events as ev
 
         self.state["run_name"] = run_name
-        self._call(lambda: self._open(run_name))
+        if self._call(lambda: self._open(run_name)):
+            from trainpipe import ui
+
+            ui.console().print(f"  [dim]tracking: {self.settings['backend']} {_safe_uri(self.settings['uri']) or ''} "
+                               f"(experiment {self.settings['experiment']}, run {self.state.get('run_id')})[/]", markup=True, soft_wrap=True)
         write_state(self.run_dir, self.state)
         ev.add_listener(self.on_record)
 
@@ -488,6 +492,8 @@ def sync_run(run_dir: str | Path, *, status: str | None = None, backend: Backend
         state = {k: v for k, v in state.items() if k in ("run_name",)}  # another tracker: everything goes there from the start
     state.update({"backend": settings["backend"], "uri": _safe_uri(settings["uri"]), "experiment": settings["experiment"]})
     state.setdefault("metrics_logged", 0)
+    if backend is None and settings["backend"] == "wandb" and state.get("mode") == "offline":
+        return _wandb_sync(run_dir, state)
     if backend is None:
         backend = make_backend(settings, run_dir)
         state["run_id"] = backend.open(state, {}, redact_obj({"mlflow.runName": cfg.get("name") or run_dir.name, "trainpipe.run_dir": str(run_dir)}))
@@ -582,3 +588,23 @@ def register_model(run_dir: str | Path, *, name: str | None = None, tags: dict |
     state["registered"] = reg
     write_state(run_dir, state)
     return reg
+
+
+def _wandb_sync(run_dir: Path, state: dict) -> dict:
+    """An offline W&B run is uploaded by W&B's own `wandb sync` (it holds everything the run logged)."""
+    import shutil
+    import subprocess
+
+    dirs = sorted(str(p) for p in (run_dir / "wandb").glob("offline-run-*"))
+    if not dirs:
+        raise TrackingError(f"`{run_dir}/wandb` holds no offline W&B run to sync.")
+    exe = shutil.which("wandb")
+    if exe is None:
+        raise TrackingError("The `wandb` command is not installed; `pip install 'trainpipe[wandb]'`, then run `trainpipe track sync` again.")
+    done = subprocess.run([exe, "sync", *dirs], capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        raise TrackingError(f"`wandb sync` failed ({done.returncode}): {redact_text((done.stderr or done.stdout)[-400:])} The offline run stays in `{run_dir / 'wandb'}`.")
+    state.update(pending=False, synced_at=time.time(), mode="synced")
+    state.pop("error", None)
+    write_state(run_dir, state)
+    return state
