@@ -37,7 +37,7 @@ from trainpipe.redact import redact_obj
 KINDS = ("prepare", "train", "evaluate", "export", "register", "report")
 # the typed interface of each kind of step: inputs (name -> type) and outputs (name -> type)
 INPUTS = {
-    "prepare": {},
+    "prepare": {"base_model": "Model"},  # a later stage: the tokenizer of the model it starts from
     "train": {"data": "PreparedData", "base_model": "Model", "reward_model": "Model"},
     "evaluate": {"run": "RunDir", "data": "PreparedData"},
     "export": {"run": "RunDir", "metrics": "EvalReport"},
@@ -144,7 +144,7 @@ def build_dag(cfg: RunConfig) -> list[Step]:
 def _chain(cfg: RunConfig, branch: str | None, train_links: dict) -> list[Step]:
     p = (lambda k: f"{branch}.{k}") if branch else (lambda k: k)  # noqa: E731
     return [
-        Step(p("prepare"), "prepare", cfg, branch=branch),
+        Step(p("prepare"), "prepare", cfg, {k: v for k, v in train_links.items() if k == "base_model"}, branch=branch),
         Step(p("train"), "train", cfg, {"data": (p("prepare"), "data"), **train_links}, branch=branch),
         Step(p("evaluate"), "evaluate", cfg, {"run": (p("train"), "run"), "data": (p("prepare"), "data")}, branch=branch),
         Step(p("export"), "export", cfg, {"run": (p("train"), "run"), "metrics": (p("evaluate"), "metrics")}, branch=branch),
@@ -207,6 +207,8 @@ def external_inputs(step: Step) -> dict[str, str]:
         from trainpipe.pipeline.run import source_sha256
 
         out = {f"source[{i}]": source_sha256(src) for i, src in enumerate(cfg.data.sources)}
+        if "base_model" in step.inputs:  # the upstream model's content is an input already
+            return out
         m = Path(cfg.model.name_or_path)
         out["tokenizer"] = folder_digest(m, ("tokenizer*", "special_tokens_map.json", "vocab*", "merges.txt", "*.model", "chat_template*")) if m.is_dir() \
             else sha256_bytes(f"hub:{cfg.model.name_or_path}@{cfg.model.revision}".encode())
@@ -283,7 +285,8 @@ def execute_step(step: Step, entries: dict[str, dict], cache: StepCache, *, use_
         con.print(f"[yellow]warning:[/] {warning}", markup=True, soft_wrap=True)
     if look is not None and look.entry is not None:
         entry = look.entry
-        _restore(step, entry, st)
+        if step.kind == "train":
+            _restore(step, entry, st)
         status = "reused"
         why = (f"key {key[:12]} found: same inputs ({', '.join(sorted(inputs)) or 'none'}), same config section"
                f"{' (' + ', '.join(sorted(section)) + ')' if section else ''}, same code; built {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(entry['created']))}")
@@ -346,9 +349,8 @@ def _why_ran(prev: dict | None, parts: dict, section: dict, warning: str | None)
 
 
 def _restore(step: Step, entry: dict, st: ArtifactStore) -> None:
-    """A reused train step: its run folder back in `output_dir` when it is not there as that step left it."""
-    if step.kind != "train":
-        return
+    """The run folder of `entry` (a train step's) back in the branch's `output_dir` when it is not there as that step left
+    it: a reused train step, or a later step in another process or pod."""
     run_dir = step.run_dir
     mark = run_dir / ".pipeline-step.json"
     try:
@@ -389,8 +391,22 @@ def _lineage(step: Step, key: str, parts: dict, entries: dict) -> dict:
     }
 
 
+def _ensure_local(step: Step, entries: dict, st: ArtifactStore) -> None:
+    """What a step reads from the local disk is there, also in a fresh process or pod (a Kubeflow task): the branch's run
+    folder (the train step's output) and the upstream models a stage starts from (the previous exports)."""
+    for name, (src, out) in step.inputs.items():
+        entry = entries[src]
+        if name == "run":
+            _restore(step, entry, st)
+        elif name in ("base_model", "reward_model"):
+            target = Path(step.cfg.model.name_or_path if name == "base_model" else step.cfg.method.rl.reward_model)
+            if not (target / "config.json").exists():
+                st.materialize(entry["outputs"][out]["key"], target)
+
+
 def _run_step(step: Step, key: str, parts: dict, entries: dict, cache: StepCache, st: ArtifactStore, *, config_path: str | None) -> dict:
     t = time.time()
+    _ensure_local(step, entries, st)
     work = Path(tempfile.mkdtemp(prefix=f"trainpipe-{step.kind}-"))
     try:
         fn = globals()[f"_step_{step.kind}"]
@@ -465,7 +481,8 @@ def _step_evaluate(step: Step, entries, st, work: Path, **_) -> dict:
 
         from trainpipe.evaluate.evaluator import eval_loss
 
-        tok, data = _prepared(step.cfg)
+        base_here = Path(step.cfg.model.name_or_path).exists()  # else (a pod without the upstream stage's folder): the export's tokenizer
+        tok, data = _prepared(step.cfg, None if base_here else str(run_dir / "model"))
         model = AutoModelForCausalLM.from_pretrained(run_dir / "model", dtype=torch.float32)
         model.eval()
         loss = eval_loss(model, data.eval, batch_size=step.cfg.training.per_device_eval_batch_size, pad_id=tok.pad_token_id)["loss"]

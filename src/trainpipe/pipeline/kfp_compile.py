@@ -34,10 +34,10 @@ def pinned_image(image: str) -> str:
 # calling the one step function. Inputs are the `kind:key` cache entries of the steps they read ("" when unused).
 
 
-def prepare(config_yaml: str, step_id: str, store: str, use_cache: bool) -> str:
+def prepare(config_yaml: str, step_id: str, store: str, use_cache: bool, base_model: str) -> str:
     from trainpipe.pipeline.dag import run_step_in_store
 
-    return run_step_in_store(config_yaml, step_id, store, {}, use_cache=use_cache)
+    return run_step_in_store(config_yaml, step_id, store, {"base_model": base_model}, use_cache=use_cache)
 
 
 def train(config_yaml: str, step_id: str, store: str, use_cache: bool, data: str, base_model: str, reward_model: str) -> str:
@@ -98,6 +98,8 @@ def build_pipeline(cfg, *, store: str | None = None, image: str | None = None):
             kwargs = {n: tasks[src].output for n, (src, _out) in s.inputs.items()}
             if s.kind == "train":
                 kwargs = {"base_model": "", "reward_model": "", **kwargs}
+            elif s.kind == "prepare":
+                kwargs = {"base_model": "", **kwargs}
             t = comps[s.kind](config_yaml=config_yaml, step_id=s.id, store=store, use_cache=use_cache, **kwargs)
             t.set_display_name(s.id)
             t.set_caching_options(False)  # trainpipe's content-addressed cache decides what runs (keys KFP cannot see)
