@@ -122,3 +122,24 @@ def test_405b_effective_batch_counts_data_parallel_replicas(capsys):
     r, dp = p["recommendation"], p["parallel"]["data"]
     assert r["effective_batch"] == r["micro_batch"] * r["gradient_accumulation"] * dp >= 32
     assert f"x {dp} data-parallel replica(s) = effective batch {r['effective_batch']}" in out
+
+
+def test_plan_config_above_100b_is_the_tp_pp_plan_and_run_still_stops(tmp_path, capsys):
+    import yaml
+
+    from trainpipe.cli import main
+    from trainpipe.config import build_config
+    from trainpipe.plan.decisions import PlanError
+    from trainpipe.plan.hardware import Hardware
+    from trainpipe.plan.resolve import resolve
+
+    raw = {"model": {"name_or_path": "meta-llama/Llama-3.1-405B"}, "data": {"sources": [{"path": "train.jsonl"}]}}
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump(raw))
+    assert main(["plan", str(cfg), "--gpu", "H100", "--num-gpus", "8", "--nodes", "4", "--json"]) == 0
+    p = json.loads(capsys.readouterr().out)
+    st = next(d for d in p["decision"] if d["key"] == "strategy")
+    assert st["value"].startswith("tensor+pipeline parallel") and p["parallel"]["tensor"] * p["parallel"]["pipeline"] * p["parallel"]["data"] <= 32
+    assert "trainpipe run` stops" in p["notes"][0] and "Megatron-LM" in p["notes"][0]
+    with pytest.raises(PlanError, match="Megatron-LM"):  # the run itself: trainpipe does not execute tensor/pipeline parallelism
+        resolve(build_config(raw), Hardware("cuda", 8, ("H100",) * 8, True, 8, ""), 32, nnodes=4)

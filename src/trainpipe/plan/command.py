@@ -772,7 +772,18 @@ def plan_for_config(config, overrides: list[str], *, model=None, gpu=None, num_g
 
         cfg, choice = expand_auto(cfg)
     hw, world, nodes = config_hardware(cfg, gpu=gpu, num_gpus=num_gpus, nodes=nodes, gpu_file=gpu_file)
-    plan = resolve(cfg, hw, world, nnodes=nodes, env={})
+    try:
+        plan = resolve(cfg, hw, world, nnodes=nodes, env={})
+    except PlanError as exc:
+        # > 100B with `strategy: auto`: `run` stops (trainpipe runs no tensor/pipeline parallelism), the plan sizes TP x PP x DP
+        if cfg.distributed.strategy != "auto" or "Megatron-LM" not in exc.message:
+            raise
+        per = (world // (nodes or 1)) if world else (cfg.distributed.nproc_per_node if cfg.distributed.nproc_per_node != "auto" else 1)
+        req = replace(request_from_config(cfg, gpu=gpu, num_gpus=per), nodes=nodes or cfg.distributed.nnodes, gpu_file=gpu_file,
+                      tokens=tokens, budget_usd=None, deadline_hours=None, mfu=mfu)
+        out = make_plan(req)
+        out["notes"] = [f"`trainpipe run` stops on this config: {exc.message}"]
+        return out
     rc = plan.config
     world = plan.world_size.value
     g = find_gpu(gpu, gpu_file) if gpu else catalog_gpu(hw)
