@@ -8,8 +8,9 @@ general text (tests/assets/eval/forgetting/general.jsonl), so that it has someth
 - `shifted`: a full fine-tune at a high learning rate on the word-reversal task (data far from the general
   text) with the general text as the forgetting set and `gates.on_fail: fail`: the alert fires, the
   `no_forgetting` gate fails, the run exits 6 with report.html and the gate's evidence written.
-- `kept`: LoRA on the same task whose forgetting set is more of the same task (the model improves on it, so no
-  alert), with the local lm-eval task `reverse_words` run on the base and the trained model.
+- `kept`: LoRA on the same task (from the untrained tiny Llama) whose forgetting set is more of the same task (the
+  model improves on it, so no alert), with the local lm-eval task `reverse_words` run on the base and the trained
+  model.
 """
 
 import json
@@ -78,17 +79,18 @@ def runs(tmp_path_factory):
     write_jsonl(tmp / "data" / "same_task.jsonl", alpaca_records(40, seed=21))
     shifted = write_config(
         tmp, "shifted", base, method={"peft": "none"}, training={"learning_rate": 3e-3},
-        eval={"forgetting": [{"path": str(ASSETS / "forgetting" / "general.jsonl"), "name": "general", "max_samples": 60}]},
+        eval={"forgetting": [{"path": str(ASSETS / "forgetting" / "general.jsonl"), "name": "general", "max_samples": 60}],
+              "benchmarks": [{"task": "reverse_words", "include_path": str(ASSETS / "reverse_words"), "limit": 40}]},
         gates={"on_fail": "fail"},
     )
+    fresh = build_tiny_model(tmp / "fresh")  # the task is learned fastest from the untrained tiny Llama (as in test_sft)
     kept = write_config(
-        tmp, "kept", base, method={"peft": "lora", "lora": {"r": 8, "alpha": 16, "dropout": 0.0}}, training={"learning_rate": 5e-3, "max_steps": 30},
-        eval={"forgetting": [{"path": "data/same_task.jsonl", "name": "same_task"}],
-              "benchmarks": [{"task": "reverse_words", "include_path": str(ASSETS / "reverse_words"), "limit": 40}]},
+        tmp, "kept", fresh, method={"peft": "lora", "lora": {"r": 8, "alpha": 16, "dropout": 0.0}}, training={"learning_rate": 3e-3, "max_steps": 40},
+        eval={"forgetting": [{"path": "data/same_task.jsonl", "name": "same_task"}]},
     )
     rc_shifted = main(["run", str(shifted)])
     rc_kept = main(["run", str(kept)])
-    return {"tmp": tmp, "shifted": tmp / "shifted", "kept": tmp / "kept", "rc_shifted": rc_shifted, "rc_kept": rc_kept, "kept_cfg": kept}
+    return {"tmp": tmp, "shifted": tmp / "shifted", "kept": tmp / "kept", "rc_shifted": rc_shifted, "rc_kept": rc_kept, "shifted_cfg": shifted}
 
 
 def events(run: Path) -> list[dict]:
@@ -152,12 +154,16 @@ def test_training_on_the_same_task_keeps_the_forgetting_set_and_no_alert(runs):
 
 
 def test_lm_eval_local_task_base_vs_trained(runs):
-    s = summary(runs["kept"])
+    """lm-evaluation-harness on the local task (tests/assets/eval/reverse_words): the base model knows only the general
+    text and prefers its phrases; the trained model answers in the task's form."""
+    s = summary(runs["shifted"])
     b = s["benchmarks"]["reverse_words"]
     assert b["metric"] == "acc" and b["samples"] == 40
-    assert b["final"] > b["baseline"] + 0.2, b  # the trained model is better on its task
+    assert b["final"] >= b["baseline"] + 0.5, b  # the trained model is better on its task
     assert b["change"] == pytest.approx(b["final"] - b["baseline"])
-    assert json.loads((runs["kept"] / "benchmarks_baseline.json").read_text())["reverse_words"]["value"] == pytest.approx(b["baseline"])
+    assert json.loads((runs["shifted"] / "benchmarks_baseline.json").read_text())["reverse_words"]["value"] == pytest.approx(b["baseline"])
+    done = [e for e in events(runs["shifted"]) if e["event"] == "eval_done" and "benchmarks" in e]
+    assert [e["phase"] for e in done] == ["baseline", "final"]
 
 
 def test_test_split_and_generated_metrics(runs):
@@ -168,20 +174,25 @@ def test_test_split_and_generated_metrics(runs):
         assert {"accuracy", "rouge_l", "bleu", "exact_match"} <= set(s[phase])
         assert 0 <= s[phase]["accuracy"] <= 1 and 0 <= s[phase]["rouge_l"] <= 1 and 0 <= s[phase]["bleu"] <= 100
         assert s[phase]["accuracy"] >= s[phase]["exact_match"]  # accuracy forgives case and punctuation only
-    assert s["final"]["rouge_l"] > s["baseline"]["rouge_l"]
+    from trainpipe.evaluate.metrics import bleu, rouge_l
+
+    preds, refs = [x["prediction"] for x in s["samples"]], [x["reference"] for x in s["samples"]]
+    assert len(preds) == 16  # every eval record's generation is in the summary (at most 20)
+    assert s["final"]["rouge_l"] == pytest.approx(rouge_l(preds, refs)) and s["final"]["bleu"] == pytest.approx(bleu(preds, refs))
     assert [e for e in events(runs["kept"]) if e["event"] == "eval_done" and e.get("phase") == "test"]
 
 
 def test_eval_command_measures_the_exported_model_like_the_run(runs, tmp_path):
     out = tmp_path / "eval.json"
-    assert main(["eval", str(runs["kept"]), "--config", str(runs["kept_cfg"]), "--out", str(out)]) == 0
+    assert main(["eval", str(runs["shifted"]), "--config", str(runs["shifted_cfg"]), "--out", str(out)]) == 0
     res = json.loads(out.read_text())
-    s = summary(runs["kept"])
-    assert res["model"] == str(runs["kept"] / "model")
+    s = summary(runs["shifted"])
+    assert res["model"] == str(runs["shifted"] / "model")
     assert res["metrics"]["loss"] == pytest.approx(s["final"]["loss"], rel=1e-4)  # the same evaluator on the same examples
     assert res["test"]["loss"] == pytest.approx(s["test"]["loss"], rel=1e-4)
     assert res["benchmarks"]["reverse_words"]["value"] == pytest.approx(s["benchmarks"]["reverse_words"]["final"], abs=1e-6)
-    assert main(["eval", str(tmp_path), "--config", str(runs["kept_cfg"])]) == 2  # not a model: one paragraph, exit 2
+    assert res["forgetting"]["general"]["loss"] == pytest.approx(s["forgetting"]["sets"]["general"]["final"]["loss"], rel=1e-4)
+    assert main(["eval", str(tmp_path), "--config", str(runs["shifted_cfg"])]) == 2  # not a model: one paragraph, exit 2
 
 
 def test_data_review_records_and_report_rechecks_the_gate(runs):
@@ -242,9 +253,9 @@ def test_report_renders_in_headless_chromium(runs, tmp_path):
         assert shot.stat().st_size > 20_000
         for section in ("Quality gates", "Baseline vs final", "Training curves", "Forgetting", "Data", "Plan vs measured", "Events", "Manifest"):
             assert section in got["text"]
-    kept = _open(runs["kept"] / "report.html", tmp_path / "kept2.png")
-    assert "benchmarks: base vs trained" in {p["title"] for p in kept["plots"]}
-    assert "training example length (tokens)" in " ".join(p["title"] for p in kept["plots"])
+    shifted = _open(runs["shifted"] / "report.html", tmp_path / "shifted2.png")
+    assert "benchmarks: base vs trained" in {p["title"] for p in shifted["plots"]}
+    assert "training example length (tokens)" in " ".join(p["title"] for p in shifted["plots"])
 
 
 def test_compare_page_and_table(runs, tmp_path, capsys):

@@ -76,7 +76,7 @@ def run_benchmarks(model, tokenizer, specs, *, batch_size: int = 8, phase: str =
                 if local is None:
                     raise BenchmarkError(f"No task `{spec.task}` in `{spec.include_path}` (`eval.benchmarks`): no YAML there has `task: {spec.task}`. Fix the name or the folder.")
                 task = local
-            tm = TaskManager(include_path=includes, include_defaults=not includes, verbosity="ERROR")  # a local task: no scan of the harness's thousands of YAMLs
+            tm = TaskManager(include_path=includes, include_defaults=not includes)  # a local task: no scan of the harness's thousands of YAMLs
             try:
                 res = lm_eval.simple_evaluate(
                     model=lm, tasks=[task], num_fewshot=spec.num_fewshot, limit=spec.limit, task_manager=tm, log_samples=False,
