@@ -149,7 +149,7 @@ def _gate_no_forgetting(run_dir, summary, thr, *, forgetting_threshold, **_) -> 
         if s["change"] > forgetting_threshold:
             failed.append(name)
     ev = "; ".join(parts) + f"; allowed rise {100 * forgetting_threshold:.2f} %"
-    return GateResult("no_forgetting", "fail" if failed else "pass", (f"forgot {', '.join(failed)}: " if failed else "") + ev, value=worst)
+    return GateResult("no_forgetting", "fail" if failed else "pass", (f"forgot {', '.join(failed)}; " if failed else "") + ev, value=worst)
 
 
 def _gate_dedup_ran(run_dir, summary, thr, **_) -> GateResult:
