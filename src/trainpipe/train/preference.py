@@ -39,6 +39,9 @@ Eval metrics (summary `baseline` and `final`, on the same held-out split):
 `loss` (the objective; it picks the best checkpoint), `accuracy` (share of pairs where the
 model itself gives the chosen reply the higher score: summed log-prob for dpo sigmoid/ipo/
 hinge, per-token mean for simpo/orpo), `margin` (mean score(chosen) − score(rejected)),
+`margin_per_token` / `accuracy_per_token` (the same on the mean log-prob per reply token, for
+every loss type: a summed margin scales with the reply length, this one reads in nats per token),
+`reply_tokens_chosen` / `reply_tokens_rejected` (mean reply lengths the margins are over),
 `reward_accuracy` / `reward_margin` (TRL's rewards/accuracies and rewards/margins: the implicit
 reward β·log π/π_ref, for simpo/orpo β·mean log π; 0 for the base by construction).
 For kto: `accuracy` and `margin` compare the desirable and the undesirable completion of each
@@ -315,7 +318,8 @@ class PairObjective(Objective):
             sc, sr = pc / len_c.clamp(min=1), pr / len_r.clamp(min=1)
         else:
             sc, sr = pc, pr
-        return {"losses": losses, "score_chosen": sc.detach(), "score_rejected": sr.detach(), "rewards_chosen": rew_c, "rewards_rejected": rew_r}
+        return {"losses": losses, "score_chosen": sc.detach(), "score_rejected": sr.detach(), "rewards_chosen": rew_c, "rewards_rejected": rew_r,
+                "logp_chosen": pc.detach(), "logp_rejected": pr.detach(), "tokens_chosen": len_c, "tokens_rejected": len_r}
 
     def loss_sum(self, model, batch: dict):
         t = self.terms(model, batch)
@@ -409,8 +413,13 @@ def evaluate(model, objective: Objective, rows, *, batch_size: int) -> dict:
     else:
         m = cat["score_chosen"] - cat["score_rejected"]
         rm = cat["rewards_chosen"] - cat["rewards_rejected"]
+        per_token = cat["logp_chosen"] / cat["tokens_chosen"].clamp(min=1) - cat["logp_rejected"] / cat["tokens_rejected"].clamp(min=1)
         out.update({
             "accuracy": float((m > 0).float().mean()), "margin": float(m.mean()),
+            # the same comparison per reply token (mean log-prob of the chosen reply minus that of the rejected one): a
+            # summed margin grows with reply length (~2000 nats on long answers says little); this one reads in nats/token
+            "accuracy_per_token": float((per_token > 0).float().mean()), "margin_per_token": float(per_token.mean()),
+            "reply_tokens_chosen": float(cat["tokens_chosen"].mean()), "reply_tokens_rejected": float(cat["tokens_rejected"].mean()),
             "reward_accuracy": float((rm > 0).float().mean()), "reward_margin": float(rm.mean()),
             "rewards_chosen": float(cat["rewards_chosen"].mean()), "rewards_rejected": float(cat["rewards_rejected"].mean()),
         })
