@@ -124,20 +124,26 @@ def _print_result(con, name: str, summary: dict) -> None:
     from rich.table import Table
 
     data = summary.get("data") or {}
-    n = f", {data['eval_examples']} examples" if "eval_examples" in data else ""
+    counts = summary.get("metric_examples") or {}  # examples each metric ran on (generated metrics: the generations made)
+    per_metric = len(set(counts.values())) > 1
+    n_all = next(iter(counts.values())) if counts and not per_metric else data.get("eval_examples")
+    n = "" if per_metric or n_all is None else f", {n_all} examples"
     table = Table(title=f"{name}: baseline vs final (eval split{n})")
     table.add_column("metric")
     table.add_column("baseline", justify="right")
     table.add_column("final", justify="right")
     table.add_column("change", justify="right")
+    if per_metric:
+        table.add_column("examples", justify="right")
     for k, v in (summary.get("final") or {}).items():
         b = (summary.get("baseline") or {}).get(k)
+        extra = [str(counts.get(k, ""))] if per_metric else []
         if not isinstance(v, (int, float)) or not isinstance(b, (int, float)):
-            table.add_row(k, str(b), str(v), "")
-        elif k in ("exact_match", "accuracy"):
-            table.add_row(k, f"{100 * b:.1f} %", f"{100 * v:.1f} %", f"{100 * (v - b):+.1f} pts")
+            table.add_row(k, str(b), str(v), "", *extra)
+        elif k in ("exact_match", "accuracy") or k.endswith("accuracy") or k.startswith("accuracy_"):
+            table.add_row(k, f"{100 * b:.1f} %", f"{100 * v:.1f} %", f"{100 * (v - b):+.1f} pts", *extra)
         else:
-            table.add_row(k, f"{b:.4f}", f"{v:.4f}", f"{v - b:+.4f}")
+            table.add_row(k, f"{b:.4f}", f"{v:.4f}", f"{v - b:+.4f}", *extra)
     con.print(table)
     t = summary.get("train") or {}
     if t:

@@ -70,7 +70,7 @@ class DataSource(_Section):
     """Hub revision (branch, tag or commit) of the dataset; pin it so the cache key names the exact data."""
     sql: SqlSource | None = None
     """Rows of a SQL query through SQLAlchemy (`{url, query}`)."""
-    format: Literal["auto", "alpaca", "chat", "sharegpt", "preference", "kto", "text"] = "auto"
+    format: Literal["auto", "alpaca", "chat", "sharegpt", "preference", "kto", "text", "classification"] = "auto"
     """Record format: `alpaca` (instruction/input/output), `chat` (messages with role/content), `sharegpt` (conversations with from/value), `preference` (prompt/chosen/rejected), `kto` (prompt/completion/label), `text` (raw text for continued pretraining); `auto` detects it from the fields and says why."""
     columns: dict[str, str] = Field(default_factory=dict)
     """Maps the format's field names onto this source's: `{instruction: question, output: answer}` reads `question` as `instruction`."""
@@ -292,7 +292,7 @@ class AdapterConfig(_Section):
 
 
 class MethodConfig(_Section):
-    name: Literal["auto", "sft", "pretrain", "dpo", "orpo", "kto", "reward", "rl"] = "sft"
+    name: Literal["auto", "sft", "pretrain", "dpo", "orpo", "kto", "reward", "rl", "classification"] = "sft"
     """Training objective. `sft`: supervised fine-tuning, loss on the responses; `pretrain`: continued pretraining on raw text; `dpo` (with `preference.loss_type` sigmoid/ipo/hinge/simpo), `orpo`, `kto`: preference optimisation; `reward`: a reward model from preference pairs; `rl`: online RL (GRPO/RLOO) against a reward model or function; `auto`: the objective rule (plan/objective.py) on `goal`, `kl_control`, `continued` and the data's kinds, expanded to `stages:` where it says several (e.g. pretrain -> sft, sft -> reward -> rl)."""
     goal: Literal["auto", "task", "knowledge", "vocabulary", "alignment", "multitask"] = "auto"
     """What the training is for, read by `name: auto`: `task` adaptation (SFT), new `knowledge` or `vocabulary` (continued pretraining first, then SFT), `alignment` (preference data), `multitask` (one adapter per task); `auto`: from the data's kinds."""
@@ -767,6 +767,67 @@ def _fields_at(loc: tuple) -> list[str] | None:
     return list(model.model_fields)
 
 
+# Names from transformers' TrainingArguments, TRL's configs, PEFT's LoraConfig and BitsAndBytesConfig that people write
+# into a trainpipe config, and where trainpipe keeps each (None: trainpipe has no such setting, the note says why).
+HF_NAMES: dict[str, tuple[str | None, str]] = {
+    "lora_r": ("method.lora.r", ""), "r": ("method.lora.r", ""), "lora_alpha": ("method.lora.alpha", ""),
+    "lora_dropout": ("method.lora.dropout", ""), "target_modules": ("method.lora.target_modules", ""),
+    "use_peft": ("method.peft", " (`lora`, `qlora`, ... or `none`)"), "peft_config": ("method.peft", " and `method.lora`"),
+    "use_dora": ("method.peft", ": `dora`"), "use_rslora": ("method.peft", ": `rslora`"),
+    "load_in_4bit": ("method.peft", ": `qlora`"), "load_in_8bit": ("method.peft", ": `qlora8`"),
+    "bnb_4bit_quant_type": ("method.quantization.quant_type", ""), "bnb_4bit_use_double_quant": ("method.quantization.double_quant", ""),
+    "bnb_4bit_compute_dtype": ("method.quantization.compute_dtype", ""),
+    "report_to": ("tracking.backend", " (`mlflow`, `wandb`, `tensorboard` or `none`)"), "run_name": ("name", ""),
+    "logging_dir": ("tracking.uri", ""),
+    "per_gpu_train_batch_size": ("training.per_device_train_batch_size", ""), "per_gpu_eval_batch_size": ("training.per_device_eval_batch_size", ""),
+    "train_batch_size": ("training.per_device_train_batch_size", ""), "auto_find_batch_size": ("training.per_device_train_batch_size", ": `auto`"),
+    "evaluation_strategy": ("training.eval_steps", " (trainpipe evaluates every `eval_steps` optimizer steps)"),
+    "eval_strategy": ("training.eval_steps", " (trainpipe evaluates every `eval_steps` optimizer steps)"),
+    "save_strategy": ("training.save_steps", " (trainpipe saves every `save_steps` optimizer steps)"),
+    "logging_strategy": ("training.logging_steps", ""), "load_best_model_at_end": ("training.keep_best", " (the best checkpoint by eval loss is always the exported one)"),
+    "resume_from_checkpoint": ("training.resume", " (or `trainpipe run CONFIG --resume`)"), "gradient_checkpointing_kwargs": ("training.gradient_checkpointing", ""),
+    "max_seq_length": ("data.max_length", ""), "max_length": ("data.max_length", ""), "max_prompt_length": ("data.max_length", " (whole examples longer than it are dropped and counted)"),
+    "dataset_text_field": ("data.sources[].columns", ": `{text: FIELD}`"), "packing": ("data.packing", " (`pack` or `padding_free`)"),
+    "model_name_or_path": ("model.name_or_path", ""), "torch_dtype": ("model.dtype", ""), "trust_remote_code": ("model.trust_remote_code", ""),
+    "beta": ("method.preference.beta", ""), "loss_type": ("method.preference.loss_type", ""), "num_generations": ("method.rl.num_generations", ""),
+    "deepspeed": ("distributed.strategy", " (`zero2`/`zero3`; trainpipe writes the DeepSpeed config)"), "fsdp": ("distributed.strategy", ": `fsdp`"),
+    "ddp_backend": ("distributed.backend", ""), "ddp_timeout": ("distributed.timeout_seconds", ""),
+    "output_dir": ("output_dir", " (a top-level key)"),
+    "dataloader_num_workers": (None, "trainpipe tokenizes the data once into its cache before training, so there are no data loader workers to set"),
+    "push_to_hub": (None, "trainpipe exports to `OUTPUT_DIR/model`; upload it with `huggingface-cli upload`"),
+    "hub_model_id": (None, "trainpipe exports to `OUTPUT_DIR/model`; upload it with `huggingface-cli upload`"),
+}
+
+
+def _all_keys(model: Any = None, prefix: str = "") -> dict[str, list[str]]:
+    """Every key name of the config and the dotted paths it has (`fp16` -> [`training.fp16`])."""
+    out: dict[str, list[str]] = {}
+    for name, field in (model or RunConfig).model_fields.items():
+        path = f"{prefix}{name}"
+        out.setdefault(name, []).append(path)
+        sub = _model_in(field.annotation)
+        if sub is not None and hasattr(sub, "model_fields") and sub is not model and path.count(".") < 3:
+            for k, v in _all_keys(sub, path + ".").items():
+                out.setdefault(k, []).extend(v)
+    return out
+
+
+def _moved_key_hint(loc: tuple) -> str | None:
+    """A key trainpipe does not take where it was written: the trainpipe key it is (an HF TrainingArguments / TRL /
+    PEFT name, or a trainpipe key in another section), as `; ...` to append to the error, or None."""
+    name, here = str(loc[-1]), _dotted(loc)
+    elsewhere = sorted((p for p in _all_keys().get(name, []) if p != here and not p.startswith(("stages.", "method.adapters."))), key=lambda p: p.count("."))
+    if elsewhere:
+        section = elsewhere[0].rpartition(".")[0]
+        return f"; `{name}` is a key of {f'`{section}`' if section else 'the top level'}: write it as `{elsewhere[0]}`"
+    if name in HF_NAMES:
+        path, note = HF_NAMES[name]
+        if path is None:
+            return f"; `{name}` is a Hugging Face Trainer setting that trainpipe does not have: {note}"
+        return f"; `{name}` is the Hugging Face name: in trainpipe it is `{path}`{note}"
+    return None
+
+
 def _model_in(ann: Any) -> Any:
     import typing
 
@@ -825,6 +886,7 @@ def format_validation_error(exc: ValidationError, source: str) -> ConfigError:
             close = difflib.get_close_matches(name, valid, n=1, cutoff=0.5)
             what = "a section" if len(loc) == 1 else f"a key of `{_dotted(loc[:-1])}`"
             hint = f"; did you mean `{_dotted(loc[:-1] + (close[0],))}`?" if close else f"; valid keys: {', '.join(valid)}"
+            hint = _moved_key_hint(loc) or hint  # an HF TrainingArguments name, or a key of another section: its trainpipe key
             problems.append(f"`{path}`: `{name}` is not {what}{hint}")
         elif kind == "literal_error":
             import re

@@ -73,6 +73,8 @@ QUIET_EVENTS = {"eval_done", "checkpoint_saved"}
 def echo_event(record: dict) -> None:
     """Print an event line: level, name, step and its most telling fields."""
     skip = {"time", "event", "level", "step"}
+    if record["event"] == "run_failed":  # the error itself follows as the command's one paragraph: not twice on the console
+        skip.add("message")
     fields = " ".join(f"{k}={_fmt(v)}" for k, v in record.items() if k not in skip and not isinstance(v, (dict, list)))
     style = LEVEL_STYLE.get(record["level"], "")
     console().print(f"[{style}]{record['level']:>7}[/] {record['event']} step={record['step']} {escape(fields)}", markup=True, soft_wrap=True)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-Format = Literal["alpaca", "chat", "sharegpt", "preference", "kto", "text"]
+Format = Literal["alpaca", "chat", "sharegpt", "preference", "kto", "text", "classification"]
 ROLES = ("system", "user", "assistant", "tool")
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system",
                   "function_call": "assistant", "observation": "tool", "tool": "tool", "function": "tool"}
@@ -56,14 +56,38 @@ def check_order(turns: list[tuple[str, dict]]) -> None:
         prev = role
 
 
+class _Mapped(dict):
+    """A record after `columns:`; ``unmapped`` names each mapping whose source field the record lacks
+    ({format field: source field}), so that a missing field is reported with the mapping that should have filled it."""
+
+    unmapped: dict = {}
+    source_fields: tuple = ()
+
+
 def apply_columns(record: dict, columns: dict[str, str]) -> dict:
     if not columns:
         return record
-    out = dict(record)
+    out = _Mapped(record)
+    unmapped = {}
     for canonical, field in columns.items():
         if field in out:
             out[canonical] = out.pop(field)
+        elif canonical not in out:
+            unmapped[canonical] = field
+    out.unmapped, out.source_fields = unmapped, tuple(record)
     return out
+
+
+def missing(record: dict, key: str) -> FormatError:
+    """"missing field `key`", naming the `columns:` mapping that should have filled it (and the fields the record has)."""
+    field = getattr(record, "unmapped", {}).get(key)
+    if field is None:
+        return FormatError(f"missing field `{key}`")
+    have = ", ".join(f"`{k}`" for k in getattr(record, "source_fields", record)) or "none"
+    return FormatError(
+        f"missing field `{key}`: `columns:` maps `{key}` to the source field `{field}`, which this record does not have "
+        f"(its fields: {have}); fix the mapping in `data.sources[].columns`"
+    )
 
 
 def detect(record: dict) -> tuple[Format, str]:
@@ -84,8 +108,10 @@ def detect(record: dict) -> tuple[Format, str]:
     if "text" in keys:
         return "text", "it has a `text` field"
     fields = ", ".join(sorted(keys)) or "none"
+    unmapped = getattr(record, "unmapped", {})
+    mapped = ("; `columns:` maps " + ", ".join(f"`{k}` to `{v}`" for k, v in unmapped.items()) + ", which this record does not have") if unmapped else ""
     raise FormatError(
-        f"fits no known format (fields: {fields}); alpaca needs `instruction` and `output`, chat needs `messages`, "
+        f"fits no known format (fields: {fields}{mapped}); alpaca needs `instruction` and `output`, chat needs `messages`, "
         "ShareGPT `conversations`, preference `chosen` and `rejected`, KTO `completion` and `label`, raw text `text` "
         "(map other names with `columns:`)"
     )
@@ -95,7 +121,7 @@ def _require_str(record: dict, key: str, *, optional: bool = False) -> str:
     if key not in record or record[key] is None:
         if optional:
             return ""
-        raise FormatError(f"missing field `{key}`")
+        raise missing(record, key)
     value = record[key]
     if not isinstance(value, str):
         raise FormatError(f"field `{key}` must be a string, got {type(value).__name__}")
@@ -164,20 +190,27 @@ def to_example(record: dict, fmt: Format, system_prompt: str | None = None) -> d
     if fmt == "alpaca":
         return {"kind": "sft", "messages": to_messages(record, "alpaca", system_prompt)}
     if fmt == "chat":
+        if "messages" not in record:
+            raise missing(record, "messages")
         msgs = _chat(record.get("messages"))
         check_order([(f"messages[{i}]", m) for i, m in enumerate(msgs)])
         return {"kind": "sft", "messages": _with_system(msgs, system_prompt)}
     if fmt == "sharegpt":
         if "conversations" not in record:
-            raise FormatError("missing field `conversations`")
+            raise missing(record, "conversations")
         msgs = _sharegpt(record["conversations"])
         check_order([(f"conversations[{i}]", m) for i, m in enumerate(msgs)])
         return {"kind": "sft", "messages": _with_system(msgs, system_prompt)}
     if fmt == "text":
         return {"kind": "text", "text": _require_str(record, "text")}
+    if fmt == "classification":  # text + a class label (`method.name: classification`); a text example that carries its label
+        label = record.get("label")
+        if label is None or isinstance(label, (dict, list)) or (isinstance(label, str) and not label.strip()):
+            raise FormatError("classification records need a `label` (a string, number or bool; map another field with `columns: {label: FIELD}`)", kind="missing_label")
+        return {"kind": "text", "text": _require_str(record, "text"), "label": str(label)}
     if fmt == "kto":
         if "completion" not in record:
-            raise FormatError("missing field `completion`")
+            raise missing(record, "completion")
         label = record.get("label")
         if isinstance(label, str) and label.lower() in ("true", "false", "1", "0"):
             label = label.lower() in ("true", "1")
@@ -190,7 +223,7 @@ def to_example(record: dict, fmt: Format, system_prompt: str | None = None) -> d
     if fmt == "preference":
         for k in ("chosen", "rejected"):
             if k not in record:
-                raise FormatError(f"missing field `{k}`")
+                raise missing(record, k)
         if "conversations" in record:
             prompt = _sharegpt(record["conversations"], need_assistant=False)
         elif "prompt" in record and record["prompt"] not in (None, ""):

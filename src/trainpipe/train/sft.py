@@ -63,6 +63,8 @@ def run(ctx: RunContext) -> dict:
     return {
         "name": cfg.name, "method": cfg.method.name, "peft": cfg.method.peft,
         "baseline": baseline, "final": final, "train": asdict(outcome), "parameters": params, "data": ctx.data_summary(),
+        # what each metric ran on: loss/perplexity on every eval example, generated metrics on the generations made
+        "metric_examples": {k: len(data.eval) if k in ("loss", "perplexity") else len(final_samples) for k in final},
         "samples": [{**f, "baseline_prediction": b["prediction"]} for f, b in zip(final_samples[:20], base_samples[:20])],
         "artifacts": artifacts(ctx.run_dir, model_dir, cfg.method.peft), **more,
     }
