@@ -221,7 +221,7 @@ def _curve_findings(run: Path, metrics: list[dict], cfg: dict, names: list[str],
     out: list[Finding] = []
     train = [(m["step"], float(m["loss"])) for m in metrics if m.get("loss") is not None and math.isfinite(float(m["loss"]))]
     evals = [(m["step"], float(m["eval_loss"])) for m in metrics if m.get("eval_loss") is not None and math.isfinite(float(m["eval_loss"]))]
-    if "training_started" not in names or diverged or len(train) < 4:
+    if "training_started" not in names or diverged or len(train) < 6:  # too few points to tell a shape from noise
         return out
     t = cfg.get("training", {}) or {}
     lr = t.get("learning_rate")
