@@ -300,6 +300,8 @@ def diagnose(
         con.print(f"[bold]{f.severity}: {f.kind}[/] - {f.cause}", markup=True, soft_wrap=True)
         con.print(f"  evidence: {f.evidence}", markup=False, soft_wrap=True)
         con.print(f"  fix:      {f.fix}", markup=False, soft_wrap=True)
+        if getattr(f, "settings", None):
+            con.print(f"  keys:     {', '.join(f.settings)}", markup=False, soft_wrap=True)
 
 
 @app.command()

@@ -232,8 +232,8 @@ def _curve_findings(run: Path, metrics: list[dict], cfg: dict, names: list[str],
         out.append(Finding(
             "instability", "warning",
             "training is unstable: the training loss rose after its best point (a learning rate too high" + (", fp16 overflow" if t.get("fp16") else "") + ", or bad data)",
-            f"smoothed train loss fell to {shape['low']:.4f} at step {low_step}, then rose to {shape['tail']:.4f} (mean of the last {shape['k']} logs, "
-            f"step {train[-1][0]}); it started at {shape['head']:.4f}; learning rate {lr}",
+            f"smoothed train loss was lowest at step {low_step} ({shape['low']:.4f}), then rose to {shape['tail']:.4f} (mean of the last {shape['k']} logs, "
+            f"step {train[-1][0]}; the first {shape['k']} averaged {shape['head']:.4f}); learning rate {lr}",
             f"Lower `training.learning_rate` (now {lr}) 3-10x, lengthen the warmup (`training.warmup_ratio`) and keep `training.max_grad_norm` at 1.0{fp16}; "
             "if it rises at the same data, inspect those examples (`trainpipe data inspect CONFIG`).",
         ))
