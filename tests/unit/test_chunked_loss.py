@@ -25,8 +25,10 @@ def test_value_and_gradient_equal_the_one_piece_loss(chunk_elements):
     labels[2, 7:] = IGNORE_INDEX  # padding
     ref = one_piece(logits, labels)
     (ref_grad,) = torch.autograd.grad(ref / 17, logits)
+    before = logits.detach().clone()
     got = chunked_cross_entropy_sum(logits, shift_labels(labels), chunk_elements=chunk_elements)
     (got_grad,) = torch.autograd.grad(got / 17, logits)
+    assert torch.equal(logits.detach(), before)  # a caller's leaf tensor is not overwritten by the gradient
     assert abs(got.item() - ref.item()) <= 1e-6 * abs(ref.item())
     assert (got_grad - ref_grad).abs().max().item() <= 1e-6
     assert got_grad[0, :3].abs().max() == 0 and got_grad[2, 6:].abs().max() == 0  # positions without a label get no gradient

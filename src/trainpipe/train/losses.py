@@ -7,8 +7,9 @@ the backward pass. :func:`chunked_cross_entropy_sum` instead
 - forward: walks the sequence in chunks of about ``chunk_elements`` logits, upcasts one chunk at a time, and keeps only
   the per-token log-sum-exp (float32, batch x sequence) for the backward pass;
 - backward: recomputes each chunk's softmax from the logits and that log-sum-exp, subtracts the one-hot target, scales by
-  the incoming gradient and writes the result over the logits it came from (the logits are needed by nothing else after
-  the loss; an op that still needed them would make autograd raise, never compute a wrong gradient).
+  the incoming gradient and writes the result over the logits it came from when they are a model's output (needed by
+  nothing else after the loss; an op that still needed them would make autograd raise, never compute a wrong gradient);
+  a leaf tensor a caller passed in is left as it is and gets a fresh gradient tensor.
 
 So beyond the logits themselves the loss needs one float32 chunk (``benchmarks/loss_memory.py`` measures the ratio). It
 returns the *sum* over labelled tokens, as the loop's objectives do, so a window's loss is sum / its loss tokens and any
@@ -49,6 +50,7 @@ def _make_function():
                 del chunk, part, target
             ctx.save_for_backward(logits, labels, lse)
             ctx.step = step
+            ctx.inplace = not logits.is_leaf  # a model's output: its storage takes the gradient; a leaf (a caller's tensor) is left alone
             return total
 
         @staticmethod
@@ -56,16 +58,17 @@ def _make_function():
             logits, labels, lse = ctx.saved_tensors
             step = ctx.step
             g = grad_out.float()
+            grad = logits if ctx.inplace else torch.empty_like(logits)
             for s in range(0, logits.size(1), step):
-                chunk = logits[:, s : s + step].float()
+                chunk = logits[:, s : s + step].to(torch.float32, copy=True)  # a copy even for float32 logits (worked on in place below)
                 lab = labels[:, s : s + step]
                 keep = (lab != IGNORE_INDEX).unsqueeze(-1)
                 chunk.sub_(lse[:, s : s + step].unsqueeze(-1)).exp_()  # softmax
                 chunk.scatter_add_(-1, lab.clamp(min=0).unsqueeze(-1), torch.full(lab.shape + (1,), -1.0, device=chunk.device))
                 chunk.mul_(g).masked_fill_(~keep, 0.0)
-                logits[:, s : s + step] = chunk.to(logits.dtype)  # the gradient takes the place of the logits (needed by nothing else)
+                grad[:, s : s + step] = chunk.to(logits.dtype)  # in place: the gradient takes the place of the logits (needed by nothing else)
                 del chunk
-            return logits, None, None
+            return grad, None, None
 
     return ChunkedCrossEntropySum
 
