@@ -335,7 +335,10 @@ def encode_batch(tokenizer, tpl: Template, examples: list[dict], *, train_on: st
             if with_generation and examples[i]["kind"] == "sft":
                 p, ref = generation_prompt(tokenizer, examples[i]["messages"], tpl)
                 gen = {"prompt": p, "reference": ref}
-            out[i] = Encoded({"input_ids": ids, "labels": labels}, None, truncated, gen)
+            row = {"input_ids": ids, "labels": labels}
+            if "label" in examples[i]:  # `format: classification`: the class label rides with the text's tokens
+                row["class_label"] = examples[i]["label"]
+            out[i] = Encoded(row, None, truncated, gen)
     if pair_texts:
         flat = [t for parts in pair_texts for t in parts]
         encs = _encode(tokenizer, flat)

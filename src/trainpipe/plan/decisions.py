@@ -51,6 +51,7 @@ DEFAULT_LR = {
     ("kto", "full"): 5e-7, ("kto", "adapter"): 5e-6,
     ("reward", "full"): 1e-5, ("reward", "adapter"): 1e-4,
     ("rl", "full"): 1e-6, ("rl", "adapter"): 1e-5,
+    ("classification", "full"): 2e-5, ("classification", "adapter"): 1e-4,  # BERT-style fine-tuning 2e-5..5e-5; LoRA SEQ_CLS 1e-4
 }
 # IA3 and soft prompts train so few parameters that they need far larger steps (PEFT's examples).
 PEFT_LR = {"ia3": 3e-3, "prompt_tuning": 3e-2, "prefix_tuning": 1e-2}

@@ -102,7 +102,12 @@ def storage_url(t: TuneConfig, study_dir: Path) -> str:
 def open_storage(t: TuneConfig, study_dir: Path):
     """The RDB storage with heartbeats and retries of trials whose worker died; an unreachable URL is a one-paragraph error."""
     import optuna
-    from optuna.storages import RDBStorage, RetryFailedTrialCallback
+    from optuna.storages import RDBStorage
+
+    try:  # Optuna >= 4.9 names it for what it does; RetryFailedTrialCallback before
+        from optuna.storages import RetryHeartbeatStaleTrialCallback as Retry
+    except ImportError:
+        from optuna.storages import RetryFailedTrialCallback as Retry
 
     url = storage_url(t, study_dir)
     last: Exception | None = None
@@ -110,7 +115,7 @@ def open_storage(t: TuneConfig, study_dir: Path):
         try:
             return RDBStorage(
                 url, heartbeat_interval=t.heartbeat_seconds, grace_period=3 * t.heartbeat_seconds,
-                heartbeat_stale_trial_callback=RetryFailedTrialCallback(max_retry=t.max_retries), engine_kwargs={"pool_pre_ping": True},
+                heartbeat_stale_trial_callback=Retry(max_retry=t.max_retries), engine_kwargs={"pool_pre_ping": True},
             )
         except Exception as exc:  # noqa: BLE001 - sqlalchemy's errors vary by driver
             last = exc
@@ -229,8 +234,8 @@ def make_pruner(t: TuneConfig, max_steps: int | None):
 
     if t.pruner == "median":
         return p.MedianPruner(n_startup_trials=2, n_warmup_steps=0)
-    if t.pruner == "asha":
-        return p.SuccessiveHalvingPruner(min_resource="auto", reduction_factor=3)
+    if t.pruner == "asha":  # rungs at R/9, 4R/9 (and R) steps: a first rung too early ranks by speed, not by where a trial ends up
+        return p.SuccessiveHalvingPruner(min_resource=max(1, max_steps // 9) if max_steps else "auto", reduction_factor=4)
     if t.pruner == "hyperband":
         return p.HyperbandPruner(min_resource=1, max_resource=max_steps or "auto", reduction_factor=3)
     return p.NopPruner()
