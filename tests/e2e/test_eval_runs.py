@@ -143,6 +143,14 @@ def test_a_failed_gate_exits_6_with_report_and_evidence(runs):
     assert gates["effective_batch"]["status"] == "fail" and "8 x 2 x 1 = 16" in gates["effective_batch"]["evidence"]
 
 
+def test_reexport_of_a_failed_run_is_marked_as_not_passing(runs, tmp_path):
+    out = tmp_path / "export"
+    assert main(["export", str(runs["shifted"]), "--out", str(out)]) == 0
+    marked = json.loads((out / "quality_gates.json").read_text())
+    assert marked["passed"] is False and "no_forgetting" in marked["failed"]
+    assert "NOT PASSED" in (out / "README.md").read_text()
+
+
 def test_training_on_the_same_task_keeps_the_forgetting_set_and_no_alert(runs):
     run = runs["kept"]
     assert runs["rc_kept"] == 0  # gates.on_fail: warn (the default): failed gates do not fail the run

@@ -126,8 +126,14 @@ def export_single(run_dir: Path, *, out: str | Path | None = None, checkpoint: s
     card = {"name": cfg.name, "base_model": cfg.model.name_or_path, "method": f"{cfg.method.name} / {cfg.method.peft}", "config_hash": cfg.hash(),
             "baseline": summary.get("baseline", {}), "final": summary.get("final", {}), "config": cfg.model_dump(mode="json"),
             "checkpoint": str(info.path), "trainpipe_version": __import__("trainpipe").__version__}
-    return export_model(run_dir=run_dir, model=model, tokenizer=tok, base=cfg.model, peft=cfg.method.peft, stop_ids=stop_ids, card=card,
+    path = export_model(run_dir=run_dir, model=model, tokenizer=tok, base=cfg.model, peft=cfg.method.peft, stop_ids=stop_ids, card=card,
                         dest=Path(out) if out else None, protect=protected_paths(run_dir, cfg))
+    gates = run_dir / "gates.json"
+    if gates.exists() and not checkpoint:  # the run's model again: it carries the run's quality gates (a failed gate marks it as not passing)
+        from trainpipe.evaluate.gates import mark_model
+
+        mark_model(path, json.loads(gates.read_text()))
+    return path
 
 
 # --------------------------------------------------------------------------- several adapters on one base
