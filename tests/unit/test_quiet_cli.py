@@ -105,3 +105,32 @@ def test_config_show_still_sizes_the_model_when_a_decision_needs_it(tmp_path):
     assert p.returncode == 0, p.stderr
     assert "# method.peft: none (CPU: full fine-tune below 1B parameters (3.3M)" in p.stdout
     assert p.stderr == ""
+
+
+def test_config_shows_hardware_probe_reads_nvidia_smi_like_cuda(tmp_path, monkeypatch):
+    """`detect_without_torch` on a GPU machine: a fake `nvidia-smi` and a CUDA build's version string stand in for the
+    GPU that cannot exist here (named as such); CUDA_VISIBLE_DEVICES filters as CUDA does, bf16 from compute capability."""
+    from importlib import metadata
+
+    from trainpipe.plan.hardware import detect_without_torch
+
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\nprintf 'NVIDIA A100-SXM4-80GB, 8.0\\nNVIDIA A100-SXM4-80GB, 8.0\\nTesla V100-SXM2-16GB, 7.0\\n'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    real_version = metadata.version
+    monkeypatch.setattr(metadata, "version", lambda name: "2.13.0" if name == "torch" else real_version(name))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    hw = detect_without_torch()
+    assert (hw.accelerator, hw.device_count, hw.bf16_supported) == ("cuda", 3, False)  # the V100 has no bf16
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
+    hw = detect_without_torch()
+    assert (hw.accelerator, hw.device_count, hw.device_names, hw.bf16_supported) == ("cuda", 2, ("NVIDIA A100-SXM4-80GB",) * 2, True)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,7,0")  # CUDA stops at the first index it cannot use
+    assert detect_without_torch().device_names == ("Tesla V100-SXM2-16GB",)
+    for hidden in ("", "-1"):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", hidden)
+        assert detect_without_torch().accelerator == "cpu"
+    monkeypatch.setattr(metadata, "version", lambda name: "2.13.0+cpu" if name == "torch" else real_version(name))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert detect_without_torch().accelerator == "cpu"  # a CPU-only torch build cannot use the GPUs nvidia-smi sees
