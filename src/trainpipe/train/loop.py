@@ -576,10 +576,12 @@ class TrainLoop:
         return getattr(self.ddp, "trainpipe_hook_state", None) if self.ddp is not None else None
 
     def _load_powersgd(self, st: dict) -> None:
-        """Give this rank its own PowerSGD state from the checkpoint, so that a resume under `powersgd` continues exactly
-        (same iteration count, projections and error feedback). A checkpoint without it (written without PowerSGD, or
-        before it was saved) or from another world size (the residuals are per rank) re-warms PowerSGD from scratch:
-        plain all-reduce for its first steps again, as stated in `checkpoint_resumed` and the manifest."""
+        """A rollback (same processes, same DDP) gives each rank its own PowerSGD state back from the checkpoint (iteration
+        count, projections, its error feedback), keyed by the gradient buckets it was saved with. A resume re-warms
+        PowerSGD from scratch (plain all-reduce for its first steps again), as stated in `checkpoint_resumed` and the
+        manifest: the new processes' DDP lays its buckets out anew (and rebuilds them after its first step), so the saved
+        per-bucket residuals and P/Q would land on other parameters; restoring them made a resumed 2-process run differ
+        from the uninterrupted one by 3e-4 (not bit-exact) in a test, so they are not restored."""
         psgd = self._powersgd()
         saved = st.get("powersgd_ranks")
         if psgd is None:
@@ -587,6 +589,10 @@ class TrainLoop:
             return
         from trainpipe.distributed.ddp import POWERSGD_START_STEP, load_powersgd_state
 
+        if getattr(self, "_resuming", False):
+            self._powersgd_note = (f"re-warmed from scratch (a resumed run's DDP lays out its gradient buckets anew, so the saved per-bucket "
+                                   f"state does not apply): plain all-reduce for {POWERSGD_START_STEP} steps, then rank-1 compression")
+            return
         if saved and len(saved) == self.world:
             load_powersgd_state(psgd, saved[self.rank], self.device)
             self._powersgd_note = f"restored (iteration {int(saved[self.rank]['iter'])}, every rank's error feedback)"
@@ -880,7 +886,9 @@ class TrainLoop:
         # signals first: a SIGTERM from here on is a clean, checkpointed stop
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)} if threading.current_thread() is threading.main_thread() else {}
         if resume_from is not None:
+            self._resuming = True  # a new process: PowerSGD's per-bucket state does not carry over (_load_powersgd)
             self._load(resume_from)
+            self._resuming = False
             self._apply_lr_scale()
             self.events.emit("checkpoint_resumed", step=self.state.step, checkpoint=str(resume_from.path), window=self.state.window,
                              **({"powersgd": self._powersgd_note} if self._powersgd_note else {}))
@@ -1019,6 +1027,8 @@ class TrainLoop:
                   "micro_batch": self.state.micro_batch, "accumulation": math.ceil(self.effective / (self.state.micro_batch * self.world)),
                   "grad_compression": self.dist.grad_compression if self.dist else "none",
                   "launcher": self.dist.env.launcher if self.dist is not None and self.world > 1 else None})
+        if self._powersgd_note:
+            d.setdefault("powersgd_resumes", []).append({"step": self.state.step, "powersgd": self._powersgd_note})
         if self._resumed_world is not None:
             d.setdefault("resumes", []).append({
                 "step": self.state.step, "window": self.state.window, "from_world_size": self._resumed_world, "to_world_size": self.world,
@@ -1103,6 +1113,7 @@ class TrainLoop:
             return
         if util is None:
             return
+        self._metric({"time": time.time(), "step": rec["step"], "gpu_util": util})  # the `gpu_utilization` quality gate's samples (evaluate/gates.py)
         if util < 50 and rec["input_share"] > 0.3:
             self._gpu_low_fired = True
             self.events.emit(
