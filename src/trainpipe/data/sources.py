@@ -227,6 +227,38 @@ def compression_of(p: Path) -> str | None:
     return name
 
 
+class _ZstdRaw(io.RawIOBase):
+    """zstd frames decompressed one after the other; a stream that ends inside a frame is an EOFError (zstandard's
+    own stream reader returns what it has and says nothing, which would drop the rest of a truncated file silently)."""
+
+    def __init__(self, fh):
+        import zstandard
+
+        self._zstd, self._fh, self._buf, self._inside = zstandard, fh, b"", False
+        self._dec = zstandard.ZstdDecompressor().decompressobj()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        while not self._buf:
+            chunk = self._fh.read(1 << 16)
+            if not chunk:
+                if self._inside:
+                    raise EOFError("the file ended inside a zstd frame")
+                return 0
+            while chunk:
+                self._inside = True
+                self._buf += self._dec.decompress(chunk)
+                chunk = b""
+                if self._dec.eof:  # a frame ended: the rest (if any) starts the next one
+                    chunk, self._inside = self._dec.unused_data, False
+                    self._dec = self._zstd.ZstdDecompressor().decompressobj()
+        n = min(len(b), len(self._buf))
+        b[:n], self._buf = self._buf[:n], self._buf[n:]
+        return n
+
+
 class _Opened:
     """A data file opened for one front-to-back read: ``fh`` yields the (decompressed) bytes, ``hashing`` sees every
     byte of the file as stored (the cache key is the hash of those), ``finish()`` reads what the decompressor left
@@ -244,9 +276,7 @@ class _Opened:
         elif compression == "xz":
             self.fh = lzma.LZMAFile(self.stored, mode="rb")
         else:  # zstd (compression_of checked that zstandard imports)
-            import zstandard
-
-            self.fh = io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(self.stored, read_across_frames=True, closefd=False), buffer_size=1 << 20)
+            self.fh = io.BufferedReader(_ZstdRaw(self.stored), buffer_size=1 << 20)
 
     def __enter__(self) -> "_Opened":
         return self

@@ -128,26 +128,44 @@ def test_other_compressions_are_one_clear_error(tmp_path, name, make, says):
     assert str(p) in msg and says in msg and ".gz, .bz2, .xz" in msg and "\n" not in msg
 
 
-def test_zstd_is_read_with_zstandard_and_otherwise_says_how(tmp_path):
+def test_zstd_is_read_with_zstandard(tmp_path):
+    zstandard = pytest.importorskip("zstandard")  # the `zstd` extra (and dev)
     p = tmp_path / "d.jsonl.zst"
-    try:
-        import zstandard
-    except ImportError:
-        p.write_bytes(b"\x28\xb5\x2f\xfd" + b"\0" * 20)
-        with pytest.raises(DataError, match=r"zstd-compressed .*`pip install zstandard`"):
-            records(p)
-        return
     p.write_bytes(zstandard.ZstdCompressor().compress(jsonl_bytes()))
-    assert [r.data for r in records(p)] == RECS
+    digests: dict = {}
+    assert [r.data for r in read_file(p, digests=digests)] == RECS
+    assert digests[str(p)]["sha256"] == hashlib.sha256(p.read_bytes()).hexdigest()
+    q = tmp_path / "d2.jsonl"  # by its first bytes too
+    q.write_bytes(p.read_bytes())
+    assert [r.data for r in records(q)] == RECS
 
 
-def test_a_truncated_gzip_file_names_the_file_and_where_it_broke(tmp_path):
-    p = tmp_path / "d.jsonl.gz"
-    whole = gzip.compress(jsonl_bytes(RECS * 50))
-    p.write_bytes(whole[: len(whole) // 2])
+def test_zstd_without_zstandard_says_how(tmp_path, monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "zstandard", None)  # as if the package were not installed
+    p = tmp_path / "d.jsonl.zst"
+    p.write_bytes(b"\x28\xb5\x2f\xfd" + b"\0" * 20)
+    with pytest.raises(DataError, match=r"zstd-compressed .*`pip install zstandard`"):
+        records(p)
+
+
+def _zstd(data: bytes) -> bytes:
+    zstandard = pytest.importorskip("zstandard")
+    return zstandard.ZstdCompressor().compress(data[: len(data) // 2]) + zstandard.ZstdCompressor().compress(data[len(data) // 2 :])  # two frames
+
+
+@pytest.mark.parametrize("suffix,name,check", [(".gz", "gzip", "gzip -t"), (".bz2", "bzip2", "bzip2 -t"), (".xz", "xz", "xz -t"), (".zst", "zstd", "zstd -t")])
+def test_a_truncated_file_names_the_file_and_where_it_broke(tmp_path, suffix, name, check):
+    compress = {**COMPRESS, ".zst": _zstd}[suffix]
+    whole_data = jsonl_bytes(RECS * 50)
+    p = tmp_path / f"d.jsonl{suffix}"
+    whole = compress(whole_data)
+    if suffix == ".zst":  # the two frames whole read as one file
+        p.write_bytes(whole)
+        assert len(records(p)) == len(RECS) * 50
+    p.write_bytes(whole[: len(whole) * 3 // 4])
     with pytest.raises(DataError) as exc:
         records(p)
-    assert str(p) in exc.value.message and "not a complete gzip file (it breaks after line" in exc.value.message and "gzip -t" in exc.value.message
+    assert str(p) in exc.value.message and f"not a complete {name} file (it breaks after line" in exc.value.message and check in exc.value.message
 
 
 def test_parquet_inside_gzip_is_refused_with_the_fix(tmp_path):
