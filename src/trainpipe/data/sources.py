@@ -60,7 +60,7 @@ def is_data_file(p: Path) -> bool:
     return file_kind(p)[0] is not None
 
 
-_WHAT_WORKS = ("JSONL, JSON, CSV, TSV and TXT files plain or compressed as .gz, .bz2, .xz (and .zst with `pip install zstandard`), "
+_WHAT_WORKS = ("JSONL, JSON, CSV, TSV and TXT files plain or compressed as .gz, .bz2, .xz (and .zst with `pip install 'trainpipe[zstd]'`), "
                "Parquet with its own internal compression")
 
 
@@ -221,7 +221,7 @@ def compression_of(p: Path) -> str | None:
             import zstandard  # noqa: F401
         except ImportError:
             raise DataError(
-                f"`{p}` is zstd-compressed ({how}); reading it needs the `zstandard` package: `pip install zstandard` "
+                f"`{p}` is zstd-compressed ({how}); reading it needs the `zstandard` package: `pip install 'trainpipe[zstd]'` "
                 f"(or decompress it: `unzstd {p.name}`). What works without it: {_WHAT_WORKS}."
             ) from None
     return name

@@ -144,7 +144,7 @@ def test_zstd_without_zstandard_says_how(tmp_path, monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "zstandard", None)  # as if the package were not installed
     p = tmp_path / "d.jsonl.zst"
     p.write_bytes(b"\x28\xb5\x2f\xfd" + b"\0" * 20)
-    with pytest.raises(DataError, match=r"zstd-compressed .*`pip install zstandard`"):
+    with pytest.raises(DataError, match=r"zstd-compressed .*`pip install 'trainpipe\[zstd\]'`"):
         records(p)
 
 
