@@ -140,7 +140,7 @@ def evaluate_lm(model, tokenizer, data, ev, *, batch_size: int, stop_ids: list[i
     samples: list[dict] = []
     from trainpipe.evaluate.metrics import GENERATED
 
-    if "exact_match" in ev.metrics or any(m in GENERATED for m in ev.metrics):
+    if ("exact_match" in ev.metrics or any(m in GENERATED for m in ev.metrics)) and data.eval_generation:  # raw text has no reference replies
         gens = data.eval_generation[: ev.max_samples] if ev.max_samples else data.eval_generation
         with ui.progress() as bar:
             task = bar.add_task(f"eval ({phase}) generate", total=len(gens))

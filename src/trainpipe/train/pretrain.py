@@ -35,6 +35,7 @@ TOKEN_ROW_PEFT = ("lora", "rslora", "dora", "ia3")
 
 
 def run(ctx: RunContext) -> dict:
+    from trainpipe.evaluate import suite
     from trainpipe.evaluate.evaluator import eval_loss, evaluate_lm
     from trainpipe.export import export_model
     from trainpipe.train.model import apply_peft, check_peft, load_base, parameter_counts, quantization_config
@@ -61,10 +62,13 @@ def run(ctx: RunContext) -> dict:
     # 2. baseline: held-out loss and perplexity (measured once; a resumed run reads it back)
     baseline, _ = ctx.baseline_once(lambda: evaluate_lm(model, tok, data, ev, batch_size=bs, stop_ids=ctx.stop_ids, phase="baseline"))
 
+    extra = suite.before_training(ctx, model)  # forgetting sets and benchmarks on the base model (evaluate/suite.py)
+
     # 3. train: next-token cross-entropy on every token (packed rows carry position ids; the loop's collator keeps them)
     loop = sft.build_loop(
         model, tok, data.train, cfg.training, run_dir=ctx.run_dir, events=ctx.events, config_yaml=ctx.config_yaml,
-        evaluate=lambda m: eval_loss(m, data.eval, batch_size=bs, pad_id=tok.pad_token_id)["loss"], dist=ctx.dist,
+        evaluate=suite.in_training(ctx, extra, lambda m: eval_loss(m, data.eval, batch_size=bs, pad_id=tok.pad_token_id)["loss"], lambda: loop.state.step),
+        dist=ctx.dist,
     )
     outcome = sft.train(loop, ctx.resume_from)
     if not ctx.is_main:  # rank 0 evaluates, exports and reports for the run
@@ -73,6 +77,7 @@ def run(ctx: RunContext) -> dict:
     # 4. final held-out perplexity, best checkpoint loaded
     final, _ = evaluate_lm(model, tok, data, ev, batch_size=bs, stop_ids=ctx.stop_ids, phase="final")
     ctx.events.emit("eval_done", step=outcome.global_step, phase="final", **final)
+    more = suite.after_training(ctx, model, extra, step=outcome.global_step)  # test split, forgetting sets, benchmarks
 
     # 5. export (LoRA merged into the extended base; the tokenizer with the new tokens)
     model_dir = export_model(run_dir=ctx.run_dir, model=model, tokenizer=tok, base=export_base, peft=cfg.method.peft, stop_ids=ctx.stop_ids,
@@ -81,7 +86,7 @@ def run(ctx: RunContext) -> dict:
     return {
         "name": cfg.name, "method": cfg.method.name, "peft": cfg.method.peft, "init": "from_config" if cfg.model.init_from_config else "pretrained",
         "baseline": baseline, "final": final, "train": asdict(outcome), "parameters": params, "data": ctx.data_summary(), "vocabulary": vocab,
-        "artifacts": sft.artifacts(ctx.run_dir, model_dir, cfg.method.peft),
+        "artifacts": sft.artifacts(ctx.run_dir, model_dir, cfg.method.peft), **more,
     }
 
 
