@@ -78,7 +78,7 @@ def expected_tensors(model_dir: Path, dtype: str = "f16") -> dict:
     """{GGUF tensor name: numpy array as written} from the folder's safetensors (used by write_gguf and by the tests)."""
     import gguf
     import numpy as np
-    from safetensors.numpy import load_file
+    from safetensors.torch import load_file  # torch reads bf16 weights too (numpy has no bfloat16)
 
     cfg = check_supported(model_dir)
     n_layer, n_head = int(cfg["num_hidden_layers"]), int(cfg["num_attention_heads"])
@@ -89,9 +89,10 @@ def expected_tensors(model_dir: Path, dtype: str = "f16") -> dict:
         raise GGUFUnsupported(f"`{model_dir}` holds no .safetensors weights; export the run first (`trainpipe export RUN_DIR`).")
     out: dict = {}
     for f in files:
-        for hf_name, arr in load_file(str(f)).items():
+        for hf_name, t in load_file(str(f)).items():
             if hf_name.endswith("rotary_emb.inv_freq"):
                 continue
+            arr = t.float().numpy()
             name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
             if name is None:
                 raise _unsupported(model_dir, f"The tensor `{hf_name}` in `{f.name}` has no GGUF name for the llama architecture.")
@@ -116,7 +117,7 @@ def _add_tokenizer(w, model_dir: Path, n_vocab: int) -> None:
         try:
             vocab = cls(model_dir)
             break
-        except (FileNotFoundError, ValueError, TypeError, KeyError):
+        except Exception:  # noqa: BLE001 - not a tokenizer of this kind (each class raises its own error)
             continue
     if vocab is None:
         raise _unsupported(model_dir, f"The tokenizer in `{model_dir}` is neither a byte-level BPE nor a SentencePiece/Llama tokenizer.")
