@@ -168,3 +168,35 @@ def test_show_prints_the_dag(pipe, capsys):
     for s in STEPS:
         assert f"\n{s} " in "\n" + out
     assert "train -> evaluate" in out and "export -> register" in out and "run: RunDir <- train.run" in out
+
+
+def test_schedule_on_new_data_runs_once_then_waits(pipe, capsys):
+    """`--on-new-data`: the first tick runs the real pipeline (every step reused from the cache above), the second finds
+    every source hashing as before and does nothing."""
+    args = ["pipeline", "schedule", str(pipe / "p.yaml"), "--once", "--on-new-data", "--set", "training.learning_rate=3e-3"]
+    before = (pipe / "run" / "pipeline.json").stat().st_mtime_ns
+    capsys.readouterr()
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "first run for these sources" in out and "6 reused" in out
+    after = (pipe / "run" / "pipeline.json").stat().st_mtime_ns
+    assert after > before
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "no new data" in out and "reused" not in out
+    assert (pipe / "run" / "pipeline.json").stat().st_mtime_ns == after  # the pipeline did not run
+
+
+def test_reused_train_step_restores_a_damaged_run_folder(pipe):
+    """The run folder lost its model and summary: the reused train step copies its run back from the store (no training)."""
+    import shutil
+
+    run = pipe / "run"
+    events = (run / "events.jsonl").read_bytes()
+    weights = (run / "model" / "model.safetensors").read_bytes()
+    shutil.rmtree(run / "model")
+    (run / "summary.json").unlink()
+    assert main(["pipeline", "run", str(pipe / "p.yaml"), "--set", "training.learning_rate=3e-3"]) == 0
+    assert set(_status(_record(pipe)).values()) == {"reused"}
+    assert (run / "model" / "model.safetensors").read_bytes() == weights and (run / "summary.json").is_file()
+    assert (run / "events.jsonl").read_bytes() == events

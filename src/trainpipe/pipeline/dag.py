@@ -354,7 +354,7 @@ def _restore(step: Step, entry: dict, st: ArtifactStore) -> None:
     run_dir = step.run_dir
     mark = run_dir / ".pipeline-step.json"
     try:
-        if json.loads(mark.read_text())["key"] == entry["key"]:
+        if json.loads(mark.read_text())["key"] == entry["key"] and (run_dir / "summary.json").exists():
             return
     except (OSError, ValueError, KeyError):
         pass
@@ -462,7 +462,19 @@ def _step_train(step: Step, entries, st, work: Path, *, config_path: str | None,
     run_dir = step.run_dir
     tracking.REGISTER_AT_END = False  # the pipeline's `register` step registers the model
     try:
-        run(step.cfg, config_path=config_path, overwrite=True)
+        unfinished = (run_dir / "checkpoints").is_dir() and not (run_dir / "summary.json").exists()
+        resumed = False
+        if unfinished:  # a train step stopped part way (preempted, killed): continue from its newest valid checkpoint
+            from trainpipe.errors import ConfigError as _CfgErr, DataError, RunDirError
+
+            try:
+                run(step.cfg, config_path=config_path, resume=True)
+                resumed = True
+            except (_CfgErr, DataError, RunDirError) as exc:  # another config or other data: start over
+                ui.console().print(f"  {step.id}: not resuming the unfinished run ({str(getattr(exc, 'message', exc))[:200]}); starting over",
+                                   markup=False, soft_wrap=True)
+        if not resumed:
+            run(step.cfg, config_path=config_path, overwrite=True)
     finally:
         tracking.REGISTER_AT_END = True
     (run_dir / ".pipeline-step.json").write_text(json.dumps({"step": step.id, "key": key}) + "\n", encoding="utf-8")
