@@ -65,7 +65,7 @@ def run(
     """Prepare the data, measure the base model, train, measure again and export the best model.
 
     Exit codes: 0 done; 2 bad config, data or model; 3 training diverged; 4 out of memory with no way forward;
-    5 a worker stopped answering (distributed); 74 a write failed (disk full); 75 preempted (SIGTERM/SIGINT: a checkpoint was saved, continue with --resume)."""
+    5 a worker stopped answering (distributed); 6 a quality gate failed under `gates.on_fail: fail` (everything written); 74 a write failed (disk full); 75 preempted (SIGTERM/SIGINT: a checkpoint was saved, continue with --resume)."""
     from trainpipe import ui
     from trainpipe.config import load_config
     from trainpipe.distributed import env as dist_env
@@ -347,6 +347,31 @@ def batch_find(
     from trainpipe.tune.batchfind import batch_find as run_batch_find
 
     run_batch_find(load_config(config, set_ or []), max_memory_gib=max_memory_gib, max_batch=max_batch, out_dir=out)
+
+
+@app.command()
+def automl(
+    task: Annotated[str, typer.Option("--task", help="sft | classification | preference.")],
+    data: Annotated[Path, typer.Option("--data", help="Training data (JSONL); the eval split is cut from it once, the same for every candidate.")],
+    models: Annotated[str, typer.Option("--models", help="Candidate base models, comma-separated (local folders or hub ids).")],
+    out: Annotated[Path, typer.Option("-o", "--out", help="Output folder (runs, leaderboard.csv, automl.json, winner/).")] = Path("runs/automl"),
+    budget_usd: Annotated[Optional[float], typer.Option("--budget-usd", help="Stop before a rung the planner prices above what is left.")] = None,
+    budget_hours: Annotated[Optional[float], typer.Option("--budget-hours", help="Start no rung after this much wall time.")] = None,
+    gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU type that picks the methods and prices the rungs (default: this machine's).")] = None,
+    max_params: Annotated[Optional[float], typer.Option("--max-params", help="Largest base model, in parameters (e.g. 8e9).")] = None,
+    min_steps: Annotated[int, typer.Option("--min-steps", help="Steps of the first rung.")] = 4,
+    rungs: Annotated[int, typer.Option("--rungs", help="Rungs of successive halving.")] = 3,
+    eta: Annotated[int, typer.Option("--eta", help="Keep 1/eta of the candidates per rung; survivors train eta x longer.")] = 2,
+    eval_split: Annotated[int, typer.Option("--eval-split", help="Held-out records (fixed for the search).")] = 32,
+    max_length: Annotated[int, typer.Option("--max-length", help="Longest example in tokens.")] = 128,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Micro-batch.")] = 8,
+) -> None:
+    """Candidates (models x planner's method x learning rates) -> budgeted successive halving -> leaderboard -> winner/."""
+    from trainpipe.tune.automl import automl as run_automl
+
+    run_automl(task=task, data=data, models=[m.strip() for m in models.split(",") if m.strip()], out_dir=out, budget_usd=budget_usd,
+               budget_hours=budget_hours, gpu=gpu, max_params=max_params, min_steps=min_steps, eta=eta, rungs=rungs, eval_split=eval_split,
+               max_length=max_length, batch_size=batch_size)
 
 
 @app.command("eval")
