@@ -174,3 +174,25 @@ def test_fresh_tiny_model_folder_converts(tmp_path):
     exp = expected_tensors(base, "f32")
     assert set(tensors) == set(exp) and all(np.array_equal(tensors[n][1], exp[n]) for n in exp)
     assert fields["general.file_type"] == 0  # ALL_F32
+
+
+def test_bf16_folder_converts(tmp_path):
+    """Weights saved in bfloat16 (a full fine-tune on a GPU) convert; f32 tensors equal the bf16 values exactly."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from trainpipe.export_gguf import write_gguf
+
+    base = build_tiny_model(tmp_path / "base")
+    bf = tmp_path / "bf16"
+    AutoModelForCausalLM.from_pretrained(base, dtype=torch.bfloat16).save_pretrained(bf)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(base / f, bf / f)
+    tensors, _ = _read(write_gguf(bf, dtype="f32"))
+    w = load_file(str(bf / "model.safetensors"))
+    assert w["model.layers.0.self_attn.v_proj.weight"].dtype == torch.bfloat16
+    assert np.array_equal(tensors["blk.0.attn_v.weight"][1], w["model.layers.0.self_attn.v_proj.weight"].float().numpy())
+    assert np.array_equal(tensors["blk.1.ffn_down.weight"][1], w["model.layers.1.mlp.down_proj.weight"].float().numpy())
