@@ -271,6 +271,10 @@ def test_compare_page_and_table(runs, tmp_path, capsys):
     assert main(["compare", str(runs["shifted"]), str(runs["kept"]), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "shifted" in printed and "kept" in printed and "forgetting (worst change)" in printed
+    lr_row = next(line for line in printed.splitlines() if "learning rate" in line)
+    assert "0.003" in lr_row and "{" not in lr_row  # the plan's value, not its record
+    worst = summary(runs["shifted"])["forgetting"]["sets"]["general"]["change"]
+    assert f"{100 * worst:+.2f} %" in printed
     html = out.read_text()
     s1, s2 = summary(runs["shifted"]), summary(runs["kept"])
     assert f"{s1['final']['loss']:.4g}" in html and f"{s2['final']['loss']:.4g}" in html

@@ -34,6 +34,12 @@ def _f(v, pct: bool = False) -> str:
     return f"{100 * v:.1f} %" if pct else f"{v:.4g}"
 
 
+def _plan_value(r: dict, key: str):
+    """A resolved plan setting from manifest.json (each is {"value", "source", "rule", ...})."""
+    v = (r["manifest"].get("plan") or {}).get(key)
+    return v.get("value") if isinstance(v, dict) else v
+
+
 def rows_of(runs: list[dict]) -> list[tuple[str, list[str]]]:
     """(row label, one cell per run): the figures compared."""
     rows: list[tuple[str, list[str]]] = []
@@ -41,8 +47,8 @@ def rows_of(runs: list[dict]) -> list[tuple[str, list[str]]]:
     add("status", lambda r: status_of(r)[0])
     add("method", lambda r: f"{r['summary'].get('method') or (r['config'].get('method') or {}).get('name')} / {r['summary'].get('peft') or (r['config'].get('method') or {}).get('peft')}")
     add("steps", lambda r: _f((r["summary"].get("train") or {}).get("global_step")))
-    add("learning rate", lambda r: _f(((r["manifest"].get("plan") or {}).get("learning_rate"))))
-    add("effective batch", lambda r: _f(((r["manifest"].get("plan") or {}).get("effective_batch"))))
+    add("learning rate", lambda r: _f(_plan_value(r, "learning_rate")))
+    add("effective batch", lambda r: _f(_plan_value(r, "effective_batch")))
     metrics = list(dict.fromkeys(k for r in runs for k in (r["summary"].get("final") or {})))
     for k in metrics:
         pct = k in ("exact_match", "accuracy", "rouge_l")
