@@ -73,7 +73,7 @@ def study(tmp: Path, name: str, sampler: str, pruner: str, trials: int, steps: i
                 "method.lora.r": {"choice": [4, 8, 16, 32, 64]},
             },
             "objective": {"function": str(tmp / "surrogate.py") + ":curve", "direction": "minimize"},
-            "n_trials": trials, "sampler": sampler, "pruner": pruner, "seed": seed,
+            "n_trials": trials, "sampler": sampler, "pruner": pruner, "seed": seed, "storage": "memory",
         },
     }
     p = tmp / f"{name}.yaml"

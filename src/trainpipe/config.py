@@ -585,7 +585,7 @@ class TuneFidelity(_Section):
     steps: int | None = Field(default=None, ge=1)
     """Every trial trains this many optimizer steps (`training.max_steps`); the pruner sees the eval loss every `training.eval_steps`."""
     data_fraction: float | None = Field(default=None, gt=0, le=1)
-    """Every trial trains on this share of each source's records (`data.sources[].max_records`); the best config is written for all the data."""
+    """Every trial trains on this share of each source's records (`data.sources[].max_records`, a seeded sample taken before the eval split: the same records, and the same eval split, for every trial with the same `training.seed`); the best config is written for all the data."""
 
 
 class TuneConfig(_Section):
@@ -612,7 +612,7 @@ class TuneConfig(_Section):
     fidelity: TuneFidelity = Field(default_factory=TuneFidelity)
     """How cheap each trial is: a number of steps, or a share of the data."""
     storage: str | None = None
-    """Optuna storage URL: default SQLite in the study folder; `postgresql://...` shares one study between workers on several machines."""
+    """Optuna storage URL: default SQLite in the study folder; `postgresql://...` shares one study between workers on several machines; `memory`: in this process only (nothing kept)."""
     study_name: str | None = None
     """Default: the run name."""
     seed: int | None = 42

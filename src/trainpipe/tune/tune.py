@@ -90,6 +90,8 @@ def check_metric(cfg: RunConfig) -> None:
 
 
 def storage_url(t: TuneConfig, study_dir: Path) -> str:
+    if t.storage == "memory":
+        return "memory"
     url = t.storage or f"sqlite:///{study_dir / 'study.db'}"
     if url.startswith("postgresql://") or url.startswith("postgres://"):
         try:  # SQLAlchemy's default postgresql driver is psycopg2; psycopg 3 is what trainpipe installs
@@ -109,6 +111,8 @@ def open_storage(t: TuneConfig, study_dir: Path):
     except ImportError:
         from optuna.storages import RetryFailedTrialCallback as Retry
 
+    if t.storage == "memory":  # one process, nothing kept (benchmarks, quick experiments): no heartbeat, no sharing
+        return optuna.storages.InMemoryStorage()
     url = storage_url(t, study_dir)
     last: Exception | None = None
     for attempt in range(5):  # several workers creating the schema at once: one wins, the others retry
@@ -425,7 +429,7 @@ def tune(config: str | Path, overrides: list[str] | None = None, *, n_trials: in
             )
     optuna.logging.set_verbosity(logging.WARNING)
     storage = open_storage(t, study_dir)
-    shared = t.storage is not None
+    shared = t.storage not in (None, "memory")
     seed = None if t.seed is None else t.seed + (os.getpid() % 100003 if shared else 0)  # workers of one study sample differently
     sampler = make_sampler(t, params, seed)
     pruner = make_pruner(t, t.fidelity.steps or (cfg.training.max_steps if cfg.training.max_steps > 0 else None))
