@@ -164,6 +164,17 @@ def test_fsdp_oom_on_one_rank_halves_every_ranks_micro_batch(tmp_path, base, fsd
     assert diff < 1e-5
 
 
+def test_fsdp_oom_inside_a_sharded_step_stops_every_worker_with_one_paragraph(tmp_path, base):  # noqa: F811
+    """An OOM on rank 1 after its sharded forward (rank 0 is already in the backward's all-gathers) cannot be retried in
+    place: rank 1 stops with the one-paragraph `out of memory` (exit 4) naming what to lower, and the launcher ends rank 0
+    instead of leaving it waiting (a timeout on the test: no hang)."""
+    cfg = sft_config(tmp_path, base, **SHORT, **FSDP)
+    rc, out = finish(launch(cfg, faults={"ranks": [1], "oom_after_forward_at_windows": [1]}), timeout=240)
+    assert rc == 4, out[-3000:]
+    assert "inside a sharded forward or backward" in out and "training.per_device_train_batch_size" in out
+    assert not any(e["event"] == "training_finished" for e in events(tmp_path / "run"))
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_divergence_on_one_rank_rolls_every_rank_back_together(tmp_path, base, strategy):  # noqa: F811
     """A NaN loss on rank 1 alone in window 3: the all-reduced loss (and gradient norm) is NaN on every rank, so all roll

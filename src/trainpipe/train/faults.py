@@ -5,7 +5,8 @@ object; the tests set it to exercise the same recovery code that runs in product
 Keys:
 
 - ``oom_at_windows``: [w, ...] raise torch.OutOfMemoryError in the first forward of data window w
-  (``oom_always_at_windows``: at every attempt, whatever the micro-batch)
+  (``oom_always_at_windows``: at every attempt, whatever the micro-batch;
+  ``oom_after_forward_at_windows``: once, after the forward of window w, before its backward: inside a step's collectives)
 - ``nan_at_windows``: [w, ...] make the loss of window w NaN, once each;
   ``nan_always``: true makes every window's loss NaN
 - ``spike_at_windows``: [w, ...] multiply the loss of window w by 50, once each (a loss spike)
@@ -76,6 +77,10 @@ def poison_loss(window: int, loss):
     s = spec()
     if not s:
         return loss
+    if window in s.get("oom_after_forward_at_windows", []) and _once("oom_after_forward", window):
+        import torch
+
+        raise torch.OutOfMemoryError("TEST-ONLY injected out of memory (after the forward)")
     if s.get("nan_always") or (window in s.get("nan_at_windows", []) and _once("nan", window)):
         return loss * float("nan")
     if window in s.get("spike_at_windows", []) and _once("spike", window):
