@@ -49,7 +49,7 @@ def test_all_problems_reported_at_once_with_paths():
     assert len(errs) == 5
     joined = "\n".join(errs)
     assert "`model.dtyp`: `dtyp` is not a key of `model`; did you mean `model.dtype`?" in joined
-    assert "`data.sources[0].format`: must be one of auto, alpaca, chat, sharegpt, preference, kto, text (got 'alpacca'); did you mean `alpaca`?" in joined
+    assert "`data.sources[0].format`: must be one of auto, alpaca, chat, sharegpt, preference, kto, text, classification (got 'alpacca'); did you mean `alpaca`?" in joined
     assert "`data.eval_split`" in joined and "(got 3.5)" in joined
     assert "`training.warmup_ratio`" in joined and "(got 3.0)" in joined
     assert "did you mean `training.learning_rate`?" in joined
