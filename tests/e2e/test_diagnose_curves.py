@@ -147,7 +147,7 @@ def test_oom_in_evaluation(tmp_path, base, monkeypatch, capsys):
 
 def test_slow_training_input_bound(tmp_path, base, monkeypatch):
     cfg = config(tmp_path, base, **{**SMALL, "training.max_steps": 4, "training.eval_steps": 4, "training.save_steps": 4})
-    assert run_with_faults(monkeypatch, cfg, {"input_seconds": 0.6}) == 0
+    assert run_with_faults(monkeypatch, cfg, {"input_seconds": 1.0}) == 0
     fs = findings(tmp_path / "run", expect="input_bound")
     assert list(fs) == ["input_bound"]  # 4 logged steps: too few for a verdict on the curve
     f = fs["input_bound"]

@@ -290,6 +290,8 @@ def _speed_findings(run: Path, metrics: list[dict], cfg: dict) -> list[Finding]:
     logs = [m for m in metrics if "tokens_per_second" in m]
     shares = [float(m["input_share"]) for m in logs if m.get("input_share") is not None]
     tps = [float(m["tokens_per_second"]) for m in logs]
+    if len(shares) >= 3:  # the first window also holds the first step's one-off work (allocation, the memory measurement)
+        shares, tps = shares[1:], tps[1:]
     if len(shares) >= 2 and statistics.median(shares) > INPUT_SHARE_SLOW:
         out.append(Finding(
             "input_bound", "warning", "training is slow because it waits for its input: preparing and moving the batches takes a large share of each step",
