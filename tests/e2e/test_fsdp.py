@@ -4,7 +4,9 @@
 The guarantees: 2 processes x micro-batch b == 1 process x 2b within 1e-5 for sft/LoRA and a full fine-tune; only rank
 0 writes (one event stream, a manifest saying `fsdp`); SIGKILL of every worker after a checkpoint then `--resume` equals
 the uninterrupted FSDP run; the exported model loads with transformers; a checkpoint written under FSDP resumes on one
-process (the same layout as one process's checkpoint).
+process (the same layout as one process's checkpoint); an OOM on one rank halves every rank's micro-batch (before the
+forward) or stops every worker with one paragraph (inside the sharded step); a NaN on one rank rolls every rank back
+together (DDP and FSDP); FSDP + QLoRA trains and equals one process; the in-training eval is sharded over the ranks.
 """
 
 from __future__ import annotations

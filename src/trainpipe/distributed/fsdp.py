@@ -4,6 +4,8 @@
   the root, in place: parameters become DTensors sharded on dim 0 across the ranks, fp32 (no mixed-precision policy:
   the loop's autocast does that on GPUs). LoRA mixes frozen and trainable parameters in one layer; FSDP2 shards them
   per parameter and reduce-scatters only the gradients that exist. The optimizer is built afterwards, on the shards.
+- :func:`four_bit_storage_as_float`: QLoRA under FSDP (PEFT's `bnb_4bit_quant_storage` recipe): the packed 4-bit bytes
+  of bitsandbytes' weights viewed as the float dtype, so that FSDP2 shards and all-gathers them with the rest.
 - :func:`no_sync`: accumulation micro-steps keep their gradients unsharded and local
   (``set_requires_gradient_sync(False)``); the window's last micro-step reduce-scatters the sum (FSDP2 averages over
   the ranks, like DDP, so the loop scales the loss by the world size in both).
