@@ -5,7 +5,9 @@ The guarantees: 2 processes x micro-batch b == 1 process x 2b (sft/LoRA, full fi
 writes; SIGKILL of all workers then resume is bit-identical to the uninterrupted 2-process run; SIGTERM to one worker
 stops every rank at the same step with one checkpoint and exit 75; resume across world sizes keeps the effective batch
 and the data position; an OOM on one rank halves every rank's micro-batch; a worker that stops answering is named and
-the run exits non-zero within the timeout; gradient compression trains.
+the run exits non-zero within the timeout; gradient compression trains, and a resume under PowerSGD re-warms it and
+says so; `accelerate launch --multi_gpu` trains like torchrun, bit for bit, and `--cpu` without mpirun is refused; the
+in-training eval is sharded over the ranks and equals one process's.
 """
 
 from __future__ import annotations
