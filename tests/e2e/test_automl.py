@@ -33,7 +33,17 @@ def test_successive_halving_picks_and_exports_a_winner(tmp_path, capsys):
         ranked = sorted(by_rung[k], key=lambda x: float(x["loss"]))
         assert {x["candidate"] for x in by_rung[k + 1]} == {x["candidate"] for x in ranked[: len(by_rung[k + 1])]}
     assert all(float(x["cost_usd"]) > 0 and float(x["seconds"]) > 0 for x in rows) and r["spent_usd"] <= 5
-    assert {c["changes"]["method.peft"] for c in r["candidates"]} == {"none"}  # the planner: full fine-tune for a tiny model on an A10G
+    from trainpipe.config import build_config
+    from trainpipe.plan.gpus import find_gpu
+    from trainpipe.plan.hardware import Hardware
+    from trainpipe.plan.resolve import resolve
+
+    g = find_gpu("A10G")
+    for c in r["candidates"]:  # the method is the planner's for that model on the target GPU (`method.peft: auto`)
+        probe = build_config({"model": {"name_or_path": c["changes"]["model.name_or_path"]}, "data": {"sources": [{"path": str(data)}], "max_length": 64},
+                              "method": {"peft": "auto"}, "training": {"per_device_train_batch_size": 8}})
+        want = resolve(probe, Hardware("cuda", 1, (g.name,), g.bf16, 1, ""), 1, env={}).config.method.peft
+        assert c["changes"]["method.peft"] == want and c["method_rule"]
     lrs = sorted({c["changes"]["training.learning_rate"] for c in r["candidates"]})
     assert len(lrs) == 2 and lrs[1] == pytest.approx(3 * lrs[0], rel=0.01)
     # every candidate measured on the same held-out records: identical baseline loss for the same base model
