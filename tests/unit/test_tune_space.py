@@ -82,3 +82,18 @@ def test_cli_refuses_bad_input_before_any_trial(tmp_path, capsys):
     assert main(["tune", str(_write(tmp_path, {"space": lr, "objective": {"metric": "accuracy"}}))]) == 2
     assert "tune.objective.metric: accuracy" in capsys.readouterr().out
     assert not (tmp_path / "study" / "trials").exists()
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "gp", "cmaes", "random", "grid", "qmc"])
+def test_every_sampler_runs_a_study(tmp_path, sampler):
+    """Each sampler through `tune()` on a quadratic of log10(lr) (minimum 0 at 1e-3): trials complete, best.yaml holds the best."""
+    from trainpipe.tune.tune import tune
+
+    (tmp_path / "obj.py").write_text("import math\ndef f(cfg, trial):\n    return (math.log10(cfg['training']['learning_rate']) + 3) ** 2\n")
+    p = _write(tmp_path, {"space": {"training.learning_rate": {"log_uniform": [1e-5, 1e-1]}}, "objective": {"function": "obj.py:f"},
+                          "n_trials": 6, "sampler": sampler, "pruner": "none", "storage": "memory"})
+    p.write_text(p.read_text())
+    out = tune(p)
+    assert out["states"]["complete"] >= 4 and out["best"]["value"] <= 4.0  # better than the worst corner of the range
+    best = yaml.safe_load((tmp_path / "study" / "best.yaml").read_text())
+    assert best["training"]["learning_rate"] == out["best"]["params"]["training.learning_rate"]
