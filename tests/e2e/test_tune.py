@@ -116,3 +116,30 @@ def test_outputs_best_yaml_leaderboard_and_model(study):
     assert exported.keys() == again.keys() and all((exported[k] == again[k]).all() for k in exported)
     summary = json.loads((sd / "tune.json").read_text())
     assert summary["best"]["trial"] == best.number and summary["states"]["complete"] == sum(t.state.name == "COMPLETE" for t in trials)
+
+
+def test_data_fraction_fidelity_and_hyperband(tmp_path):
+    """fidelity.data_fraction: every trial trains on the same seeded half of the records (and the same eval split); best.yaml
+    is written for all of the data. The hyperband pruner runs on real trials."""
+    base = build_tiny_model(tmp_path / "base")
+    write_jsonl(tmp_path / "data" / "train.jsonl", alpaca_records(120, seed=12))
+    cfg = {
+        "model": {"name_or_path": str(base)},
+        "data": {"sources": [{"path": "data/train.jsonl"}], "eval_split": 12, "max_length": 64},
+        "method": {"peft": "lora", "lora": {"r": 4, "alpha": 8, "dropout": 0.0}},
+        "training": {"max_steps": 4, "eval_steps": 2, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "early_stopping_patience": None},
+        "eval": {"metrics": ["loss"]},
+        "output_dir": str(tmp_path / "study"),
+        "tune": {"space": {"training.learning_rate": {"log_uniform": [1e-4, 1e-2]}}, "n_trials": 2, "sampler": "random", "pruner": "hyperband",
+                 "fidelity": {"data_fraction": 0.5}},
+    }
+    p = tmp_path / "tune.yaml"
+    p.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    assert main(["tune", str(p)]) == 0
+    _, trials = _trials(tmp_path / "study")
+    reports = [json.loads((Path(t.user_attrs["run_dir"]) / "data_report.json").read_text()) for t in trials if t.state.name == "COMPLETE"]
+    assert len(reports) == 2
+    assert all(r["train_examples"] + r["eval_examples"] <= 60 for r in reports)  # half of the 120 records
+    assert reports[0]["train_examples"] == reports[1]["train_examples"] and reports[0]["eval_examples"] == reports[1]["eval_examples"] == 12
+    best = yaml.safe_load((tmp_path / "study" / "best.yaml").read_text())
+    assert "max_records" not in best["data"]["sources"][0]
