@@ -42,6 +42,9 @@ ARTEFACTS = frozenset({
     "config.resolved.yaml", "manifest.json", "events.jsonl", "metrics.jsonl", "data_report.json", "rejected.jsonl",
     "duplicates.jsonl", "checkpoints", "model", "model.tmp", "summary.json", "measured_memory.json", "baseline.json",
     "base", "base.tmp", "export", "adapters", "adapters.json", "report.html", "report",
+    # evaluation, gates and the report (evaluate/, report/html.py); tracking and pipeline state (track/, pipeline/dag.py)
+    "gates.json", "lengths.json", "review_samples.jsonl", "review.json", "forgetting.json", "benchmarks_baseline.json",
+    "tracking.json", "plan.json", "pipeline.json",
 })
 RUN_EVIDENCE = ("config.resolved.yaml", "events.jsonl", "manifest.json", "summary.json", "checkpoints", "data/report.json")
 PREPARE_FILES = frozenset({"report.json", "rejected.jsonl", "duplicates.jsonl"})  # what `trainpipe prepare` writes into OUTPUT_DIR/data/
