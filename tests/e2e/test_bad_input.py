@@ -71,3 +71,14 @@ def test_tokenizer_without_pad_token(tmp_path, capsys):
     # the fix the message gives works
     cfg2 = make_config(tmp_path, nopad, **{"model": {"name_or_path": str(nopad), "pad_token": "<|endoftext|>"}, "training.max_steps": 5, "training.eval_steps": 5, "eval.metrics": ["loss"]})
     assert main(["run", str(cfg2), "--overwrite"]) == 0
+
+
+@pytest.mark.parametrize("method", ["dpo", "reward"])
+def test_forgetting_sets_under_a_recipe_that_does_not_measure_them_are_refused_not_skipped(tmp_path, base, capsys, method):
+    forget = tmp_path / "general.jsonl"
+    forget.write_text("".join(json.dumps({"text": f"general text number {i}."}) + "\n" for i in range(8)))
+    cfg = make_config(tmp_path, base, **{"method.name": method, "eval.forgetting": [{"path": str(forget)}]})
+    assert main(["run", str(cfg)]) == 2
+    out = capsys.readouterr().out
+    assert "`eval.forgetting`" in out and f"`{method}`" in out and "trainpipe eval" in out and "Traceback" not in out
+    assert not (tmp_path / "run" / "model").exists() and not (tmp_path / "run" / "checkpoints").exists()

@@ -86,6 +86,9 @@ class PreemptedExit(TrainpipeError):
     title = "preempted"
 
 
+MEASURES_FORGETTING = ("sft", "pretrain")  # the recipes with forgetting sets and lm-eval benchmarks (evaluate/suite.py)
+
+
 def preflight(cfg: RunConfig) -> None:
     """Fail before anything is written when an input is missing."""
     from trainpipe.data.sources import check_sources
@@ -93,6 +96,16 @@ def preflight(cfg: RunConfig) -> None:
 
     check_model_source(cfg.model)
     check_sources(cfg.data.sources)  # files, globs and folders; hub and SQL sources are checked when read
+    asked = [key for key, value in (("eval.forgetting", cfg.eval.forgetting), ("eval.benchmarks", cfg.eval.benchmarks)) if value]
+    if asked and cfg.method.name not in MEASURES_FORGETTING:  # not silently skipped: the recipes below do not measure them yet
+        from trainpipe.errors import ConfigError
+
+        raise ConfigError(
+            f"`{'` and `'.join(asked)}` are measured by the `sft` and `pretrain` recipes only, and this run's `method.name` is "
+            f"`{cfg.method.name}`. Remove `{'` and `'.join(asked)}` from this config, or measure the trained model afterwards "
+            f"with `trainpipe eval RUN_DIR/model --config CONFIG` and an `sft`/`pretrain` config that names them.",
+            [f"{key}: not measured under method.name {cfg.method.name}" for key in asked],
+        )
 
 
 def run(cfg: RunConfig, *, config_path: str | None = None, overwrite: bool = False, resume: bool = False, lineage: dict | None = None) -> dict:
