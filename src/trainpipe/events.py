@@ -108,3 +108,19 @@ def read_events(path: str | Path) -> list[dict]:
     if not p.exists():
         return []
     return [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The JSON lines of a run file (events.jsonl, metrics.jsonl, ...); a missing file is empty and a torn line (a run
+    killed mid-write) is skipped."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out

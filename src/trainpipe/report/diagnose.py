@@ -14,6 +14,8 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from trainpipe.events import read_jsonl as _jsonl
+
 from trainpipe.errors import RunDirError
 
 # What makes a folder a run directory: any of these (the ownership marker is train/checkpoints.RUN_MARKER).
@@ -37,17 +39,6 @@ class Finding:
     def to_dict(self) -> dict:
         return asdict(self)
 
-
-def _jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line cut by a kill
-    return out
 
 
 def _config(run: Path) -> dict:

@@ -16,6 +16,8 @@ import json
 from html import escape
 from pathlib import Path
 
+from trainpipe.events import read_jsonl as _read_jsonl
+
 from trainpipe.report import plots
 
 CSS = """
@@ -40,19 +42,6 @@ def _read_json(path: Path):
     except (OSError, ValueError):
         return None
 
-
-def _read_jsonl(path: Path) -> list[dict]:
-    out = []
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return out
-    for line in lines:
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            pass
-    return out
 
 
 def _num(v, pct: bool = False) -> str:

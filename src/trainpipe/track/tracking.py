@@ -21,6 +21,8 @@ import json
 import os
 import time
 from pathlib import Path
+
+from trainpipe.events import read_jsonl as _jsonl
 from typing import Any
 
 from trainpipe.errors import TrainpipeError
@@ -89,17 +91,6 @@ def flatten(d: dict, prefix: str = "") -> dict:
             out[key] = v
     return out
 
-
-def _jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue  # a torn last line of a killed run
-    return out
 
 
 def metric_values(rec: dict) -> dict[str, float]:
