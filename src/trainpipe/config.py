@@ -512,8 +512,8 @@ class GatesConfig(_Section):
     """No forgetting set's final loss is more than `eval.forgetting_threshold` above its baseline."""
     dedup_ran: GateConfig = Field(default_factory=GateConfig)
     """Exact or near deduplication ran in the data step."""
-    samples_reviewed: GateConfig = Field(default_factory=GateConfig)
-    """A person recorded with `trainpipe data review RUN_DIR` that they saw the formatted samples (`threshold`: how many, default 50)."""
+    samples_reviewed: GateConfig = Field(default_factory=lambda: GateConfig(enabled=False))
+    """A person recorded with `trainpipe data review RUN_DIR` that they saw the formatted samples (`threshold`: how many, default 50). Off unless asked (`gates.samples_reviewed: {enabled: true}`, or any setting of it): then it passes or fails; off it reads n/a with a hint."""
     effective_batch: GateConfig = Field(default_factory=GateConfig)
     """Effective batch (micro-batch x accumulation x world size) at least `threshold` (default 32)."""
     best_checkpoint_by_val_loss: GateConfig = Field(default_factory=GateConfig)

@@ -42,7 +42,7 @@ def test_a_healthy_run_passes_every_applicable_gate(tmp_path):
     assert r["effective_batch"].status == "pass"
     assert r["best_checkpoint_by_val_loss"].status == "pass"
     assert r["gpu_utilization"].status == "n/a" and r["no_forgetting"].status == "n/a"
-    assert r["samples_reviewed"].status == "fail"  # nobody reviewed: no sheet at all here
+    assert r["samples_reviewed"].status == "n/a"  # not asked for (the default): no warning for a review nobody asked for
 
 
 def test_val_loss_rising_in_the_last_evals_fails_with_the_steps(tmp_path):
@@ -87,17 +87,20 @@ def test_gpu_gate_reads_sampled_utilisation(tmp_path):
     assert g.status == "fail" and g.value == pytest.approx(220 / 3)
 
 
+ASK_REVIEW = GatesConfig.model_validate({"samples_reviewed": {"enabled": True}})
+
+
 def test_review_record_must_match_the_samples(tmp_path):
     run = make_run(tmp_path)
     (run / G.REVIEW_SAMPLES).write_text("".join(json.dumps({"index": i, "text": "t", "trained": "t", "tokens": 1}) + "\n" for i in range(50)))
-    assert results(run)["samples_reviewed"].status == "fail"
+    assert results(run, ASK_REVIEW)["samples_reviewed"].status == "fail"
     rec = G.record_review(run, "ana")
     assert rec["samples"] == 50 and rec["samples_sha256"] == hashlib.sha256((run / G.REVIEW_SAMPLES).read_bytes()).hexdigest()
-    g = results(run)["samples_reviewed"]
+    g = results(run, ASK_REVIEW)["samples_reviewed"]
     assert g.status == "pass" and "ana" in g.evidence
     with open(run / G.REVIEW_SAMPLES, "a") as fh:  # the sheet changed after the review
         fh.write(json.dumps({"index": 99, "text": "x", "trained": "x", "tokens": 1}) + "\n")
-    assert results(run)["samples_reviewed"].status == "fail"
+    assert results(run, ASK_REVIEW)["samples_reviewed"].status == "fail"
 
 
 def test_apply_gates_marks_the_model_card_once(tmp_path):

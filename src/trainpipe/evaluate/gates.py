@@ -9,7 +9,7 @@ and answers `pass`, `fail` or `n/a` with its evidence (the figures it compared) 
 | `beats_baseline` | the final primary metric (eval loss) beats the baseline by at least the threshold | 0.01 (relative) |
 | `no_forgetting` | no forgetting set's final loss is more than `eval.forgetting_threshold` above its baseline | (eval's) |
 | `dedup_ran` | exact or near deduplication ran in the data step | - |
-| `samples_reviewed` | `trainpipe data review RUN_DIR` recorded that a person saw at least the threshold of samples of this run | 50 |
+| `samples_reviewed` | asked for (`gates.samples_reviewed` set in the config; off by default: n/a with a hint) and `trainpipe data review RUN_DIR` recorded that a person saw at least the threshold of samples of this run | 50 |
 | `effective_batch` | micro-batch x accumulation x world size >= the threshold | 32 |
 | `best_checkpoint_by_val_loss` | the chosen checkpoint has the lowest eval loss, and the final eval measured it | - |
 | `gpu_utilization` | on a GPU, measured utilisation >= the threshold percent | 85 |
@@ -90,6 +90,8 @@ def check_gates(run_dir: str | Path, gates_cfg, forgetting_threshold: float = 0.
     for name in DEFAULTS:
         g = getattr(gates_cfg, name)
         if not g.enabled:
+            if name == "samples_reviewed":  # off unless asked: said so, with how to ask, rather than left out or failed
+                out.append(_review_not_asked(run_dir))
             continue
         thr = g.threshold if g.threshold is not None else DEFAULTS[name]
         if name == "no_forgetting":
@@ -168,6 +170,13 @@ def _gate_dedup_ran(run_dir, summary, thr, **_) -> GateResult:
     if kinds and isinstance(dup, dict):
         return GateResult("dedup_ran", "pass", f"{' and '.join(kinds)} deduplication ran: {dup.get('exact', 0)} exact and {dup.get('near', 0)} near duplicates dropped of {report.get('records_read')} records read")
     return GateResult("dedup_ran", "fail", "deduplication was off (`data.dedup.exact: false`, `data.dedup.near: false`); turn one on")
+
+
+def _review_not_asked(run_dir: Path) -> GateResult:
+    rec = _read_json(run_dir / REVIEW_RECORD)
+    seen = f"{int(rec.get('samples', 0))} samples reviewed by {rec.get('reviewer')} at {rec.get('time')}; " if rec else ""
+    return GateResult("samples_reviewed", "n/a", f"{seen}not asked for: set `gates.samples_reviewed.enabled: true` to require "
+                      f"`trainpipe data review {run_dir}` before the model passes")
 
 
 def _gate_samples_reviewed(run_dir, summary, thr, **_) -> GateResult:
