@@ -665,6 +665,20 @@ def cache_gc(
     gc(config, store, everything=all_, dry_run=dry_run)
 
 
+@cache_app.command("verify")
+def cache_verify(
+    config: Annotated[Optional[Path], typer.Argument(help="A run config (its store), or leave out and give --store.", show_default=False)] = None,
+    store: StoreOpt = None,
+    keep: Annotated[bool, typer.Option("--keep", help="Report failed entries; remove nothing.")] = False,
+) -> None:
+    """Re-hash every cached file in full (reuse trusts a file whose size, mtime, ctime and inode are unchanged);
+    failed entries are removed so the next run rebuilds them. Exit 1 when any failed."""
+    from trainpipe.pipeline.cache_cli import cache_verify as verify
+
+    if any(not r["ok"] for r in verify(config, store, keep=keep)):
+        raise typer.Exit(1)
+
+
 @app.command()
 def lineage(
     target: Annotated[Path, typer.Argument(help="A run directory or an exported model folder.", show_default=False)],

@@ -9,6 +9,11 @@ An entry lives at `cache/<step>/<key>.json` in the artefact store (store.py), be
 `artifacts/<step>/<key>/`. It records each output's files with their SHA-256, the key's parts, and the lineage (what
 produced it), and it carries its own checksum. It is written last, so a step that failed half way leaves no entry; an
 entry whose checksum or whose files do not verify is ignored with a warning and the step runs again.
+
+Verifying a file reads it only when its stat (size, mtime, ctime, inode, device) is not the one the store's digest
+cache recorded when it was written or last hashed (digests.py): an unchanged multi-GB entry verifies in milliseconds,
+and any write to a stored file makes it read and compared again. A change that leaves the stat as it was (bit rot, a
+write below the file system) is caught only by a full re-hash: `trainpipe cache verify` (`lookup(..., full=True)`).
 """
 
 from __future__ import annotations
@@ -65,9 +70,9 @@ class StepCache:
     def artifact_key(step: str, key: str, name: str) -> str:
         return f"artifacts/{step}/{key}/{name}"
 
-    def lookup(self, step: str, key: str) -> Lookup:
+    def lookup(self, step: str, key: str, *, full: bool = False) -> Lookup:
         """The entry of (step, key) when its checksum and every file of its outputs verify; else None (with a warning
-        when an entry was there but failed)."""
+        when an entry was there but failed). `full`: every file read, not trusted by its stat."""
         ek = self.entry_key(step, key)
         if not self.store.exists(ek):
             return Lookup(None)
@@ -82,13 +87,30 @@ class StepCache:
             for rel, sha in out.get("files", {}).items():
                 fk = f"{out['key']}/{rel}" if rel else out["key"]
                 try:
-                    got = self.store.file_sha256(fk)
+                    got = self.store.file_sha256(fk, full=full)
                 except (FileNotFoundError, OSError):
                     return Lookup(None, f"cache entry {step}/{key[:12]}: output `{name}` file {rel or out['key']} is missing; ignored, the step runs again")
                 if got != sha:
                     return Lookup(None, f"cache entry {step}/{key[:12]}: output `{name}` file {rel or out['key']} has sha256 {got[:12]}, the entry recorded "
                                         f"{sha[:12]}; ignored, the step runs again")
+        if self.store.local:
+            self.store.digests.flush()
         return Lookup(entry)
+
+    def verify(self, *, remove: bool = True) -> list[dict]:
+        """Re-hash every file of every entry in full (`trainpipe cache verify`); an entry that fails is removed with
+        its artefacts when `remove` (the next run rebuilds it). Returns [{step, key, ok, problem}]."""
+        out = []
+        for e in self.entries():
+            look = self.lookup(e["step"], e["key"], full=True)
+            ok = look.entry is not None
+            out.append({"step": e["step"], "key": e["key"], "ok": ok, "problem": look.warning})
+            if not ok and remove:
+                self.store.rm(f"artifacts/{e['step']}/{e['key']}")
+                self.store.rm(e["_entry"])
+        if self.store.local:
+            self.store.digests.flush()
+        return out
 
     def save(self, step: str, key: str, parts: dict, outputs: dict[str, Path], *, types: dict[str, str], lineage: dict, seconds: float,
              exclude: tuple[str, ...] = ()) -> dict:

@@ -66,3 +66,23 @@ def cache_gc(config: Path | None, store: str | None, *, everything: bool = False
     for r in removed:
         con.print(f"  {r}", markup=False)
     return removed
+
+
+def cache_verify(config: Path | None, store: str | None, *, keep: bool = False) -> list[dict]:
+    """Re-hash every file of every entry in full (the reuse path trusts a file whose stat is unchanged, digests.py);
+    an entry that fails is removed with its artefacts unless `keep`, so the next run rebuilds it."""
+    from trainpipe import ui
+    from trainpipe.pipeline.cache import StepCache
+
+    st = open_store(config, store)
+    results = StepCache(st).verify(remove=not keep)
+    bad = [r for r in results if not r["ok"]]
+    con = ui.console()
+    if bad:
+        con.print(f"cache verify: {len(bad)} of {len(results)} cache entries FAILED a full re-hash in {st.url}"
+                  f"{'' if keep else '; removed (the next run rebuilds them)'}:", markup=False, soft_wrap=True)
+        for r in bad:
+            con.print(f"  {r['step']:<9} {r['key'][:12]}  {r['problem']}", markup=False, soft_wrap=True)
+    else:
+        con.print(f"cache verify: {len(results)} cache entries in {st.url}, every file re-hashed in full: all match", markup=False, soft_wrap=True)
+    return results

@@ -191,26 +191,27 @@ def _externals(s: Step) -> str:
 # --------------------------------------------------------------------------- content of outside inputs
 
 
-def folder_digest(path: Path, patterns: tuple[str, ...] = ("*",)) -> str:
-    from trainpipe.hashing import file_sha256
+def folder_digest(path: Path, patterns: tuple[str, ...] = ("*",), digests=None) -> str:
+    """`digests`: a digest cache (digests.py) that skips re-reading files whose stat is unchanged."""
+    from trainpipe.pipeline.digests import folder_sha256s
 
     p = Path(path)
     if p.is_file():
-        return file_sha256(p)
+        return folder_sha256s(p.parent, [p], digests)[p.name]
     files = sorted({f for pat in patterns for f in p.glob(pat) if f.is_file()})
-    return digest_of({f.name: file_sha256(f) for f in files})
+    return digest_of(folder_sha256s(p, files, digests))
 
 
-def external_inputs(step: Step) -> dict[str, str]:
+def external_inputs(step: Step, digests=None) -> dict[str, str]:
     cfg = step.cfg
     if step.kind == "prepare":
-        from trainpipe.pipeline.run import source_sha256
+        from trainpipe.pipeline.digests import source_sha256
 
-        out = {f"source[{i}]": source_sha256(src) for i, src in enumerate(cfg.data.sources)}
+        out = {f"source[{i}]": source_sha256(src, digests) for i, src in enumerate(cfg.data.sources)}
         if "base_model" in step.inputs:  # the upstream model's content is an input already
             return out
         m = Path(cfg.model.name_or_path)
-        out["tokenizer"] = folder_digest(m, ("tokenizer*", "special_tokens_map.json", "vocab*", "merges.txt", "*.model", "chat_template*")) if m.is_dir() \
+        out["tokenizer"] = folder_digest(m, ("tokenizer*", "special_tokens_map.json", "vocab*", "merges.txt", "*.model", "chat_template*"), digests) if m.is_dir() \
             else sha256_bytes(f"hub:{cfg.model.name_or_path}@{cfg.model.revision}".encode())
         return out
     if step.kind == "train" and "base_model" not in step.inputs:
@@ -218,10 +219,10 @@ def external_inputs(step: Step) -> dict[str, str]:
         for what, ref in (("base_model", cfg.model.name_or_path), ("base_config", cfg.model.init_from_config)):
             if ref:
                 p = Path(ref)
-                out[what] = folder_digest(p) if p.exists() else sha256_bytes(f"hub:{ref}@{cfg.model.revision}".encode())
+                out[what] = folder_digest(p, digests=digests) if p.exists() else sha256_bytes(f"hub:{ref}@{cfg.model.revision}".encode())
         if cfg.method.name == "rl" and "reward_model" not in step.inputs and cfg.method.rl.reward_model:
             p = Path(cfg.method.rl.reward_model)
-            out["reward_model"] = folder_digest(p) if p.exists() else sha256_bytes(cfg.method.rl.reward_model.encode())
+            out["reward_model"] = folder_digest(p, digests=digests) if p.exists() else sha256_bytes(cfg.method.rl.reward_model.encode())
         return out
     return {}
 
@@ -276,7 +277,7 @@ def execute_step(step: Step, entries: dict[str, dict], cache: StepCache, *, use_
     st = cache.store
     t = time.time()
     inputs = {name: entries[src]["outputs"][out]["digest"] for name, (src, out) in step.inputs.items()}
-    inputs |= external_inputs(step)
+    inputs |= external_inputs(step, st.digests)
     section = step.config_section()
     key, parts = step_key(step.kind, inputs, section, code_hash(CODE[step.kind]))
     look = cache.lookup(step.kind, key) if use_cache else None

@@ -103,14 +103,15 @@ def parse_cron(expr: str) -> Cron:
 # --------------------------------------------------------------------------- new data
 
 
-def source_hashes(cfg) -> dict[str, str]:
-    """Every data source's content SHA-256 (the run's `data`, every stage's and every adapter's)."""
-    from trainpipe.pipeline.run import source_sha256
+def source_hashes(cfg, digests=None) -> dict[str, str]:
+    """Every data source's content SHA-256 (the run's `data`, every stage's and every adapter's); with `digests` (the
+    store's digest cache, digests.py) a data file whose stat is unchanged is not read again."""
+    from trainpipe.pipeline.digests import source_sha256
 
     datas = [("data", cfg.data)] if cfg.data is not None else []
     datas += [(f"stages[{i}].data", st.data) for i, st in enumerate(cfg.stages or []) if st.data is not None]
     datas += [(f"adapters.{a.name}.data", a.data) for a in cfg.method.adapters]
-    return {f"{where}.sources[{i}]": source_sha256(src) for where, d in datas for i, src in enumerate(d.sources)}
+    return {f"{where}.sources[{i}]": source_sha256(src, digests) for where, d in datas for i, src in enumerate(d.sources)}
 
 
 class Trigger:
@@ -130,7 +131,7 @@ class Trigger:
 
     def tick(self, now: datetime) -> str:
         """One scheduled moment: `ran` or `skipped` (no new data)."""
-        hashes = source_hashes(self.cfg) if self.on_new_data else {}
+        hashes = source_hashes(self.cfg, self.store.digests) if self.on_new_data else {}
         if self.on_new_data:
             last = (self.store.get_json(self.state_key) or {}).get("sources")
             if last == hashes:

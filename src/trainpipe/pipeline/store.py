@@ -5,6 +5,10 @@ Writes are atomic as checkpoints are: a file goes to a temporary name beside its
 (a rename on a local disk); a folder is written file by file under a temporary prefix and moved. On object stores, where
 a move is a copy, the cache entry (`cache.py`) is written last and names every file with its SHA-256, so a reader
 never trusts a half-written folder: an entry whose files do not hash as recorded is ignored and rebuilt.
+
+Hashing a stored file on a local store goes through the store's digest cache (digests.py: the SHA-256 remembered under
+the file's size, mtime, ctime, inode and device), so verifying an unchanged multi-GB entry costs a stat per file;
+`file_sha256(key, full=True)` reads every byte (what `trainpipe cache verify` does).
 """
 
 from __future__ import annotations
@@ -45,6 +49,13 @@ class ArtifactStore:
         self.root = root.rstrip("/")
         self.local = self.fs.protocol in ("file", "local") or "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else ())
         self.fs.makedirs(self.root, exist_ok=True)
+
+    @property
+    def digests(self):
+        """The digest cache of this store (digests.py): `<root>/digests.json` on a local store."""
+        from trainpipe.pipeline.digests import for_store
+
+        return for_store(self.url, self.root, self.local)
 
     def path(self, key: str) -> str:
         return f"{self.root}/{key}".rstrip("/")
@@ -96,7 +107,13 @@ class ArtifactStore:
             out[rel] = int(info.get("size") or 0)
         return out
 
-    def file_sha256(self, key: str) -> str:
+    def file_sha256(self, key: str, *, full: bool = False) -> str:
+        """The stored file's SHA-256: through the digest cache on a local store, unless `full` (every byte read; the
+        digest cache then learns the result)."""
+        if self.local:
+            if full:
+                self.digests.forget(self.path(key))
+            return self.digests.sha256(self.path(key))
         h = hashlib.sha256()
         with self.fs.open(self.path(key), "rb") as fh:
             for chunk in iter(lambda: fh.read(1 << 20), b""):
@@ -174,19 +191,28 @@ class ArtifactStore:
                     rel = f.relative_to(local).as_posix()
                     self.fs.makedirs(f"{tmp}/{rel}".rsplit("/", 1)[0], exist_ok=True)
                     self.fs.put_file(str(f), f"{tmp}/{rel}")
-                    digests[rel] = _file_sha256(f)
+                    # a local store hashes its own copy (what is stored is what the entry records); a remote one the source
+                    digests[rel] = _file_sha256(Path(f"{tmp}/{rel}") if self.local else f)
                 if not files:
                     self.fs.makedirs(tmp, exist_ok=True)
             else:
                 self.fs.makedirs(final.rsplit("/", 1)[0], exist_ok=True)
                 self.fs.put_file(str(local), tmp)
-                digests[""] = _file_sha256(local)
+                digests[""] = _file_sha256(Path(tmp) if self.local else local)
             self.fs.makedirs(final.rsplit("/", 1)[0], exist_ok=True)
             self._move(tmp, final)
         except BaseException:
             if self.fs.exists(tmp):
                 self.fs.rm(tmp, recursive=True)
             raise
+        if self.local:  # the stored copies were hashed after they were written, by this process alone: remembered
+            cache = self.digests
+            for rel, sha in digests.items():
+                try:
+                    cache.record(f"{final}/{rel}" if rel else final, sha)
+                except OSError:
+                    pass
+            cache.flush()
         return digests
 
     def rm(self, key: str) -> None:
