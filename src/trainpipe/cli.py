@@ -353,8 +353,15 @@ def batch_find(
 def automl(
     task: Annotated[str, typer.Option("--task", help="sft | classification | preference.")],
     data: Annotated[Path, typer.Option("--data", help="Training data (JSONL); the eval split is cut from it once, the same for every candidate.")],
-    models: Annotated[str, typer.Option("--models", help="Candidate base models, comma-separated (local folders or hub ids).")],
+    models: Annotated[str, typer.Option("--models", help="Candidate base models, comma-separated: local folders, hub ids, or ID=PATH (a catalogue id trained from a local folder).")] = "",
     out: Annotated[Path, typer.Option("-o", "--out", help="Output folder (runs, leaderboard.csv, automl.json, winner/).")] = Path("runs/automl"),
+    catalog: Annotated[bool, typer.Option("--catalog", help="Also every catalogue model of the task's kind within the constraints (listed with the reason when not trained).")] = False,
+    models_dir: Annotated[Optional[Path], typer.Option("--models-dir", help="Local weights for catalogue ids: subfolders named `org--name` or `org/name`.")] = None,
+    gpus: Annotated[int, typer.Option("--gpus", help="GPUs of type --gpu per arm (the method and the price).")] = 1,
+    arms_per_model: Annotated[int, typer.Option("--arms-per-model", help="Hyperparameter sets per candidate, sampled by Optuna TPE.")] = 2,
+    lr_spread: Annotated[float, typer.Option("--lr-spread", help="Learning rates from the planner's default / spread to x spread (log-uniform).")] = 3.0,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the hyperparameter sampler.")] = 0,
+    proposer: Annotated[Optional[str], typer.Option("--proposer", help="module:function or file.py:function proposing changes to surviving arms before each rung.")] = None,
     budget_usd: Annotated[Optional[float], typer.Option("--budget-usd", help="Stop before a rung the planner prices above what is left.")] = None,
     budget_hours: Annotated[Optional[float], typer.Option("--budget-hours", help="Start no rung after this much wall time.")] = None,
     gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU type that picks the methods and prices the rungs (default: this machine's).")] = None,
@@ -366,12 +373,13 @@ def automl(
     max_length: Annotated[int, typer.Option("--max-length", help="Longest example in tokens.")] = 128,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Micro-batch.")] = 8,
 ) -> None:
-    """Candidates (models x planner's method x learning rates) -> budgeted successive halving -> leaderboard -> winner/."""
+    """Candidates (models and catalogue, planner's method) x Optuna hyperparameters -> budgeted successive halving (survivors continue) -> leaderboard -> winner/."""
     from trainpipe.tune.automl import automl as run_automl
 
     run_automl(task=task, data=data, models=[m.strip() for m in models.split(",") if m.strip()], out_dir=out, budget_usd=budget_usd,
                budget_hours=budget_hours, gpu=gpu, max_params=max_params, min_steps=min_steps, eta=eta, rungs=rungs, eval_split=eval_split,
-               max_length=max_length, batch_size=batch_size)
+               max_length=max_length, batch_size=batch_size, use_catalog=catalog, models_dir=models_dir, gpus=gpus, arms_per_model=arms_per_model,
+               lr_spread=lr_spread, seed=seed, proposer=proposer)
 
 
 @app.command("eval")
@@ -603,7 +611,7 @@ def pipeline_schedule(
     on_new_data: Annotated[bool, typer.Option("--on-new-data", help="Run only when a data source's content hash changed since the last run.")] = False,
     once: Annotated[bool, typer.Option("--once", help="One tick now and exit (what an emitted CronJob runs).")] = False,
     interval: Annotated[float, typer.Option("--interval", help="Without --cron: seconds between checks for new data.")] = 300.0,
-    emit: Annotated[Optional[str], typer.Option("--emit", help="k8s-cronjob: write a Kubernetes CronJob instead of running the loop here.")] = None,
+    emit: Annotated[Optional[str], typer.Option("--emit", help="k8s-cronjob: write a Kubernetes CronJob; kfp-recurring-run: a Kubeflow Pipelines recurring run (v2beta1 body + compiled pipeline); instead of running the loop here.")] = None,
     out: Annotated[Optional[Path], typer.Option("-o", "--out", help="With --emit: the file to write (default stdout).")] = None,
     set_: SetOpt = None,
     store: StoreOpt = None,
@@ -614,9 +622,12 @@ def pipeline_schedule(
     from trainpipe.pipeline import schedule as sch
 
     cfg = load_config_for(config, set_ or [])
+    if emit == "kfp-recurring-run":
+        sch.emit_kfp_recurring_run(cfg, cron=cron, out=out, store=store, on_new_data=on_new_data, echo=typer.echo)
+        return
     if emit is not None:
         if emit != "k8s-cronjob":
-            raise ConfigError(f"`--emit {emit}`: the schedule can be emitted as `k8s-cronjob`.", [f"--emit {emit}"])
+            raise ConfigError(f"`--emit {emit}`: the schedule can be emitted as `k8s-cronjob` or `kfp-recurring-run`.", [f"--emit {emit}"])
         if not cron:
             raise ConfigError("`--emit k8s-cronjob` needs `--cron \"...\"` (the CronJob's schedule).", ["--cron missing"])
         import yaml

@@ -8,6 +8,16 @@
   otherwise the tick says "no new data" and does nothing.
 - **emitted**: `--emit k8s-cronjob -o cronjob.yaml` writes a Kubernetes CronJob (batch/v1) whose pod runs the same
   command once per schedule (`--once`), the trainpipe image pinned to this version, resources from the plan.
+- **Kubeflow recurring run**: `--emit kfp-recurring-run -o recurring-run.yaml` writes the body of the KFP v2beta1 API's
+  `POST /apis/v2beta1/recurringruns` (what `kfp.Client().create_recurring_run` sends): `display_name`, `pipeline_spec`
+  (the same IR `trainpipe pipeline compile` writes, as kfp's own loader reads it), `trigger.cron_schedule.cron`,
+  `max_concurrency: 1`, `no_catchup: true`, `mode: ENABLE`, `runtime_config.parameters` (the store), and beside it the
+  compiled package (`recurring-run.pipeline.yaml`); the header and the command's output give the `kfp` CLI line and the
+  `kfp.Client().create_recurring_run(...)` call that submit it. KFP's cron (robfig/cron) has six fields, seconds first:
+  the five-field expression becomes `0 <minute> <hour> <day> <month> <weekday>` (weekday 7 written as 0), and runs in the
+  KFP controller's time zone (UTC unless set), as the loop here. KFP starts the pipeline at every time; with
+  `--on-new-data` nothing more is needed there: a run whose data and config did not change reuses every step from the
+  store (no training) through trainpipe's own cache.
 """
 
 from __future__ import annotations
@@ -199,3 +209,112 @@ def k8s_cronjob(cfg, *, cron: str, config_path: str, on_new_data: bool, store: s
 
 def _label(image: str) -> str:
     return image.rsplit(":", 1)[-1][:63]
+
+
+# --------------------------------------------------------------------------- Kubeflow Pipelines recurring run
+
+
+def kfp_cron(expr: str) -> str:
+    """A five-field cron expression as KFP's six-field one (robfig/cron: seconds first; weekday 0-6, so 7 -> 0)."""
+    parts = expr.split()
+    if len(parts) == 6:
+        raise ConfigError(
+            f"`--cron {expr!r}` has six fields. Give the usual five (minute hour day-of-month month day-of-week, e.g. `0 3 * * *`): "
+            "trainpipe adds the seconds field KFP's cron wants (`0 0 3 * * *`).", [f"--cron {expr}"])
+    c = parse_cron(expr)
+    dow = parts[4]
+    if any("7" in x for x in dow.replace("/", ",").replace("-", ",").split(",")):
+        dow = ",".join(str(d) for d in sorted(c.weekdays))
+    return " ".join(["0", *parts[:4], dow])
+
+
+def kfp_recurring_run(cfg, *, cron: str, pipeline_spec: dict, store: str | None = None) -> dict:
+    """The v2beta1 RecurringRun body (the JSON names of `kfp_server_api.V2beta1RecurringRun`) for the compiled pipeline
+    `pipeline_spec`; `experiment_id` is left out (the server's default experiment, or add it)."""
+    from trainpipe.pipeline.dag import default_store
+
+    name = "trainpipe-" + "".join(c if c.isalnum() else "-" for c in (cfg.name or "run").lower())
+    return {
+        "display_name": name,
+        "description": f"trainpipe pipeline {cfg.name or ''} on cron `{cron}` (UTC)".replace("  ", " "),
+        "pipeline_spec": pipeline_spec,
+        "runtime_config": {"parameters": {"store": store or default_store(cfg)}},
+        "trigger": {"cron_schedule": {"cron": kfp_cron(cron)}},
+        "max_concurrency": 1,  # one training at a time, as the CronJob's concurrencyPolicy: Forbid
+        "no_catchup": True,  # after a pause, one run now, not one per missed time
+        "mode": "ENABLE",
+    }
+
+
+def load_kfp_package(path: str | Path) -> dict:
+    """The compiled IR as `kfp.Client` reads it before sending (kfp's loader: protobuf parse, then dict)."""
+    from kfp.client.client import _extract_pipeline_yaml
+
+    return _extract_pipeline_yaml(str(path)).to_dict()
+
+
+def submit_lines(body: dict, package: str, body_file: str | None) -> list[str]:
+    """The `kfp` CLI line, the Python call and the REST call that create `body`'s recurring run."""
+    import shlex
+
+    cron, store = body["trigger"]["cron_schedule"]["cron"], body["runtime_config"]["parameters"]["store"]
+    cli = ["kfp", "--endpoint", "$KFP_ENDPOINT", "recurring-run", "create", "--experiment-name", "trainpipe", "--job-name", body["display_name"],
+           "--description", body["description"], "--cron-expression", cron, "--max-concurrency", str(body["max_concurrency"]),
+           "--no-catchup", "--enabled", "--pipeline-package-path", package, f"store={store}"]
+    lines = [
+        " ".join(a if a == "$KFP_ENDPOINT" else shlex.quote(a) for a in cli),
+        "import kfp, os; c = kfp.Client(host=os.environ['KFP_ENDPOINT']); c.create_recurring_run("
+        f"experiment_id=c.create_experiment('trainpipe').experiment_id, job_name={body['display_name']!r}, description={body['description']!r}, "
+        f"cron_expression={cron!r}, max_concurrency={body['max_concurrency']}, no_catchup=True, enabled=True, "
+        f"params={{'store': {store!r}}}, pipeline_package_path={package!r})",
+    ]
+    if body_file and body_file.endswith(".json"):
+        lines.append(f"curl -X POST \"$KFP_ENDPOINT/apis/v2beta1/recurringruns\" -H 'Content-Type: application/json' -d @{shlex.quote(body_file)}"
+                     "   # add \"experiment_id\" to the body for an experiment other than the default")
+    return lines
+
+
+def emit_kfp_recurring_run(cfg, *, cron: str | None, out: Path | None, store: str | None = None, image: str | None = None,
+                           on_new_data: bool = False, echo: Callable[[str], None] = print) -> dict:
+    """`--emit kfp-recurring-run`: compile the pipeline, write the body (`out`: YAML, or JSON for a .json name; none:
+    stdout) and the package beside it, and print the submit lines. Returns the body."""
+    import json
+    import tempfile
+
+    import yaml
+
+    from trainpipe.pipeline.kfp_compile import compile_pipeline
+
+    if not cron:
+        raise ConfigError("`--emit kfp-recurring-run` needs `--cron \"...\"` (the recurring run's schedule, five fields, e.g. `0 3 * * *`).", ["--cron missing"])
+    kfp_cron(cron)  # a bad expression stops before anything is compiled or written
+    with tempfile.TemporaryDirectory() as d:
+        package = (out.with_name(f"{out.stem}.pipeline.yaml") if out else Path(d) / "pipeline.yaml")
+        compile_pipeline(cfg, package, store=store, image=image)
+        body = kfp_recurring_run(cfg, cron=cron, pipeline_spec=load_kfp_package(package), store=store)
+        lines = submit_lines(body, str(package) if out else "pipeline.yaml", str(out) if out else None)
+        notes = [f"KFP cron has six fields (seconds first): `{cron}` -> `{body['trigger']['cron_schedule']['cron']}`, in the KFP controller's time zone (UTC unless set)."]
+        if on_new_data:
+            notes.append("--on-new-data: KFP starts the pipeline at every time; with unchanged data and config every step is reused from the store (no training).")
+        if not out:
+            notes.append(f"The package for the lines below: `trainpipe pipeline compile CONFIG -o pipeline.yaml` (the same IR as `pipeline_spec`).")
+        if out and out.suffix == ".json":
+            text = json.dumps(body, indent=2) + "\n"
+        else:
+            header = ["# Kubeflow Pipelines v2beta1 recurring run (POST /apis/v2beta1/recurringruns), written by trainpipe.", *[f"# {n}" for n in notes],
+                      "# Submit with one of:", *[f"#   {x}" for x in lines]]
+            text = "\n".join(header) + "\n" + yaml.safe_dump(body, sort_keys=False, width=1 << 16)
+        if out:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            tmp = out.with_name(f".{out.name}.tmp")
+            tmp.write_text(text, encoding="utf-8")
+            tmp.replace(out)
+            echo(f"kfp-recurring-run: {out} (body), {package} (compiled pipeline)")
+            for n in notes:
+                echo(n)
+            echo("submit with one of:")
+            for x in lines:
+                echo(f"  {x}")
+        else:
+            echo(text.rstrip("\n"))
+    return body
