@@ -1,24 +1,40 @@
-"""`trainpipe automl`: task + data + constraints -> candidates -> budgeted successive halving -> leaderboard -> the winner.
+"""`trainpipe automl`: task + data + constraints -> candidates -> arms -> budgeted successive halving -> leaderboard -> the winner.
 
-1. candidates: each base model of `--models` (local folders or hub ids) that passes `--max-params` (sized by the planner
-   from its config, no weights) x the method the planner picks for it on the target GPU (`method.peft: auto`: full, LoRA
-   or QLoRA by memory) x learning rates around the planner's default for that method (x1 and x`--lr-spread`);
-2. successive halving: rung 0 trains every candidate `--min-steps` steps; each rung keeps the best 1/eta by the fixed
-   metric and trains the survivors eta times longer (each candidate an ordinary run directory, its lineage naming the
-   rung before); a rung is started only when the planner's price for it on `--gpu` fits what is left of `--budget-usd`,
-   and while the wall time stays within `--budget-hours`;
-3. `leaderboard.csv` / `automl.json` and a terminal table with the metric, steps, seconds and cost of every candidate at
-   every rung; the winner's model and summary are copied to `OUT/winner/`.
+Reads top to bottom:
 
-What the search may change is fixed: a candidate differs from the base config only in `PROPOSABLE` keys (model, method,
-adapter shape, optimisation hyperparameters). Data loading, the eval split and its metric, and the step budget of each rung
-belong to the search, not to the candidates (`FROZEN`): a proposal touching them is refused (`check_proposal`), so every
-candidate is measured on the same held-out records by the same metric for the number of steps its rung grants.
+1. candidates (one per base model): every `--models` entry (a local folder, a hub id, or `ID=PATH`: a catalogue id whose
+   weights are that local folder) and, with `--catalog`, every catalogue model (`plan/catalog.py`) of the task's kind.
+   Each is planned on the target GPU x count (`plan.resolve.resolve`, `method.peft: auto`: full, LoRA or QLoRA by memory;
+   micro-batch and accumulation; memory per device; the planned cost and hours of one arm's first rung) and is either
+   trained or listed with the reason it is not: over `--max-params`, does not fit the GPUs, its first rung alone costs more
+   than `--budget-usd`, or no local weights (offline: "pass --models ID=PATH, --models-dir, or go online"). Nothing is
+   silently dropped: `candidates.csv` lists them all;
+2. arms: per trained candidate, `--arms-per-model` hyperparameter sets sampled by Optuna's TPE sampler (one study per
+   candidate, seeded): learning rate (log-uniform around the planner's default for that method, / and x `--lr-spread`),
+   LoRA rank (alpha = 2 r) under LoRA/QLoRA, weight decay, warmup ratio; micro-batch and accumulation are the plan's;
+3. successive halving across every arm of every candidate: rung k grants `--min-steps` x eta^k optimizer steps; the best
+   1/eta by the objective go on. A surviving arm CONTINUES from its last checkpoint (its checkpoints and run identity are
+   carried into the next rung's run directory and the run resumes with the larger `max_steps`: the existing resume path,
+   event `checkpoint_resumed`), so an arm at rung k has trained exactly its rung's steps in all. Each rung is started only
+   when the planner's price for the steps it adds on `--gpu` fits what is left of `--budget-usd` (and the wall time is
+   within `--budget-hours`); a budget below the first rung is one error before anything trains;
+4. the loop that proposes: before every rung after the first, an optional proposer (`--proposer module:function`, called
+   with the arms so far) may propose changes to a surviving arm; a proposal passes `check_proposal` or is refused and
+   logged (`automl.json` `refused`, `events.jsonl`), never applied. An accepted one is a new arm trained from scratch to the
+   rung's steps (another hyperparameter cannot resume a checkpoint), whose run manifest names its parent arm and the change;
+5. outputs: `leaderboard.{csv,html}` (one row per arm: objective, rung reached, steps, seconds and planned cost over all its
+   rungs), `rungs.csv` (arm x rung), `candidates.csv`, `automl.json`, a terminal table, and `winner/` (the best arm's
+   exported model = its best checkpoint, summary.json, report.html, manifest.json, config.yaml).
+
+What a proposal may change is fixed: model, method, adapter shape, optimisation hyperparameters (`PROPOSABLE`). Data
+loading, the eval split and metric, the objective, the wall-time budget and the steps of each rung belong to the search
+(`FROZEN`), so every arm is measured on the same held-out records by the same metric for the steps its rung grants.
 """
 
 from __future__ import annotations
 
 import csv
+import html
 import io
 import json
 import math
@@ -26,6 +42,7 @@ import os
 import shutil
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 import yaml
 
@@ -35,22 +52,33 @@ from trainpipe.errors import ConfigError, TrainpipeError
 
 PROPOSABLE = ("model.name_or_path", "method.peft", "method.lora.", "training.learning_rate", "training.weight_decay", "training.warmup_ratio",
               "training.lr_scheduler_type", "training.per_device_train_batch_size", "training.gradient_accumulation_steps")
-FROZEN = ("data.", "eval.", "training.max_steps", "training.num_train_epochs", "training.eval_steps", "training.seed", "output_dir")
-TASKS = {"sft": ("sft", "loss", "minimize"), "classification": ("classification", "accuracy", "maximize"), "preference": ("dpo", "accuracy", "maximize")}
+FROZEN = ("data.", "eval.", "training.max_steps", "training.num_train_epochs", "training.eval_steps", "training.seed", "output_dir",
+          "objective", "metric", "direction", "budget_hours", "budget_usd", "max_wall_time", "automl.")
+# task -> (method.name, objective metric in summary["final"], direction)
+TASKS = {"sft": ("sft", "loss", "minimize"), "classification": ("classification", "accuracy", "maximize"),
+         "preference": ("dpo", "margin_per_token", "maximize")}
+CATALOG_KINDS = {"sft": ("causal-lm",), "preference": ("causal-lm",), "classification": ("causal-lm", "masked-lm")}
+LORA_FAMILY = ("lora", "rslora", "dora", "qlora", "qlora8")
+NO_WEIGHTS = "no local weights; pass --models ID=PATH (or --models-dir with a folder named by the id) or go online"
+
+
+class AutoMLError(TrainpipeError):
+    title = "automl"
 
 
 def check_proposal(changes: dict) -> None:
-    """A candidate may change only PROPOSABLE keys; FROZEN ones (data loading, evaluation, timing) are refused."""
+    """A proposal may change only PROPOSABLE keys; FROZEN ones (data loading, evaluation, objective, timing) are refused."""
     for key in changes:
         if any(key == f or (f.endswith(".") and key.startswith(f)) for f in FROZEN):
-            raise ConfigError(f"an AutoML candidate may not change `{key}`: data loading, the eval split and metric and the steps of each rung are fixed for the whole search, so that candidates compare on equal terms.")
+            raise ConfigError(f"an AutoML proposal may not change `{key}`: data loading, the eval split and metric, the objective, the wall-time "
+                              "budget and the steps of each rung are fixed for the whole search, so that arms compare on equal terms.")
         if not any(key == p or (p.endswith(".") and key.startswith(p)) for p in PROPOSABLE):
-            raise ConfigError(f"an AutoML candidate may not change `{key}`; it may change {', '.join(PROPOSABLE)}.")
+            raise ConfigError(f"an AutoML proposal may not change `{key}`; it may change {', '.join(PROPOSABLE)}.")
 
 
 def base_mapping(task: str, data: Path, eval_split: int, max_length: int, fmt: str | None) -> dict:
-    method, metric, _ = TASKS[task]
-    src = {"path": str(data.resolve())}
+    method, _, _ = TASKS[task]
+    src = {"path": str(Path(data).resolve())}
     if fmt:
         src["format"] = fmt
     elif task == "classification":
@@ -58,143 +86,488 @@ def base_mapping(task: str, data: Path, eval_split: int, max_length: int, fmt: s
     return {
         "data": {"sources": [src], "eval_split": eval_split, "max_length": max_length},
         "method": {"name": method},
-        "training": {"early_stopping_patience": None, "gradient_accumulation_steps": 1, "seed": 42},
-        "eval": {"metrics": ["loss"] if task == "sft" else ["loss"]},
+        "training": {"early_stopping_patience": None, "seed": 42, "save_total_limit": 1},
+        "eval": {"metrics": ["loss"]},
     }
 
 
-def candidates(models: list[str], base: dict, *, gpu: str | None, max_params: float | None, lr_spread: float) -> list[dict]:
+# --------------------------------------------------------------------------- 1. candidates
+def _hardware(gpu: str | None, gpus: int):
     from trainpipe.plan.hardware import Hardware, detect
+
+    if not gpu:
+        return detect()
+    from trainpipe.plan.gpus import find_gpu
+
+    g = find_gpu(gpu)
+    return Hardware("cuda", gpus, (g.name,) * gpus, g.bf16, os.cpu_count() or 1, f"--gpu {g.name} x {gpus}")
+
+
+def _offline() -> bool:
+    return any(os.environ.get(k, "").lower() in ("1", "true", "yes") for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def parse_models(models: list[str], models_dir: Path | None) -> tuple[list[tuple[str, str]], dict[str, str]]:
+    """(entries as (label, what to load), {catalogue id (lower) -> local folder}) from `--models` and `--models-dir`."""
+    entries, local = [], {}
+    for m in models:
+        if "=" in m:
+            ident, _, path = m.partition("=")
+            ident, path = ident.strip(), path.strip()
+            if not (Path(path) / "config.json").is_file():
+                raise ConfigError(f"`--models {m}`: `{path}` is not a model folder (no config.json); give `ID=PATH` with PATH a save_pretrained folder.")
+            local[ident.lower()] = str(Path(path).resolve())
+            entries.append((ident, str(Path(path).resolve())))
+        else:
+            entries.append((m, str(Path(m).resolve()) if Path(m).exists() else m))
+    if models_dir is not None:
+        d = Path(models_dir)
+        if not d.is_dir():
+            raise ConfigError(f"`--models-dir {models_dir}` is not a folder; give a folder whose subfolders are named by catalogue id (`org--name` or `org/name`).")
+        for cfg_file in sorted(list(d.glob("*/config.json")) + list(d.glob("*/*/config.json"))):
+            rel = cfg_file.parent.relative_to(d).as_posix()
+            local.setdefault(rel.replace("--", "/").lower(), str(cfg_file.parent.resolve()))
+    return entries, local
+
+
+def _plan(label: str, weights_or_id: str, base: dict, hw, gpus: int, batch: int, gpu: str | None) -> dict:
+    """The planner's method, micro-batch/accumulation, memory and the price of one first-rung arm for one base model."""
     from trainpipe.plan.resolve import model_spec, resolve
 
-    hw = detect()
+    mapping = json.loads(json.dumps(base))
+    mapping["model"] = {"name_or_path": weights_or_id}
+    mapping["method"]["peft"] = "auto"
+    mapping["training"].update({"per_device_train_batch_size": "auto", "target_effective_batch_size": batch})
+    cfg = build_config(mapping, source=f"candidate {label}")
+    spec = model_spec(cfg)
+    plan = resolve(cfg, hw, gpus, env={})
+    mem = (plan.predicted or {}).get("memory") or {}
+    need = mem.get("total_bytes")
+    limit = None
     if gpu:
+        from trainpipe.plan import decisions as D
         from trainpipe.plan.gpus import find_gpu
 
-        g = find_gpu(gpu)
-        hw = Hardware("cuda", 1, (g.name,), g.bf16, os.cpu_count() or 1, f"--gpu {g.name}")
-    out, skipped = [], []
-    for m in models:
-        mapping = json.loads(json.dumps(base))
-        mapping["model"] = {"name_or_path": m}
-        mapping["method"]["peft"] = "auto"
-        cfg = build_config(mapping, source=f"candidate {m}")
+        limit = find_gpu(gpu).memory_bytes * (1 - D.HEADROOM)
+    fits = need is None or limit is None or need <= limit
+    mb = int(plan.micro_batch.value)
+    acc = max(1, math.ceil(batch / mb)) if mb < batch else 1
+    mb = min(mb, batch)
+    return {"params": spec.total_params, "method": plan.config.method.peft, "method_rule": plan.peft.rule, "lr": float(plan.learning_rate.value),
+            "micro_batch": mb, "grad_accum": acc, "memory_gib": None if need is None else round(need / 1024**3, 3), "fits": fits,
+            "fit_why": None if fits else f"the plan needs {need / 1024**3:.1f} GiB per device, {gpu} less headroom has {limit / 1024**3:.1f} GiB"}
+
+
+def candidates(task: str, entries: list[tuple[str, str]], local: dict[str, str], base: dict, *, use_catalog: bool, gpu: str | None, gpus: int,
+               max_params: float | None, batch: int) -> list[dict]:
+    """Every candidate base model, planned, with `trained: True` or the reason it is not trained."""
+    from trainpipe.plan.catalog import _data, catalog
+
+    hw = _hardware(gpu, gpus)
+    todo: list[dict] = []
+    seen = set()
+    known = catalog()
+    for label, what in entries:
+        in_cat = label.lower() in known and what != label  # `ID=PATH` with a catalogue id: planned as that model, trained from PATH
+        todo.append({"model": label, "source": "--models", "weights": what, "plan_for": label if in_cat else what})
+        seen.add(label.lower())
+    if use_catalog:
+        for e in _data("models.json")["models"]:
+            if e["id"].lower() in seen or e.get("task") not in CATALOG_KINDS[task]:
+                continue
+            w = local.get(e["id"].lower())
+            todo.append({"model": e["id"], "source": "catalogue", "weights": w or (None if _offline() else e["id"]), "plan_for": e["id"]})
+    out = []
+    for c in todo:
         try:
-            spec = model_spec(cfg)
-        except Exception as exc:  # noqa: BLE001
-            raise ConfigError(f"`--models {m}`: the planner cannot size it ({str(exc).splitlines()[0][:200]}); give a local folder with config.json or a catalog hub id.") from None
-        if max_params and spec.total_params > max_params:
-            skipped.append(f"{m} ({spec.total_params / 1e6:.1f}M parameters > --max-params {max_params / 1e6:.1f}M)")
+            p = _plan(c["model"], c["plan_for"], base, hw, gpus, batch, gpu)
+        except Exception as exc:  # noqa: BLE001 - named in the error or the candidate's reason
+            msg = (getattr(exc, "message", None) or str(exc) or type(exc).__name__).splitlines()[0][:200]
+            if c["source"] == "--models":
+                raise ConfigError(f"`--models {c['model']}`: the planner cannot size it ({msg}); give a local folder with config.json, "
+                                  "a catalogue hub id, or ID=PATH.") from None
+            c.update(trained=False, reason=f"the planner cannot size it: {msg}")
+            out.append(c)
             continue
-        plan = resolve(cfg, hw, 1, env={})
-        peft = plan.config.method.peft
-        lr = plan.learning_rate.value
-        for mult in (1.0, lr_spread):
-            changes = {"model.name_or_path": m, "method.peft": peft, "training.learning_rate": float(f"{lr * mult:.3g}")}
-            check_proposal(changes)
-            out.append({"id": f"c{len(out)}", "changes": changes, "params": spec.total_params, "method_rule": plan.peft.rule})
-    if not out:
-        raise ConfigError("no candidate is left: " + "; ".join(skipped) + ". Raise `--max-params` or pass smaller `--models`.")
+        c.update(p)
+        if c["weights"] and c["weights"] != c["plan_for"]:  # a catalogue id trained from a local folder: plan what is trained too
+            c["catalogue_plan"] = {k: p[k] for k in ("params", "method", "method_rule", "memory_gib", "fits", "fit_why")}
+            c.update(_plan(c["model"], c["weights"], base, hw, gpus, batch, gpu))
+        ref = c.get("catalogue_plan") or c  # size and fit are the catalogue model's, whatever stands in for its weights here
+        if max_params and ref["params"] > max_params:
+            c.update(trained=False, reason=f"{ref['params'] / 1e6:.1f}M parameters > --max-params {max_params / 1e6:.1f}M")
+        elif not ref["fits"]:
+            c.update(trained=False, reason=f"does not fit {gpus} x {gpu}: {ref['fit_why']}")
+        elif not c["weights"]:
+            c.update(trained=False, reason=NO_WEIGHTS)
+        else:
+            c.update(trained=True, reason=None)
+        out.append(c)
     return out
 
 
+# --------------------------------------------------------------------------- 2. arms (Optuna TPE per candidate)
+def sample_arms(cands: list[dict], n: int, lr_spread: float, seed: int, direction: str) -> tuple[list[dict], dict]:
+    import optuna
+    from optuna.distributions import CategoricalDistribution, FloatDistribution
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    arms, studies = [], {}
+    for ci, c in enumerate(cands):
+        if not c["trained"]:
+            continue
+        study = optuna.create_study(direction=direction, sampler=optuna.samplers.TPESampler(seed=seed + ci))
+        studies[c["model"]] = study
+        dists = {"training.learning_rate": FloatDistribution(c["lr"] / lr_spread, c["lr"] * lr_spread, log=True),
+                 "training.weight_decay": FloatDistribution(0.0, 0.1), "training.warmup_ratio": FloatDistribution(0.0, 0.1)}
+        if c["method"] in LORA_FAMILY:
+            dists["method.lora.r"] = CategoricalDistribution([4, 8, 16])
+        for _ in range(n):
+            trial = study.ask(dists)
+            changes = {"model.name_or_path": c["weights"], "method.peft": c["method"],
+                       "training.per_device_train_batch_size": c["micro_batch"], "training.gradient_accumulation_steps": c["grad_accum"]}
+            for k, v in trial.params.items():
+                changes[k] = float(f"{v:.3g}") if isinstance(v, float) else v
+            if "method.lora.r" in changes:
+                changes["method.lora.alpha"] = 2 * changes["method.lora.r"]
+            check_proposal(changes)
+            arms.append({"id": f"a{len(arms)}", "candidate": c["model"], "changes": changes, "trial": trial.number, "parent": None,
+                         "change": {k: v for k, v in changes.items() if k != "model.name_or_path"}, "history": []})
+    return arms, studies
+
+
+# --------------------------------------------------------------------------- 3. pricing
+def price(cfg, gpu: str | None, gpus: int, steps: int) -> dict | None:
+    """The planner's hours and on-demand cost of `steps` optimizer steps of this config on `gpus` x `gpu` (None without a GPU)."""
+    from trainpipe.plan import compute as C
+    from trainpipe.plan.command import _data_size
+    from trainpipe.plan.gpus import find_gpu
+    from trainpipe.plan.resolve import PLAN_METHOD, model_spec, resolve
+
+    if not gpu:
+        return None
+    g = find_gpu(gpu)
+    plan = resolve(cfg, _hardware(gpu, gpus), gpus, env={})
+    rc = plan.config
+    spec = model_spec(rc)
+    mem = plan.predicted.get("memory") or {}
+    seq = rc.first_data().max_length
+    _, avg = _data_size(rc)
+    tokens = steps * plan.effective_batch.value * (avg or seq)
+    comp = C.compute(spec, PLAN_METHOD.get(rc.method.peft, "lora"), float(tokens), seq, bool(rc.training.gradient_checkpointing), g, gpus,
+                     plan.precision.value, None, mem.get("trainable_params"), 1)
+    return {"gpu": g.name, "gpus": gpus, "hours": comp.hours, "usd": comp.hours * g.on_demand_usd * gpus, "tokens": tokens}
+
+
+# --------------------------------------------------------------------------- the search
 def automl(*, task: str, data: Path, models: list[str], out_dir: Path, budget_usd: float | None = None, budget_hours: float | None = None,
-           gpu: str | None = None, max_params: float | None = None, min_steps: int = 4, eta: int = 2, rungs: int = 3, lr_spread: float = 3.0,
-           eval_split: int = 32, max_length: int = 128, fmt: str | None = None, batch_size: int = 8) -> dict:
+           gpu: str | None = None, gpus: int = 1, max_params: float | None = None, use_catalog: bool = False, models_dir: Path | None = None,
+           arms_per_model: int = 2, min_steps: int = 4, eta: int = 2, rungs: int = 3, lr_spread: float = 3.0, eval_split: int = 32,
+           max_length: int = 128, fmt: str | None = None, batch_size: int = 8, seed: int = 0,
+           proposer: Callable[[dict], list[dict]] | str | None = None) -> dict:
     from trainpipe.pipeline.run import run
-    from trainpipe.tune.tune import price_trial
 
     if task not in TASKS:
         raise ConfigError(f"`--task {task}`: choose one of {', '.join(TASKS)}.")
     if not Path(data).is_file():
         raise ConfigError(f"`--data {data}` does not exist; give a JSONL file.")
-    if not models:
-        raise ConfigError("`trainpipe automl` needs candidate base models: `--models path/or/hub-id,...`.")
+    if not models and not use_catalog:
+        raise ConfigError("`trainpipe automl` needs candidate base models: `--models path/or/hub-id,ID=PATH,...` and/or `--catalog`.")
+    for name, v, lo in (("--arms-per-model", arms_per_model, 1), ("--min-steps", min_steps, 1), ("--eta", eta, 2), ("--rungs", rungs, 1), ("--gpus", gpus, 1)):
+        if v < lo:
+            raise ConfigError(f"`{name} {v}` must be at least {lo}.")
+    if lr_spread < 1:
+        raise ConfigError(f"`--lr-spread {lr_spread:g}` must be >= 1: learning rates are sampled from the planner's default / spread to x spread.")
     if budget_usd is not None and not (gpu or _gpu_here()):
-        raise ConfigError("`--budget-usd` prices every rung on a GPU by the planner; this machine has none: add `--gpu A100-80GB` (or another catalog GPU).")
+        raise ConfigError("`--budget-usd` prices every rung on a GPU by the planner; this machine has none: add `--gpu A100-80GB` (or another catalogue GPU).")
+    if isinstance(proposer, str):
+        from trainpipe.tune.tune import load_function
+
+        proposer = load_function(proposer, Path.cwd())
     gpu = gpu or _gpu_here()
     method, metric, direction = TASKS[task]
-    base = base_mapping(task, data, eval_split, max_length, fmt)
-    base["training"]["per_device_train_batch_size"] = batch_size
-    cands = candidates(models, base, gpu=gpu, max_params=max_params, lr_spread=lr_spread)
+    base = base_mapping(task, Path(data), eval_split, max_length, fmt)
+    entries, local = parse_models(models, models_dir)
+    cands = candidates(task, entries, local, base, use_catalog=use_catalog, gpu=gpu, gpus=gpus, max_params=max_params, batch=batch_size)
     out_dir = Path(out_dir).resolve()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    t0, spent = time.time(), 0.0
-    alive, rows, stop_reason = list(cands), [], None
-    con = ui.console()
-    con.print(f"[bold]trainpipe automl[/] {task}: {len(cands)} candidates, {metric} ({direction}), successive halving eta={eta} from {min_steps} steps", markup=True)
+    budget = {"usd": budget_usd, "hours": budget_hours}
+    steps_of = [min_steps * eta**k for k in range(rungs)]
 
-    def mapping_for(c: dict, steps: int, rung: int) -> dict:
+    def mapping_for(arm: dict, rung: int) -> dict:
         m = json.loads(json.dumps(base))
-        for k, v in c["changes"].items():
+        for k, v in arm["changes"].items():
             node = m
             *head, last = k.split(".")
             for h in head:
                 node = node.setdefault(h, {})
             node[last] = v
-        m["training"].update({"max_steps": steps, "eval_steps": max(1, steps // 2)})
-        m["output_dir"] = str(out_dir / "runs" / f"rung{rung}-{c['id']}")
-        m["name"] = f"automl-rung{rung}-{c['id']}"
+        steps = steps_of[rung]
+        m["training"].update({"max_steps": steps, "eval_steps": min_steps, "logging_steps": 1})
+        m["output_dir"] = str(out_dir / "runs" / f"rung{rung}-{arm['id']}")
+        m["name"] = f"automl-rung{rung}-{arm['id']}"
         return m
 
+    # a candidate whose first rung alone is over the budget is listed, not trained
+    for c in cands:
+        if c["trained"] and budget_usd is not None:
+            probe = build_config(mapping_for({"id": "probe", "changes": {"model.name_or_path": c["weights"], "method.peft": c["method"],
+                                                                        "training.per_device_train_batch_size": c["micro_batch"],
+                                                                        "training.gradient_accumulation_steps": c["grad_accum"]}}, 0), source="probe")
+            p = price(probe, gpu, gpus, steps_of[0])
+            c["rung0_usd"], c["rung0_hours"] = p["usd"], p["hours"]
+            if p["usd"] > budget_usd:
+                c.update(trained=False, reason=f"one arm's first rung costs ${p['usd']:.4g} by the planner, over --budget-usd {budget_usd:g}")
+        elif c.get("method") and gpu and "params" in c:
+            try:
+                probe = build_config(mapping_for({"id": "probe", "changes": {"model.name_or_path": c["plan_for"], "method.peft": c["method"],
+                                                                            "training.per_device_train_batch_size": c["micro_batch"],
+                                                                            "training.gradient_accumulation_steps": c["grad_accum"]}}, 0), source="probe")
+                p = price(probe, gpu, gpus, steps_of[0])
+                c["rung0_usd"], c["rung0_hours"] = p["usd"], p["hours"]
+            except TrainpipeError:
+                pass
+    arms, studies = sample_arms(cands, arms_per_model, lr_spread, seed, direction)
+    over = [c for c in cands if c.get("reason", "") and "over --budget-usd" in c["reason"]]
+    if not arms and over and budget_usd is not None:
+        cheapest = min(over, key=lambda c: c["rung0_usd"])
+        raise ConfigError(f"`--budget-usd {budget_usd:g}` cannot pay for the first rung of any candidate: the cheapest, {cheapest['model']}, costs "
+                          f"${cheapest['rung0_usd']:.4g} for one arm's {steps_of[0]} steps on {gpus} x {gpu} by the planner. Raise the budget, lower "
+                          "`--min-steps`, or pass smaller `--models`.")
+    if not arms:
+        why = "; ".join(f"{c['model']}: {c['reason']}" for c in cands[:8])
+        raise ConfigError(f"no candidate can be trained: {why}. Raise `--max-params`/`--budget-usd`, give local weights (`--models ID=PATH`), or pass other `--models`.")
+    cfg0 = [build_config(mapping_for(a, 0), source=f"arm {a['id']}") for a in arms]
+    prices0 = [price(cfg, gpu, gpus, steps_of[0]) for cfg in cfg0]
+    first = sum(p["usd"] for p in prices0 if p)
+    planned = _planned_total(prices0, steps_of, eta)
+    if budget_usd is not None and first > budget_usd:
+        raise ConfigError(f"`--budget-usd {budget_usd:g}` cannot pay for the first rung: {len(arms)} arms x {steps_of[0]} steps cost ${first:.4g} on "
+                          f"{gpus} x {gpu} by the planner (the whole search ${planned:.4g}). Raise the budget, pass fewer `--models`, lower "
+                          "`--arms-per-model` or `--min-steps`.")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    events_path = out_dir / "events.jsonl"
+    events_path.unlink(missing_ok=True)
+
+    def log(event: str, **kw) -> None:
+        with events_path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps({"time": time.time(), "event": event, **kw}, default=str) + "\n")
+
+    con = ui.console()
+    con.print(f"[bold]trainpipe automl[/] {task}: {sum(c['trained'] for c in cands)} of {len(cands)} candidates trained, {len(arms)} arms; "
+              f"objective {metric} ({direction}); successive halving eta={eta}, rungs of {steps_of} steps; planned cost of every rung "
+              f"${planned:.4g}" + (f" of ${budget_usd:g}" if budget_usd is not None else ""), markup=True, soft_wrap=True)
+    for c in cands:
+        if not c["trained"]:
+            log("candidate_not_trained", model=c["model"], reason=c["reason"])
+    t0, spent = time.time(), 0.0
+    alive, rows, refused, stop_reason = list(arms), [], [], None
     for rung in range(rungs):
-        steps = min_steps * eta**rung
-        cfgs = [build_config(mapping_for(c, steps, rung), source=f"candidate {c['id']}") for c in alive]
-        prices = [price_trial(cfg, gpu) if gpu else None for cfg in cfgs]
+        if rung > 0 and proposer is not None:
+            alive += _proposals(proposer, rung, arms, alive, refused, log, metric, direction)
+        cfgs = [build_config(mapping_for(a, rung), source=f"arm {a['id']}") for a in alive]
+        adds = [steps_of[rung] - (steps_of[rung - 1] if a.get("run_dir") else 0) if rung else steps_of[0] for a in alive]
+        prices = [price(cfg, gpu, gpus, n) for cfg, n in zip(cfgs, adds)]
         cost = sum(p["usd"] for p in prices if p)
-        if budget_usd is not None and spent + cost > budget_usd:
-            if rung == 0:
-                raise ConfigError(f"`--budget-usd {budget_usd:g}` cannot pay for the first rung: {len(alive)} candidates x {steps} steps cost ${cost:.4f} on {gpu} by the planner. Raise the budget, pass fewer `--models`, or lower `--min-steps`.")
-            stop_reason = f"rung {rung} would cost ${cost:.4f}, ${budget_usd - spent:.4f} of the budget is left"
+        if budget_usd is not None and spent + cost > budget_usd + 1e-12:
+            stop_reason = f"rung {rung} would cost ${cost:.4g} by the planner, ${budget_usd - spent:.4g} of the budget is left"
+            log("budget_stop", rung=rung, cost=cost, left=budget_usd - spent)
             break
         if budget_hours is not None and (time.time() - t0) / 3600 > budget_hours:
             stop_reason = f"--budget-hours {budget_hours:g} used up before rung {rung}"
+            log("budget_stop", rung=rung, hours=(time.time() - t0) / 3600)
             break
-        for c, cfg, price in zip(alive, cfgs, prices):
+        for a, cfg, p, n in zip(alive, cfgs, prices, adds):
             s0 = time.time()
+            parent_dir = a.get("run_dir")
+            resume = bool(parent_dir) and rung > 0
+            lineage = {"automl": {"arm": a["id"], "candidate": a["candidate"], "rung": rung, "steps": steps_of[rung],
+                                  "parent": parent_dir if resume else a.get("parent_run_dir"),
+                                  "parent_arm": a["id"] if resume else a.get("parent"),
+                                  "change": {"training.max_steps": [steps_of[rung - 1], steps_of[rung]]} if resume else a["change"],
+                                  "continued": resume}}
             try:
-                summary = run(cfg, overwrite=True, lineage={"automl": {"candidate": c["id"], "rung": rung, "parent": c.get("run_dir")}})
+                if resume:
+                    _carry_checkpoints(Path(parent_dir), Path(cfg.output_dir))
+                summary = run(cfg, overwrite=not resume, resume=resume, lineage=lineage)
                 value = float(summary["final"][metric])
+                steps_done = int(summary["train"]["global_step"])
             except TrainpipeError as exc:
-                summary, value = {}, None
-                c["error"] = exc.message[:300]
-            c["run_dir"] = cfg.output_dir
-            c["value"] = value
-            spent += price["usd"] if price else 0.0
-            rows.append({"candidate": c["id"], "rung": rung, "steps": steps, **c["changes"], metric: value, "seconds": round(time.time() - s0, 2),
-                         "cost_usd": price["usd"] if price else None, "run_dir": cfg.output_dir, "error": c.get("error")})
-        scored = [c for c in alive if c.get("value") is not None and math.isfinite(c["value"])]
-        scored.sort(key=lambda c: c["value"], reverse=direction == "maximize")
-        keep = max(1, len(scored) // eta)
-        alive = scored[:keep] if rung < rungs - 1 else scored
-        if len(scored) <= 1:
+                value, steps_done = None, None
+                a["error"] = exc.message[:300]
+            a["run_dir"] = cfg.output_dir
+            a["value"], a["rung"] = value, rung
+            a["seconds"] = a.get("seconds", 0.0) + (time.time() - s0)
+            a["usd"] = a.get("usd", 0.0) + (p["usd"] if p else 0.0)
+            spent += p["usd"] if p else 0.0
+            a["history"].append({"rung": rung, metric: value})
+            rows.append({"arm": a["id"], "rung": rung, "steps": steps_of[rung], "steps_trained": n, "optimizer_steps": steps_done,
+                         "continued": resume, metric: value, "seconds": round(time.time() - s0, 2), "cost_usd": p["usd"] if p else None,
+                         "run_dir": cfg.output_dir, "error": a.get("error")})
+            log("arm_measured", arm=a["id"], rung=rung, value=value, run_dir=cfg.output_dir, continued=resume)
+            if rung == 0 and a.get("trial") is not None and value is not None and math.isfinite(value):
+                studies[a["candidate"]].tell(a["trial"], value)  # the TPE study learns each arm's first-rung value
+        scored = [a for a in alive if a.get("value") is not None and math.isfinite(a["value"])]
+        scored.sort(key=lambda a: a["value"], reverse=direction == "maximize")
+        if rung == rungs - 1 or len(scored) <= 1:
+            alive = scored
             break
-    if not any(c.get("value") is not None for c in cands):
-        raise TrainpipeError("no AutoML candidate finished a run; see the errors in " + str(out_dir / "leaderboard.csv"))
-    best = alive[0]
-    winner = out_dir / "winner"
-    tmp = out_dir / "winner.tmp"
+        alive = scored[: max(1, len(scored) // eta)]
+    finished = [a for a in arms if a.get("value") is not None and math.isfinite(a["value"])]
+    if not finished:
+        raise AutoMLError("no AutoML arm finished a run; the errors: " + "; ".join(f"{a['id']}: {a.get('error')}" for a in arms[:4]))
+    board = sorted(finished, key=lambda a: (-a["rung"], -a["value"] if direction == "maximize" else a["value"]))
+    best = board[0]
+    winner = _export_winner(best, out_dir, mapping_for)
+    result = {"task": task, "metric": metric, "direction": direction, "gpu": gpu, "gpus": gpus, "budget": budget, "planned_usd": round(planned, 8),
+              "spent_usd": round(spent, 8), "wall_seconds": round(time.time() - t0, 2), "stopped": stop_reason, "rung_steps": steps_of,
+              "candidates": cands, "arms": arms, "rows": rows, "refused": refused,
+              "winner": {"arm": best["id"], "candidate": best["candidate"], "changes": best["changes"], metric: best["value"], "rung": best["rung"],
+                         "model": str(winner / "model"), "report": str(winner / "report.html"), "summary": str(winner / "summary.json")},
+              "frozen": list(FROZEN), "proposable": list(PROPOSABLE)}
+    _write_outputs(out_dir, result, board)
+    _print(board, cands, result)
+    return result
+
+
+def _planned_total(prices0: list, steps_of: list[int], eta: int) -> float:
+    """The planner's cost of every rung of the schedule: rung 0 for every arm, then the added steps of the survivors."""
+    per_step = sorted((p["usd"] / steps_of[0] for p in prices0 if p), reverse=True)
+    total, n, prev = 0.0, len(per_step), 0
+    for steps in steps_of:
+        total += sum(per_step[:n]) * (steps - prev)
+        prev, n = steps, max(1, n // eta)
+    return total
+
+
+def _proposals(proposer: Callable, rung: int, arms: list, alive: list, refused: list, log, metric: str, direction: str) -> list[dict]:
+    """New arms from the proposer's changes to surviving arms; a proposal touching a frozen key is refused and logged, not applied."""
+    state = {"rung": rung, "metric": metric, "direction": direction,
+             "arms": [{"id": a["id"], "changes": dict(a["changes"]), "value": a.get("value"), "rung": a.get("rung"), "alive": a in alive} for a in arms]}
+    new = []
+    for prop in proposer(state) or []:
+        parent = next((a for a in arms if a["id"] == prop.get("parent")), None)
+        changes = dict(prop.get("changes") or {})
+        if parent is None:
+            refused.append({"rung": rung, "parent": prop.get("parent"), "changes": changes, "why": "no such arm"})
+            log("proposal_refused", rung=rung, parent=prop.get("parent"), changes=changes, why="no such arm")
+            continue
+        try:
+            check_proposal(changes)
+        except ConfigError as exc:
+            refused.append({"rung": rung, "parent": parent["id"], "changes": changes, "why": exc.message})
+            log("proposal_refused", rung=rung, parent=parent["id"], changes=changes, why=exc.message)
+            ui.console().print(f"automl: proposal refused ({exc.message.split(':')[0]})", markup=False, soft_wrap=True)
+            continue
+        arm = {"id": f"a{len(arms)}", "candidate": parent["candidate"], "changes": {**parent["changes"], **changes}, "trial": None,
+               "parent": parent["id"], "parent_run_dir": parent.get("run_dir"), "change": changes, "why": prop.get("why"), "history": []}
+        arms.append(arm)
+        new.append(arm)
+        log("proposal_applied", rung=rung, arm=arm["id"], parent=parent["id"], changes=changes)
+    return new
+
+
+def _carry_checkpoints(parent: Path, child: Path) -> None:
+    """The next rung's run directory starts as the parent arm's checkpoints under the same run identity, so `run(resume=True)`
+    continues the same training (optimizer, scheduler, RNG and data position) instead of retraining from step 0."""
+    from trainpipe.pipeline import rundir
+
+    if child.exists():
+        shutil.rmtree(child)
+    tmp = child.with_name(child.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    shutil.copytree(parent / "checkpoints", tmp / "checkpoints")
+    shutil.copyfile(parent / rundir.MARKER, tmp / rundir.MARKER)
+    os.replace(tmp, child)
+
+
+def _export_winner(best: dict, out_dir: Path, mapping_for) -> Path:
+    from trainpipe.report.html import write_report
+
+    src = Path(best["run_dir"])
+    if not (src / "report.html").is_file():
+        write_report(src)
+    winner, tmp = out_dir / "winner", out_dir / "winner.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    shutil.copytree(Path(best["run_dir"]) / "model", tmp / "model")
-    shutil.copyfile(Path(best["run_dir"]) / "summary.json", tmp / "summary.json")
-    (tmp / "config.yaml").write_text(yaml.safe_dump(mapping_for(best, min_steps * eta ** (rows[-1]["rung"]), rows[-1]["rung"]) | {"output_dir": str(winner / "rerun")}, sort_keys=False))
+    shutil.copytree(src / "model", tmp / "model")
+    for name in ("summary.json", "report.html", "manifest.json"):
+        if (src / name).is_file():
+            shutil.copyfile(src / name, tmp / name)
+    (tmp / "config.yaml").write_text(yaml.safe_dump(mapping_for(best, best["rung"]) | {"output_dir": str(winner / "rerun")}, sort_keys=False))
     if winner.exists():
         shutil.rmtree(winner)
     os.replace(tmp, winner)
-    result = {"task": task, "metric": metric, "direction": direction, "gpu": gpu, "spent_usd": round(spent, 6), "wall_seconds": round(time.time() - t0, 2),
-              "stopped": stop_reason, "candidates": cands, "rows": rows,
-              "winner": {"candidate": best["id"], "changes": best["changes"], metric: best["value"], "model": str(winner / "model"), "report": str(winner / "summary.json")},
-              "frozen": list(FROZEN), "proposable": list(PROPOSABLE)}
+    return winner
+
+
+def _board_rows(board: list[dict], metric: str) -> list[dict]:
+    out = []
+    for i, a in enumerate(board, 1):
+        ch = a["changes"]
+        out.append({"rank": i, "arm": a["id"], "candidate": a["candidate"], "parent_arm": a.get("parent"), "method": ch.get("method.peft"),
+                    "learning_rate": ch.get("training.learning_rate"), "lora_r": ch.get("method.lora.r"), "weight_decay": ch.get("training.weight_decay"),
+                    "warmup_ratio": ch.get("training.warmup_ratio"), "micro_batch": ch.get("training.per_device_train_batch_size"),
+                    "grad_accum": ch.get("training.gradient_accumulation_steps"), "rung": a["rung"], metric: a["value"],
+                    "seconds": round(a.get("seconds", 0.0), 2), "cost_usd": a.get("usd"), "run_dir": a["run_dir"]})
+    return out
+
+
+CAND_COLS = ("model", "source", "weights", "params", "method", "memory_gib", "fits", "micro_batch", "grad_accum", "rung0_usd", "rung0_hours", "trained", "reason")
+
+
+def _csv(rows: list[dict], cols: list[str] | tuple) -> str:
     buf = io.StringIO()
-    keys = list(dict.fromkeys(k for r in rows for k in r))
-    w = csv.DictWriter(buf, fieldnames=keys)
+    w = csv.DictWriter(buf, fieldnames=list(cols), extrasaction="ignore")
     w.writeheader()
     w.writerows(rows)
-    (out_dir / "leaderboard.csv").write_text(buf.getvalue(), encoding="utf-8")
-    (out_dir / "automl.json").write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
-    _print(rows, metric, result)
-    return result
+    return buf.getvalue()
+
+
+def _atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _write_outputs(out_dir: Path, result: dict, board: list[dict]) -> None:
+    metric = result["metric"]
+    brows = _board_rows(board, metric)
+    _atomic(out_dir / "leaderboard.csv", _csv(brows, list(brows[0])))
+    rkeys = list(dict.fromkeys(k for r in result["rows"] for k in r))
+    _atomic(out_dir / "rungs.csv", _csv(result["rows"], rkeys))
+    _atomic(out_dir / "candidates.csv", _csv(result["candidates"], CAND_COLS))
+    _atomic(out_dir / "automl.json", json.dumps(result, indent=2, default=str) + "\n")
+    _atomic(out_dir / "leaderboard.html", html_page(result, brows))
+
+
+def _table(rows: list[dict], cols: list[str] | tuple) -> str:
+    def cell(v):
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        return "" if v is None else str(v)
+
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(cell(r.get(c)))}</td>" for c in cols) + "</tr>" for r in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def html_page(result: dict, brows: list[dict]) -> str:
+    w = result["winner"]
+    stopped = f"<p>Stopped early: {html.escape(result['stopped'])}</p>" if result["stopped"] else ""
+    refused = _table(result["refused"], ("rung", "parent", "changes", "why")) if result["refused"] else "<p>none</p>"
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><title>trainpipe automl</title><style>body{font-family:sans-serif;margin:2em}"
+        "table{border-collapse:collapse;margin-bottom:1.5em}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px}th{background:#eee}</style></head><body>"
+        f"<h1>automl: {html.escape(result['task'])}, {html.escape(result['metric'])} ({html.escape(result['direction'])})</h1>"
+        f"<p>Winner: <b>{html.escape(w['arm'])}</b> ({html.escape(str(w['candidate']))}), {html.escape(result['metric'])} = {w[result['metric']]:.4g} "
+        f"at rung {w['rung']}; <a href='winner/report.html'>its report</a>. Planned cost of every rung ${result['planned_usd']:.4g}, spent "
+        f"${result['spent_usd']:.4g} on {result['gpus']} x {html.escape(str(result['gpu']))}; wall {result['wall_seconds']:.1f} s.</p>{stopped}"
+        f"<h2>Leaderboard (one row per arm)</h2>{_table(brows, list(brows[0]))}"
+        f"<h2>Every rung</h2>{_table(result['rows'], list(dict.fromkeys(k for r in result['rows'] for k in r)))}"
+        f"<h2>Candidates</h2>{_table(result['candidates'], CAND_COLS)}"
+        f"<h2>Refused proposals</h2>{refused}</body></html>"
+    )
 
 
 def _gpu_here() -> str | None:
@@ -203,15 +576,24 @@ def _gpu_here() -> str | None:
     return _this_gpu()
 
 
-def _print(rows: list[dict], metric: str, result: dict) -> None:
+def _print(board: list[dict], cands: list[dict], result: dict) -> None:
     from rich.table import Table
 
-    table = Table(title=f"automl: {metric} ({result['direction']}) by rung")
-    for c in ("rung", "candidate", "model", "peft", "lr", "steps", metric, "seconds", "$"):
+    metric = result["metric"]
+    table = Table(title=f"automl leaderboard: {metric} ({result['direction']})")
+    for c in ("#", "arm", "model", "method", "lr", "r", "wd", "warmup", "rung", metric, "seconds", "$"):
         table.add_column(c)
-    for r in rows:
-        table.add_row(str(r["rung"]), r["candidate"], Path(str(r["model.name_or_path"])).name, str(r["method.peft"]), f"{r['training.learning_rate']:.3g}",
-                      str(r["steps"]), "" if r[metric] is None else f"{r[metric]:.4f}", str(r["seconds"]), "" if r["cost_usd"] is None else f"{r['cost_usd']:.4f}")
+    for r in _board_rows(board, metric):
+        table.add_row(str(r["rank"]), r["arm"], Path(str(r["candidate"])).name, str(r["method"]), f"{r['learning_rate']:.3g}", str(r["lora_r"] or ""),
+                      f"{r['weight_decay']:.3g}", f"{r['warmup_ratio']:.3g}", str(r["rung"]), f"{r[metric]:.4f}", str(r["seconds"]),
+                      "" if r["cost_usd"] is None else f"{r['cost_usd']:.4g}")
     con = ui.console()
     con.print(table)
-    con.print(f"winner: {result['winner']['candidate']} -> {result['winner']['model']}" + (f"; stopped early: {result['stopped']}" if result["stopped"] else ""))
+    skipped = [c for c in cands if not c["trained"]]
+    if skipped:
+        con.print(f"{len(skipped)} candidate(s) not trained (all in candidates.csv):", markup=False)
+        for c in skipped[:10]:
+            con.print(f"  {c['model']}: {c.get('method', '?')}, {c.get('memory_gib', '?')} GiB: {c['reason']}", markup=False, soft_wrap=True)
+    w = result["winner"]
+    con.print(f"winner: {w['arm']} ({w['candidate']}) -> {w['model']}, report {w['report']}" + (f"; stopped early: {result['stopped']}" if result["stopped"] else ""),
+              markup=False, soft_wrap=True)
