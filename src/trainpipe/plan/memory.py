@@ -73,8 +73,10 @@ ATTENTION = ("sdpa", "flash", "eager")
 # trainpipe     trainpipe's own loop: transformers + PEFT modules, but the loss is train/losses.py's chunked
 #               cross-entropy (one fp32 chunk of CHUNK_ELEMENTS logits at a time, the gradient written over the
 #               logits): the default for plans of trainpipe runs
-FRAMEWORKS = ("transformers", "litgpt", "torchtune", "torchtitan", "trainpipe")
-HF_MODULES = ("transformers", "trainpipe")  # frameworks whose modules are transformers' + PEFT's (fp32 adapters, Python GELU)
+# hf-bf16-loss  transformers + PEFT modules called without labels, the loss an nn.CrossEntropyLoss on the returned 16-bit
+#               logits (custom loops: no fp32 upcast, the logits freed once the log-softmax has run)
+FRAMEWORKS = ("transformers", "litgpt", "torchtune", "torchtitan", "trainpipe", "hf-bf16-loss")
+HF_MODULES = ("transformers", "trainpipe", "hf-bf16-loss")  # frameworks whose modules are transformers' + PEFT's (fp32 adapters, Python GELU)
 LOSS_CHUNK_ELEMENTS = 1 << 26  # train/losses.py CHUNK_ELEMENTS: logits per fp32 chunk
 
 CUDA_CONTEXT = int(0.5 * GIB)  # CUDA 12 context with lazy module loading, cuBLAS/cuDNN handles (measured 0.3-0.6 GiB on A100/H100)
@@ -144,6 +146,18 @@ def act_bytes(precision: str) -> int:
     return 4 if precision == "fp32" else 2
 
 
+def _qlora_fp32_rest(s: Setup) -> bool:
+    """QLoRA whose model was loaded with torch_dtype=float32 (from_pretrained's default without torch_dtype): the
+    unquantized embeddings, norms and lm_head are fp32, and since bitsandbytes' Linear4bit casts its output back to its
+    input's dtype, the whole residual stream, every saved activation and the logits are fp32 as well."""
+    return s.method == "qlora" and s.base_dtype == "fp32"
+
+
+def _act(s: Setup) -> int:
+    """Bytes per activation element for this setup."""
+    return 4 if _qlora_fp32_rest(s) else act_bytes(s.precision)
+
+
 def _is_zero(strategy: str) -> bool:
     return strategy in ("zero1", "zero2", "zero3")
 
@@ -197,8 +211,9 @@ def weights_bytes(spec: ModelSpec, s: Setup, trainable: int) -> tuple[int, dict]
         q = spec.linear_params
         rest = N - q  # embeddings, lm_head, norms, biases stay in the 16-bit compute dtype
         quant = int(sum(nf4_bytes(li.fan_in * li.fan_out, s.double_quant) * li.count for li in spec.linears))
-        d.update(nf4=quant, unquantized=2 * rest, adapters=adapters)
-        return quant + 2 * rest + adapters, d
+        rest_b = 4 if _qlora_fp32_rest(s) else 2
+        d.update(nf4=quant, unquantized=rest_b * rest, adapters=adapters)
+        return quant + rest_b * rest + adapters, d
     # the frozen base is 16-bit unless it was loaded in fp32 and runs under autocast (from_pretrained
     # without torch_dtype; FSDP then shards it in fp32); DeepSpeed's bf16/fp16 mode casts the whole module
     # to 16-bit regardless. The 16-bit casts autocast makes of fp32 weights are in the activations.
@@ -272,7 +287,7 @@ def layer_activation_bytes(spec: ModelSpec, s: Setup, tokens: int, *, trained: b
     for every call (`MatMul4Bit.forward`: ctx.tensors = (A, B)); see `bnb_saves_input`. Modules reading the same tensor share
     one saved copy (q/k/v read the norm output, gate/up read the second norm output).
     """
-    a = act_bytes(s.precision)
+    a = _act(s)
     A = spec.arch
     h, heads, kv, hd, i = A["hidden"], A["heads"], A["kv_heads"], A["head_dim"], A["intermediate"]
     q_dim, kv_dim = heads * hd, kv * hd
@@ -350,19 +365,21 @@ def logits_bytes(spec: ModelSpec, s: Setup, tokens: int) -> int:
     """
     if not s.lm_head:
         return 0
-    a = act_bytes(s.precision)
+    a = _act(s)
     if s.framework == "trainpipe":
         # the 16-bit logits (their gradient is written over them), one fp32 chunk and its exp/scatter temporary, the
         # per-token fp32 log-sum-exp (train/losses.py)
         n = tokens * spec.vocab
         return int(a * n + 2 * 4 * min(n, LOSS_CHUNK_ELEMENTS) + 4 * tokens)
-    per = {"litgpt": 4 * a, "torchtune": 2 * a + 12 / 8}.get(s.framework, a + 4 + 4 + 4)
+    # hf-bf16-loss: the copy of the shifted logits and the log-softmax output in the forward (the returned logits are
+    # dropped); in the backward the log-softmax output, nll's dense gradient and the log-softmax input gradient (3 x a)
+    per = {"litgpt": 4 * a, "torchtune": 2 * a + 12 / 8, "hf-bf16-loss": 3 * a}.get(s.framework, a + 4 + 4 + 4)
     return int(tokens * spec.vocab * per)
 
 
 def activation_bytes(spec: ModelSpec, s: Setup) -> tuple[int, dict]:
     tokens = s.micro_batch * s.seq_len
-    a = act_bytes(s.precision)
+    a = _act(s)
     L = spec.layers
     if s.method == "freeze":
         trained_layers = min(s.freeze_layers, L)

@@ -24,13 +24,30 @@ def test_measured_running_setups_are_planned_as_fitting(row):
 
 def test_accuracy_on_calibration_and_held_out_rows():
     rows, share, n = evaluate()
-    counted = [r for r in rows if r["well_specified"]]
+    counted = [r for r in rows if r["well_specified"] and not r["published_held_out"]]
     held = [r for r in counted if r["held_out"]]
     calib = [r for r in counted if not r["held_out"]]
     assert len(held) >= 10 and len(calib) >= 20
-    assert share >= 0.8 and share_within(held)[0] >= 0.75 and share_within(calib)[0] >= 0.8
+    assert share_within(counted)[0] >= 0.8 and share_within(held)[0] >= 0.75 and share_within(calib)[0] >= 0.8
     # no systematic bias left on the held-out part: the mean signed error is within +/-10 %
     assert abs(sum(r["error"] for r in held) / len(held)) < 0.10
+
+
+def test_published_held_out_sources_are_cited_and_not_calibrated_on():
+    """Issue 14 item 5: rows from sources added after the constants were set (`held_out: true`) name where each figure
+    is printed, cover the categories the issue names, and are reported apart. The figures measured at the time of
+    writing (benchmarks/plan_accuracy.py) are the regression floor: no row over-predicted beyond +15 % (the planner
+    never refuses what ran), and the part's mean |error| stays below 20 %."""
+    rows, _, _ = evaluate()
+    pub = [r for r in rows if r["published_held_out"]]
+    assert len(pub) >= 10 and all(r["held_out"] == r["well_specified"] for r in pub)
+    for r in pub:
+        assert r["source"] and "'" in r["source"] and r["assumptions"], r["id"]  # the quoted figure and what was assumed
+    kinds = {(r["method"], r["micro_batch"] * r["seq_len"] >= 8192) for r in pub if r["well_specified"]}
+    assert {("full", True), ("lora", True), ("qlora", True)} <= kinds
+    counted = [r for r in pub if r["well_specified"]]
+    assert all(r["error"] <= 0.15 for r in counted), [(r["id"], round(r["error"], 3)) for r in counted if r["error"] > 0.15]
+    assert sum(abs(r["error"]) for r in counted) / len(counted) < 0.20
 
 
 def test_installed_bitsandbytes_keeps_only_the_packed_weight():
