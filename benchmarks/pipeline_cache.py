@@ -3,8 +3,9 @@ same machine, same process (the issue's target: every step reused in <= 3 s).
 
 Builds the tiny Llama (tests/tiny.py), runs the pipeline (prepare -> train -> evaluate -> export -> register -> report,
 tracking off unless `--tracking mlflow`), then runs it again unchanged and prints both wall times, the re-run's share of
-the first (ratio) and whether every step was reused. The re-run still verifies every cached file's SHA-256, so its time
-grows with the size of the artefacts (the tiny model: a few hundred KiB).
+the first (ratio) and whether every step was reused. The re-run verifies every cached file and outside input through the
+digest cache (pipeline/digests.py: a file whose stat is unchanged is not read again); `benchmarks/pipeline_reuse_big.py`
+measures that with a 1 GiB base model against a full re-hash.
 
     python benchmarks/pipeline_cache.py [--steps 8] [--tracking none|mlflow] [--store URL]
 """
