@@ -128,11 +128,13 @@ def test_accuracy_on_published_measurements():
     from trainpipe.plan.accuracy import evaluate
 
     rows, share, n = evaluate()
-    counted = [r for r in rows if r["well_specified"]]
-    assert n >= 30 and sum(not r["id"].startswith("hf-") for r in counted) >= 25
+    # the calibration sources; the published held-out sources (never calibrated on) are checked in test_accuracy.py
+    counted = [r for r in rows if r["well_specified"] and not r["published_held_out"]]
+    assert len(counted) >= 30 and sum(not r["id"].startswith("hf-") for r in counted) >= 25
     assert {r["method"] for r in counted} >= {"full", "lora", "qlora"} and max(r["gpus"] for r in counted) >= 8
     assert all(r["source"] and r["assumptions"] for r in rows)
-    assert share >= 0.8, [(r["id"], round(r["error"], 3)) for r in counted]
+    within = sum(abs(r["error"]) <= 0.15 for r in counted) / len(counted)
+    assert within >= 0.8, [(r["id"], round(r["error"], 3)) for r in counted]
 
 
 def test_bitsandbytes_4bit_matmul_keeps_inputs_a_frozen_16bit_linear_does_not(llama7b):
