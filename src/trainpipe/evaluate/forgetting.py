@@ -79,12 +79,20 @@ class ForgettingMonitor:
         self.record = {"threshold": self.threshold, "sets": {s.name: {"path": s.path, "examples": len(s.rows), "baseline": None, "history": [], "final": None} for s in self.sets}}
 
     def measure(self, model) -> dict:
+        """Loss and perplexity of every set on ``model``, whole, on this process. The monitor lives on rank 0 only: inside
+        the loop's sharded in-training eval (several processes) the other ranks are not measuring the sets, so the sets are
+        measured here outside the eval shard (a sharded `eval_loss` would all-reduce with ranks that never join it)."""
+        from trainpipe.distributed import env
         from trainpipe.evaluate.evaluator import eval_loss
 
         out = {}
-        for s in self.sets:
-            r = eval_loss(model, s.rows, batch_size=self.batch_size, pad_id=self.pad_id)
-            out[s.name] = {"loss": r["loss"], "perplexity": r["perplexity"]}
+        shard, env._eval_shard = env._eval_shard, None
+        try:
+            for s in self.sets:
+                r = eval_loss(model, s.rows, batch_size=self.batch_size, pad_id=self.pad_id)
+                out[s.name] = {"loss": r["loss"], "perplexity": r["perplexity"]}
+        finally:
+            env._eval_shard = shard
         return out
 
     def baseline(self, model, *, resume: bool = False) -> dict:

@@ -55,15 +55,21 @@ def in_training(ctx, extra: Extra, evaluate, step):
     return with_forgetting(evaluate, None if fsdp else extra.forgetting, step)
 
 
-def after_training(ctx, model, extra: Extra, *, step: int) -> dict:
-    """Summary keys: `test` (the held-out test split on the chosen checkpoint), `forgetting`, `benchmarks` (baseline/final pairs)."""
+def after_training(ctx, model, extra: Extra, *, step: int, measure_test=None) -> dict:
+    """Summary keys: `test` (the held-out test split on the chosen checkpoint), `forgetting`, `benchmarks` (baseline/final pairs).
+    ``measure_test(model) -> metrics`` measures the test split for recipes whose rows are not token-labelled LM rows (dpo/orpo/
+    kto pairs, reward pairs, rl prompts: their own eval metrics); by default its loss and perplexity (`evaluate_test`)."""
     out: dict = {}
     cfg = ctx.cfg
     if cfg.eval.test_split and getattr(ctx.data, "test", None):
         from trainpipe.evaluate.evaluator import evaluate_test
 
-        out["test"] = evaluate_test(model, ctx.tokenizer, ctx.data, batch_size=cfg.training.per_device_eval_batch_size)
-        ctx.events.emit("eval_done", step=step, phase="test", **{k: out["test"][k] for k in ("loss", "perplexity")})
+        if measure_test is not None:
+            out["test"] = {**measure_test(model), "examples": len(ctx.data.test)}
+            ctx.events.emit("eval_done", step=step, phase="test", **{k: v for k, v in out["test"].items() if isinstance(v, (int, float))})
+        else:
+            out["test"] = evaluate_test(model, ctx.tokenizer, ctx.data, batch_size=cfg.training.per_device_eval_batch_size)
+            ctx.events.emit("eval_done", step=step, phase="test", **{k: out["test"][k] for k in ("loss", "perplexity")})
     if extra.forgetting is not None:
         figures = extra.forgetting.check(model, step=step, phase="final")
         ctx.events.emit("eval_done", step=step, phase="final", forgetting={k: v["loss"] for k, v in figures.items()})

@@ -86,7 +86,8 @@ class PreemptedExit(TrainpipeError):
     title = "preempted"
 
 
-MEASURES_FORGETTING = ("sft", "pretrain")  # the recipes with forgetting sets and lm-eval benchmarks (evaluate/suite.py)
+# the recipes with forgetting sets and lm-eval benchmarks (evaluate/suite.py): every recipe whose trained model is a causal LM
+MEASURES_FORGETTING = ("sft", "pretrain", "dpo", "orpo", "kto", "rl")
 
 
 def preflight(cfg: RunConfig) -> None:
@@ -97,13 +98,15 @@ def preflight(cfg: RunConfig) -> None:
     check_model_source(cfg.model)
     check_sources(cfg.data.sources)  # files, globs and folders; hub and SQL sources are checked when read
     asked = [key for key, value in (("eval.forgetting", cfg.eval.forgetting), ("eval.benchmarks", cfg.eval.benchmarks)) if value]
-    if asked and cfg.method.name not in MEASURES_FORGETTING:  # not silently skipped: the recipes below do not measure them yet
+    if asked and cfg.method.name not in MEASURES_FORGETTING:  # not silently skipped: reward and classification models are no LMs
         from trainpipe.errors import ConfigError
 
         raise ConfigError(
-            f"`{'` and `'.join(asked)}` are measured by the `sft` and `pretrain` recipes only, and this run's `method.name` is "
-            f"`{cfg.method.name}`. Remove `{'` and `'.join(asked)}` from this config, or measure the trained model afterwards "
-            f"with `trainpipe eval RUN_DIR/model --config CONFIG` and an `sft`/`pretrain` config that names them.",
+            f"`{'` and `'.join(asked)}` measure a causal language model (its loss on text, its answers to benchmark prompts), "
+            f"and this run's `method.name` is `{cfg.method.name}`, which trains a scoring head, not a language model; they are "
+            f"measured under `{'`, `'.join(MEASURES_FORGETTING)}`. Remove `{'` and `'.join(asked)}` from this config, or measure "
+            f"the language model it starts from with `trainpipe eval {cfg.model.name_or_path} --config CONFIG` and an `sft`/`pretrain` "
+            f"config that names them.",
             [f"{key}: not measured under method.name {cfg.method.name}" for key in asked],
         )
 

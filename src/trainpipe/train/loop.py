@@ -100,8 +100,20 @@ class StopTrial(Exception):
 
 
 # Callables (loop, step, eval_loss) run after every in-training eval, in this process: how `trainpipe tune` reports
-# intermediate values to its pruner. A hook may raise StopTrial. Empty for an ordinary run.
+# intermediate values to its pruner. A hook may raise StopTrial. Empty for an ordinary run. Every metric the recipe's
+# in-training eval measured (classification accuracy, preference accuracy/margins, perplexity, generated metrics when
+# `eval.generate_in_training`) is in `loop.eval_metrics` ({"loss": ..., ...}) when a hook runs.
 EVAL_HOOKS: list = []
+
+
+def eval_metrics(out) -> dict:
+    """A recipe's in-training eval result as {name: float}: a bare number is the eval loss; a mapping must hold `loss` (the
+    figure the best checkpoint, early stopping and divergence checks go by) and may hold any other numeric metric."""
+    if not isinstance(out, dict):
+        return {"loss": float(out)}
+    if "loss" not in out:
+        raise ValueError(f"an in-training eval must measure `loss` (it returned {', '.join(out) or 'nothing'})")
+    return {k: float(v) for k, v in out.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 @dataclass
@@ -288,6 +300,7 @@ class TrainLoop:
         self.events = events
         self.config_yaml = config_yaml
         self.evaluate = evaluate
+        self.eval_metrics: dict = {}  # the latest in-training eval: {"loss": ..., other metrics} (EVAL_HOOKS read it)
         self.metrics_path = Path(metrics_path)
         self.dist = dist
         self.world = dist.env.world_size if dist is not None else 1
@@ -1126,7 +1139,8 @@ class TrainLoop:
         apply): it stops with `cuda_oom` (`phase: eval`) and exit code 4, naming the evaluation settings to lower."""
         try:
             faults.before_eval(self.state.step)
-            return float(self.evaluate(self.model))
+            out = self.evaluate(self.model)  # the eval loss, or {"loss": ..., every other metric the recipe measured}
+            return dict(out) if isinstance(out, dict) else float(out)
         except Exception as exc:  # noqa: BLE001 - only an OOM is handled here
             if not is_oom(exc):
                 raise
@@ -1142,10 +1156,11 @@ class TrainLoop:
         shard_fields: dict = {}
         if self.world == 1:
             metric = self._evaluate_or_stop()
-        elif self.fsdp or type(self.objective) is TokenCrossEntropy:
+        elif self.fsdp or type(self.objective) is TokenCrossEntropy or getattr(self.objective, "shards_eval", False):
             # the token loss (sft, pretrain: evaluate/evaluator.eval_loss) is sharded: rank r evaluates batches r, r + world, ...
             # and the sums of losses and loss tokens are all-reduced, so the figure is one process's over the whole set. Other
             # evaluations run whole on every rank under FSDP (a sharded forward needs every rank); rank 0's figure counts.
+            # Objectives with `shards_eval` (dpo/orpo/kto, reward, rl: evaluate/shard.py) shard their own evaluation the same way.
             from trainpipe.distributed.env import broadcast_object, sharded_eval
 
             self._mark("eval")
@@ -1161,10 +1176,13 @@ class TrainLoop:
             self._mark("eval" if self.is_main else "wait")
             metric = broadcast_object(self._evaluate_or_stop() if self.is_main else None)
             self._mark("compute")
+        self.eval_metrics = eval_metrics(metric)  # what the hooks read (tune's pruner: the study's objective metric)
+        metric = self.eval_metrics["loss"]
+        more = {k: v for k, v in self.eval_metrics.items() if k != "loss"}
         self.model.train()
         st = self.state
-        self.events.emit("eval_done", step=st.step, phase="train", eval_loss=metric, **shard_fields)
-        self._metric({"time": time.time(), "step": st.step, "eval_loss": metric})
+        self.events.emit("eval_done", step=st.step, phase="train", eval_loss=metric, **({"metrics": more} if more else {}), **shard_fields)
+        self._metric({"time": time.time(), "step": st.step, "eval_loss": metric, **{f"eval_{k}": v for k, v in more.items()}})
         if st.best_metric is None or metric < st.best_metric:
             st.best_metric, st.best_step, st.evals_without_improvement = metric, st.step, 0
         else:

@@ -64,6 +64,7 @@ from trainpipe.train.sft import artifacts, build_loop, train, worker_summary
 
 
 def run(ctx: RunContext) -> dict:
+    from trainpipe.evaluate import suite
     from trainpipe.export import export_model
     from trainpipe.train.model import build_model, parameter_counts
 
@@ -88,11 +89,14 @@ def run(ctx: RunContext) -> dict:
 
     # 4. baseline on the eval split (measured once; a resumed run reads it back)
     baseline, _ = ctx.baseline_once(lambda: (evaluate(model, objective, eval_rows, batch_size=bs), []))
+    # the policy is a causal LM: forgetting sets (LM loss on general text) and benchmarks on it too (evaluate/suite.py)
+    extra = suite.before_training(ctx, model)
 
-    # 5. train: the best checkpoint by the objective's eval loss
+    # 5. train: the best checkpoint by the objective's eval loss (every in-training eval measures the forgetting sets too)
     loop = build_loop(
         model, tok, train_rows, cfg.training, run_dir=ctx.run_dir, events=ctx.events, config_yaml=ctx.config_yaml,
-        evaluate=lambda m: evaluate(m, objective, eval_rows, batch_size=bs)["loss"], objective=objective, dist=ctx.dist,
+        evaluate=suite.in_training(ctx, extra, lambda m: evaluate(m, objective, eval_rows, batch_size=bs), lambda: loop.state.step),  # loss and every preference metric
+        objective=objective, dist=ctx.dist,
     )
     outcome = train(loop, ctx.resume_from)
     if not ctx.is_main:  # rank 0 evaluates, exports and reports for the run
@@ -101,6 +105,9 @@ def run(ctx: RunContext) -> dict:
     # 6. final eval on the same split, with the best checkpoint loaded
     final = evaluate(model, objective, eval_rows, batch_size=bs)
     ctx.events.emit("eval_done", step=outcome.global_step, phase="final", **final)
+    test_rows = list(Unpaired(ctx.data.test)) if method == "kto" and ctx.data.test and "chosen_input_ids" in ctx.data.test[0] else ctx.data.test
+    more = suite.after_training(ctx, model, extra, step=outcome.global_step,  # test split (preference metrics), forgetting sets, benchmarks
+                                measure_test=lambda m: evaluate(m, objective, test_rows, batch_size=bs))
 
     # 7. export the best policy (LoRA merged into a float32 copy of the base)
     model_dir = export_model(run_dir=ctx.run_dir, model=model, tokenizer=tok, base=cfg.model, peft=cfg.method.peft, stop_ids=ctx.stop_ids, card=ctx.card(baseline, final))
@@ -109,7 +116,7 @@ def run(ctx: RunContext) -> dict:
         "name": cfg.name, "method": method, "peft": cfg.method.peft, "loss_type": pref.loss_type if method == "dpo" else method,
         "reference": None if reference is None else reference.kind,
         "baseline": baseline, "final": final, "train": asdict(outcome), "parameters": params, "data": ctx.data_summary(),
-        "artifacts": artifacts(ctx.run_dir, model_dir, cfg.method.peft),
+        "artifacts": artifacts(ctx.run_dir, model_dir, cfg.method.peft), **more,
     }
 
 
@@ -279,6 +286,8 @@ def kto_losses(logps, ref_logps, labels, kl, *, beta: float, desirable_weight: f
 class PairObjective(Objective):
     """dpo (sigmoid / ipo / hinge / simpo, + optional `sft_weight`) and orpo on preference pairs; weight = pairs."""
 
+    shards_eval = True  # in-training evals under several processes: each rank evaluates its batches (evaluate/shard.py)
+
     def __init__(self, method: str, pref, reference: Reference | None, pad_id: int):
         self.method, self.pref, self.reference, self.pad_id = method, pref, reference, pad_id
         self.nll_weight = 1.0 if method == "orpo" else pref.sft_weight
@@ -333,6 +342,8 @@ class PairObjective(Objective):
 
 class KTOObjective(Objective):
     """kto on unpaired rows {prompt, completion, label}; weight = examples."""
+
+    shards_eval = True
 
     def __init__(self, pref, reference: Reference, pad_id: int):
         self.pref, self.reference, self.pad_id = pref, reference, pad_id
@@ -397,15 +408,21 @@ def evaluate(model, objective: Objective, rows, *, batch_size: int) -> dict:
     device = next(model.parameters()).device
     total, weight = 0.0, objective.weight(rows)  # the whole eval set is one window: NLL token means over all of it
     parts: dict[str, list] = {}
+    from trainpipe.evaluate import shard as sharding
+
+    todo, shard = sharding.batches(len(rows), batch_size)  # several processes in training: this rank's batches (evaluate/shard.py)
+    done: dict[int, tuple] = {}
     with torch.no_grad():
-        for i in range(0, len(rows), batch_size):
+        for b, i, counted in todo:
             batch = {k: v.to(device) for k, v in objective.collate(rows[i : i + batch_size]).items()}
             t = objective.terms(model, batch)
-            total += float(t["losses"].sum())
-            for k, v in t.items():
-                if k != "kl":
-                    parts.setdefault(k, []).append(v.float().cpu() if v.dtype != torch.bool else v.cpu())
+            if counted:
+                done[b] = (float(t["losses"].sum()), {k: v.float().cpu() if v.dtype != torch.bool else v.cpu() for k, v in t.items() if k != "kl"})
     model.train(was_training)
+    for loss_sum, terms in sharding.in_order(done, shard, units=lambda r: len(r[1]["losses"])):  # every batch, in order: one process's sums
+        total += loss_sum
+        for k, v in terms.items():
+            parts.setdefault(k, []).append(v)
     cat = {k: torch.cat(v) for k, v in parts.items()}
     out = {"loss": total / max(weight, 1)}
     if isinstance(objective, KTOObjective):

@@ -53,7 +53,7 @@ def run(ctx: RunContext) -> dict:
     # 4. train: the best checkpoint by the eval loss
     loop = build_loop(
         model, tok, data.train, cfg.training, run_dir=ctx.run_dir, events=ctx.events, config_yaml=ctx.config_yaml,
-        evaluate=lambda m: evaluate(m, objective, data.eval, batch_size=bs)["loss"], objective=objective, dist=ctx.dist,
+        evaluate=lambda m: evaluate(m, objective, data.eval, batch_size=bs), objective=objective, dist=ctx.dist,  # loss, accuracy, margin, rewards
     )
     outcome = train(loop, ctx.resume_from)
     if not ctx.is_main:  # rank 0 evaluates, exports and reports for the run
@@ -62,6 +62,10 @@ def run(ctx: RunContext) -> dict:
     # 5. final accuracy on the same split, with the best checkpoint loaded
     final = evaluate(model, objective, data.eval, batch_size=bs)
     ctx.events.emit("eval_done", step=outcome.global_step, phase="final", **final)
+    more = {}
+    if cfg.eval.test_split and ctx.data.test:  # the held-out test pairs, once, on the chosen checkpoint (never for selection)
+        more["test"] = {**evaluate(model, objective, ctx.data.test, batch_size=bs), "examples": len(ctx.data.test)}
+        ctx.events.emit("eval_done", step=outcome.global_step, phase="test", **more["test"])
 
     # 6. export: a plain AutoModelForSequenceClassification folder
     model_dir = export_reward_model(run_dir=ctx.run_dir, model=model, tokenizer=tok, base=cfg.model, peft=cfg.method.peft, card=ctx.card(baseline, final))
@@ -69,7 +73,7 @@ def run(ctx: RunContext) -> dict:
     return {
         "name": cfg.name, "method": "reward", "peft": cfg.method.peft,
         "baseline": baseline, "final": final, "train": asdict(outcome), "parameters": params, "data": ctx.data_summary(),
-        "artifacts": artifacts(ctx.run_dir, model_dir, cfg.method.peft),
+        "artifacts": artifacts(ctx.run_dir, model_dir, cfg.method.peft), **more,
     }
 
 
@@ -127,6 +131,8 @@ def collate_pairs(examples: list[dict], pad_id: int) -> dict:
 class BradleyTerry(Objective):
     """−log σ(r_chosen − r_rejected) summed over the pairs; weight = pairs (TRL RewardTrainer's mean loss)."""
 
+    shards_eval = True  # in-training evals under several processes: each rank scores its batches (evaluate/shard.py)
+
     def __init__(self, pad_id: int):
         self.pad_id = pad_id
 
@@ -158,15 +164,19 @@ def evaluate(model, objective: BradleyTerry, rows: list[dict], *, batch_size: in
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    cs, rs = [], []
+    from trainpipe.evaluate import shard as sharding
+
+    todo, shard = sharding.batches(len(rows), batch_size)  # several processes in training: this rank's batches (evaluate/shard.py)
+    done: dict[int, tuple] = {}
     with torch.no_grad():
-        for i in range(0, len(rows), batch_size):
+        for b, i, counted in todo:
             batch = {k: v.to(device) for k, v in objective.collate(rows[i : i + batch_size]).items()}
             rc, rr = objective.rewards(model, batch)
-            cs.append(rc.cpu())
-            rs.append(rr.cpu())
+            if counted:
+                done[b] = (rc.cpu(), rr.cpu())
     model.train(was_training)
-    rc, rr = torch.cat(cs), torch.cat(rs)
+    scored = sharding.in_order(done, shard, units=lambda r: len(r[0]))  # every batch, in order, on every rank
+    rc, rr = torch.cat([c for c, _ in scored]), torch.cat([r for _, r in scored])
     m = rc - rr
     return {
         "loss": float(-F.logsigmoid(m).mean()), "accuracy": float((m > 0).float().mean()), "margin": float(m.mean()),

@@ -30,8 +30,8 @@ to build on); GRPO and RLOO need no value model and are TRL's maintained online 
 - Prompts: SFT rows give the tokens before the first labelled token (the conversation up to the
   first reply); preference and KTO rows their `prompt_input_ids`.
 - Sampling draws from the torch RNG, which the loop checkpoints: a resumed run samples exactly
-  what the uninterrupted one would have. Evaluation samples with a fixed seed of its own
-  (`training.seed`) and leaves the training RNG untouched.
+  what the uninterrupted one would have. Evaluation samples with fixed seeds of its own
+  (`training.seed` + the batch's index) and leaves the training RNG untouched.
 - The loop's loss-spike rollback is off here: an RL loss (about kl_coef x KL, its policy part
   zero in value) is no divergence signal. NaN/Inf detection stays on.
 """
@@ -63,6 +63,7 @@ Reward = Callable[[list[str], list[str], list[list[int]], list[list[int]]], list
 def run(ctx: RunContext) -> dict:
     from peft import PeftModel
 
+    from trainpipe.evaluate import suite
     from trainpipe.export import export_model
     from trainpipe.train.model import build_model, parameter_counts
 
@@ -91,12 +92,14 @@ def run(ctx: RunContext) -> dict:
     bs = cfg.training.per_device_eval_batch_size
     measure = lambda m: evaluate_policy(m, objective, ev_prompts, batch_size=bs, seed=cfg.training.seed)  # noqa: E731
     baseline, base_samples = ctx.baseline_once(lambda: measure(model))
+    extra = suite.before_training(ctx, model)  # the policy is a causal LM: forgetting sets and benchmarks on it too (evaluate/suite.py)
 
     # 3. train: sample num_generations completions per prompt, score, one policy-gradient step per window
     t = cfg.training.model_copy(update={"loss_spike_factor": 0.0})
     loop = sft.build_loop(
         model, tok, data.train, t, run_dir=ctx.run_dir, events=ctx.events, config_yaml=ctx.config_yaml,
-        evaluate=lambda m: -regularised_reward(measure(m)[0], rl.kl_coef), objective=objective, dist=ctx.dist,
+        evaluate=suite.in_training(ctx, extra, lambda m: rl_in_training(measure(m)[0], rl.kl_coef), lambda: loop.state.step),
+        objective=objective, dist=ctx.dist,
     )
     outcome = sft.train(loop, ctx.resume_from)
     if not ctx.is_main:  # rank 0 evaluates, exports and reports for the run
@@ -105,6 +108,9 @@ def run(ctx: RunContext) -> dict:
     # 4. final mean reward and KL on the same prompts, best checkpoint loaded
     final, final_samples = measure(model)
     ctx.events.emit("eval_done", step=outcome.global_step, phase="final", **final)
+    test_prompts = [prompt_ids(r) for r in (data.test or [])]
+    more = suite.after_training(ctx, model, extra, step=outcome.global_step,  # test prompts (reward, KL), forgetting sets, benchmarks
+                                measure_test=lambda m: evaluate_policy(m, objective, test_prompts, batch_size=bs, seed=cfg.training.seed)[0])
 
     # 5. export the policy
     model_dir = export_model(run_dir=ctx.run_dir, model=model, tokenizer=tok, base=cfg.model, peft=cfg.method.peft, stop_ids=ctx.stop_ids,
@@ -114,8 +120,14 @@ def run(ctx: RunContext) -> dict:
         "name": cfg.name, "method": cfg.method.name, "peft": cfg.method.peft, "algorithm": rl.algorithm, "reward": reward_source,
         "baseline": baseline, "final": final, "train": asdict(outcome), "parameters": params, "data": ctx.data_summary(),
         "samples": [{**f, "baseline_completion": b["completion"], "baseline_reward": b["reward"]} for f, b in zip(final_samples[:20], base_samples[:20])],
-        "artifacts": sft.artifacts(ctx.run_dir, model_dir, cfg.method.peft),
+        "artifacts": sft.artifacts(ctx.run_dir, model_dir, cfg.method.peft), **more,
     }
+
+
+def rl_in_training(metrics: dict, kl_coef: float) -> dict:
+    """The loop's eval figures: loss = minus the regularised reward (the best checkpoint's criterion), and the reward, KL,
+    greedy reward and completion length for the eval hooks (tune's pruner)."""
+    return {**{k: v for k, v in metrics.items() if k != "prompts"}, "loss": -regularised_reward(metrics, kl_coef)}
 
 
 def regularised_reward(metrics: dict, kl_coef: float) -> float:
@@ -158,6 +170,8 @@ def left_pad(prompts: list[list[int]], pad_id: int):
 
 class PolicyGradient(Objective):
     """GRPO / RLOO as a loop objective: a unit is a prompt; `loss_sum` samples, scores and returns the summed per-prompt losses."""
+
+    shards_eval = True  # in-training evals under several processes: each rank samples and scores its prompts (evaluate/shard.py)
 
     def __init__(self, tokenizer, reward: Reward, rl: RLConfig, *, stop_ids: list[int], reference=None):
         self.tok, self.reward, self.rl = tokenizer, reward, rl
@@ -288,45 +302,53 @@ def frozen_copy(model):
 def evaluate_policy(model, obj: PolicyGradient, prompts: list[list[int]], *, batch_size: int, seed: int) -> tuple[dict, list[dict]]:
     """On held-out prompts: mean reward of `num_generations` completions each sampled with a fixed seed (`reward`), the KL
     of the policy to the reference on them (mean over completions of the summed log-ratio, nats: `kl`; the mean k3
-    per token: `kl_per_token`), the reward of the greedy completion (`reward_greedy`), and the completion length."""
+    per token: `kl_per_token`), the reward of the greedy completion (`reward_greedy`), and the completion length.
+    Batch k samples from the seed ``seed + k``, so the figures do not depend on which process evaluates which batch
+    (in-training evals under several processes are sharded: evaluate/shard.py)."""
     import torch
+
+    from trainpipe.evaluate import shard as sharding
 
     G = obj.rl.num_generations
     device = next(model.parameters()).device
-    rewards, greedy_rewards, kls, k3s, lengths, samples = [], [], [], [], [], []
+    todo, shard = sharding.batches(len(prompts), batch_size)
+    done: dict[int, dict] = {}
     was = model.training
     model.eval()
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(seed)
-        for i in range(0, len(prompts), batch_size):
+        for b, i, counted in todo:
+            torch.manual_seed(seed + b)
             ids, mask = left_pad(prompts[i : i + batch_size], obj.pad_id)
             ids, mask = ids.to(device), mask.to(device)
             p_ids, p_mask = ids.repeat_interleave(G, 0), mask.repeat_interleave(G, 0)
             comp = obj.sample(model, p_ids, p_mask, do_sample=True)
             c_mask = completion_mask(comp, obj.stop_ids)
-            rewards += obj.score(p_ids, p_mask, comp, c_mask)
+            rewards = obj.score(p_ids, p_mask, comp, c_mask)
             with torch.no_grad():
                 logp = obj.logprobs(model, p_ids, p_mask, comp, c_mask)
                 ref = obj.reference_logprobs(model, p_ids, p_mask, comp, c_mask)
             m = c_mask.float()
-            kls += ((logp - ref) * m).sum(1).tolist()
-            k3s += (((torch.exp(ref - logp) - (ref - logp) - 1) * m).sum(1) / m.sum(1).clamp(min=1)).tolist()
-            lengths += m.sum(1).tolist()
             g = obj.sample(model, ids, mask, do_sample=False)
             g_mask = completion_mask(g, obj.stop_ids)
             g_rewards = obj.score(ids, mask, g, g_mask)
-            greedy_rewards += g_rewards
-            for k in range(len(ids)):
-                samples.append({
+            if not counted:  # FSDP: run only to keep the ranks' collectives in step
+                continue
+            done[b] = {
+                "rewards": rewards, "greedy": g_rewards, "kl": ((logp - ref) * m).sum(1).tolist(),
+                "k3": (((torch.exp(ref - logp) - (ref - logp) - 1) * m).sum(1) / m.sum(1).clamp(min=1)).tolist(), "lengths": m.sum(1).tolist(),
+                "samples": [{
                     "prompt": obj.tok.decode(ids[k][mask[k].bool()].tolist(), skip_special_tokens=False),
                     "completion": obj.tok.decode(g[k][g_mask[k].bool()].tolist(), skip_special_tokens=True), "reward": g_rewards[k],
-                })
+                } for k in range(len(ids))],
+            }
     model.train(was)
+    parts = sharding.in_order(done, shard, units=lambda r: len(r["greedy"]))  # every batch, in order, on every rank
+    flat = lambda key: [x for r in parts for x in r[key]]  # noqa: E731
     mean = lambda xs: sum(xs) / max(len(xs), 1)  # noqa: E731
     return {
-        "reward": mean(rewards), "reward_greedy": mean(greedy_rewards), "kl": mean(kls), "kl_per_token": mean(k3s),
-        "completion_length": mean(lengths), "prompts": len(prompts),
-    }, samples
+        "reward": mean(flat("rewards")), "reward_greedy": mean(flat("greedy")), "kl": mean(flat("kl")), "kl_per_token": mean(flat("k3")),
+        "completion_length": mean(flat("lengths")), "prompts": len(prompts),
+    }, flat("samples")
 
 
 # ------------------------------------------------------------------------------ the reward
