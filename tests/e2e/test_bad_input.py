@@ -73,7 +73,7 @@ def test_tokenizer_without_pad_token(tmp_path, capsys):
     assert main(["run", str(cfg2), "--overwrite"]) == 0
 
 
-@pytest.mark.parametrize("method", ["dpo", "reward"])
+@pytest.mark.parametrize("method", ["reward", "classification"])  # scoring heads, not LMs (dpo/orpo/kto/rl measure them: test_forgetting_pref.py)
 def test_forgetting_sets_under_a_recipe_that_does_not_measure_them_are_refused_not_skipped(tmp_path, base, capsys, method):
     forget = tmp_path / "general.jsonl"
     forget.write_text("".join(json.dumps({"text": f"general text number {i}."}) + "\n" for i in range(8)))

@@ -87,6 +87,7 @@ def runs(tmp_path_factory):
     kept = write_config(
         tmp, "kept", fresh, method={"peft": "lora", "lora": {"r": 8, "alpha": 16, "dropout": 0.0}}, training={"learning_rate": 3e-3, "max_steps": 40},
         eval={"forgetting": [{"path": "data/same_task.jsonl", "name": "same_task"}]},
+        gates={"samples_reviewed": {"enabled": True}},  # asked for: fails until `trainpipe data review`, then passes
     )
     rc_shifted = main(["run", str(shifted)])
     rc_kept = main(["run", str(kept)])
@@ -209,6 +210,8 @@ def test_data_review_records_and_report_rechecks_the_gate(runs):
     assert len(sheet) == 50 and all("<|im_start|>" in r["text"] and r["trained"] for r in sheet)
     before = {g["name"]: g["status"] for g in summary(run)["gates"]["results"]}
     assert before["samples_reviewed"] == "fail"
+    shifted = {g["name"]: g for g in summary(runs["shifted"])["gates"]["results"]}  # not asked for there: n/a, never a warning
+    assert shifted["samples_reviewed"]["status"] == "n/a" and "gates.samples_reviewed.enabled: true" in shifted["samples_reviewed"]["evidence"]
     assert main(["data", "review", str(run), "--yes", "--reviewer", "tester"]) == 0
     assert main(["report", str(run)]) == 0
     after = {g["name"]: g for g in json.loads((run / "gates.json").read_text())["results"]}
