@@ -169,10 +169,11 @@ def test_classification_task(tmp_path):
     data = write_jsonl(tmp_path / "cls.jsonl", _classification_records(240, seed=5))
     out = tmp_path / "automl"
     assert main(["automl", "--task", "classification", "--data", str(data), "--models", str(base), "-o", str(out), "--min-steps", "8",
-                 "--rungs", "2", "--arms-per-model", "3", "--lr-spread", "100", "--eval-split", "48", "--max-length", "32", "--batch-size", "16",
+                 "--rungs", "2", "--arms-per-model", "2", "--lr-range", "1e-4:3e-3", "--eval-split", "32", "--max-length", "32", "--batch-size", "16",
                  "--gpu", "A10G", "--budget-usd", "5", "--seed", "1"]) == 0
     r = _common_outputs(out, "accuracy", "maximize")
-    assert r["metric"] == "accuracy" and r["direction"] == "maximize" and len(r["rows"]) == 4
+    assert r["metric"] == "accuracy" and r["direction"] == "maximize" and len(r["rows"]) == 3 and r["rows"][-1]["continued"]
+    assert all(1e-4 <= a["changes"]["training.learning_rate"] <= 3e-3 for a in r["arms"])
     s = json.loads((out / "winner" / "summary.json").read_text())
     assert s["method"] == "classification" and s["final"]["accuracy"] > s["baseline"]["accuracy"]
 
@@ -181,8 +182,8 @@ def test_preference_task(tmp_path):
     base = build_tiny_model(tmp_path / "base", seed=0)
     data = write_jsonl(tmp_path / "pairs.jsonl", preference_records(100, seed=3))
     out = tmp_path / "automl"
-    assert main(["automl", "--task", "preference", "--data", str(data), "--models", str(base), "-o", str(out), "--min-steps", "4",
-                 "--rungs", "2", "--arms-per-model", "2", "--lr-spread", "300", "--eval-split", "24", "--max-length", "64",
+    assert main(["automl", "--task", "preference", "--data", str(data), "--models", str(base), "-o", str(out), "--min-steps", "5",
+                 "--rungs", "2", "--arms-per-model", "2", "--lr-range", "1e-2:3e-2", "--eval-split", "24", "--max-length", "64",
                  "--gpu", "A10G", "--budget-usd", "5"]) == 0
     r = _common_outputs(out, "margin_per_token", "maximize")
     assert len(r["rows"]) == 3 and r["rows"][-1]["continued"]

@@ -10,7 +10,8 @@ Reads top to bottom:
    than `--budget-usd`, or no local weights (offline: "pass --models ID=PATH, --models-dir, or go online"). Nothing is
    silently dropped: `candidates.csv` lists them all;
 2. arms: per trained candidate, `--arms-per-model` hyperparameter sets sampled by Optuna's TPE sampler (one study per
-   candidate, seeded): learning rate (log-uniform around the planner's default for that method, / and x `--lr-spread`),
+   candidate, seeded): learning rate (log-uniform around the planner's default for that method, / and x `--lr-spread`, or
+   `--lr-range LOW:HIGH`),
    LoRA rank (alpha = 2 r) under LoRA/QLoRA, weight decay, warmup ratio; micro-batch and accumulation are the plan's;
 3. successive halving across every arm of every candidate: rung k grants `--min-steps` x eta^k optimizer steps; the best
    1/eta by the objective go on. A surviving arm CONTINUES from its last checkpoint (its checkpoints and run identity are
@@ -207,7 +208,7 @@ def candidates(task: str, entries: list[tuple[str, str]], local: dict[str, str],
 
 
 # --------------------------------------------------------------------------- 2. arms (Optuna TPE per candidate)
-def sample_arms(cands: list[dict], n: int, lr_spread: float, seed: int, direction: str) -> tuple[list[dict], dict]:
+def sample_arms(cands: list[dict], n: int, lr_spread: float, seed: int, direction: str, lr_range: tuple[float, float] | None = None) -> tuple[list[dict], dict]:
     import optuna
     from optuna.distributions import CategoricalDistribution, FloatDistribution
 
@@ -218,7 +219,8 @@ def sample_arms(cands: list[dict], n: int, lr_spread: float, seed: int, directio
             continue
         study = optuna.create_study(direction=direction, sampler=optuna.samplers.TPESampler(seed=seed + ci))
         studies[c["model"]] = study
-        dists = {"training.learning_rate": FloatDistribution(c["lr"] / lr_spread, c["lr"] * lr_spread, log=True),
+        lo, hi = lr_range or (c["lr"] / lr_spread, c["lr"] * lr_spread)
+        dists = {"training.learning_rate": FloatDistribution(lo, hi, log=True),
                  "training.weight_decay": FloatDistribution(0.0, 0.1), "training.warmup_ratio": FloatDistribution(0.0, 0.1)}
         if c["method"] in LORA_FAMILY:
             dists["method.lora.r"] = CategoricalDistribution([4, 8, 16])
@@ -264,7 +266,7 @@ def automl(*, task: str, data: Path, models: list[str], out_dir: Path, budget_us
            gpu: str | None = None, gpus: int = 1, max_params: float | None = None, use_catalog: bool = False, models_dir: Path | None = None,
            arms_per_model: int = 2, min_steps: int = 4, eta: int = 2, rungs: int = 3, lr_spread: float = 3.0, eval_split: int = 32,
            max_length: int = 128, fmt: str | None = None, batch_size: int = 8, seed: int = 0,
-           proposer: Callable[[dict], list[dict]] | str | None = None) -> dict:
+           proposer: Callable[[dict], list[dict]] | str | None = None, lr_range: tuple[float, float] | None = None) -> dict:
     from trainpipe.pipeline.run import run
 
     if task not in TASKS:
@@ -278,6 +280,8 @@ def automl(*, task: str, data: Path, models: list[str], out_dir: Path, budget_us
             raise ConfigError(f"`{name} {v}` must be at least {lo}.")
     if lr_spread < 1:
         raise ConfigError(f"`--lr-spread {lr_spread:g}` must be >= 1: learning rates are sampled from the planner's default / spread to x spread.")
+    if lr_range is not None and not (0 < lr_range[0] < lr_range[1]):
+        raise ConfigError(f"`--lr-range {lr_range[0]:g}:{lr_range[1]:g}` must be LOW:HIGH with 0 < LOW < HIGH (e.g. 1e-5:1e-3).")
     if budget_usd is not None and not (gpu or _gpu_here()):
         raise ConfigError("`--budget-usd` prices every rung on a GPU by the planner; this machine has none: add `--gpu A100-80GB` (or another catalogue GPU).")
     if isinstance(proposer, str):
@@ -326,7 +330,7 @@ def automl(*, task: str, data: Path, models: list[str], out_dir: Path, budget_us
                 c["rung0_usd"], c["rung0_hours"] = p["usd"], p["hours"]
             except TrainpipeError:
                 pass
-    arms, studies = sample_arms(cands, arms_per_model, lr_spread, seed, direction)
+    arms, studies = sample_arms(cands, arms_per_model, lr_spread, seed, direction, lr_range)
     over = [c for c in cands if c.get("reason", "") and "over --budget-usd" in c["reason"]]
     if not arms and over and budget_usd is not None:
         cheapest = min(over, key=lambda c: c["rung0_usd"])
