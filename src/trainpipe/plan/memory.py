@@ -279,6 +279,17 @@ def _python_tanh_gelu(spec: ModelSpec, s: Setup) -> bool:
     return s.framework in HF_MODULES and act in ("gelu_new", "gelu_fast")
 
 
+_ATTN_MODULES = ("self_attn", "attn", "attention", "self_attention")
+_ATTN_OUT_LEAVES = ("o_proj", "dense", "out_proj", "c_proj", "wo", "o")
+
+
+def _attention_output_proj(li) -> bool:
+    """The attention block's output projection (o_proj, GPT-2's attn.c_proj, Falcon's self_attention.dense, T5's o)."""
+    path = li.path or li.name
+    parts = path.split(".")
+    return parts[0] in _ATTN_MODULES and li.leaf in _ATTN_OUT_LEAVES and len(parts) == 2
+
+
 def layer_activation_bytes(spec: ModelSpec, s: Setup, tokens: int, *, trained: bool | None = None) -> int:
     """Bytes autograd saves in one decoder layer for `tokens` = micro_batch * seq_len tokens.
 
@@ -315,6 +326,10 @@ def layer_activation_bytes(spec: ModelSpec, s: Setup, tokens: int, *, trained: b
         is_expert = ".experts." in path
         mult = k_act if is_expert else 1
         keeps_input = full_layer or (s.method == "qlora" and bnb_saves_input(s))  # trained weight, or an older bitsandbytes' 4-bit matmul
+        if keeps_input and s.attention != "eager" and _attention_output_proj(li):
+            # its input is the fused attention kernel's output seen through transpose+reshape (a view: SDPA/flash lay the
+            # output out as (batch, seq, heads, dim)), which the kernel saves anyway and is counted with it below
+            keeps_input = False
         if keeps_input and group not in inputs_seen:
             saved += a * tokens * li.fan_in * mult * (1 if group[2] else count)
             inputs_seen.add(group)

@@ -144,8 +144,9 @@ def test_bitsandbytes_4bit_matmul_keeps_inputs_a_frozen_16bit_linear_does_not(ll
     t = 1024
     extra = M.layer_activation_bytes(llama7b, qlora, t) - M.layer_activation_bytes(llama7b, lora, t)
     h, i = llama7b.hidden, llama7b.arch["intermediate"]
-    # q/k/v share the norm output, gate/up the second norm output; o and down read their own inputs
-    assert extra == 2 * t * (h + h + h + i)
+    # q/k/v share the norm output, gate/up the second norm output, down reads its own input; o's input is the attention
+    # kernel's output seen through a view, which the kernel keeps anyway (test_plan_mechanisms.py counts it on a real layer)
+    assert extra == 2 * t * (h + h + i)
 
 
 def test_loss_dtype_by_framework(llama7b):
