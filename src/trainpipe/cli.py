@@ -361,6 +361,7 @@ def automl(
     arms_per_model: Annotated[int, typer.Option("--arms-per-model", help="Hyperparameter sets per candidate, sampled by Optuna TPE.")] = 2,
     lr_spread: Annotated[float, typer.Option("--lr-spread", help="Learning rates from the planner's default / spread to x spread (log-uniform).")] = 3.0,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the hyperparameter sampler.")] = 0,
+    lr_range: Annotated[Optional[str], typer.Option("--lr-range", help="LOW:HIGH learning rates to sample from instead of the planner's default / and x --lr-spread.")] = None,
     proposer: Annotated[Optional[str], typer.Option("--proposer", help="module:function or file.py:function proposing changes to surviving arms before each rung.")] = None,
     budget_usd: Annotated[Optional[float], typer.Option("--budget-usd", help="Stop before a rung the planner prices above what is left.")] = None,
     budget_hours: Annotated[Optional[float], typer.Option("--budget-hours", help="Start no rung after this much wall time.")] = None,
@@ -379,7 +380,19 @@ def automl(
     run_automl(task=task, data=data, models=[m.strip() for m in models.split(",") if m.strip()], out_dir=out, budget_usd=budget_usd,
                budget_hours=budget_hours, gpu=gpu, max_params=max_params, min_steps=min_steps, eta=eta, rungs=rungs, eval_split=eval_split,
                max_length=max_length, batch_size=batch_size, use_catalog=catalog, models_dir=models_dir, gpus=gpus, arms_per_model=arms_per_model,
-               lr_spread=lr_spread, seed=seed, proposer=proposer)
+               lr_spread=lr_spread, seed=seed, proposer=proposer, lr_range=_lr_range(lr_range))
+
+
+def _lr_range(text: str | None) -> tuple[float, float] | None:
+    from trainpipe.errors import ConfigError
+
+    if not text:
+        return None
+    try:
+        lo, hi = (float(x) for x in text.split(":"))
+    except ValueError:
+        raise ConfigError(f"`--lr-range {text}` must be LOW:HIGH, two numbers (e.g. 1e-5:1e-3).") from None
+    return lo, hi
 
 
 @app.command("eval")
