@@ -1,6 +1,6 @@
 """`stages: [sft, reward, rl]` (RLHF in one run) through the CLI: each stage's exported model is the next one's input,
 the reward stage's model scores the rl stage, the lineage is in every stage's manifest, one summary lists them, and
-`--resume` keeps finished stages. The stage plan (merging, naming, chaining) is checked without training too."""
+`--resume` keeps finished stages (their DAG steps reused from the step cache in OUTPUT_DIR/.trainpipe-store). The stage plan (merging, naming, chaining) is checked without training too."""
 
 import json
 import random
@@ -95,9 +95,14 @@ def test_resume_keeps_finished_stages(rlhf, capsys):
     assert before == {n: (root / n / "model" / "model.safetensors").stat().st_mtime_ns for n in ("sft", "reward", "rl")}
     assert "finished earlier, kept" in capsys.readouterr().out
     assert main(["run", str(cfg)]) == 2  # neither --resume nor --overwrite: the earlier run is not touched
-    # an unfinished last stage (no summary, no export) continues from its newest checkpoint; the others stay kept
+    # an unfinished last stage (no summary, no export, and so no cache entry of its DAG train step: pipeline/dag.py saves
+    # the entry after the stage's run finished) continues from its newest checkpoint; the others stay kept
     import shutil
 
+    from trainpipe.pipeline.cache import StepCache
+
+    rl_train = next(s for s in json.loads((root / "pipeline.json").read_text())["steps"] if s["id"] == "rl.train")
+    (root / ".trainpipe-store" / StepCache.entry_key("train", rl_train["key"])).unlink()
     (root / "rl" / "summary.json").unlink()
     shutil.rmtree(root / "rl" / "model")
     assert main(["run", str(cfg), "--resume"]) == 0

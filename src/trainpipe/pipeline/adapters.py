@@ -1,10 +1,11 @@
 """Multi-task adapters on a shared base: one LoRA adapter per task, trained one after another.
 
-`method.adapters: [{name: sql, data: {...}}, {name: summarise, data: {...}}]` runs the ordinary
-pipeline once per adapter (same base, same method and training settings, the adapter's own data)
-into `OUTPUT_DIR/adapters/<name>/` (each a full run directory: data report, checkpoints, baseline and
-final eval, `model/adapter/`), then writes `OUTPUT_DIR/adapters.json` (name -> adapter folder, data
-hashes, metrics) and one `OUTPUT_DIR/summary.json`.
+`method.adapters: [{name: sql, data: {...}}, {name: summarise, data: {...}}]` is one chain of the pipeline DAG per
+adapter (pipeline/dag.py: prepare -> train -> evaluate -> export -> register -> report, the same under `trainpipe run`
+and `trainpipe pipeline run`, with its step cache); each train step is an ordinary `trainpipe run` (same base, same
+method and training settings, the adapter's own data) into `OUTPUT_DIR/adapters/<name>/` (each a full run directory:
+data report, checkpoints, baseline and final eval, `model/adapter/`). After the DAG, `adapters_summary` writes
+`OUTPUT_DIR/adapters.json` (name -> adapter folder, data hashes, metrics) and one `OUTPUT_DIR/summary.json`.
 
 `trainpipe export OUTPUT_DIR --adapter NAME` merges one of them into the base; `--combine a=0.5,b=0.5`
 merges their weighted sum (PEFT `add_weighted_adapter`); `trainpipe.pipeline.export_run.load_adapters`
@@ -17,7 +18,6 @@ import json
 import time
 from pathlib import Path
 
-from trainpipe import ui
 from trainpipe.config import RunConfig
 from trainpipe.errors import RunDirError
 from trainpipe.pipeline import rundir
@@ -35,36 +35,19 @@ def adapter_config(cfg: RunConfig, name: str, root: Path) -> RunConfig:
     return sub
 
 
-def run_adapters(cfg: RunConfig, *, config_path: str | None, overwrite: bool, resume: bool) -> dict:
-    from trainpipe.pipeline.run import prepare_parent_dir
-
-    t0 = time.time()
+def check_adapter_names(cfg: RunConfig, root: Path) -> None:
     names = [a.name for a in cfg.method.adapters]
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
         raise RunDirError(f"`method.adapters` names {dup} more than once; give every adapter its own name (it is its folder).")
-    root = Path(cfg.output_dir or f"runs/{cfg.name or 'run'}").resolve()
     for name in names:
-        rundir.inside(root / "adapters", name, "Adapter name")
-    rundir.check_not_data(root, rundir.protected_paths(cfg, config_path))
-    with rundir.RunLock(root):  # one run per folder: the whole run holds OUTPUT_DIR, each adapter its own folder
-        prepare_parent_dir(cfg, overwrite, resume, "adapters", config_path=config_path)
-        return _run_all(cfg, names, root, t0, config_path=config_path, overwrite=overwrite, resume=resume)
+        rundir.inside(Path(root) / "adapters", name, "Adapter name")
 
 
-def _run_all(cfg: RunConfig, names: list[str], root: Path, t0: float, *, config_path: str | None, overwrite: bool, resume: bool) -> dict:
-    from trainpipe.pipeline.run import run
-
-    results: dict[str, dict] = {}
-    for name in names:
-        sub = adapter_config(cfg, name, root)
-        done = Path(sub.output_dir) / "summary.json"
-        if done.exists() and not overwrite:
-            ui.console().print(f"[bold]adapter {name}[/]: finished earlier, kept ({done})", markup=True)
-            results[name] = json.loads(done.read_text())
-            continue
-        ui.console().print(f"[bold]adapter {name}[/] ({names.index(name) + 1}/{len(names)})", markup=True)
-        results[name] = run(sub, config_path=config_path, overwrite=overwrite, resume=resume)
+def adapters_summary(cfg: RunConfig, names: list[str], root: Path, t0: float) -> Path:
+    """OUTPUT_DIR/adapters.json (name -> adapter folder, data hashes, metrics) and OUTPUT_DIR/summary.json after the DAG ran
+    (pipeline/dag.py), from each adapter's own run summary."""
+    results = {n: json.loads((Path(adapter_config(cfg, n, root).output_dir) / "summary.json").read_text(encoding="utf-8")) for n in names}
     index = {
         "base_model": cfg.model.name_or_path,
         "peft": cfg.method.peft,
@@ -76,8 +59,10 @@ def _run_all(cfg: RunConfig, names: list[str], root: Path, t0: float, *, config_
     }
     write_json(root / "adapters.json", index)
     summary = {
-        "name": cfg.name, "method": cfg.method.name, "peft": cfg.method.peft, "adapters": {n: {k: s[k] for k in ("baseline", "final", "train", "parameters", "artifacts")} for n, s in results.items()},
-        "artifacts": {"run_dir": str(root), "adapters_index": str(root / "adapters.json")}, "wall_seconds": round(time.time() - t0, 2),
+        "name": cfg.name, "method": cfg.method.name, "peft": cfg.method.peft,
+        "adapters": {n: {k: s.get(k) for k in ("baseline", "final", "train", "parameters", "artifacts")} for n, s in results.items()},
+        "artifacts": {"run_dir": str(root), "adapters_index": str(root / "adapters.json"), "pipeline": str(root / "pipeline.json")},
+        "wall_seconds": round(time.time() - t0, 2),
     }
     write_json(root / "summary.json", summary)
-    return summary
+    return root / "summary.json"

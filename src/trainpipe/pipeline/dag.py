@@ -76,6 +76,7 @@ class Step:
     inputs: dict[str, tuple[str, str]] = field(default_factory=dict)  # input name -> (producing step id, its output name)
     external: dict[str, str] = field(default_factory=dict)  # content of inputs from outside the DAG (data sources, base model)
     branch: str | None = None
+    meta: dict = field(default_factory=dict)  # a stage's plan entry (stage, index, count, root) or an adapter's name: not part of its key
 
     @property
     def outputs(self) -> dict[str, str]:
@@ -121,35 +122,38 @@ def build_dag(cfg: RunConfig) -> list[Step]:
         from trainpipe.pipeline.stages import stage_plan
 
         produced: dict[str, str] = {}  # model folder path -> step id of the export that made it
-        for st in stage_plan(cfg, root):
+        plan = stage_plan(cfg, root)
+        for i, st in enumerate(plan):
             sub, name = st["config"], st["name"]
             links = {}
             if st["input_stage"]:
                 links["base_model"] = (f"{st['input_stage']}.export", "model")
             if st["reward_stage"]:
                 links["reward_model"] = (f"{st['reward_stage']}.export", "model")
-            steps += _chain(sub, name, links)
+            steps += _chain(sub, name, links, {"stage": st, "index": i, "count": len(plan), "root": root})
             produced[str(root / name / "model")] = f"{name}.export"
     elif cfg.method.adapters:
-        from trainpipe.pipeline.adapters import adapter_config
+        from trainpipe.pipeline.adapters import adapter_config, check_adapter_names
 
+        check_adapter_names(cfg, root)
         for a in cfg.method.adapters:
-            steps += _chain(adapter_config(cfg, a.name, root), f"adapter-{a.name}", {})
+            steps += _chain(adapter_config(cfg, a.name, root), f"adapter-{a.name}", {}, {"adapter": a.name})
     else:
         steps += _chain(cfg.model_copy(update={"output_dir": str(root)}), None, {})
     check_types(steps)
     return steps
 
 
-def _chain(cfg: RunConfig, branch: str | None, train_links: dict) -> list[Step]:
+def _chain(cfg: RunConfig, branch: str | None, train_links: dict, meta: dict | None = None) -> list[Step]:
     p = (lambda k: f"{branch}.{k}") if branch else (lambda k: k)  # noqa: E731
+    m = meta or {}
     return [
-        Step(p("prepare"), "prepare", cfg, {k: v for k, v in train_links.items() if k == "base_model"}, branch=branch),
-        Step(p("train"), "train", cfg, {"data": (p("prepare"), "data"), **train_links}, branch=branch),
-        Step(p("evaluate"), "evaluate", cfg, {"run": (p("train"), "run"), "data": (p("prepare"), "data")}, branch=branch),
-        Step(p("export"), "export", cfg, {"run": (p("train"), "run"), "metrics": (p("evaluate"), "metrics")}, branch=branch),
-        Step(p("register"), "register", cfg, {"model": (p("export"), "model"), "run": (p("train"), "run")}, branch=branch),
-        Step(p("report"), "report", cfg, {"run": (p("train"), "run"), "metrics": (p("evaluate"), "metrics")}, branch=branch),
+        Step(p("prepare"), "prepare", cfg, {k: v for k, v in train_links.items() if k == "base_model"}, branch=branch, meta=m),
+        Step(p("train"), "train", cfg, {"data": (p("prepare"), "data"), **train_links}, branch=branch, meta=m),
+        Step(p("evaluate"), "evaluate", cfg, {"run": (p("train"), "run"), "data": (p("prepare"), "data")}, branch=branch, meta=m),
+        Step(p("export"), "export", cfg, {"run": (p("train"), "run"), "metrics": (p("evaluate"), "metrics")}, branch=branch, meta=m),
+        Step(p("register"), "register", cfg, {"model": (p("export"), "model"), "run": (p("train"), "run")}, branch=branch, meta=m),
+        Step(p("report"), "report", cfg, {"run": (p("train"), "run"), "metrics": (p("evaluate"), "metrics")}, branch=branch, meta=m),
     ]
 
 
@@ -257,9 +261,14 @@ def run_pipeline(cfg: RunConfig, *, config_path: str | None = None, store: str |
     for step in steps:
         entries[step.id], rec = execute_step(step, entries, cache, use_cache=use_cache, prev=prev_steps.get(step.id), config_path=config_path)
         record_steps.append(rec)
+        if step.kind == "train" and rec["status"] == "reused" and step.meta:
+            what = f"stage {step.meta['stage']['name']}" if "stage" in step.meta else f"adapter {step.meta['adapter']}"
+            con.print(f"[bold]{what}[/]: finished earlier, kept ({step.run_dir / 'summary.json'}; step {step.id} reused)", markup=True, soft_wrap=True)
     record = {"pipeline": pid, "name": cfg.name, "output_dir": str(Path(cfg.output_dir).resolve()), "store": st.url, "config_path": config_path,
               "steps": record_steps, "reused": [s["id"] for s in record_steps if s["status"] == "reused"],
               "ran": [s["id"] for s in record_steps if s["status"] == "ran"], "seconds": round(time.time() - t0, 3), "finished": time.time()}
+    if cfg.stages or cfg.method.adapters:  # the root's summary.json (and adapters.json) from the branches' own summaries
+        record["summary"] = str(parts_summary(cfg, steps, record_steps, t0))
     st.put_json(f"pipelines/{pid}.json", record)
     from trainpipe.track.manifest import write_json
 
@@ -268,6 +277,47 @@ def run_pipeline(cfg: RunConfig, *, config_path: str | None = None, store: str |
         write_json(root / "pipeline.json", record)
     con.print(f"pipeline: {len(record['ran'])} step(s) ran, {len(record['reused'])} reused, {record['seconds']:.2f} s", markup=False)
     return record
+
+
+RUN_STORE = ".trainpipe-store"  # `trainpipe run` of stages/adapters: the artefact store inside OUTPUT_DIR (trainpipe's own, rundir.ARTEFACTS)
+
+
+def run_parts(cfg: RunConfig, *, config_path: str | None, overwrite: bool, resume: bool) -> dict:
+    """`trainpipe run` of a `stages:` or `method.adapters` config: the same DAG as `trainpipe pipeline run`, executed by
+    `run_pipeline` under OUTPUT_DIR's lock. Every branch's config is built and checked before anything is written.
+    OUTPUT_DIR is refused when it holds an earlier run, unless `--resume` (finished steps are reused from the step
+    cache, an unfinished train step continues from its newest valid checkpoint, later steps run) or `--overwrite` (cleared
+    when trainpipe made it, and every step runs). The store is `pipeline.store`, else `OUTPUT_DIR/.trainpipe-store`.
+    Returns the root summary (OUTPUT_DIR/summary.json)."""
+    from trainpipe.pipeline import rundir
+    from trainpipe.pipeline.run import prepare_parent_dir
+
+    if cfg.output_dir is None:
+        cfg = cfg.model_copy(update={"output_dir": f"runs/{cfg.name or 'run'}"})
+    root = Path(cfg.output_dir).resolve()
+    build_dag(cfg)  # stage plan / adapter names: every branch validated before the folder is touched
+    rundir.check_not_data(root, rundir.protected_paths(cfg, config_path))
+    with rundir.RunLock(root):  # one run per folder: the whole DAG holds OUTPUT_DIR, each branch's run its own folder
+        prepare_parent_dir(cfg, overwrite, resume, "stages" if cfg.stages else "adapters", config_path=config_path)
+        record = run_pipeline(cfg, config_path=config_path, store=cfg.pipeline.store or str(root / RUN_STORE), no_cache=overwrite)
+    return json.loads(Path(record["summary"]).read_text(encoding="utf-8"))
+
+
+def parts_summary(cfg: RunConfig, steps: list[Step], record_steps: list[dict], t0: float) -> Path:
+    """OUTPUT_DIR/summary.json of a stages / adapters DAG (and adapters.json), from each branch's run summary."""
+    status = {r["id"]: r["status"] for r in record_steps}
+    trains = [s for s in steps if s.kind == "train"]
+    root = Path(cfg.output_dir).resolve()
+    from trainpipe.config import dump_yaml
+
+    (root / "config.resolved.yaml").write_text(dump_yaml(cfg), encoding="utf-8")  # the whole config (also under `pipeline run`)
+    if cfg.stages:
+        from trainpipe.pipeline.stages import stages_summary
+
+        return stages_summary(cfg, [(s.meta["stage"], status[s.id] == "reused") for s in trains], root, t0)
+    from trainpipe.pipeline.adapters import adapters_summary
+
+    return adapters_summary(cfg, [s.meta["adapter"] for s in trains], root, t0)
 
 
 def execute_step(step: Step, entries: dict[str, dict], cache: StepCache, *, use_cache: bool, prev: dict | None, config_path: str | None) -> tuple[dict, dict]:
@@ -461,6 +511,22 @@ def _step_train(step: Step, entries, st, work: Path, *, config_path: str | None,
     from trainpipe.track import tracking
 
     run_dir = step.run_dir
+    mark = run_dir / ".pipeline-step.json"
+    try:
+        if (run_dir / "summary.json").exists() and json.loads(mark.read_text())["key"] == key:
+            return {"run": run_dir}  # trained with this very key; only saving its entry was interrupted: not trained twice
+    except (OSError, ValueError, KeyError):
+        pass
+    lineage = None
+    if "stage" in step.meta:  # a stage of `stages:`: the model it starts from (and rl's reward model) in its manifest
+        from trainpipe.pipeline.stages import stage_lineage
+
+        m = step.meta
+        lineage = stage_lineage(m["stage"], m["index"], m["count"], m["root"]) | {"pipeline_step": step.id, "step_key": key}
+        ui.console().print(f"[bold]stage {m['stage']['name']}[/] ({m['index'] + 1}/{m['count']}): {step.cfg.method.name} from "
+                           f"{step.cfg.model.name_or_path}", markup=True, soft_wrap=True)
+    elif "adapter" in step.meta:
+        ui.console().print(f"[bold]adapter {step.meta['adapter']}[/]: {step.cfg.method.peft} on {step.cfg.model.name_or_path}", markup=True, soft_wrap=True)
     tracking.REGISTER_AT_END = False  # the pipeline's `register` step registers the model
     try:
         unfinished = (run_dir / "checkpoints").is_dir() and not (run_dir / "summary.json").exists()
@@ -469,13 +535,13 @@ def _step_train(step: Step, entries, st, work: Path, *, config_path: str | None,
             from trainpipe.errors import ConfigError as _CfgErr, DataError, RunDirError
 
             try:
-                run(step.cfg, config_path=config_path, resume=True)
+                run(step.cfg, config_path=config_path, resume=True, lineage=lineage)
                 resumed = True
             except (_CfgErr, DataError, RunDirError) as exc:  # another config or other data: start over
                 ui.console().print(f"  {step.id}: not resuming the unfinished run ({str(getattr(exc, 'message', exc))[:200]}); starting over",
                                    markup=False, soft_wrap=True)
         if not resumed:
-            run(step.cfg, config_path=config_path, overwrite=True)
+            run(step.cfg, config_path=config_path, overwrite=True, lineage=lineage)
     finally:
         tracking.REGISTER_AT_END = True
     (run_dir / ".pipeline-step.json").write_text(json.dumps({"step": step.id, "key": key}) + "\n", encoding="utf-8")

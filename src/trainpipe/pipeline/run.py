@@ -125,15 +125,11 @@ def run(cfg: RunConfig, *, config_path: str | None = None, overwrite: bool = Fal
         cfg, choice = expand_auto(cfg)
         ui.console().print(f"objective (method.name: auto): {choice.value}: {choice.rule}", markup=False, soft_wrap=True)
 
-    if cfg.stages:  # several stages (e.g. RLHF: sft, reward, rl), each an ordinary run fed by the one before (pipeline/stages.py)
-        from trainpipe.pipeline.stages import run_stages
+    if cfg.stages or cfg.method.adapters:  # several stages (e.g. RLHF: sft, reward, rl; pipeline/stages.py) or one adapter per
+        # task (pipeline/adapters.py): the pipeline DAG of `trainpipe pipeline run`, one chain per part, its train step a run of this function
+        from trainpipe.pipeline.dag import run_parts
 
-        return run_stages(cfg, config_path=config_path, overwrite=overwrite, resume=resume)
-
-    if cfg.method.adapters:  # one adapter per task on the shared base: one ordinary run per adapter (pipeline/adapters.py)
-        from trainpipe.pipeline.adapters import run_adapters
-
-        return run_adapters(cfg, config_path=config_path, overwrite=overwrite, resume=resume)
+        return run_parts(cfg, config_path=config_path, overwrite=overwrite, resume=resume)
 
     # 1. check the inputs exist, resolve the plan, lay out the run directory (or find the checkpoint to resume)
     preflight(cfg)

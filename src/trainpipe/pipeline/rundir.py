@@ -45,6 +45,7 @@ ARTEFACTS = frozenset({
     # evaluation, gates and the report (evaluate/, report/html.py); tracking and pipeline state (track/, pipeline/dag.py)
     "gates.json", "lengths.json", "review_samples.jsonl", "review.json", "forgetting.json", "benchmarks_baseline.json",
     "tracking.json", "plan.json", "pipeline.json",
+    ".trainpipe-store",  # the step cache of `trainpipe run` with stages/adapters (pipeline/dag.py RUN_STORE)
 })
 RUN_EVIDENCE = ("config.resolved.yaml", "events.jsonl", "manifest.json", "summary.json", "checkpoints", "data/report.json")
 PREPARE_FILES = frozenset({"report.json", "rejected.jsonl", "duplicates.jsonl"})  # what `trainpipe prepare` writes into OUTPUT_DIR/data/

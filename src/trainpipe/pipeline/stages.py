@@ -1,7 +1,9 @@
 """Several stages in one run, e.g. RLHF: `stages: [sft, reward, rl]`.
 
-Each stage is an ordinary `trainpipe run` of its own config into `OUTPUT_DIR/<stage name>/` (a
-full run directory: data report, checkpoints, baseline and final eval, `model/`). A stage's config
+Each stage is one chain of the pipeline DAG (pipeline/dag.py: prepare -> train -> evaluate -> export -> register ->
+report), whose train step is an ordinary `trainpipe run` of the stage's config into `OUTPUT_DIR/<stage name>/` (a
+full run directory: data report, checkpoints, baseline and final eval, `model/`); `trainpipe run` and `trainpipe
+pipeline run` execute the same DAG (`dag.run_parts`, `dag.run_pipeline`), with its step cache. A stage's config
 is the run's config with the stage's `method`, `training` and `eval` keys laid over the run's, its
 `data` when it gives one, and `model.name_or_path` set by the chain:
 
@@ -17,8 +19,9 @@ the stage that produced it, the SHA-256 of its config.json and of its weight fil
 config hash) and, for rl, the reward model the same way. `OUTPUT_DIR/summary.json` lists every
 stage with its input, output and metrics; `OUTPUT_DIR/config.resolved.yaml` is the whole config.
 
-`--resume`: finished stages (summary.json present) are kept, the unfinished one continues from its
-newest valid checkpoint (or starts), later ones run. `--overwrite` clears OUTPUT_DIR first (only when
+`--resume`: finished stages (their train step's cache entry) are kept, the unfinished one continues from its
+newest valid checkpoint (or starts), later ones run; a stage whose config or input model changed runs again, and
+every stage after it whose input changed with it. `OUTPUT_DIR/pipeline.json` records each step, ran or reused and why. `--overwrite` clears OUTPUT_DIR first (only when
 trainpipe made it: pipeline/rundir.py). OUTPUT_DIR is locked for the whole run; a stage name is one
 plain folder name, and its folder must lie directly inside OUTPUT_DIR.
 """
@@ -32,7 +35,6 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from trainpipe import ui
 from trainpipe.config import RunConfig, format_validation_error
 from trainpipe.errors import ConfigError
 from trainpipe.pipeline import rundir
@@ -42,43 +44,20 @@ from trainpipe.hashing import file_sha256
 POLICY_METHODS = ("sft", "pretrain", "dpo", "orpo", "kto", "rl")
 
 
-def run_stages(cfg: RunConfig, *, config_path: str | None, overwrite: bool, resume: bool) -> dict:
-    from trainpipe.pipeline.run import prepare_parent_dir
-
-    t0 = time.time()
-    root = Path(cfg.output_dir or f"runs/{cfg.name or 'run'}").resolve()
-    plan = stage_plan(cfg, root)  # every stage's config, validated before anything runs
-    rundir.check_not_data(root, rundir.protected_paths(cfg, config_path))
-    with rundir.RunLock(root):  # one run per folder: the whole pipeline holds OUTPUT_DIR, each stage its own folder
-        prepare_parent_dir(cfg, overwrite, resume, "stages", config_path=config_path)
-        return _run_plan(cfg, plan, root, t0, config_path=config_path, overwrite=overwrite, resume=resume)
-
-
-def _run_plan(cfg: RunConfig, plan: list[dict], root: Path, t0: float, *, config_path: str | None, overwrite: bool, resume: bool) -> dict:
-    from trainpipe.pipeline.run import run
-
-    results = []
-    for i, st in enumerate(plan):
-        name, sub = st["name"], st["config"]
-        done = Path(sub.output_dir) / "summary.json"
-        if done.exists() and not overwrite:
-            ui.console().print(f"[bold]stage {name}[/] ({i + 1}/{len(plan)}): finished earlier, kept ({done})", markup=True)
-            results.append(stage_entry(st, json.loads(done.read_text()), skipped=True))
-            continue
-        ui.console().print(f"[bold]stage {name}[/] ({i + 1}/{len(plan)}): {sub.method.name} from {sub.model.name_or_path}", markup=True)
-        lineage = stage_lineage(st, i, len(plan), root)
-        if resume or cfg.training.resume == "auto":
-            sub = sub.model_copy(update={"training": sub.training.model_copy(update={"resume": "auto"})})  # continue it, or start it
-        results.append(stage_entry(st, run(sub, config_path=config_path, overwrite=overwrite, lineage=lineage), skipped=False))
-
+def stages_summary(cfg: RunConfig, stages: list[tuple[dict, bool]], root: Path, t0: float) -> Path:
+    """OUTPUT_DIR/summary.json after the DAG ran (pipeline/dag.py): every stage (its plan entry, whether its train step was
+    reused) with its input, output and metrics from its own summary.json; the final model is the last policy stage's."""
+    results = [stage_entry(st, json.loads((Path(st["config"].output_dir) / "summary.json").read_text(encoding="utf-8")), skipped=kept)
+               for st, kept in stages]
     last = results[-1]
     policy = next((r for r in reversed(results) if r["method"] in POLICY_METHODS), last)
     summary = {
         "name": cfg.name, "method": "stages", "stages": results, "final_model": policy["artifacts"]["model"],
-        "artifacts": {"run_dir": str(root), "model": policy["artifacts"]["model"]}, "wall_seconds": round(time.time() - t0, 2),
+        "artifacts": {"run_dir": str(root), "model": policy["artifacts"]["model"], "pipeline": str(root / "pipeline.json")},
+        "wall_seconds": round(time.time() - t0, 2),
     }
     write_json(root / "summary.json", summary)
-    return summary
+    return root / "summary.json"
 
 
 def stage_plan(cfg: RunConfig, root: Path) -> list[dict]:
