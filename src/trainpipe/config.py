@@ -486,6 +486,8 @@ class EvalConfig(_Section):
     """Longest generation for generated metrics (`exact_match`)."""
     max_samples: int | None = Field(default=None, ge=1)
     """Evaluate generated metrics on at most this many eval records (all when null)."""
+    generate_in_training: bool = False
+    """sft/pretrain: measure the generated metrics of `metrics` (`exact_match`, `accuracy`, `rouge_l`, `bleu`) at every in-training eval too, not only before and after training (each eval then generates `max_samples` replies: slower). `trainpipe tune` needs it to prune on a generated metric."""
 
 
 class GateConfig(_Section):

@@ -51,7 +51,7 @@ def run(ctx: RunContext) -> dict:
     # 4. train: the best checkpoint by the eval loss
     loop = build_loop(
         model, tok, data.train, cfg.training, run_dir=ctx.run_dir, events=ctx.events, config_yaml=ctx.config_yaml,
-        evaluate=lambda m: evaluate(m, objective, data.eval, batch_size=bs)["loss"], objective=objective, dist=ctx.dist,
+        evaluate=lambda m: evaluate(m, objective, data.eval, batch_size=bs), objective=objective, dist=ctx.dist,  # loss, accuracy, macro_f1 (the hooks see all)
     )
     outcome = train(loop, ctx.resume_from)
     if not ctx.is_main:

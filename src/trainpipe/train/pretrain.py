@@ -36,7 +36,7 @@ TOKEN_ROW_PEFT = ("lora", "rslora", "dora", "ia3")
 
 def run(ctx: RunContext) -> dict:
     from trainpipe.evaluate import suite
-    from trainpipe.evaluate.evaluator import eval_loss, evaluate_lm
+    from trainpipe.evaluate.evaluator import evaluate_lm
     from trainpipe.export import export_model
     from trainpipe.train.model import apply_peft, check_peft, load_base, parameter_counts, quantization_config
 
@@ -67,7 +67,7 @@ def run(ctx: RunContext) -> dict:
     # 3. train: next-token cross-entropy on every token (packed rows carry position ids; the loop's collator keeps them)
     loop = sft.build_loop(
         model, tok, data.train, cfg.training, run_dir=ctx.run_dir, events=ctx.events, config_yaml=ctx.config_yaml,
-        evaluate=suite.in_training(ctx, extra, lambda m: eval_loss(m, data.eval, batch_size=bs, pad_id=tok.pad_token_id)["loss"], lambda: loop.state.step),
+        evaluate=suite.in_training(ctx, extra, lambda m: sft.lm_in_training(m, tok, data, ev, batch_size=bs, stop_ids=ctx.stop_ids), lambda: loop.state.step),
         dist=ctx.dist,
     )
     outcome = sft.train(loop, ctx.resume_from)

@@ -24,7 +24,7 @@ from trainpipe.train.progress import TrainProgress
 
 def run(ctx: RunContext) -> dict:
     from trainpipe.evaluate import suite
-    from trainpipe.evaluate.evaluator import eval_loss, evaluate_lm
+    from trainpipe.evaluate.evaluator import evaluate_lm
     from trainpipe.export import export_model
     from trainpipe.train.model import build_model, parameter_counts
 
@@ -45,7 +45,7 @@ def run(ctx: RunContext) -> dict:
     # 3. train (every in-training eval measures the forgetting sets too)
     loop = build_loop(
         model, tok, data.train, cfg.training, run_dir=ctx.run_dir, events=ctx.events, config_yaml=ctx.config_yaml,
-        evaluate=suite.in_training(ctx, extra, lambda m: eval_loss(m, data.eval, batch_size=bs, pad_id=tok.pad_token_id)["loss"], lambda: loop.state.step),
+        evaluate=suite.in_training(ctx, extra, lambda m: lm_in_training(m, tok, data, cfg.eval, batch_size=bs, stop_ids=ctx.stop_ids), lambda: loop.state.step),
         dist=ctx.dist,
     )
     outcome = train(loop, ctx.resume_from)
@@ -68,6 +68,21 @@ def run(ctx: RunContext) -> dict:
         "samples": [{**f, "baseline_prediction": b["prediction"]} for f, b in zip(final_samples[:20], base_samples[:20])],
         "artifacts": artifacts(ctx.run_dir, model_dir, cfg.method.peft), **more,
     }
+
+
+def lm_in_training(model, tok, data, ev, *, batch_size: int, stop_ids: list[int]) -> dict:
+    """sft/pretrain's in-training eval, what the loop's eval hooks (tune's pruner) see: loss and perplexity on the eval split;
+    with `eval.generate_in_training` also the generated metrics of `eval.metrics` (exact_match, accuracy, rouge_l, bleu)."""
+    from trainpipe.evaluate.evaluator import eval_loss, evaluate_lm
+    from trainpipe.evaluate.metrics import GENERATED
+
+    generated = [m for m in ev.metrics if m == "exact_match" or m in GENERATED]
+    if ev.generate_in_training and generated and data.eval_generation:
+        out, _ = evaluate_lm(model, tok, data, ev.model_copy(update={"metrics": ["loss", "perplexity", *generated]}), batch_size=batch_size,
+                             stop_ids=stop_ids, phase="train")
+        return out
+    res = eval_loss(model, data.eval, batch_size=batch_size, pad_id=tok.pad_token_id)
+    return {"loss": res["loss"], "perplexity": res["perplexity"]}
 
 
 def artifacts(run_dir: Path, model_dir: Path, peft: str) -> dict:

@@ -5,18 +5,21 @@ Reads top to bottom:
 1. check before any trial: the space (every key a config key, every range non-empty, every bound a valid value:
    tune/space.py), the objective metric, the storage (reachable), the budget (pays for at least one trial);
 2. the study: sampler (tpe | gp | cmaes | random | grid | qmc), pruner (median | asha | hyperband | none) on the
-   intermediate eval loss, storage (SQLite in the study folder, or a shared `postgresql://` database for several
+   intermediate objective metric, storage (SQLite in the study folder, or a shared `postgresql://` database for several
    workers: each worker heartbeats its running trial; a trial whose worker died is failed and retried once,
    Optuna's `RetryFailedTrialCallback`);
 3. each trial: sample -> the trial's config (the fidelity: fewer steps or a share of the data) -> the planner's plan
    (a plan that does not fit the memory is never started: the trial is pruned with the reason) -> `pipeline.run.run`
-   into `OUTPUT/trials/trial-NNNN/`, with an eval hook that reports the eval loss to the pruner and stops a pruned
+   into `OUTPUT/trials/trial-NNNN/`, with an eval hook that reports the objective metric to the pruner and stops a pruned
    trial cleanly (event `trial_pruned`, no export) -> the final metric;
 4. outputs: `best.yaml` (the best trial's config, ready to run, full data and steps), `leaderboard.{csv,html}` and a
    terminal table (tune/leaderboard.py), `best/model` (the best trial's exported model), `tune.json`.
 
-The intermediate value the pruner sees is the eval loss (negated when the objective is maximised), measured every
-`training.eval_steps` on the same eval split as the final metric.
+The intermediate value the pruner sees is the study's objective metric (`tune.objective.metric`, in the study's direction)
+as the recipe's in-training eval measured it (train/loop.py `loop.eval_metrics`: classification accuracy, preference
+accuracy and margins, loss and perplexity, generated metrics with `eval.generate_in_training`), every `training.eval_steps`
+on the same eval split as the final metric. An objective the in-training evals never measure is refused before any trial
+unless `tune.pruner: none` (then trials are compared on their final value only, and the study says so).
 """
 
 from __future__ import annotations
@@ -40,12 +43,21 @@ from trainpipe.redact import redact_url
 from trainpipe.tune import space as S
 
 MINIMIZED = ("loss", "perplexity", "eval_loss")
-# final metrics each method's summary holds (others are refused before any trial)
+_PAIRS = ("loss", "accuracy", "margin", "accuracy_per_token", "margin_per_token", "reward_accuracy", "reward_margin", "rewards_chosen", "rewards_rejected")
+_KTO = ("loss", "accuracy", "margin", "reward_accuracy", "rewards_desirable", "rewards_undesirable")
+_RL = ("reward", "reward_greedy", "kl", "kl_per_token", "completion_length")
+# final metrics each method's summary holds (others are refused before any trial); sft/pretrain: `eval.metrics`
 METHOD_METRICS = {
     "reward": ("loss", "accuracy", "margin", "reward_chosen", "reward_rejected"),
     "classification": ("loss", "accuracy", "macro_f1"),
-    "dpo": ("loss", "accuracy", "margin"), "orpo": ("loss", "accuracy", "margin"), "kto": ("loss", "accuracy", "margin"),
+    "dpo": _PAIRS, "orpo": _PAIRS, "kto": _KTO, "rl": _RL,
 }
+# what each recipe's in-training eval hands the loop's eval hooks (train/loop.py `loop.eval_metrics`), i.e. what a pruner can
+# be given; sft/pretrain: loss and perplexity, plus the generated metrics of `eval.metrics` with `eval.generate_in_training`
+IN_TRAINING_METRICS = {**METHOD_METRICS, "rl": ("loss", *_RL)}  # rl's in-training loss: minus the KL-regularised reward
+# TRL's / transformers' names for the same figures
+ALIASES = {"eval_loss": "loss", "eval_accuracy": "accuracy", "rewards/accuracies": "reward_accuracy", "rewards/margins": "reward_margin",
+           "rewards/chosen": "rewards_chosen", "rewards/rejected": "rewards_rejected"}
 
 
 class TuneError(TrainpipeError):
@@ -76,17 +88,50 @@ def load_study_config(path: str | Path, overrides: list[str]) -> tuple[RunConfig
     return cfg, raw, path.resolve().parent
 
 
-def check_metric(cfg: RunConfig) -> None:
+def metric_key(name: str) -> str:
+    """The summary / in-training name of an objective metric (TRL's `rewards/accuracies` is trainpipe's `reward_accuracy`)."""
+    return ALIASES.get(name, name)
+
+
+def in_training_metrics(cfg: RunConfig) -> tuple[str, ...]:
+    """The metrics a run of ``cfg`` measures at every in-training eval (what the pruner can be given)."""
+    from trainpipe.evaluate.metrics import GENERATED
+
+    if cfg.method.name in IN_TRAINING_METRICS:
+        return IN_TRAINING_METRICS[cfg.method.name]
+    generated = tuple(m for m in cfg.eval.metrics if m == "exact_match" or m in GENERATED)
+    return ("loss", "perplexity") + (generated if cfg.eval.generate_in_training else ())
+
+
+def check_metric(cfg: RunConfig) -> str | None:
+    """Refuse an objective the run never measures at the end, or (with a pruner) at its in-training evals. Returns a note when
+    the objective is measured only at the end and the pruner is `none` (trials are then compared on their final value only)."""
     t = cfg.tune
     if t.objective.function:
-        return
-    m = t.objective.metric
+        return None
+    name = t.objective.metric
+    m = metric_key(name)
+    shown = m if m == name else f"{name}` (`{m}`"
     allowed = METHOD_METRICS.get(cfg.method.name) or tuple(cfg.eval.metrics)
     if m not in allowed:
         raise ConfigError(
-            f"`tune.objective.metric: {m}` is not measured by a `{cfg.method.name}` run with this config (it measures {', '.join(allowed)}). "
+            f"`tune.objective.metric: {shown}` is not measured by a `{cfg.method.name}` run with this config (it measures {', '.join(allowed)}). "
             + ("Add it to `eval.metrics` or choose one of those." if cfg.method.name not in METHOD_METRICS else "Choose one of those.")
         )
+    during = in_training_metrics(cfg)
+    if m in during:
+        return None
+    generated = cfg.method.name in ("sft", "pretrain") and m != "perplexity"
+    if t.pruner != "none":
+        raise ConfigError(
+            f"`tune.objective.metric: {shown}` is measured only at the end of a `{cfg.method.name}` run, but `tune.pruner: {t.pruner}` prunes on "
+            f"the in-training evals, which measure {', '.join(during)}: the pruner would stop trials on a different quantity than the study "
+            f"selects on. Choose one of those as the objective, "
+            + ("set `eval.generate_in_training: true` to generate and score at every eval (slower), " if generated else "")
+            + "or set `tune.pruner: none` to compare trials on their final value only. No trial was started."
+        )
+    return (f"`{name}` is measured at the end of each trial only (the in-training evals measure {', '.join(during)}); with `tune.pruner: none` "
+            "every trial runs to the end and is compared on its final value.")
 
 
 def storage_url(t: TuneConfig, study_dir: Path) -> str:
@@ -334,12 +379,20 @@ class Objective:
             con.print(f"  [yellow]trial {trial.number} not started:[/] {why}", markup=True, highlight=False)
             raise optuna.TrialPruned(f"plan does not fit: {why}")
 
-        sign = 1.0 if self.direction == "minimize" else -1.0
+        metric = metric_key(self.t.objective.metric)
 
         def report(loop, step: int, eval_loss: float) -> None:
-            trial.report(sign * eval_loss, step)
+            # the objective metric of this eval (loop.eval_metrics: every metric the recipe's in-training eval measured), in the
+            # study's own direction: the pruner compares trials on the quantity the study selects on
+            measured = getattr(loop, "eval_metrics", None) or {"loss": eval_loss}
+            if metric not in measured:
+                raise TuneError(f"trial {trial.number}'s in-training eval at step {step} has no `{metric}` (it measured {', '.join(measured)}); "
+                                "choose one of those as `tune.objective.metric`, or set `tune.pruner: none`.")
+            value = float(measured[metric])
+            trial.report(value, step)
             if trial.should_prune():
-                loop.events.emit("trial_pruned", step=step, level="warning", trial=trial.number, eval_loss=eval_loss, pruner=self.t.pruner)
+                loop.events.emit("trial_pruned", step=step, level="warning", trial=trial.number, metric=metric, value=value, eval_loss=eval_loss,
+                                 pruner=self.t.pruner)
                 trial.set_user_attr("pruned_at_step", step)
                 raise L.StopTrial()
 
@@ -357,7 +410,6 @@ class Objective:
         finally:
             L.EVAL_HOOKS.remove(report)
         final = summary.get("final") or {}
-        metric = self.t.objective.metric
         if metric not in final:
             raise TuneError(f"trial {trial.number}'s summary has no final `{metric}` (it has {', '.join(final)}); set `tune.objective.metric` to one of those.")
         trial.set_user_attr("seconds", round(time.time() - t0, 3))
@@ -407,7 +459,9 @@ def tune(config: str | Path, overrides: list[str] | None = None, *, n_trials: in
         t.n_trials = n_trials
     direction = direction_of(t)
     params = S.parse_space(t.space, raw)
-    check_metric(cfg)
+    note = check_metric(cfg)
+    if note:
+        ui.console().print(f"note: {note}", highlight=False)
     study_dir = Path(cfg.output_dir or f"runs/{cfg.name}").resolve()
     study_dir.mkdir(parents=True, exist_ok=True)
     fn = t.objective.function
