@@ -121,3 +121,19 @@ def test_kfp_recurring_run_yaml_and_bad_cron(tmp_path, capsys):
     assert "needs `--cron" in capsys.readouterr().out
     assert main(["pipeline", "schedule", str(config), "--cron", "0 3 * * *", "--emit", "argo"]) == 2
     assert "`kfp-recurring-run`" in capsys.readouterr().out
+
+
+def test_kfp_cron_conversion():
+    from trainpipe.errors import ConfigError
+    from trainpipe.pipeline.schedule import kfp_cron, parse_cron
+
+    assert parse_cron("0 0 * * 7").weekdays == {0} and parse_cron("0 0 * * 2-7/2").weekdays == {2, 4, 6}
+
+    assert kfp_cron("0 3 * * *") == "0 0 3 * * *"
+    assert kfp_cron("*/15 * * * 1-5") == "0 */15 * * * 1-5"
+    assert kfp_cron("30 6 1,15 */2 *") == "0 30 6 1,15 */2 *"
+    assert kfp_cron("0 0 * * 7") == "0 0 0 * * 0"  # robfig/cron has no weekday 7
+    assert kfp_cron("0 0 * * 1-7/3") == "0 0 0 * * 0,1,4"  # 1, 4, 7
+    assert kfp_cron("0 0 * * 2-7/2") == "0 0 0 * * 2,4,6"  # 7 not reached: no Sunday
+    with pytest.raises(ConfigError, match="five"):
+        kfp_cron("* * * *")

@@ -100,12 +100,10 @@ def parse_cron(expr: str) -> Cron:
             except ValueError:
                 raise ConfigError(f"`--cron {expr!r}`: the {name} field `{text}` is not a number, `*`, a range `a-b` or a step `*/n`.",
                                   [f"--cron {expr}: {name}"]) from None
-            if name == "day of week" and b == 7:
-                values.add(0)  # 7 is Sunday too
-                b = 6 if a <= 6 else 0
-            if not (lo <= a <= hi and lo <= b <= hi and a <= b and step >= 1):
+            top = 7 if name == "day of week" else hi  # 7 is Sunday too
+            if not (lo <= a <= top and lo <= b <= top and a <= b and step >= 1):
                 raise ConfigError(f"`--cron {expr!r}`: the {name} field `{text}` is outside {lo}-{hi}.", [f"--cron {expr}: {name}"])
-            values |= set(range(a, b + 1, step))
+            values |= {v % 7 if name == "day of week" else v for v in range(a, b + 1, step)}
         sets.append(frozenset(values))
     return Cron(expr, *sets, dom_any=parts[2] == "*", dow_any=parts[4] == "*")
 
