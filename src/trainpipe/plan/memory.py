@@ -43,6 +43,15 @@ Mechanisms added while calibrating on published LLM measurements (each is how th
 - the backward of one layer holds the gradients of its MLP-width tensors on top of what it saved;
 - a LoRA base loaded in fp32 under autocast (base_dtype="fp32") keeps each frozen weight's 16-bit cast
   until its backward; FSDP shards that fp32 base.
+Mechanisms added with the published held-out sources (issue 14 item 5; each checked on the CPU in
+tests/unit/plan/test_plan_mechanisms.py):
+- the attention output projection's input is the SDPA/flash kernel's saved output seen through a view, not a
+  second tensor (a real count of the tensors a transformers Llama layer saves: within 0.3 %, full and LoRA);
+- custom loops that call the model without labels and apply nn.CrossEntropyLoss to the 16-bit logits keep a
+  16-bit log-softmax (framework "hf-bf16-loss": 3 x 2 B per token and vocabulary entry, not 14 B);
+- QLoRA on a model loaded without torch_dtype (base_dtype="fp32"): the unquantized embeddings, norms and lm_head
+  are fp32 and Linear4bit returns its input's dtype, so the residual stream, the saved activations and the
+  logits are fp32 (4 B).
 Sources: Lightning-AI/litgpt tutorials/resource-tables.md and config_hub/finetune/README.md; huggingface/peft
 docs/source/accelerate/deepspeed.md and fsdp.md; pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md;
 pytorch/torchtune README.md and docs/source/tutorials/qlora_finetune.rst; Hugging Face transformers

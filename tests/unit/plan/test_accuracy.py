@@ -79,3 +79,12 @@ def test_installed_bitsandbytes_keeps_only_the_packed_weight():
     old_lora = M.Setup(method="lora", precision="bf16", seq_len=t, micro_batch=1, framework="transformers")
     # q/k/v's and gate/up's shared inputs and down's; o_proj's input is the SDPA output the kernel already keeps
     assert M.layer_activation_bytes(spec, old, t) - M.layer_activation_bytes(spec, old_lora, t) == 2 * t * (2 * h + i)
+
+
+def test_falcon_40b_qlora_on_a_40gb_card_is_planned_as_fitting():
+    """Issue 14 item 5: 40B QLoRA on a 40 GB card was measured running and must not be "does not fit" (the plan of a
+    one-sequence micro-batch of 512 tokens: NF4 weights ~21 GB + adapters + activations)."""
+    p = make_plan(PlanRequest(model="tiiuae/falcon-40b", gpu="A100-40GB", method="qlora", micro_batch=1, seq_len=512))
+    assert p["fits"] is True
+    per = p["memory"]["per_device"]
+    assert 22 * 2**30 < per["total_bytes"] <= p["memory"]["gpu_memory_bytes"]
