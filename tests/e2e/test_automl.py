@@ -197,3 +197,22 @@ def test_budget_below_the_first_rung_is_one_error(tmp_path, tiny_model_dir, caps
                  "--gpu", "A10G", "--budget-usd", "1e-9"]) == 2
     assert "cannot pay for the first rung" in " ".join(capsys.readouterr().out.split())
     assert not (tmp_path / "o" / "runs").exists()
+
+
+def test_budget_pays_for_the_rungs_it_starts(tmp_path, tiny_model_dir, capsys):
+    """A budget that pays for rung 0 but not the next: rung 0 trains, rung 1 is never started, the winner of rung 0 is exported."""
+    import re
+
+    data = write_jsonl(tmp_path / "train.jsonl", alpaca_records(60, seed=8))
+    args = ["automl", "--task", "sft", "--data", str(data), "--models", str(tiny_model_dir), "--gpu", "A10G", "--min-steps", "2",
+            "--rungs", "2", "--arms-per-model", "2", "--eval-split", "8", "--max-length", "48", "--lr-range", "1e-3:1e-2"]
+    assert main([*args, "-o", str(tmp_path / "probe"), "--budget-usd", "1e-12"]) == 2
+    one = float(re.search(r"costs \$([0-9.e+-]+) for one arm's 2 steps", " ".join(capsys.readouterr().out.split())).group(1))
+    out = tmp_path / "o"  # rung 0: 2 arms x 2 steps = 2 x one; rung 1 adds the survivor's 2 more steps = one more: 3 x one in all
+    assert main([*args, "-o", str(out), "--budget-usd", str(2.5 * one)]) == 0
+    r = json.loads((out / "automl.json").read_text())
+    assert [x["rung"] for x in r["rows"]] == [0, 0] and "rung 1 would cost" in r["stopped"]
+    assert r["spent_usd"] <= 2.5 * one < r["planned_usd"] and r["planned_usd"] == pytest.approx(3 * one, rel=0.05)
+    assert not (out / "runs" / f"rung1-{r['winner']['arm']}").exists() and (out / "winner" / "model" / "config.json").is_file()
+    logged = [json.loads(x) for x in (out / "events.jsonl").read_text().splitlines()]
+    assert [e["rung"] for e in logged if e["event"] == "budget_stop"] == [1]

@@ -422,8 +422,8 @@ def automl(*, task: str, data: Path, models: list[str], out_dir: Path, budget_us
     board = sorted(finished, key=lambda a: (-a["rung"], -a["value"] if direction == "maximize" else a["value"]))
     best = board[0]
     winner = _export_winner(best, out_dir, mapping_for)
-    result = {"task": task, "metric": metric, "direction": direction, "gpu": gpu, "gpus": gpus, "budget": budget, "planned_usd": round(planned, 8),
-              "spent_usd": round(spent, 8), "wall_seconds": round(time.time() - t0, 2), "stopped": stop_reason, "rung_steps": steps_of,
+    result = {"task": task, "metric": metric, "direction": direction, "gpu": gpu, "gpus": gpus, "budget": budget, "planned_usd": planned,
+              "spent_usd": spent, "wall_seconds": round(time.time() - t0, 2), "stopped": stop_reason, "rung_steps": steps_of,
               "candidates": cands, "arms": arms, "rows": rows, "refused": refused,
               "winner": {"arm": best["id"], "candidate": best["candidate"], "changes": best["changes"], metric: best["value"], "rung": best["rung"],
                          "model": str(winner / "model"), "report": str(winner / "report.html"), "summary": str(winner / "summary.json")},
