@@ -177,7 +177,8 @@ def _section_results(s: dict) -> list[str]:
     t = s.get("test")
     if t:
         out.append("<p>Held-out test split, measured once on the chosen checkpoint:</p>")
-        out.append(_table(["test", "examples", "loss", "perplexity"], [["final", _num(t.get("examples")), _num(t.get("loss")), _num(t.get("perplexity"))]], {1, 2, 3}))
+        keys = [k for k in t if k not in ("examples", "loss_tokens") and isinstance(t[k], (int, float))] or ["loss", "perplexity"]  # a recipe's own test metrics (dpo: accuracy, margins)
+        out.append(_table(["test", "examples", *keys], [["final", _num(t.get("examples")), *[_num(t.get(k)) for k in keys]]], set(range(1, len(keys) + 2))))
     tr = s.get("train") or {}
     if tr:
         out.append(f"<p><small>{_num(tr.get('global_step'))} steps, {_num(tr.get('train_seconds'))} s training, best checkpoint <code>{escape(str(tr.get('best_checkpoint')))}</code> (eval loss {_num(tr.get('best_eval_loss'))})"
