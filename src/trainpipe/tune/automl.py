@@ -280,6 +280,9 @@ def automl(*, task: str, data: Path, models: list[str], out_dir: Path, budget_us
             raise ConfigError(f"`{name} {v}` must be at least {lo}.")
     if lr_spread < 1:
         raise ConfigError(f"`--lr-spread {lr_spread:g}` must be >= 1: learning rates are sampled from the planner's default / spread to x spread.")
+    if use_catalog and max_params is None and budget_usd is None:
+        raise ConfigError("`--catalog` considers every catalogue model of the task's kind (up to hundreds of billions of parameters); bound it "
+                          "with `--max-params` (e.g. 2e9) and/or `--budget-usd` (with `--gpu`), so that only models you mean to pay for are trained.")
     if lr_range is not None and not (0 < lr_range[0] < lr_range[1]):
         raise ConfigError(f"`--lr-range {lr_range[0]:g}:{lr_range[1]:g}` must be LOW:HIGH with 0 < LOW < HIGH (e.g. 1e-5:1e-3).")
     if budget_usd is not None and not (gpu or _gpu_here()):
