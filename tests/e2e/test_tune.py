@@ -141,5 +141,72 @@ def test_data_fraction_fidelity_and_hyperband(tmp_path):
     assert len(reports) == 2
     assert all(r["train_examples"] + r["eval_examples"] <= 60 for r in reports)  # half of the 120 records
     assert reports[0]["train_examples"] == reports[1]["train_examples"] and reports[0]["eval_examples"] == reports[1]["eval_examples"] == 12
+    # intermediate values are comparable across trials and rungs: every trial's evals run on the same eval records (the same
+    # base model measures the same baseline loss in each), at the same steps
+    complete = [t for t in trials if t.state.name == "COMPLETE"]
+    baselines = [json.loads((Path(t.user_attrs["run_dir"]) / "summary.json").read_text())["baseline"]["loss"] for t in complete]
+    assert baselines[0] == baselines[1]
+    assert sorted(complete[0].intermediate_values) == sorted(complete[1].intermediate_values) == [2, 4]
     best = yaml.safe_load((tmp_path / "study" / "best.yaml").read_text())
     assert "max_records" not in best["data"]["sources"][0]
+
+
+SLOW = '''
+import math, time
+from pathlib import Path
+
+def fn(cfg, trial):
+    if trial.number == 2 and not Path(MARK).exists():  # the first time trial 2 runs: say so, then hang until killed
+        Path(MARK).write_text("started")
+        time.sleep(120)
+    lr = cfg["training"]["learning_rate"]
+    return (math.log10(lr) + 3) ** 2
+'''
+
+
+def test_interrupted_study_resumes_from_the_same_storage(tmp_path):
+    """`trainpipe tune` killed mid-trial (SIGKILL), then run again on the same config: the study continues in the same
+    SQLite storage (finished trials kept as they were, numbers continue), the trial that was running is failed after the
+    heartbeat grace and retried with its parameters, and the study stops at n_trials finished trials in all."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    mark = tmp_path / "trial2.started"
+    (tmp_path / "slow.py").write_text(f"MARK = {str(mark)!r}\n" + SLOW)
+    write_jsonl(tmp_path / "data.jsonl", [{"instruction": "a", "output": "b"}])
+    cfg = {
+        "model": {"name_or_path": "surrogate"}, "data": {"sources": [{"path": "data.jsonl"}]}, "output_dir": str(tmp_path / "study"),
+        "tune": {"space": {"training.learning_rate": {"log_uniform": [1e-5, 1e-1]}}, "objective": {"function": "slow.py:fn", "direction": "minimize"},
+                 "n_trials": 4, "sampler": "random", "pruner": "none", "heartbeat_seconds": 1, "max_retries": 1},
+    }
+    p = tmp_path / "tune.yaml"
+    p.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen([sys.executable, "-m", "trainpipe.cli", "tune", str(p)], cwd=tmp_path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while not mark.exists() and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert mark.exists(), "trial 2 never started"
+        time.sleep(1.5)  # a heartbeat or two of trial 2 is stored
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    before = {t.number: t for t in _trials(tmp_path / "study")[1]}
+    assert [before[n].state.name for n in sorted(before)] == ["COMPLETE", "COMPLETE", "RUNNING"]
+    time.sleep(3.5)  # past the grace period (3 heartbeats): the killed worker's trial is stale
+    assert main(["tune", str(p)]) == 0
+    _, trials = _trials(tmp_path / "study")
+    by = {t.number: t for t in trials}
+    assert sorted(by) == list(range(len(trials)))  # one study, numbers continue: nothing restarted from trial 0
+    for n in (0, 1):  # finished trials kept as they were
+        assert by[n].state.name == "COMPLETE" and by[n].value == before[n].value and by[n].datetime_start == before[n].datetime_start
+    assert by[2].state.name == "FAIL"
+    retry = [t for t in trials if t.system_attrs.get("failed_trial") == 2]
+    assert len(retry) == 1 and retry[0].state.name == "COMPLETE" and retry[0].params == before[2].params
+    assert sum(t.state.name == "COMPLETE" for t in trials) == 4 and len(trials) == 5
+    assert json.loads((tmp_path / "study" / "tune.json").read_text())["states"]["complete"] == 4

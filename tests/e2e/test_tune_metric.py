@@ -168,3 +168,39 @@ def test_sft_generated_metric_reaches_the_eval_hooks(tmp_path, tiny_model_dir):
     t = trials[0]
     evals = _metrics(Path(t.user_attrs["run_dir"]))
     assert t.intermediate_values and all(v == evals[s]["eval_exact_match"] for s, v in t.intermediate_values.items())
+
+
+def test_dpo_in_training_eval_hands_the_hooks_its_preference_metrics(tmp_path, tiny_model_dir):
+    """A dpo run's in-training evals give the hooks (and metrics.jsonl) every preference metric of its final eval, among
+    them `margin_per_token` and `reward_accuracy` (TRL's `rewards/accuracies`), not only the loss."""
+    from tiny import preference_records
+
+    from trainpipe.train import loop as L
+    from trainpipe.tune.tune import IN_TRAINING_METRICS
+
+    write_jsonl(tmp_path / "pairs.jsonl", preference_records(40, seed=7))
+    cfg = {
+        "model": {"name_or_path": str(tiny_model_dir)},
+        "data": {"sources": [{"path": "pairs.jsonl"}], "eval_split": 8, "max_length": 96},
+        "method": {"name": "dpo", "peft": "lora", "lora": {"r": 4, "alpha": 8, "dropout": 0.0}, "preference": {"beta": 0.5}},
+        "training": {"max_steps": 4, "eval_steps": 2, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "learning_rate": 5e-3,
+                     "early_stopping_patience": None},
+        "output_dir": str(tmp_path / "run"),
+    }
+    p = tmp_path / "dpo.yaml"
+    p.write_text(yaml.safe_dump(cfg))
+    seen = []
+    hook = lambda loop, step, loss: seen.append((step, loss, dict(loop.eval_metrics)))  # noqa: E731
+    L.EVAL_HOOKS.append(hook)
+    try:
+        assert main(["run", str(p)]) == 0
+    finally:
+        L.EVAL_HOOKS.remove(hook)
+    assert [s for s, _, _ in seen] == [2, 4]
+    evals = _metrics(tmp_path / "run")
+    for step, loss, m in seen:
+        assert set(IN_TRAINING_METRICS["dpo"]) <= set(m), m  # what tune's metric check promises for dpo
+        assert m["loss"] == loss and evals[step]["eval_margin_per_token"] == m["margin_per_token"]
+        assert 0 <= m["reward_accuracy"] <= 1
+    final = json.loads((tmp_path / "run" / "summary.json").read_text())["final"]
+    assert set(IN_TRAINING_METRICS["dpo"]) <= set(final)
