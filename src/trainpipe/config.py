@@ -545,7 +545,8 @@ class PipelineConfig(_Section):
     """`trainpipe pipeline run`: the step DAG prepare -> train -> evaluate -> export -> register -> report with a content-addressed cache."""
 
     store: str | None = None
-    """Artefact store: a folder or any fsspec URL (`file:///...`, `s3://bucket/prefix`, `memory://x`); default `<parent of output_dir>/.trainpipe-store`."""
+    """Artefact store: a folder or any fsspec URL (`file:///...`, `s3://bucket/prefix`, `memory://x`); default `<parent of output_dir>/.trainpipe-store`
+    for `trainpipe pipeline run`, `output_dir/.trainpipe-store` for `trainpipe run` of `stages:` / `method.adapters`."""
     cache: bool = True
     """Reuse a step whose key (its inputs' content, its config section, its code) was built before; `--no-cache` re-runs every step."""
     image: str = "trainpipe:latest"

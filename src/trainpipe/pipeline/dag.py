@@ -14,6 +14,11 @@ verified entry in the store is reused (its outputs copied back where the next st
 already there), and the run says which steps were reused and why, and why each other step ran (which input, which
 config key, or the code changed). `--no-cache` runs every step. Outputs go to the artefact store (store.py), the entry
 last; the record of each pipeline run goes to `pipelines/<id>.json` in the store and `<output_dir>/pipeline.json`.
+
+`trainpipe run` of a `stages:` or `method.adapters` config executes this same DAG (`run_parts`: OUTPUT_DIR's lock, its
+`--resume`/`--overwrite` rules, the store `pipeline.store` or `OUTPUT_DIR/.trainpipe-store`), so a stage or adapter is
+one chain of steps whose train step runs `trainpipe run` on that one branch's config, never a loop of whole runs; after
+the DAG, `parts_summary` writes OUTPUT_DIR's `summary.json` (and `adapters.json`) under both commands.
 """
 
 from __future__ import annotations
