@@ -544,7 +544,9 @@ def _write_outputs(out_dir: Path, result: dict, board: list[dict]) -> None:
     rkeys = list(dict.fromkeys(k for r in result["rows"] for k in r))
     _atomic(out_dir / "rungs.csv", _csv(result["rows"], rkeys))
     _atomic(out_dir / "candidates.csv", _csv(result["candidates"], CAND_COLS))
-    _atomic(out_dir / "automl.json", json.dumps(result, indent=2, default=str) + "\n")
+    from trainpipe.redact import redact_obj
+
+    _atomic(out_dir / "automl.json", json.dumps(redact_obj(json.loads(json.dumps(result, default=str))), indent=2) + "\n")
     _atomic(out_dir / "leaderboard.html", html_page(result, brows))
 
 
