@@ -184,8 +184,7 @@ def test_two_processes_equal_one_process_with_twice_the_micro_batch(tmp_path, ba
     metrics = [json.loads(x) for x in (run2 / "metrics.jsonl").read_text().splitlines()]
     assert len([m for m in metrics if "loss" in m]) == 2  # logging_steps 2 of 4 steps, written once
     assert (run2 / "model").is_dir() and (run2 / "summary.json").exists()
-    if kind != "dpo":  # the token loss is sharded over the ranks (dpo's pair loss runs whole on rank 0)
-        assert_sharded_eval(run2, run1)
+    assert_sharded_eval(run2, run1)  # the token loss and dpo's pair metrics alike are sharded over the ranks
 
 
 # ------------------------------------------------------------------------------ kill / preempt / resume
