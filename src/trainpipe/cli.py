@@ -372,7 +372,7 @@ def automl(
     eta: Annotated[int, typer.Option("--eta", help="Keep 1/eta of the candidates per rung; survivors train eta x longer.")] = 2,
     eval_split: Annotated[int, typer.Option("--eval-split", help="Held-out records (fixed for the search).")] = 32,
     max_length: Annotated[int, typer.Option("--max-length", help="Longest example in tokens.")] = 128,
-    batch_size: Annotated[int, typer.Option("--batch-size", help="Micro-batch.")] = 8,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Effective batch per optimizer step; the micro-batch and accumulation for it are the planner's on --gpu.")] = 8,
 ) -> None:
     """Candidates (models and catalogue, planner's method) x Optuna hyperparameters -> budgeted successive halving (survivors continue) -> leaderboard -> winner/."""
     from trainpipe.tune.automl import automl as run_automl
