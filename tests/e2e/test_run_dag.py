@@ -221,3 +221,21 @@ def test_adapters_run_end_to_end_through_the_dag(tmp_path, tiny_model_dir, comma
     if command == "run":  # the store of `run` is OUTPUT_DIR's own; `trainpipe export --adapter` reads adapters.json either way
         assert rec["store"].endswith(str(Path("multi") / ".trainpipe-store"))
     assert main(["export", str(root), "--adapter", "repeat"]) == 0 and (root / "export" / "repeat" / "model.safetensors").is_file()
+
+
+def test_method_auto_expands_to_the_stages_dag(tmp_path, tiny_model_dir, capsys):
+    """`method.name: auto` with a knowledge goal, text and instructions: `pipeline show` prints the DAG `trainpipe run`
+    executes (tests/e2e/test_method_auto.py trains it): a pretrain chain, then an sft chain starting from its export."""
+    write_jsonl(tmp_path / "text.jsonl", [{"text": f"plain text number {i} about rivers and stones"} for i in range(20)])
+    write_jsonl(tmp_path / "sft.jsonl", alpaca_records(20, seed=3))
+    cfg = {"model": {"name_or_path": str(tiny_model_dir)}, "data": {"sources": [{"path": "text.jsonl"}, {"path": "sft.jsonl"}]},
+           "method": {"name": "auto", "goal": "knowledge", "peft": "lora"}, "output_dir": str(tmp_path / "auto")}
+    (tmp_path / "auto.yaml").write_text(yaml.safe_dump(cfg))
+    assert main(["pipeline", "show", str(tmp_path / "auto.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "pretrain.train" in out and "sft.report" in out and "pretrain.export -> sft.train" in out
+    from trainpipe.pipeline.dag import build_dag, load_config_for
+
+    steps = build_dag(load_config_for(tmp_path / "auto.yaml", []))
+    assert [s.id for s in steps if s.kind == "train"] == ["pretrain.train", "sft.train"]
+    assert [s.cfg.method.name for s in steps if s.kind == "train"] == ["pretrain", "sft"]

@@ -117,8 +117,19 @@ class Step:
 # --------------------------------------------------------------------------- building
 
 
+def expand(cfg: RunConfig) -> RunConfig:
+    """`method.name: auto` resolved by the objective rule (plan/objective.py) as `trainpipe run` resolves it: one objective,
+    or `stages:` where the rule says several, so that `pipeline show|run|compile` build the DAG that `run` executes."""
+    if cfg.method.name != "auto":
+        return cfg
+    from trainpipe.plan.objective import expand_auto
+
+    return expand_auto(cfg)[0]
+
+
 def build_dag(cfg: RunConfig) -> list[Step]:
     """The steps of `cfg` in an order that runs each after its inputs."""
+    cfg = expand(cfg)
     if cfg.output_dir is None:
         cfg = cfg.model_copy(update={"output_dir": f"runs/{cfg.name or 'run'}"})
     root = Path(cfg.output_dir).resolve()
@@ -250,6 +261,7 @@ def pipeline_id(cfg: RunConfig) -> str:
 def run_pipeline(cfg: RunConfig, *, config_path: str | None = None, store: str | None = None, no_cache: bool = False, only: list[str] | None = None) -> dict:
     """Run the DAG of `cfg`; returns the record ({steps: [{id, status: ran|reused, why, key, outputs}], ...})."""
     t0 = time.time()
+    cfg = expand(cfg)
     if cfg.output_dir is None:
         cfg = cfg.model_copy(update={"output_dir": f"runs/{cfg.name or 'run'}"})
     steps = build_dag(cfg)
