@@ -239,3 +239,16 @@ def test_method_auto_expands_to_the_stages_dag(tmp_path, tiny_model_dir, capsys)
     steps = build_dag(load_config_for(tmp_path / "auto.yaml", []))
     assert [s.id for s in steps if s.kind == "train"] == ["pretrain.train", "sft.train"]
     assert [s.cfg.method.name for s in steps if s.kind == "train"] == ["pretrain", "sft"]
+
+
+@pytest.mark.parametrize("command", [["run"], ["pipeline", "run"]])
+def test_a_locked_output_dir_is_refused_before_any_step(tmp_path, tiny_model_dir, command, capsys):
+    """The stages/adapters DAG holds OUTPUT_DIR's run lock under both commands: a second one is refused, nothing runs."""
+    from trainpipe.pipeline.rundir import RunLock
+
+    cfg = _adapters_config(tmp_path, tiny_model_dir, "locked")
+    with RunLock(tmp_path / "locked"):
+        assert main([*command, str(cfg)]) == 2
+    out = capsys.readouterr().out
+    assert "in use by another trainpipe run" in " ".join(out.split()) and "Traceback" not in out
+    assert not (tmp_path / "locked").exists()  # the lock's folder removed again, nothing written

@@ -258,12 +258,19 @@ def pipeline_id(cfg: RunConfig) -> str:
     return hashlib.sha256(str(Path(cfg.output_dir or f"runs/{cfg.name or 'run'}").resolve()).encode()).hexdigest()[:16]
 
 
-def run_pipeline(cfg: RunConfig, *, config_path: str | None = None, store: str | None = None, no_cache: bool = False, only: list[str] | None = None) -> dict:
-    """Run the DAG of `cfg`; returns the record ({steps: [{id, status: ran|reused, why, key, outputs}], ...})."""
+def run_pipeline(cfg: RunConfig, *, config_path: str | None = None, store: str | None = None, no_cache: bool = False, only: list[str] | None = None,
+                 root_locked: bool = False) -> dict:
+    """Run the DAG of `cfg`; returns the record ({steps: [{id, status: ran|reused, why, key, outputs}], ...}). A stages /
+    adapters DAG holds OUTPUT_DIR's run lock throughout (`root_locked`: the caller, `run_parts`, holds it already)."""
     t0 = time.time()
     cfg = expand(cfg)
     if cfg.output_dir is None:
         cfg = cfg.model_copy(update={"output_dir": f"runs/{cfg.name or 'run'}"})
+    if (cfg.stages or cfg.method.adapters) and not root_locked:
+        from trainpipe.pipeline import rundir
+
+        with rundir.RunLock(Path(cfg.output_dir).resolve()):
+            return run_pipeline(cfg, config_path=config_path, store=store, no_cache=no_cache, only=only, root_locked=True)
     steps = build_dag(cfg)
     st = ArtifactStore(store or default_store(cfg))
     cache = StepCache(st)
@@ -316,7 +323,7 @@ def run_parts(cfg: RunConfig, *, config_path: str | None, overwrite: bool, resum
     rundir.check_not_data(root, rundir.protected_paths(cfg, config_path))
     with rundir.RunLock(root):  # one run per folder: the whole DAG holds OUTPUT_DIR, each branch's run its own folder
         prepare_parent_dir(cfg, overwrite, resume, "stages" if cfg.stages else "adapters", config_path=config_path)
-        record = run_pipeline(cfg, config_path=config_path, store=cfg.pipeline.store or str(root / RUN_STORE), no_cache=overwrite)
+        record = run_pipeline(cfg, config_path=config_path, store=cfg.pipeline.store or str(root / RUN_STORE), no_cache=overwrite, root_locked=True)
     return json.loads(Path(record["summary"]).read_text(encoding="utf-8"))
 
 
