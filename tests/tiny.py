@@ -23,6 +23,16 @@ def alpaca_records(n: int, seed: int = 0) -> list[dict]:
     return out
 
 
+def classification_records(n: int, seed: int, text: str = "text", label: str = "label") -> list[dict]:
+    """A learnable 2-class task: "first-half" when the first of three words is one of WORDS[:8], else "second-half"."""
+    rng, group = random.Random(seed), set(WORDS[:8])
+    out = []
+    for _ in range(n):
+        words = rng.sample(WORDS, 3)
+        out.append({text: " ".join(words), label: "first-half" if words[0] in group else "second-half"})
+    return out
+
+
 def chat_records(n: int, seed: int = 1) -> list[dict]:
     rng = random.Random(seed)
     out = []

@@ -10,12 +10,11 @@ leaderboard (terminal, CSV, HTML) with time and planned cost per arm and exports
 
 import csv
 import json
-import random
 from pathlib import Path
 
 import pytest
 
-from tiny import WORDS, alpaca_records, build_tiny_model, preference_records, write_jsonl
+from tiny import alpaca_records, build_tiny_model, classification_records, preference_records, write_jsonl
 from trainpipe.cli import main
 
 pytestmark = pytest.mark.e2e
@@ -155,18 +154,9 @@ def test_sft_catalogue_candidates_halving_continues_and_the_loop_refuses_frozen_
     assert s["final"]["loss"] < s["baseline"]["loss"] and r["winner"]["rung"] == 2
 
 
-def _classification_records(n: int, seed: int) -> list[dict]:
-    rng, group = random.Random(seed), set(WORDS[:8])
-    out = []
-    for _ in range(n):
-        words = rng.sample(WORDS, 3)
-        out.append({"text": " ".join(words), "label": "first-half" if words[0] in group else "second-half"})
-    return out
-
-
 def test_classification_task(tmp_path):
     base = build_tiny_model(tmp_path / "base", seed=0)
-    data = write_jsonl(tmp_path / "cls.jsonl", _classification_records(240, seed=5))
+    data = write_jsonl(tmp_path / "cls.jsonl", classification_records(240, seed=5))
     out = tmp_path / "automl"
     assert main(["automl", "--task", "classification", "--data", str(data), "--models", str(base), "-o", str(out), "--min-steps", "8",
                  "--rungs", "2", "--arms-per-model", "2", "--lr-range", "1e-4:3e-3", "--eval-split", "32", "--max-length", "32", "--batch-size", "16",

@@ -4,26 +4,17 @@ clearly above chance and above the baseline), and an exported AutoModelForSequen
 the classes and whose predictions on unseen texts agree with the labels."""
 
 import json
-import random
 
 import pytest
 import yaml
 
-from tiny import WORDS, build_tiny_model, write_jsonl
+from tiny import build_tiny_model, classification_records, write_jsonl
 from trainpipe.cli import main
 
 pytestmark = pytest.mark.e2e
 
-GROUP = set(WORDS[:8])  # class "first-half": the first word is one of these 8 words
-
-
 def records(n: int, seed: int) -> list[dict]:
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        words = rng.sample(WORDS, 3)
-        out.append({"sentence": " ".join(words), "topic": "first-half" if words[0] in GROUP else "second-half"})
-    return out
+    return classification_records(n, seed, text="sentence", label="topic")  # class "first-half": the first word is one of WORDS[:8]
 
 
 @pytest.fixture(scope="module")

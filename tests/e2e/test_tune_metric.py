@@ -5,29 +5,18 @@ the in-training evals never measure is refused before any trial starts, unless t
 `eval.generate_in_training` makes an sft run hand its generated metrics (exact_match) to the loop's eval hooks."""
 
 import json
-import random
 from pathlib import Path
 
 import optuna
 import pytest
 import yaml
 
-from tiny import WORDS, alpaca_records, build_tiny_model, write_jsonl
+from tiny import alpaca_records, build_tiny_model, classification_records, write_jsonl
 from trainpipe.cli import main
 
 pytestmark = pytest.mark.e2e
 
-GROUP = set(WORDS[:8])
-EVAL = 48
-
-
-def records(n: int, seed: int) -> list[dict]:
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        words = rng.sample(WORDS, 3)
-        out.append({"text": " ".join(words), "label": "first-half" if words[0] in GROUP else "second-half"})
-    return out
+records = classification_records
 
 
 @pytest.fixture(scope="module")
