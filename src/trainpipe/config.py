@@ -388,7 +388,11 @@ class TrainingConfig(_Section):
     resume: Literal["never", "auto"] = "never"
     """`auto`: continue from the newest checkpoint in `output_dir` whose checksums hold (as `--resume` does), or start fresh when there is none."""
     keep_best: int = Field(default=1, ge=0)
-    """Checkpoints kept for their eval loss, in addition to the newest `save_total_limit`; the best is never deleted."""
+    """Checkpoints kept for their eval loss (or `metric_for_best`), in addition to the newest `save_total_limit`; the best is never deleted."""
+    metric_for_best: str = "loss"
+    """The in-training eval metric that ranks checkpoints (the best one is exported) and counts for early stopping, as HF's `metric_for_best_model`: `loss` (default), or one the recipe measures at every eval (classification `accuracy`/`macro_f1`, dpo `margin_per_token`, sft `exact_match` with `eval.generate_in_training`, ...). Divergence checks stay on the loss."""
+    greater_is_better: bool | None = None
+    """Direction of `metric_for_best`; null infers it as `trainpipe tune` does: loss and perplexity lower, anything else higher."""
     on_checkpoint_error: Literal["continue", "stop"] = "continue"
     """When writing a checkpoint fails (disk full, I/O error): `continue` training (a later save may succeed) or `stop`."""
     preemption_grace_seconds: float = Field(default=30.0, gt=0)
@@ -787,7 +791,8 @@ HF_NAMES: dict[str, tuple[str | None, str]] = {
     "evaluation_strategy": ("training.eval_steps", " (trainpipe evaluates every `eval_steps` optimizer steps)"),
     "eval_strategy": ("training.eval_steps", " (trainpipe evaluates every `eval_steps` optimizer steps)"),
     "save_strategy": ("training.save_steps", " (trainpipe saves every `save_steps` optimizer steps)"),
-    "logging_strategy": ("training.logging_steps", ""), "load_best_model_at_end": ("training.keep_best", " (the best checkpoint by eval loss is always the exported one)"),
+    "logging_strategy": ("training.logging_steps", ""), "load_best_model_at_end": ("training.keep_best", " (the best checkpoint by `training.metric_for_best`, eval loss by default, is always the exported one)"),
+    "metric_for_best_model": ("training.metric_for_best", ""), "greater_is_better": ("training.greater_is_better", ""),
     "resume_from_checkpoint": ("training.resume", " (or `trainpipe run CONFIG --resume`)"), "gradient_checkpointing_kwargs": ("training.gradient_checkpointing", ""),
     "max_seq_length": ("data.max_length", ""), "max_length": ("data.max_length", ""), "max_prompt_length": ("data.max_length", " (whole examples longer than it are dropped and counted)"),
     "dataset_text_field": ("data.sources[].columns", ": `{text: FIELD}`"), "packing": ("data.packing", " (`pack` or `padding_free`)"),
@@ -959,9 +964,29 @@ def build_config(data: dict, *, source: str = "config", base_dir: Path | None = 
         cfg = RunConfig.model_validate(data)
     except ValidationError as exc:
         raise format_validation_error(exc, source) from None
+    _check_metric_for_best(cfg, source)
     if base_dir is not None:
         cfg = _resolve_paths(cfg, base_dir)
     return cfg
+
+
+def _check_metric_for_best(cfg: RunConfig, source: str) -> None:
+    """Refuse a `training.metric_for_best` the recipe's in-training eval never measures (tune/tune.py knows what each
+    measures), before anything trains. A config whose method is `auto` or that holds stages/adapters is checked per run."""
+    if cfg.training.metric_for_best == "loss" or cfg.stages or cfg.method.adapters or cfg.method.name == "auto":
+        return
+    from trainpipe.tune.tune import in_training_metrics, metric_key
+
+    name = cfg.training.metric_for_best
+    during = in_training_metrics(cfg)
+    if metric_key(name) not in during:
+        raise ConfigError(
+            f"{source}: `training.metric_for_best: {name}` is not measured by the in-training evals of a `{cfg.method.name}` run with this "
+            f"config (they measure {', '.join(during)}), so no checkpoint could be ranked by it. Choose one of those"
+            + (", or set `eval.generate_in_training: true` to generate and score at every eval (slower)" if cfg.method.name in ("sft", "pretrain") else "")
+            + ".",
+            [f"training.metric_for_best: {name}"],
+        )
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:

@@ -12,7 +12,9 @@ Other tools open a checkpoint as it is (issue 14.3): under PEFT it also holds ``
 weights file when every weight trains, so it costs no space). The loop writes them through ``extra``; the
 manifest's checksums cover every file. ``trainpipe export RUN_DIR --checkpoint step-N`` exports one of them.
 
-Retention: the newest ``keep_last`` checkpoints plus the best ``keep_best`` by eval metric;
+Retention: the newest ``keep_last`` checkpoints plus the best ``keep_best`` by eval metric (``metric``: lower is better;
+the loop stores the eval loss, or minus a greater-is-better ``training.metric_for_best``, naming it in ``metric_name`` and
+its measured ``metric_value``);
 the best is never deleted. A checkpoint saved between evaluations (``save_steps`` that is not a
 multiple of ``eval_steps``) has no metric: it counts only among the newest ``keep_last``; the loop
 saves every evaluation that is the best so far, so the best ``keep_best`` are evaluated weights.
@@ -93,8 +95,11 @@ def _fsync_dir(path: Path) -> None:
 class CheckpointInfo:
     path: Path
     step: int
-    metric: float | None
+    metric: float | None  # the ranking score, lower is better: the eval loss, or minus a greater-is-better `metric_for_best`
     run_id: str | None = None
+    metric_name: str | None = None  # what `metric` ranks by (`loss`, `accuracy`, ...); None in checkpoints written before it was recorded
+    metric_value: float | None = None  # that metric's measured value (accuracy 0.8 where `metric` is -0.8)
+    eval_loss: float | None = None  # the eval loss of the same evaluation
 
 
 def verify(path: Path) -> str | None:
@@ -161,12 +166,14 @@ class CheckpointManager:
             m = _NAME.match(p.name)
             if m and p.is_dir():
                 metric = run_id = None
+                labels: dict = {}
                 try:
                     man = json.loads((p / MANIFEST).read_text())
                     metric, run_id = man.get("metric"), man.get("run_id")
+                    labels = {k: man.get(k) for k in ("metric_name", "metric_value", "eval_loss")}
                 except (OSError, json.JSONDecodeError, AttributeError):
                     pass
-                out.append(CheckpointInfo(p, int(m.group(1)), metric, run_id))
+                out.append(CheckpointInfo(p, int(m.group(1)), metric, run_id, **labels))
         return sorted(out, key=lambda c: c.step)
 
     def latest_valid(self, on_skip=None) -> CheckpointInfo | None:
@@ -184,9 +191,13 @@ class CheckpointManager:
         return min(scored, key=lambda c: (c.metric, c.step)) if scored else None
 
     # ----------------------------------------------------------------- writing
-    def save(self, step: int, *, weights: dict, state: dict, config_yaml: str, metric: float | None, info: dict, extra=None) -> CheckpointInfo:
+    def save(self, step: int, *, weights: dict, state: dict, config_yaml: str, metric: float | None, info: dict, extra=None,
+             labels: dict | None = None) -> CheckpointInfo:
         """Write checkpoint ``step`` atomically; raises CheckpointWriteError (nothing half-written remains). ``extra(folder)``
-        writes further files (the interoperable adapter or model files) into the folder before the manifest is made."""
+        writes further files (the interoperable adapter or model files) into the folder before the manifest is made. ``labels``
+        (`metric_name`, `metric_value`, `eval_loss`) say what the ranking score ``metric`` is; they go into the manifest and
+        trainer_state.json."""
+        labels = {k: v for k, v in (labels or {}).items() if v is not None}
         import torch
         from safetensors.torch import save_file
 
@@ -204,13 +215,13 @@ class CheckpointManager:
             (tmp / "config.resolved.yaml").write_text(config_yaml, encoding="utf-8")
             if extra is not None:
                 extra(tmp)
-            (tmp / "trainer_state.json").write_text(json.dumps({"step": step, "metric": metric, "run_id": self.run_id, **info}, indent=2, default=str), encoding="utf-8")
+            (tmp / "trainer_state.json").write_text(json.dumps({"step": step, "metric": metric, **labels, "run_id": self.run_id, **info}, indent=2, default=str), encoding="utf-8")
             files = {}
             for f in sorted(tmp.iterdir()):
                 _fsync_file(f)
                 files[f.name] = {"size": f.stat().st_size, "sha256": file_sha256(f)}
             faults.during_checkpoint_write(step)
-            manifest = {"step": step, "metric": metric, "run_id": self.run_id, "time": time.time(), "files": files}
+            manifest = {"step": step, "metric": metric, **labels, "run_id": self.run_id, "time": time.time(), "files": files}
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
             _fsync_file(tmp / MANIFEST)
             _fsync_dir(tmp)
@@ -226,7 +237,7 @@ class CheckpointManager:
             if err is None:
                 raise
             raise CheckpointWriteError(err.errno, f"could not write checkpoint step-{step}: {err.strerror or err}") from exc
-        return CheckpointInfo(final, step, metric, self.run_id)
+        return CheckpointInfo(final, step, metric, self.run_id, **{k: labels.get(k) for k in ("metric_name", "metric_value", "eval_loss")})
 
     def rotate(self) -> list[Path]:
         """Delete all but the newest ``keep_last`` and the best ``keep_best`` of this run's own; return what was deleted."""

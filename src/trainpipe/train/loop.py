@@ -116,6 +116,44 @@ def eval_metrics(out) -> dict:
     return {k: float(v) for k, v in out.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
+def best_metric_of(t) -> tuple[str, bool]:
+    """(the eval metric that ranks checkpoints, whether greater is better) from `training.metric_for_best` /
+    `greater_is_better`; a null direction is inferred by tune's one table (loss, perplexity lower; anything else higher)."""
+    from trainpipe.tune.tune import metric_direction, metric_key
+
+    raw = getattr(t, "metric_for_best", None) or "loss"
+    name = metric_key(raw)  # HF's / TRL's names too: `eval_loss`, `eval_accuracy`, `rewards/accuracies`
+    greater = getattr(t, "greater_is_better", None)
+    return name, (metric_direction(name) == "maximize") if greater is None else bool(greater)
+
+
+def best_labels(best: CheckpointInfo | None) -> tuple[float | None, str | None, float | None]:
+    """(eval loss, metric name, metric value) of the best checkpoint; a checkpoint without labels (written before they were
+    recorded, or ranked by loss) has its eval loss as `metric`."""
+    if best is None:
+        return None, None, None
+    name = best.metric_name or "loss"
+    loss = best.eval_loss if best.eval_loss is not None else (best.metric if name == "loss" else None)
+    value = best.metric_value if best.metric_value is not None else (best.metric if name == "loss" else None)
+    return loss, name, value
+
+
+def rank_update(st: "LoopState", name: str, value: float, score: float, patience: int | None) -> bool:
+    """Record one eval in the best-so-far and early-stopping state; True when it is the best so far. A state ranked by
+    another metric (resumed with a changed `metric_for_best`) starts its ranking afresh; a NaN score never improves."""
+    if st.best_metric is not None and (st.best_metric_name or "loss") != name:
+        st.best_metric = st.best_metric_value = st.best_step = None
+        st.evals_without_improvement = 0
+    if not math.isnan(score) and (st.best_metric is None or score < st.best_metric):
+        st.best_metric, st.best_step, st.evals_without_improvement = score, st.step, 0
+        st.best_metric_name, st.best_metric_value = name, value
+        return True
+    st.evals_without_improvement += 1
+    if patience and st.evals_without_improvement >= patience:
+        st.stopped_early = True
+    return False
+
+
 @dataclass
 class LoopState:
     step: int = 0  # optimizer steps done
@@ -124,7 +162,7 @@ class LoopState:
     lr_scale: float = 1.0
     micro_batch: int = 1
     gradient_checkpointing: bool = False
-    best_metric: float | None = None
+    best_metric: float | None = None  # the best ranking score so far, lower is better (the eval loss, or minus a greater-is-better metric)
     best_step: int | None = None
     evals_without_improvement: int = 0
     recoveries: int = 0
@@ -133,6 +171,8 @@ class LoopState:
     stopped_early: bool = False
     effective_batch: int = 0  # examples per optimizer step (all ranks); 0 in checkpoints written before it was recorded
     world_size: int = 1
+    best_metric_name: str | None = None  # what best_metric ranks by (`training.metric_for_best`); None: eval loss (older checkpoints)
+    best_metric_value: float | None = None  # that metric's measured value at best_step
 
 
 @dataclass
@@ -149,6 +189,8 @@ class FitResult:
     skipped_windows: list[int]
     micro_batch: int
     gradient_checkpointing: bool
+    best_metric_name: str | None = None  # `training.metric_for_best` the best checkpoint was chosen by
+    best_metric_value: float | None = None  # its value in the best checkpoint's evaluation
 
 
 # ------------------------------------------------------------------------------ RNG state
@@ -301,6 +343,7 @@ class TrainLoop:
         self.config_yaml = config_yaml
         self.evaluate = evaluate
         self.eval_metrics: dict = {}  # the latest in-training eval: {"loss": ..., other metrics} (EVAL_HOOKS read it)
+        self._last_labels: dict = {}  # the latest eval's metric_name / metric_value / eval_loss: what a scored checkpoint is labelled with
         self.metrics_path = Path(metrics_path)
         self.dist = dist
         self.world = dist.env.world_size if dist is not None else 1
@@ -771,11 +814,13 @@ class TrainLoop:
 
     def _write_checkpoint(self, metric: float | None) -> CheckpointInfo | None:
         t0 = time.time()
+        labels = dict(self._last_labels) if metric is not None else {}
         try:
             info = self.ckpt.save(
                 self.state.step, weights=self._weights(), state=self._state(), config_yaml=self.config_yaml, metric=metric,
                 info={"window": self.state.window, "micro_batch": self.state.micro_batch, "effective_batch": self.effective, "world_size": self.world},
                 extra=interop_writer(self.model, self._weights(), sharded=self.fsdp, warn=self._warn_once),  # adapter/model files other tools open
+                labels=labels,  # what `metric` ranks by (training.metric_for_best) and its measured value
             )
         except CheckpointWriteError as exc:
             self.events.emit("checkpoint_failed", step=self.state.step, level="error", cause=str(exc), policy=self.t.on_checkpoint_error)
@@ -788,7 +833,9 @@ class TrainLoop:
         size = sum(f.stat().st_size for f in info.path.iterdir())
         self.ckpt.rotate()
         self.last_saved = info
-        self.events.emit("checkpoint_saved", step=self.state.step, path=str(info.path), eval_loss=metric, size_bytes=size, seconds=round(time.time() - t0, 3))
+        ranked = {"metric_name": labels["metric_name"], "metric_value": labels["metric_value"]} if labels.get("metric_name", "loss") != "loss" else {}
+        self.events.emit("checkpoint_saved", step=self.state.step, path=str(info.path), eval_loss=labels.get("eval_loss", metric), **ranked,
+                         size_bytes=size, seconds=round(time.time() - t0, 3))
         return info
 
     def _load(self, info: CheckpointInfo) -> None:
@@ -993,7 +1040,8 @@ class TrainLoop:
                     self.events.emit("preempted", step=st.step, level="warning", signal=stop, checkpoint=str(self.last_saved.path) if self.last_saved else None, **self._world_fields())
                     raise Preempted(st.step, str(self.last_saved.path) if self.last_saved else None, stop)
                 if st.stopped_early:
-                    self.events.emit("early_stopped", step=st.step, best_metric=st.best_metric, best_step=st.best_step, patience=self.t.early_stopping_patience)
+                    self.events.emit("early_stopped", step=st.step, best_metric=st.best_metric, best_step=st.best_step, patience=self.t.early_stopping_patience,
+                                     best_metric_name=st.best_metric_name or "loss", best_metric_value=st.best_metric_value)
                     break
         finally:
             self._watchdog_stop.set()
@@ -1010,12 +1058,14 @@ class TrainLoop:
         best = self.ckpt.best()
         seconds = round(time.time() - t0, 3)
         self._measure_memory(final=True, seconds=seconds, tokens=self.state.tokens_seen - tokens_at_start)
+        best_loss, best_name, best_value = best_labels(best)
         self.events.emit(
             "training_finished", step=self.state.step, seconds=seconds, best_checkpoint=str(best.path) if best else None,
-            best_eval_loss=best.metric if best else None, tokens_seen=self.state.tokens_seen,
+            best_eval_loss=best_loss, best_metric_name=best_name, best_metric_value=best_value, tokens_seen=self.state.tokens_seen,
         )
         return FitResult(
-            global_step=self.state.step, best_checkpoint=str(best.path) if best else None, best_eval_loss=best.metric if best else None,
+            global_step=self.state.step, best_checkpoint=str(best.path) if best else None, best_eval_loss=best_loss,
+            best_metric_name=best_name, best_metric_value=best_value,
             train_loss=sum(losses) / len(losses) if losses else None, train_seconds=seconds, tokens_seen=self.state.tokens_seen,
             stopped_early=self.state.stopped_early, resumed_from=str(resume_from.path) if resume_from else None,
             recoveries=self.state.recoveries, skipped_windows=list(self.state.skipped), micro_batch=self.state.micro_batch,
@@ -1183,15 +1233,25 @@ class TrainLoop:
         st = self.state
         self.events.emit("eval_done", step=st.step, phase="train", eval_loss=metric, **({"metrics": more} if more else {}), **shard_fields)
         self._metric({"time": time.time(), "step": st.step, "eval_loss": metric, **{f"eval_{k}": v for k, v in more.items()}})
-        if st.best_metric is None or metric < st.best_metric:
-            st.best_metric, st.best_step, st.evals_without_improvement = metric, st.step, 0
-        else:
-            st.evals_without_improvement += 1
-            if self.t.early_stopping_patience and st.evals_without_improvement >= self.t.early_stopping_patience:
-                st.stopped_early = True
+        name, value, score = self._rank(self.eval_metrics)
+        self._last_labels = {"metric_name": name, "metric_value": value, "eval_loss": metric}
+        rank_update(st, name, value, score, self.t.early_stopping_patience)  # best so far and early stopping, by the chosen metric
         for hook in list(EVAL_HOOKS):
             hook(self, st.step, metric)
-        return metric
+        return score  # what the checkpoint of this eval is ranked by
+
+    def _rank(self, measured: dict) -> tuple[str, float, float]:
+        """(metric name, its value, the lower-is-better score) of one eval by `training.metric_for_best`."""
+        name, greater = best_metric_of(self.t)
+        if name not in measured:
+            from trainpipe.errors import ConfigError
+
+            raise ConfigError(
+                f"`training.metric_for_best: {getattr(self.t, 'metric_for_best', name)}` is not measured by this run's in-training eval "
+                f"(step {self.state.step} measured {', '.join(measured)}). Choose one of those; the checkpoints written so far are intact."
+            )
+        value = float(measured[name])
+        return name, value, (-value if greater else value)
 
     def _metric(self, rec: dict) -> None:
         import json

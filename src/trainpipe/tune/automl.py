@@ -54,7 +54,7 @@ from trainpipe.errors import ConfigError, TrainpipeError
 PROPOSABLE = ("model.name_or_path", "method.peft", "method.lora.", "training.learning_rate", "training.weight_decay", "training.warmup_ratio",
               "training.lr_scheduler_type", "training.per_device_train_batch_size", "training.gradient_accumulation_steps")
 FROZEN = ("data.", "eval.", "training.max_steps", "training.num_train_epochs", "training.eval_steps", "training.seed", "output_dir",
-          "objective", "metric", "direction", "budget_hours", "budget_usd", "max_wall_time", "automl.")
+          "objective", "metric", "direction", "training.metric_for_best", "training.greater_is_better", "budget_hours", "budget_usd", "max_wall_time", "automl.")
 # task -> (method.name, objective metric in summary["final"], direction)
 TASKS = {"sft": ("sft", "loss", "minimize"), "classification": ("classification", "accuracy", "maximize"),
          "preference": ("dpo", "margin_per_token", "maximize")}
@@ -78,7 +78,7 @@ def check_proposal(changes: dict) -> None:
 
 
 def base_mapping(task: str, data: Path, eval_split: int, max_length: int, fmt: str | None) -> dict:
-    method, _, _ = TASKS[task]
+    method, metric, direction = TASKS[task]
     src = {"path": str(Path(data).resolve())}
     if fmt:
         src["format"] = fmt
@@ -87,7 +87,9 @@ def base_mapping(task: str, data: Path, eval_split: int, max_length: int, fmt: s
     return {
         "data": {"sources": [src], "eval_split": eval_split, "max_length": max_length},
         "method": {"name": method},
-        "training": {"early_stopping_patience": None, "seed": 42, "save_total_limit": 1},
+        # every arm's checkpoints are ranked by the objective (each task's metric is measured at every in-training eval), so the
+        # model an arm exports and carries into the next rung is its best by the objective, not by eval loss
+        "training": {"early_stopping_patience": None, "seed": 42, "save_total_limit": 1, "metric_for_best": metric, "greater_is_better": direction == "maximize"},
         "eval": {"metrics": ["loss"]},
     }
 

@@ -67,7 +67,29 @@ class TuneError(TrainpipeError):
 def direction_of(t: TuneConfig) -> str:
     if t.objective.direction != "auto":
         return t.objective.direction
-    return "minimize" if t.objective.metric in MINIMIZED else "maximize"
+    return metric_direction(t.objective.metric)
+
+
+def metric_direction(name: str) -> str:
+    """`minimize` for loss and perplexity, `maximize` for anything else: the one table of directions (`tune.objective.direction:
+    auto`, and `training.greater_is_better: null` for the loop's best checkpoint)."""
+    return "minimize" if name in MINIMIZED or metric_key(name) in MINIMIZED else "maximize"
+
+
+def rank_checkpoints_by_objective(mapping: dict, cfg: RunConfig, direction: str) -> dict:
+    """A trial's config ranks its checkpoints (the exported model, early stopping) by the study's objective when the in-training
+    evals measure it, unless the user set `training.metric_for_best` / `greater_is_better` themselves."""
+    t = cfg.tune
+    if t is None or t.objective.function:
+        return mapping
+    m = metric_key(t.objective.metric)
+    if m not in in_training_metrics(cfg):
+        return mapping
+    training = mapping.setdefault("training", {})
+    if "metric_for_best" not in training:
+        training["metric_for_best"] = m
+        training.setdefault("greater_is_better", direction == "maximize")
+    return mapping
 
 
 # --------------------------------------------------------------------------- 1. checks before any trial
@@ -357,6 +379,7 @@ class Objective:
         trial.set_user_attr("run_dir", str(run_dir))
         trial.set_user_attr("host", os.uname().nodename)
         mapping = trial_mapping(self.raw, values, self.t, run_dir)
+        rank_checkpoints_by_objective(mapping, self.cfg, self.direction)  # each trial's exported model is its best by the objective
         con = ui.console()
         con.print(f"[bold]trial {trial.number}[/] " + ", ".join(f"{k}={_fmt(v)}" for k, v in values.items()), markup=True, highlight=False)
         t0 = time.time()

@@ -1,0 +1,99 @@
+"""training.metric_for_best (HF's `metric_for_best_model`) through `trainpipe run` on a tiny Llama classifier: the checkpoints are
+ranked by eval accuracy (greater is better, inferred), so the best checkpoint - the one the final eval measures and the export
+holds - is the evaluation with the highest `eval_accuracy` in metrics.jsonl (ties: the earliest, as the loop keeps a best only
+when a later eval is strictly better), and its manifest names the metric and its value. A name the recipe's in-training eval
+never measures is refused before anything trains, naming the ones it measures; HF's names get their trainpipe key."""
+
+import json
+
+import pytest
+import yaml
+
+from tiny import build_tiny_model, classification_records, write_jsonl
+from trainpipe.cli import main
+
+pytestmark = pytest.mark.e2e
+
+
+def _config(tmp, base, **training) -> dict:
+    return {
+        "model": {"name_or_path": str(base)},
+        "data": {"sources": [{"path": "data/train.jsonl", "format": "classification"}], "eval_split": 40, "max_length": 24},
+        "method": {"name": "classification", "peft": "none"},
+        "training": {"max_steps": 30, "learning_rate": 3e-3, "eval_steps": 5, "logging_steps": 5, "per_device_train_batch_size": 8,
+                     "gradient_accumulation_steps": 1, "early_stopping_patience": None, "save_total_limit": 1, "keep_best": 1, **training},
+        "output_dir": str(tmp / "run"),
+    }
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("best_metric")
+    base = build_tiny_model(tmp / "base")
+    write_jsonl(tmp / "data" / "train.jsonl", classification_records(200, seed=5))
+    p = tmp / "run.yaml"
+    p.write_text(yaml.safe_dump(_config(tmp, base, metric_for_best="accuracy")))
+    assert main(["run", str(p)]) == 0
+    return tmp / "run"
+
+
+def _evals(run_dir) -> list[dict]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [r for r in rows if "eval_accuracy" in r]
+
+
+def test_best_checkpoint_is_the_eval_with_the_highest_accuracy(run_dir):
+    evals = _evals(run_dir)
+    assert len(evals) == 6, evals  # steps 5, 10, ..., 30
+    top = max(r["eval_accuracy"] for r in evals)
+    want = min(r["step"] for r in evals if r["eval_accuracy"] == top)  # ties -> the earliest
+    s = json.loads((run_dir / "summary.json").read_text())
+    tr = s["train"]
+    assert tr["best_checkpoint"].endswith(f"step-{want}"), (tr["best_checkpoint"], [(r["step"], r["eval_accuracy"], r["eval_loss"]) for r in evals])
+    assert tr["best_metric_name"] == "accuracy" and tr["best_metric_value"] == pytest.approx(top)
+    at = next(r for r in evals if r["step"] == want)
+    assert tr["best_eval_loss"] == pytest.approx(at["eval_loss"])  # the chosen evaluation's loss, not minus the accuracy
+    assert top >= 0.75, evals  # it learned (chance is 0.5)
+    # the ranking is not the loss's: accuracy reaches its top early and ties, while the eval loss keeps falling to a later step
+    assert min(evals, key=lambda r: r["eval_loss"])["step"] > want, [(r["step"], r["eval_accuracy"], r["eval_loss"]) for r in evals]
+    # the final eval (and the export) measured the chosen checkpoint's weights: the same accuracy and loss as at that step
+    assert s["final"]["accuracy"] == pytest.approx(top) and s["final"]["loss"] == pytest.approx(at["eval_loss"], rel=1e-4)
+
+
+def test_checkpoint_manifest_names_the_metric(run_dir):
+    s = json.loads((run_dir / "summary.json").read_text())
+    from pathlib import Path
+
+    best = Path(s["train"]["best_checkpoint"])
+    man = json.loads((best / "manifest.json").read_text())
+    state = json.loads((best / "trainer_state.json").read_text())
+    for m in (man, state):
+        assert m["metric_name"] == "accuracy"
+        assert m["metric_value"] == pytest.approx(s["train"]["best_metric_value"])
+        assert m["metric"] == pytest.approx(-m["metric_value"])  # the lower-is-better ranking score
+        assert m["eval_loss"] == pytest.approx(s["train"]["best_eval_loss"])
+    ev = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines() if line.strip()]
+    fin = next(e for e in ev if e["event"] == "training_finished")
+    assert fin["best_metric_name"] == "accuracy" and fin["best_metric_value"] == pytest.approx(man["metric_value"])
+
+
+def test_unmeasured_metric_is_refused_before_training(tmp_path, tiny_model_dir, capsys):
+    write_jsonl(tmp_path / "data" / "train.jsonl", classification_records(40, seed=1))
+    p = tmp_path / "r.yaml"
+    p.write_text(yaml.safe_dump(_config(tmp_path, tiny_model_dir, metric_for_best="exact_match")))
+    assert main(["run", str(p)]) == 2
+    out = " ".join(capsys.readouterr().out.split())
+    assert "training.metric_for_best: exact_match" in out and "loss, accuracy, macro_f1" in out, out
+    assert not (tmp_path / "run" / "checkpoints").exists() and not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_hf_names_are_hinted(tmp_path, tiny_model_dir, capsys):
+    write_jsonl(tmp_path / "data" / "train.jsonl", classification_records(40, seed=1))
+    cfg = _config(tmp_path, tiny_model_dir)
+    cfg["training"].update({"metric_for_best_model": "accuracy", "greater_is_better": True})
+    p = tmp_path / "r.yaml"
+    p.write_text(yaml.safe_dump(cfg))
+    assert main(["run", str(p)]) == 2
+    out = " ".join(capsys.readouterr().out.split())
+    assert "`metric_for_best_model` is the Hugging Face name: in trainpipe it is `training.metric_for_best`" in out, out
+    assert "has 1 problem" in out, out  # `training.greater_is_better` is trainpipe's own key: accepted
