@@ -189,3 +189,16 @@ def test_automl_arms_rank_by_the_objective_and_may_not_change_it(task, tmp_path)
     build_config({**m, "model": {"name_or_path": "m"}})  # valid for the task's recipe
     with pytest.raises(ConfigError, match="may not change `training.metric_for_best`"):
         check_proposal({"training.metric_for_best": "loss"})
+
+
+def test_gate_best_by_val_loss_steps_aside_when_another_metric_ranks(tmp_path):
+    import json
+
+    from trainpipe.evaluate.gates import _gate_best_checkpoint_by_val_loss as gate
+
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps({"step": s, "eval_loss": l, "eval_accuracy": a})
+                                                      for s, l, a in [(10, 0.3, 1.0), (20, 0.1, 1.0)]) + "\n")
+    train = {"best_checkpoint": str(tmp_path / "checkpoints" / "step-10")}
+    assert gate(tmp_path, {"train": {**train, "best_metric_name": "loss"}}, None).status == "fail"  # by loss, step 20 was the best
+    r = gate(tmp_path, {"train": {**train, "best_metric_name": "accuracy"}}, None)
+    assert r.status == "n/a" and "metric_for_best: accuracy" in r.evidence

@@ -210,6 +210,8 @@ def _gate_best_checkpoint_by_val_loss(run_dir, summary, thr, **_) -> GateResult:
     best = train.get("best_checkpoint")
     if not losses or not best:
         return GateResult("best_checkpoint_by_val_loss", "n/a", "no in-training eval or no checkpoint chosen")
+    if train.get("best_metric_name") not in (None, "loss"):  # training.metric_for_best ranks by another metric, by choice
+        return GateResult("best_checkpoint_by_val_loss", "n/a", f"the best checkpoint is chosen by `training.metric_for_best: {train['best_metric_name']}`, not the eval loss")
     step = int(Path(best).name.split("-")[-1]) if Path(best).name.startswith("step-") else None
     lo_step, lo = min(losses, key=lambda x: x[1])
     chosen = dict(losses).get(step)
