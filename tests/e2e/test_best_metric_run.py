@@ -97,3 +97,50 @@ def test_hf_names_are_hinted(tmp_path, tiny_model_dir, capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "`metric_for_best_model` is the Hugging Face name: in trainpipe it is `training.metric_for_best`" in out, out
     assert "has 1 problem" in out, out  # `training.greater_is_better` is trainpipe's own key: accepted
+
+
+def _stop_step(evals: list[dict], patience: int) -> int | None:
+    """Where early stopping by accuracy (greater is better, ties no improvement) must stop over this eval history."""
+    best, without = None, 0
+    for r in evals:
+        if best is None or r["eval_accuracy"] > best:
+            best, without = r["eval_accuracy"], 0
+        else:
+            without += 1
+            if without >= patience:
+                return r["step"]
+    return None
+
+
+def test_resume_keeps_the_ranking_and_the_early_stopping_count(tmp_path, tiny_model_dir, monkeypatch):
+    # the run stops in the evaluation after step 20 (a TEST-ONLY injected out-of-memory, exit 4; step-15 is saved), then
+    # `--resume` continues from step 15: early stopping by accuracy (patience 2) counts across the resume, which it can only
+    # do when the best-so-far (value, step, evals without improvement) came back from the checkpoint
+    from trainpipe.train import faults
+
+    write_jsonl(tmp_path / "data" / "train.jsonl", classification_records(200, seed=5))
+    p = tmp_path / "run.yaml"
+    p.write_text(yaml.safe_dump(_config(tmp_path, tiny_model_dir, metric_for_best="accuracy", early_stopping_patience=2)))
+    monkeypatch.setenv(faults.ENV, json.dumps({"oom_in_eval_at_steps": [20]}))
+    faults._spec_cached.cache_clear()
+    faults._fired.clear()
+    try:
+        assert main(["run", str(p)]) == 4
+    finally:
+        monkeypatch.delenv(faults.ENV)
+        faults._spec_cached.cache_clear()
+    assert main(["run", str(p), "--resume"]) == 0
+    run = tmp_path / "run"
+    evals = _evals(run)
+    ev = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines() if line.strip()]
+    assert any(e["event"] == "checkpoint_resumed" and e["step"] == 15 for e in ev), "the second run did not resume"
+    stop = _stop_step(evals, 2)
+    hist = [(r["step"], r["eval_accuracy"]) for r in evals]
+    assert stop is not None and stop > 15, hist  # the stop needs evals of both segments (else this history proves nothing)
+    stopped = [e for e in ev if e["event"] == "early_stopped"]
+    assert [e["step"] for e in stopped] == [stop], (hist, stopped)
+    top = max(a for _, a in hist)
+    want = min(s for s, a in hist if a == top)
+    assert stopped[0]["best_metric_name"] == "accuracy" and stopped[0]["best_step"] == want and stopped[0]["best_metric"] == pytest.approx(-top)
+    s = json.loads((run / "summary.json").read_text())
+    assert s["train"]["best_checkpoint"].endswith(f"step-{want}") and s["train"]["best_metric_value"] == pytest.approx(top)
