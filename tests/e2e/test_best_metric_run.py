@@ -144,3 +144,33 @@ def test_resume_keeps_the_ranking_and_the_early_stopping_count(tmp_path, tiny_mo
     assert stopped[0]["best_metric_name"] == "accuracy" and stopped[0]["best_step"] == want and stopped[0]["best_metric"] == pytest.approx(-top)
     s = json.loads((run / "summary.json").read_text())
     assert s["train"]["best_checkpoint"].endswith(f"step-{want}") and s["train"]["best_metric_value"] == pytest.approx(top)
+
+
+def test_tune_trials_export_their_best_checkpoint_by_the_objective(tmp_path, tiny_model_dir):
+    # a study maximising accuracy: each trial's config ranks its checkpoints by accuracy (the user set no metric_for_best), so
+    # the model each trial exports is its best evaluation by accuracy, not by eval loss
+    import optuna
+
+    write_jsonl(tmp_path / "data" / "train.jsonl", classification_records(200, seed=5))
+    cfg = _config(tmp_path, tiny_model_dir)
+    cfg.update(name="acc", output_dir=str(tmp_path / "study"), tune={
+        "space": {"training.learning_rate": {"log_uniform": [1e-3, 5e-3]}}, "objective": {"metric": "eval_accuracy"},
+        "n_trials": 2, "sampler": "random", "pruner": "none", "fidelity": {"steps": 20}})
+    p = tmp_path / "tune.yaml"
+    p.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    (tmp_path / "study").mkdir()
+    s = optuna.create_study(study_name="acc", storage=f"sqlite:///{tmp_path / 'study' / 'study.db'}", direction="maximize")
+    for lr in (3e-3, 2e-3):
+        s.enqueue_trial({"training.learning_rate": lr})
+    assert main(["tune", str(p)]) == 0
+    for n in (0, 1):
+        run = tmp_path / "study" / "trials" / f"trial-{n:04d}"
+        resolved = yaml.safe_load((run / "config.resolved.yaml").read_text())
+        assert resolved["training"]["metric_for_best"] == "accuracy" and resolved["training"]["greater_is_better"] is True
+        evals = _evals(run)
+        top = max(r["eval_accuracy"] for r in evals)
+        want = min(r["step"] for r in evals if r["eval_accuracy"] == top)
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["train"]["best_checkpoint"].endswith(f"step-{want}"), [(r["step"], r["eval_accuracy"], r["eval_loss"]) for r in evals]
+        assert summary["final"]["accuracy"] == pytest.approx(top)  # the trial's value is its exported (best) checkpoint's accuracy
+        assert min(evals, key=lambda r: r["eval_loss"])["step"] > want  # by eval loss, a later checkpoint would have been exported
