@@ -362,7 +362,7 @@ def automl(
     lr_spread: Annotated[float, typer.Option("--lr-spread", help="Learning rates from the planner's default / spread to x spread (log-uniform).")] = 3.0,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the hyperparameter sampler.")] = 0,
     lr_range: Annotated[Optional[str], typer.Option("--lr-range", help="LOW:HIGH learning rates to sample from instead of the planner's default / and x --lr-spread.")] = None,
-    proposer: Annotated[Optional[str], typer.Option("--proposer", help="module:function or file.py:function proposing changes to surviving arms before each rung.")] = None,
+    proposer: Annotated[Optional[str], typer.Option("--proposer", help="module:function or file.py:function proposing changes to surviving arms before each rung; default (sft): the built-in one (an arm whose eval loss moved < 1 % over the rung gets an LR range test on 1 % of the data and, if its suggestion is > 3x away, a new arm at it); `none`: no proposals.")] = None,
     budget_usd: Annotated[Optional[float], typer.Option("--budget-usd", help="Stop before a rung the planner prices above what is left.")] = None,
     budget_hours: Annotated[Optional[float], typer.Option("--budget-hours", help="Start no rung after this much wall time.")] = None,
     gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU type that picks the methods and prices the rungs (default: this machine's).")] = None,
@@ -380,7 +380,7 @@ def automl(
     run_automl(task=task, data=data, models=[m.strip() for m in models.split(",") if m.strip()], out_dir=out, budget_usd=budget_usd,
                budget_hours=budget_hours, gpu=gpu, max_params=max_params, min_steps=min_steps, eta=eta, rungs=rungs, eval_split=eval_split,
                max_length=max_length, batch_size=batch_size, use_catalog=catalog, models_dir=models_dir, gpus=gpus, arms_per_model=arms_per_model,
-               lr_spread=lr_spread, seed=seed, proposer=proposer, lr_range=_lr_range(lr_range))
+               lr_spread=lr_spread, seed=seed, proposer=proposer or "builtin", lr_range=_lr_range(lr_range))
 
 
 def _lr_range(text: str | None) -> tuple[float, float] | None:

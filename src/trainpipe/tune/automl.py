@@ -19,8 +19,11 @@ Reads top to bottom:
    event `checkpoint_resumed`), so an arm at rung k has trained exactly its rung's steps in all. Each rung is started only
    when the planner's price for the steps it adds on `--gpu` fits what is left of `--budget-usd` (and the wall time is
    within `--budget-hours`); a budget below the first rung is one error before anything trains;
-4. the loop that proposes: before every rung after the first, an optional proposer (`--proposer module:function`, called
-   with the arms so far) may propose changes to a surviving arm; a proposal passes `check_proposal` or is refused and
+4. the loop that proposes: before every rung after the first, a proposer may propose changes to a surviving arm. Without
+   `--proposer` it is the built-in one (`tune/proposers.py` `PlateauLRSweep`, sft only): a surviving arm whose eval loss
+   improved by < 1 % over the rung gets the LR range test of `lr-find` on 1 % of the training records (at least 32) and,
+   when the suggestion is > 3x away from its lr, a new arm at the suggested lr; `--proposer module:function` (called with
+   the arms so far) replaces it, `--proposer none` turns proposing off; a proposal passes `check_proposal` or is refused and
    logged (`automl.json` `refused`, `events.jsonl`), never applied. An accepted one is a new arm trained from scratch to the
    rung's steps (another hyperparameter cannot resume a checkpoint), whose run manifest names its parent arm and the change;
 5. outputs: `leaderboard.{csv,html}` (one row per arm: objective, rung reached, steps, seconds and planned cost over all its
@@ -268,7 +271,7 @@ def automl(*, task: str, data: Path, models: list[str], out_dir: Path, budget_us
            gpu: str | None = None, gpus: int = 1, max_params: float | None = None, use_catalog: bool = False, models_dir: Path | None = None,
            arms_per_model: int = 2, min_steps: int = 4, eta: int = 2, rungs: int = 3, lr_spread: float = 3.0, eval_split: int = 32,
            max_length: int = 128, fmt: str | None = None, batch_size: int = 8, seed: int = 0,
-           proposer: Callable[[dict], list[dict]] | str | None = None, lr_range: tuple[float, float] | None = None) -> dict:
+           proposer: Callable[[dict], list[dict]] | str | None = "builtin", lr_range: tuple[float, float] | None = None) -> dict:
     from trainpipe.pipeline.run import run
 
     if task not in TASKS:
@@ -289,7 +292,10 @@ def automl(*, task: str, data: Path, models: list[str], out_dir: Path, budget_us
         raise ConfigError(f"`--lr-range {lr_range[0]:g}:{lr_range[1]:g}` must be LOW:HIGH with 0 < LOW < HIGH (e.g. 1e-5:1e-3).")
     if budget_usd is not None and not (gpu or _gpu_here()):
         raise ConfigError("`--budget-usd` prices every rung on a GPU by the planner; this machine has none: add `--gpu A100-80GB` (or another catalogue GPU).")
-    if isinstance(proposer, str):
+    builtin = proposer == "builtin"
+    if proposer is None or (isinstance(proposer, str) and proposer.lower() in ("builtin", "none")):
+        proposer = None
+    elif isinstance(proposer, str):
         from trainpipe.tune.tune import load_function
 
         proposer = load_function(proposer, Path.cwd())
@@ -336,6 +342,10 @@ def automl(*, task: str, data: Path, models: list[str], out_dir: Path, budget_us
             except TrainpipeError:
                 pass
     arms, studies = sample_arms(cands, arms_per_model, lr_spread, seed, direction, lr_range)
+    if builtin and task == "sft":  # the LR range test measures next-token loss: the built-in proposer is for sft searches
+        from trainpipe.tune.proposers import PlateauLRSweep
+
+        proposer = PlateauLRSweep(data=Path(data), eval_split=eval_split, out_dir=out_dir, seed=seed, mapping_for=mapping_for)
     over = [c for c in cands if c.get("reason", "") and "over --budget-usd" in c["reason"]]
     if not arms and over and budget_usd is not None:
         cheapest = min(over, key=lambda c: c["rung0_usd"])
@@ -394,11 +404,17 @@ def automl(*, task: str, data: Path, models: list[str], out_dir: Path, budget_us
                                   "parent_arm": a["id"] if resume else a.get("parent"),
                                   "change": {"training.max_steps": [steps_of[rung - 1], steps_of[rung]]} if resume else a["change"],
                                   "continued": resume}}
+            if not resume and a.get("sweep"):
+                lineage["automl"].update(why=a.get("why"), sweep=a["sweep"])
             try:
                 if resume:
                     _carry_checkpoints(Path(parent_dir), Path(cfg.output_dir))
                 summary = run(cfg, overwrite=not resume, resume=resume, lineage=lineage)
                 value = float(summary["final"][metric])
+                # the eval loss at the start of this rung (the baseline eval, or the previous rung's final) and at its end: the
+                # history the built-in proposer's plateau rule reads
+                before = a.get("value") if resume else (summary.get("baseline") or {}).get("loss")
+                a["evals"] = [None if before is None else float(before), float(summary["final"].get("loss", math.nan))]
                 steps_done = int(summary["train"]["global_step"])
             except TrainpipeError as exc:
                 value, steps_done = None, None
@@ -432,7 +448,8 @@ def automl(*, task: str, data: Path, models: list[str], out_dir: Path, budget_us
               "candidates": cands, "arms": arms, "rows": rows, "refused": refused,
               "winner": {"arm": best["id"], "candidate": best["candidate"], "changes": best["changes"], metric: best["value"], "rung": best["rung"],
                          "model": str(winner / "model"), "report": str(winner / "report.html"), "summary": str(winner / "summary.json")},
-              "frozen": list(FROZEN), "proposable": list(PROPOSABLE)}
+              "frozen": list(FROZEN), "proposable": list(PROPOSABLE),
+              "proposer": proposer.describe() if hasattr(proposer, "describe") else (None if proposer is None else getattr(proposer, "__name__", str(proposer)))}
     _write_outputs(out_dir, result, board)
     _print(board, cands, result)
     return result
@@ -451,9 +468,14 @@ def _planned_total(prices0: list, steps_of: list[int], eta: int) -> float:
 def _proposals(proposer: Callable, rung: int, arms: list, alive: list, refused: list, log, metric: str, direction: str) -> list[dict]:
     """New arms from the proposer's changes to surviving arms; a proposal touching a frozen key is refused and logged, not applied."""
     state = {"rung": rung, "metric": metric, "direction": direction,
-             "arms": [{"id": a["id"], "changes": dict(a["changes"]), "value": a.get("value"), "rung": a.get("rung"), "alive": a in alive} for a in arms]}
+             "arms": [{"id": a["id"], "changes": dict(a["changes"]), "value": a.get("value"), "rung": a.get("rung"), "alive": a in alive,
+                       "evals": list(a.get("evals") or [])} for a in arms]}
     new = []
-    for prop in proposer(state) or []:
+    props = proposer(state) or []
+    for d in getattr(proposer, "decisions", []):
+        if d["rung"] == rung:
+            log("plateau_check", **d)
+    for prop in props:
         parent = next((a for a in arms if a["id"] == prop.get("parent")), None)
         changes = dict(prop.get("changes") or {})
         if parent is None:
@@ -469,9 +491,11 @@ def _proposals(proposer: Callable, rung: int, arms: list, alive: list, refused: 
             continue
         arm = {"id": f"a{len(arms)}", "candidate": parent["candidate"], "changes": {**parent["changes"], **changes}, "trial": None,
                "parent": parent["id"], "parent_run_dir": parent.get("run_dir"), "change": changes, "why": prop.get("why"), "history": []}
+        if prop.get("sweep"):
+            arm["sweep"] = prop["sweep"]
         arms.append(arm)
         new.append(arm)
-        log("proposal_applied", rung=rung, arm=arm["id"], parent=parent["id"], changes=changes)
+        log("proposal_applied", rung=rung, arm=arm["id"], parent=parent["id"], changes=changes, why=prop.get("why"), sweep=prop.get("sweep"))
     return new
 
 

@@ -117,7 +117,7 @@ def lr_find(cfg: RunConfig, *, start: float = 1e-7, end: float = 10.0, steps: in
     result = {
         "suggested_lr": suggestion, "set": f"--set training.learning_rate={suggestion:.3g}", "rule": "steepest descent of the smoothed loss against log lr",
         "min_loss_lr": f_lrs[i_min], "min_loss_lr_div10": f_lrs[i_min] / 10, "stopped": stop, "diverged": stop.startswith(("diverged", "the loss was not")),
-        "start": start, "end": end, "steps_run": len(lrs), "micro_batch": mb, "beta": beta,
+        "start": start, "end": end, "steps_run": len(lrs), "micro_batch": mb, "beta": beta, "train_records": len(data.train),
         "points": [{"lr": a, "loss": b, "smoothed": c} for a, b, c in zip(lrs, losses, smoothed)],
     }
     from trainpipe.tune.leaderboard import svg_plot
