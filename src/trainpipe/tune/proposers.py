@@ -8,9 +8,11 @@ After every rung but the last, for each SURVIVING arm of an `sft` search:
    not moving. An arm that is moving gets no proposal (and no sweep);
 2. the sweep: the LR range test of `trainpipe lr-find` (`tune/lrfind.py` `lr_find`, the same code) from the arm's start
    weights (its `model.name_or_path`, freshly built: no checkpoint is touched) with the arm's other settings, on a sample of
-   the data file: `SWEEP_FRACTION` (1 %) of its training records (the file's records less the eval split), at least
-   `SWEEP_MIN_RECORDS` (32) so a tiny set still works, at most all of them; drawn by `random.Random(f"{seed}:{arm}")` (the
-   search's `--seed` and the arm id), so the same search sweeps the same records. The sweep's learning rate grows
+   the JSONL data file: as many records as `SWEEP_FRACTION` (1 %) of its training records (the file's records less the eval
+   split), at least `SWEEP_MIN_RECORDS` (32) so a tiny set still works, at most all of them, drawn from the file's lines by
+   `random.Random(f"{seed}:{arm}")` (the search's `--seed` and the arm id), so the same search sweeps the same records (the
+   draw may include eval records: the sweep's model is thrown away, nothing it sees reaches an arm). The data step may
+   drop some of them (too long, empty); `records` is what lr-find trained on. The sweep's learning rate grows
    geometrically over `SWEEP_STEPS` (100, lr-find's default) AdamW steps from lr / 10 up to `SWEEP_END` (10.0), i.e. in decades (x10 per
    ~5 steps) starting one decade under the arm's lr, until the smoothed loss diverges; its suggestion is lr-find's
    (steepest descent of the smoothed loss). The window is NOT clamped to [lr/10, lr*10]: an arm stuck at an lr 1000x too
@@ -120,6 +122,8 @@ class PlateauLRSweep:
         from trainpipe.errors import TrainpipeError
         from trainpipe.tune.lrfind import lr_find
 
+        if self.data.suffix.lower() != ".jsonl":
+            return {"error": f"the built-in sweep samples lines of a JSONL file; `{self.data.name}` is not one (pass --proposer none or a hook)", "records": 0}
         where = self.out_dir / "sweeps" / f"rung{rung}-{arm['id']}"
         where.mkdir(parents=True, exist_ok=True)
         lines, n, n_train = sample_records(self.data, self.eval_split, f"{self.seed}:{arm['id']}")
