@@ -576,6 +576,7 @@ app.add_typer(pipeline_app, name="pipeline")
 cache_app = typer.Typer(help="The pipeline's step cache in the artefact store.", no_args_is_help=True)
 app.add_typer(cache_app, name="cache")
 StoreOpt = Annotated[Optional[str], typer.Option("--store", help="Artefact store: a folder or fsspec URL (default `pipeline.store`, else `<parent of output_dir>/.trainpipe-store`).")]
+CacheConfigArg = Annotated[Optional[Path], typer.Argument(help="A run config (its store), or leave out and give --store.", show_default=False)]
 
 
 @pipeline_app.command("run")
@@ -666,7 +667,7 @@ def pipeline_schedule(
 
 @cache_app.command("ls")
 def cache_ls(
-    config: Annotated[Optional[Path], typer.Argument(help="A run config (its store), or leave out and give --store.", show_default=False)] = None,
+    config: CacheConfigArg = None,
     store: StoreOpt = None,
     json_: Annotated[bool, typer.Option("--json", help="Print the entries as JSON.")] = False,
 ) -> None:
@@ -678,7 +679,7 @@ def cache_ls(
 
 @cache_app.command("gc")
 def cache_gc(
-    config: Annotated[Optional[Path], typer.Argument(help="A run config (its store), or leave out and give --store.", show_default=False)] = None,
+    config: CacheConfigArg = None,
     store: StoreOpt = None,
     all_: Annotated[bool, typer.Option("--all", help="Remove every entry, also those the pipelines' latest runs use.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be removed; remove nothing.")] = False,
@@ -691,7 +692,7 @@ def cache_gc(
 
 @cache_app.command("verify")
 def cache_verify(
-    config: Annotated[Optional[Path], typer.Argument(help="A run config (its store), or leave out and give --store.", show_default=False)] = None,
+    config: CacheConfigArg = None,
     store: StoreOpt = None,
     keep: Annotated[bool, typer.Option("--keep", help="Report failed entries; remove nothing.")] = False,
 ) -> None:
