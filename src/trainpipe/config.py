@@ -392,7 +392,7 @@ class TrainingConfig(_Section):
     metric_for_best: str = "loss"
     """The in-training eval metric that ranks checkpoints (the best one is exported) and counts for early stopping, as HF's `metric_for_best_model`: `loss` (default), or one the recipe measures at every eval (classification `accuracy`/`macro_f1`, dpo `margin_per_token`, sft `exact_match` with `eval.generate_in_training`, ...). Divergence checks stay on the loss."""
     greater_is_better: bool | None = None
-    """Direction of `metric_for_best`; null infers it as `trainpipe tune` does: loss and perplexity lower, anything else higher."""
+    """Direction of `metric_for_best`; null reads it from `trainpipe tune`'s table: loss, perplexity and KL lower; accuracies, exact match, margins and rewards higher; a metric without a known direction (e.g. rl `completion_length`) is refused until this is set."""
     on_checkpoint_error: Literal["continue", "stop"] = "continue"
     """When writing a checkpoint fails (disk full, I/O error): `continue` training (a later save may succeed) or `stop`."""
     preemption_grace_seconds: float = Field(default=30.0, gt=0)
@@ -583,7 +583,7 @@ class TuneObjective(_Section):
     metric: str = "loss"
     """The final eval metric a trial is scored by (a key of `summary.json` `final`: loss, perplexity, exact_match, accuracy, ...)."""
     direction: Literal["auto", "minimize", "maximize"] = "auto"
-    """`auto`: minimize loss and perplexity, maximize anything else."""
+    """`auto`: minimize loss, perplexity and KL, maximize accuracies, exact match, margins and rewards; a metric without a known direction (rl `completion_length`, a `function`'s unnamed value) is refused until this is set."""
     function: str | None = None
     """Instead of a training run, a Python function `module:fn` or `path/file.py:fn` called as fn(config_dict, trial) -> float (surrogate objectives, benchmarks)."""
 
@@ -987,6 +987,13 @@ def _check_metric_for_best(cfg: RunConfig, source: str) -> None:
             + ".",
             [f"training.metric_for_best: {name}"],
         )
+    if cfg.training.greater_is_better is None:  # the direction from tune's one table; a metric without one is refused, not guessed
+        from trainpipe.tune.tune import metric_direction
+
+        try:
+            metric_direction(name, key="training.greater_is_better", field="training.metric_for_best")
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {exc.message}", exc.problems) from None
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:

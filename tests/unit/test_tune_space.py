@@ -90,7 +90,7 @@ def test_every_sampler_runs_a_study(tmp_path, sampler):
     from trainpipe.tune.tune import tune
 
     (tmp_path / "obj.py").write_text("import math\ndef f(cfg, trial):\n    return (math.log10(cfg['training']['learning_rate']) + 3) ** 2\n")
-    p = _write(tmp_path, {"space": {"training.learning_rate": {"log_uniform": [1e-5, 1e-1]}}, "objective": {"function": "obj.py:f"},
+    p = _write(tmp_path, {"space": {"training.learning_rate": {"log_uniform": [1e-5, 1e-1]}}, "objective": {"function": "obj.py:f", "direction": "minimize"},
                           "n_trials": 6, "sampler": sampler, "pruner": "none", "storage": "memory"})
     p.write_text(p.read_text())
     out = tune(p)

@@ -118,13 +118,16 @@ def eval_metrics(out) -> dict:
 
 def best_metric_of(t) -> tuple[str, bool]:
     """(the eval metric that ranks checkpoints, whether greater is better) from `training.metric_for_best` /
-    `greater_is_better`; a null direction is inferred by tune's one table (loss, perplexity lower; anything else higher)."""
+    `greater_is_better`; a null direction is read from tune's one table (`tune.tune.DIRECTIONS`: loss, perplexity, KL lower;
+    accuracies, margins, rewards higher), and a metric it has no direction for is refused (ConfigError), never guessed."""
     from trainpipe.tune.tune import metric_direction, metric_key
 
     raw = getattr(t, "metric_for_best", None) or "loss"
     name = metric_key(raw)  # HF's / TRL's names too: `eval_loss`, `eval_accuracy`, `rewards/accuracies`
     greater = getattr(t, "greater_is_better", None)
-    return name, (metric_direction(name) == "maximize") if greater is None else bool(greater)
+    if greater is None:
+        return name, metric_direction(raw, key="training.greater_is_better", field="training.metric_for_best") == "maximize"
+    return name, bool(greater)
 
 
 def best_labels(best: CheckpointInfo | None) -> tuple[float | None, str | None, float | None]:

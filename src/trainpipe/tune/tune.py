@@ -42,7 +42,28 @@ from trainpipe.errors import ConfigError, TrainpipeError
 from trainpipe.redact import redact_url
 from trainpipe.tune import space as S
 
-MINIMIZED = ("loss", "perplexity", "eval_loss")
+# The one table of metric directions (`tune.objective.direction: auto`, and `training.greater_is_better: null` for the loop's
+# best checkpoint and early stopping), for every metric trainpipe itself emits. A metric not in it has no known direction:
+# it is refused with a request for the direction (`metric_direction`), never guessed.
+DIRECTIONS = {
+    # lower is better: losses, perplexity, and the policy's KL to its reference (a policy further from it is not a better one)
+    "loss": "minimize", "eval_loss": "minimize", "perplexity": "minimize", "kl": "minimize", "kl_per_token": "minimize",
+    # higher is better: accuracies, overlap with the reference, preference margins, the reward an RL policy earns
+    "accuracy": "maximize", "exact_match": "maximize", "rouge_l": "maximize", "bleu": "maximize", "macro_f1": "maximize",
+    "accuracy_per_token": "maximize", "reward_accuracy": "maximize", "margin": "maximize", "margin_per_token": "maximize",
+    "reward_margin": "maximize", "reward": "maximize", "reward_greedy": "maximize",
+}
+# metrics trainpipe emits whose direction is the user's call, with the reason given in the refusal
+NO_DIRECTION = {
+    "completion_length": "a longer or a shorter completion is better only by the task's own standard",
+    **dict.fromkeys(("rewards_chosen", "rewards_rejected", "rewards_desirable", "rewards_undesirable"),
+                    "a preference objective's implicit reward of one side alone usually falls for chosen and rejected alike while "
+                    "training goes well (the margin between them is what the objective raises: `margin`, `accuracy`)"),
+    **dict.fromkeys(("reward_chosen", "reward_rejected"),
+                    "a Bradley-Terry reward model's scores are defined up to a shift, so only their difference has a direction "
+                    "(`margin`, `accuracy`)"),
+}
+MINIMIZED = tuple(k for k, v in DIRECTIONS.items() if v == "minimize")
 _PAIRS = ("loss", "accuracy", "margin", "accuracy_per_token", "margin_per_token", "reward_accuracy", "reward_margin", "rewards_chosen", "rewards_rejected")
 _KTO = ("loss", "accuracy", "margin", "reward_accuracy", "rewards_desirable", "rewards_undesirable")
 _RL = ("reward", "reward_greedy", "kl", "kl_per_token", "completion_length")
@@ -64,16 +85,42 @@ class TuneError(TrainpipeError):
     title = "tune"
 
 
+class MetricDirectionError(ConfigError):
+    """A metric whose direction trainpipe does not know, with no direction given: refused rather than guessed."""
+
+
 def direction_of(t: TuneConfig) -> str:
     if t.objective.direction != "auto":
         return t.objective.direction
-    return metric_direction(t.objective.metric)
+    if t.objective.function and "metric" not in t.objective.model_fields_set:
+        raise MetricDirectionError(
+            f"`tune.objective.function: {t.objective.function}` returns a number trainpipe cannot interpret, and "
+            "`tune.objective.direction` is `auto` (the default): whether a trial with a higher value is better is known only to "
+            "that function. Set `tune.objective.direction: minimize` or `maximize`. No trial was started.",
+            ["tune.objective.direction: auto with tune.objective.function"],
+        )
+    return metric_direction(t.objective.metric, key="tune.objective.direction", field="tune.objective.metric")
 
 
-def metric_direction(name: str) -> str:
-    """`minimize` for loss and perplexity, `maximize` for anything else: the one table of directions (`tune.objective.direction:
-    auto`, and `training.greater_is_better: null` for the loop's best checkpoint)."""
-    return "minimize" if name in MINIMIZED or metric_key(name) in MINIMIZED else "maximize"
+def metric_direction(name: str, *, key: str = "tune.objective.direction", field: str = "tune.objective.metric") -> str:
+    """`minimize` or `maximize` for a metric trainpipe emits, from the one table (`DIRECTIONS`: loss, perplexity and KL lower;
+    accuracies, margins, rewards, exact match higher), under trainpipe's or TRL's / transformers' name. A metric with no known
+    direction raises MetricDirectionError naming ``field`` (the key that chose the metric) and ``key`` (where to give the direction:
+    `tune.objective.direction`, or `training.greater_is_better` for the best checkpoint)."""
+    m = metric_key(name)
+    for n in (name, m):
+        if n in DIRECTIONS:
+            return DIRECTIONS[n]
+    shown = name if m == name else f"{name}` (`{m}`"
+    why = NO_DIRECTION.get(m)
+    value = "`true` (higher is better) or `false` (lower is better)" if key == "training.greater_is_better" else "`maximize` or `minimize`"
+    raise MetricDirectionError(
+        f"`{field}: {shown}` has no direction trainpipe knows"
+        + (f" ({why})" if why else f" (it knows {', '.join(sorted(DIRECTIONS))})")
+        + f", so it cannot tell which value is the better one and does not guess. Set `{key}` to {value}"
+        + (", or rank by one of the metrics with a known direction." if why else "."),
+        [f"{key}: not given for {field} {name}"],
+    )
 
 
 def rank_checkpoints_by_objective(mapping: dict, cfg: RunConfig, direction: str) -> dict:
