@@ -97,12 +97,19 @@ def preflight(cfg: RunConfig) -> None:
 
     check_model_source(cfg.model)
     check_sources(cfg.data.sources)  # files, globs and folders; hub and SQL sources are checked when read
+    check_measured(cfg)
+
+
+def check_measured(cfg: RunConfig, source: str | None = None) -> None:
+    """The config-level part of `preflight` (no file, no model): what this run's method cannot measure is refused. A
+    `stages:` run calls it for every stage before any trains (pipeline/stages.py `stage_plan`), ``source`` naming the stage."""
     asked = [key for key, value in (("eval.forgetting", cfg.eval.forgetting), ("eval.benchmarks", cfg.eval.benchmarks)) if value]
     if asked and cfg.method.name not in MEASURES_FORGETTING:  # not silently skipped: reward and classification models are no LMs
         from trainpipe.errors import ConfigError
 
         raise ConfigError(
-            f"`{'` and `'.join(asked)}` measure a causal language model (its loss on text, its answers to benchmark prompts), "
+            (f"{source}: " if source else "")
+            + f"`{'` and `'.join(asked)}` measure a causal language model (its loss on text, its answers to benchmark prompts), "
             f"and this run's `method.name` is `{cfg.method.name}`, which trains a scoring head, not a language model; they are "
             f"measured under `{'`, `'.join(MEASURES_FORGETTING)}`. Remove `{'` and `'.join(asked)}` from this config, or measure "
             f"the language model it starts from with `trainpipe eval {cfg.model.name_or_path} --config CONFIG` and an `sft`/`pretrain` "

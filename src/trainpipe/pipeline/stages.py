@@ -88,6 +88,7 @@ def stage_plan(cfg: RunConfig, root: Path) -> list[dict]:
             sub = RunConfig.model_validate(d)
         except ValidationError as exc:
             raise format_validation_error(exc, f"stage `{name}`") from None
+        check_stage(sub, name, len(plan) + 1, len(names))
         plan.append({
             "name": name, "config": sub, "input_model": sub.model.name_or_path, "input_stage": policy_stage,
             "reward_model": sub.method.rl.reward_model if method == "rl" else None, "reward_stage": reward_stage if uses_reward else None,
@@ -98,6 +99,24 @@ def stage_plan(cfg: RunConfig, root: Path) -> list[dict]:
         elif method in POLICY_METHODS:
             policy_in, policy_stage = out, name
     return plan
+
+
+def check_stage(sub: RunConfig, name: str, index: int, count: int) -> None:
+    """Every config-level check `trainpipe run` makes of one run (what the method cannot measure, `training.metric_for_best`
+    measured and with a direction), made for every stage while the plan is built: a stage that would be refused is refused
+    before the first stage trains, naming the stage and the key (a stage's config is not built by `build_config`)."""
+    from trainpipe.config import _check_metric_for_best
+    from trainpipe.pipeline.run import check_measured
+
+    where = f"stage `{name}` ({index} of {count}, `method.name: {sub.method.name}`)"
+    try:
+        _check_metric_for_best(sub, where)
+        check_measured(sub, where)
+    except ConfigError as exc:
+        hint = (" Each stage inherits the run's top-level `eval` and `training`, laid under its own entry of `stages:`; set the key "
+                f"there (for example `eval: {{forgetting: [], benchmarks: []}}` in stage `{name}`'s entry) to change it for this stage alone. "
+                "No stage was trained.")
+        raise ConfigError(exc.message + hint, [f"stage {name}: {p}" for p in exc.problems]) from None
 
 
 def stage_names(cfg: RunConfig) -> list[str]:
