@@ -149,6 +149,10 @@ def _print_result(con, name: str, summary: dict) -> None:
     if t:
         wall = f"  wall time {summary['wall_seconds']:.1f} s" if "wall_seconds" in summary else ""
         con.print(f"steps {t.get('global_step')}  train time {t.get('train_seconds', 0):.1f} s{wall}" + ("  (stopped early)" if t.get("stopped_early") else ""))
+        if t.get("best_checkpoint"):  # the metric that chose it (`training.metric_for_best`), not always the eval loss
+            from trainpipe.report.html import best_ranking
+
+            con.print(f"best checkpoint: {Path(t['best_checkpoint']).name} ({best_ranking(t)})", markup=False, soft_wrap=True)
     art = summary.get("artifacts") or {}
     if art.get("model"):
         con.print(f"model:   {art['model']}")
@@ -311,7 +315,7 @@ def tune(
     n_trials: Annotated[Optional[int], typer.Option("--n-trials", help="Override `tune.n_trials` (finished trials of the study, all workers).")] = None,
 ) -> None:
     """Search the config's `tune.space` with Optuna: every trial an ordinary run under OUTPUT/trials/, bad trials pruned on
-    the eval loss; writes best.yaml, leaderboard.csv/.html and best/model. Start the same command on several machines with
+    the objective metric (`tune.objective.metric`, eval loss by default) at the in-training evals; writes best.yaml, leaderboard.csv/.html and best/model. Start the same command on several machines with
     `tune.storage: postgresql://...` to share one study."""
     from trainpipe.tune.tune import tune as run_tune
 

@@ -8,7 +8,7 @@ Reads top to bottom. The run directory contract:
     metrics.jsonl          training and eval metrics as logged
     data_report.json       what happened to every input record
     rejected.jsonl         lines dropped under `data.on_error: skip`, with the reason
-    checkpoints/           Trainer checkpoints (best by eval loss kept)
+    checkpoints/           Trainer checkpoints (best by `training.metric_for_best` kept; eval loss by default)
     model/                 the exported best model (only once training finished)
     summary.json           `baseline` and `final` metric dicts, training figures, artefact paths
     .trainpipe-run         the ownership marker (run id): only a folder holding it is ever cleared (pipeline/rundir.py)

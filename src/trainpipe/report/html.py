@@ -181,12 +181,33 @@ def _section_results(s: dict) -> list[str]:
         out.append(_table(["test", "examples", *keys], [["final", _num(t.get("examples")), *[_num(t.get(k)) for k in keys]]], set(range(1, len(keys) + 2))))
     tr = s.get("train") or {}
     if tr:
-        out.append(f"<p><small>{_num(tr.get('global_step'))} steps, {_num(tr.get('train_seconds'))} s training, best checkpoint <code>{escape(str(tr.get('best_checkpoint')))}</code> (eval loss {_num(tr.get('best_eval_loss'))})"
+        out.append(f"<p><small>{_num(tr.get('global_step'))} steps, {_num(tr.get('train_seconds'))} s training, best checkpoint <code>{escape(str(tr.get('best_checkpoint')))}</code> ({escape(best_ranking(tr))})"
                    + (", stopped early" if tr.get("stopped_early") else "") + "</small></p>")
     charts = [(k, base.get(k), final.get(k)) for k in final if k in RATE_METRICS and isinstance(final.get(k), (int, float)) and isinstance(base.get(k), (int, float))]
     if charts:
         out.append('<div class="charts">' + plots.bar_chart("generated metrics: baseline vs final (share of the eval split)", [c[0] for c in charts], [("baseline", [c[1] for c in charts]), ("final", [c[2] for c in charts])]) + "</div>")
     return out
+
+
+def best_ranking(tr: dict) -> str:
+    """What the best checkpoint was chosen by, in words, from a summary's `train` section: the metric actually used
+    (`training.metric_for_best`, eval loss by default), its direction and its value there, and the eval loss beside it when
+    the ranking was another metric (`ranked by accuracy, higher is better: 0.875; eval loss 0.41`). A summary that does not
+    record the direction (written before it was) takes it from tune's table of directions, or says nothing of it."""
+    name = tr.get("best_metric_name") or "loss"
+    greater = tr.get("best_metric_greater_is_better")
+    if greater is None:
+        from trainpipe.tune.tune import DIRECTIONS, metric_key
+
+        known = DIRECTIONS.get(metric_key(name))
+        greater = None if known is None else known == "maximize"
+    way = "" if greater is None else (", higher is better" if greater else ", lower is better")
+    shown = "eval loss" if name == "loss" else name
+    value = tr.get("best_metric_value") if name != "loss" else tr.get("best_eval_loss", tr.get("best_metric_value"))
+    text = f"ranked by {shown}{way}" + (f": {_num(value)}" if isinstance(value, (int, float)) else "")
+    if name != "loss" and tr.get("best_eval_loss") is not None:
+        text += f"; eval loss {_num(tr.get('best_eval_loss'))}"
+    return text
 
 
 def _section_curves(r: dict) -> list[str]:

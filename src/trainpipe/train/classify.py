@@ -1,7 +1,7 @@
 """Text classification, top to bottom: records of `format: classification` (`text` + `label`; other field names through
 `data.sources[].columns`) -> the class list from the training split -> a sequence-classification model (the base with a new
 `score` head of one output per class; LoRA with task type SEQ_CLS keeps the head trainable) -> baseline accuracy on the
-eval split -> cross-entropy in trainpipe's resilient loop (best checkpoint by eval loss) -> final accuracy and macro-F1 with
+eval split -> cross-entropy in trainpipe's resilient loop (best checkpoint by `training.metric_for_best`, eval loss by default) -> final accuracy and macro-F1 with
 the best checkpoint -> export.
 
 `RUN_DIR/model/` loads with `AutoModelForSequenceClassification.from_pretrained(dir)` and its `config.id2label` names the
@@ -48,7 +48,7 @@ def run(ctx: RunContext) -> dict:
     # 3. baseline on the eval split (the untrained head: about chance)
     baseline, _ = ctx.baseline_once(lambda: (evaluate(model, objective, data.eval, batch_size=bs), []))
 
-    # 4. train: the best checkpoint by the eval loss
+    # 4. train: the best checkpoint by `training.metric_for_best` (HF's metric_for_best_model; the eval loss by default)
     loop = build_loop(
         model, tok, data.train, cfg.training, run_dir=ctx.run_dir, events=ctx.events, config_yaml=ctx.config_yaml,
         evaluate=lambda m: evaluate(m, objective, data.eval, batch_size=bs), objective=objective, dist=ctx.dist,  # loss, accuracy, macro_f1 (the hooks see all)

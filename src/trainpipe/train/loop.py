@@ -194,6 +194,7 @@ class FitResult:
     gradient_checkpointing: bool
     best_metric_name: str | None = None  # `training.metric_for_best` the best checkpoint was chosen by
     best_metric_value: float | None = None  # its value in the best checkpoint's evaluation
+    best_metric_greater_is_better: bool | None = None  # that metric's direction (`training.greater_is_better` or tune's table)
 
 
 # ------------------------------------------------------------------------------ RNG state
@@ -1068,7 +1069,7 @@ class TrainLoop:
         )
         return FitResult(
             global_step=self.state.step, best_checkpoint=str(best.path) if best else None, best_eval_loss=best_loss,
-            best_metric_name=best_name, best_metric_value=best_value,
+            best_metric_name=best_name, best_metric_value=best_value, best_metric_greater_is_better=self._best_direction(best_name),
             train_loss=sum(losses) / len(losses) if losses else None, train_seconds=seconds, tokens_seen=self.state.tokens_seen,
             stopped_early=self.state.stopped_early, resumed_from=str(resume_from.path) if resume_from else None,
             recoveries=self.state.recoveries, skipped_windows=list(self.state.skipped), micro_batch=self.state.micro_batch,
@@ -1242,6 +1243,15 @@ class TrainLoop:
         for hook in list(EVAL_HOOKS):
             hook(self, st.step, metric)
         return score  # what the checkpoint of this eval is ranked by
+
+    def _best_direction(self, name: str | None) -> bool | None:
+        """Whether greater is better for the metric the best checkpoint was ranked by (None: no best checkpoint)."""
+        if name is None:
+            return None
+        ranked, greater = best_metric_of(self.t)
+        if ranked == name:
+            return greater
+        return False if name == "loss" else None  # a checkpoint ranked before `metric_for_best` changed: the eval loss is lower-better
 
     def _rank(self, measured: dict) -> tuple[str, float, float]:
         """(metric name, its value, the lower-is-better score) of one eval by `training.metric_for_best`."""

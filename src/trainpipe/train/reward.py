@@ -50,7 +50,7 @@ def run(ctx: RunContext) -> dict:
     # 3. baseline pairwise accuracy on the eval split (the untrained head: about chance)
     baseline, _ = ctx.baseline_once(lambda: (evaluate(model, objective, data.eval, batch_size=bs), []))
 
-    # 4. train: the best checkpoint by the eval loss
+    # 4. train: the best checkpoint by `training.metric_for_best` (HF's metric_for_best_model; the eval loss by default)
     loop = build_loop(
         model, tok, data.train, cfg.training, run_dir=ctx.run_dir, events=ctx.events, config_yaml=ctx.config_yaml,
         evaluate=lambda m: evaluate(m, objective, data.eval, batch_size=bs), objective=objective, dist=ctx.dist,  # loss, accuracy, margin, rewards

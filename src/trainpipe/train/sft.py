@@ -3,7 +3,7 @@ next-token cross-entropy on the tokens the data step labelled (responses and the
 token) -> final eval with the best checkpoint -> export.
 
 Training runs in trainpipe's resilient loop (train/loop.py): evaluation every `eval_steps`,
-atomic checksummed checkpoints, the best by eval loss kept and loaded at the end, early
+atomic checksummed checkpoints, the best by `training.metric_for_best` (eval loss by default) kept and loaded at the end, early
 stopping with patience, resume to the bit, OOM and divergence recovery.
 """
 
@@ -105,7 +105,7 @@ def build_loop(model, tokenizer, train_data, t: TrainingConfig, *, run_dir: Path
 
 
 def train(loop: TrainLoop, resume_from: CheckpointInfo | None = None) -> FitResult:
-    """Fit, then load the best checkpoint's weights (by eval loss) into the model."""
+    """Fit, then load the best checkpoint's weights (by `training.metric_for_best`, eval loss by default) into the model."""
     result = loop.fit(resume_from)
     loop.load_best_weights()
     return result
