@@ -1,0 +1,542 @@
+"""One real training step traced at full size on fake tensors: the exact tensor-level peak, no GPU, seconds.
+
+`trace_step(spec_or_path, setup)` builds the model the planner sizes (a catalog entry's config, or a local folder's
+config.json; trust_remote_code off) on the meta device, applies the method the way trainpipe's training does
+(train/model.py: PEFT LoraConfig with the same targets/r/dropout/DoRA, `prepare_model_for_kbit_training` for QLoRA, the
+last blocks for freeze, everything for full; non-reentrant gradient checkpointing as the loop enables it), replaces every
+parameter and buffer by a fake CPU tensor made inside `torch._subclasses.fake_tensor.FakeTensorMode`, and runs the real
+step: forward, the loss of `setup.framework`, backward, the optimizer step, `zero_grad(set_to_none=True)`. Fake tensors
+carry shape, dtype and strides but no data, so an 8B step at 8k tokens costs no memory and traces in seconds.
+
+A `TorchDispatchMode` (`LiveBytes`) sees every op's outputs: each new storage adds its nbytes, a `weakref.finalize` on
+the storage subtracts them when the storage dies. That is what the CUDA caching allocator counts as *allocated*
+(`torch.cuda.max_memory_allocated`), less kernel workspaces; on a small model the fake run and a run on real CPU tensors
+give the same peak to the byte (tests/unit/plan/test_plan_trace.py). `TraceResult.events` is the ordered
+allocation/free stream for an allocator simulator.
+
+Losses (`setup.framework`): "trainpipe" is train/losses.py's `chunked_cross_entropy_sum` on `model(...).logits` (the real
+function, imported), "transformers" is `model(..., labels=...)` (transformers' fp32-upcast loss), "hf-bf16-loss" is
+`nn.CrossEntropyLoss` on the returned 16-bit logits. Other frameworks (litgpt, torchtune, torchtitan) are different
+programs and are refused.
+
+Precision: "bf16-true" builds the model in bf16, "fp32" in fp32; "bf16"/"fp16" run the step under `torch.autocast("cpu")`
+with fp32 weights for full/freeze and a 16-bit base for LoRA/DoRA (the planner's `base_dtype="auto"`). CPU autocast's op
+lists are not CUDA's (e.g. which ops run in fp32), so mixed-precision traces are approximate; bf16-true and fp32 traces are
+exact for the tensors the program makes.
+
+CPU-vs-CUDA differences, and what this module does about each (the trace is meant to stand for a CUDA run):
+- dropout: ATen's CPU `dropout` is `input * noise` with a float noise tensor kept for backward (4 B/element for fp32 LoRA
+  inputs); on CUDA the fused `native_dropout` keeps a 1-byte bool mask. During the trace `F.dropout` is routed through
+  `torch.native_dropout` (what CUDA runs), so the saved mask is 1 byte per element.
+- SDPA: on the CPU the fused kernel is `_scaled_dot_product_flash_attention_for_cpu` (saves q, k, v, the output and a
+  logsumexp of batch x heads x seq fp32), the same set CUDA's flash backend saves; CUDA's memory-efficient backend saves
+  the same tensors (its logsumexp is padded to 32 rows). transformers 5 passes `enable_gqa` (k/v not repeated to all
+  heads) where the kernel supports it; the trace runs exactly what transformers does. Flash-attention-2 (`attention="flash"`)
+  does not exist on the CPU: it is traced as SDPA, which saves the same tensors (unrepeated k/v).
+- cuBLAS/cuDNN workspaces, the CUDA context and allocator fragmentation are not tensors: they are not in the trace. The
+  `reserved`/`total` figures come from the planner's overhead model (plan/memory.py) or an allocator simulator fed with
+  `events`.
+- bitsandbytes: `Params4bit` is a tensor subclass made with `_make_subclass`, which cannot wrap a FakeTensor, so
+  bitsandbytes 0.50's real `Linear4bit` cannot be built under FakeTensorMode. QLoRA is traced with an *emulated
+  bitsandbytes kernel* (`EmulatedLinear4bit` + `_EmulatedMatMul4Bit`): the packed uint8 weight (n/2 bytes), the uint8
+  absmax with its nested fp32 absmax and code (double quantization) or an fp32 absmax, dequantized by bitsandbytes' own
+  registered ops (`bitsandbytes::dequantize_blockwise`, `bitsandbytes::dequantize_4bit`, which have fake kernels) and
+  saving for backward exactly what bnb 0.50's `MatMul4Bit` saves (`ctx.tensors = (None, B)`: the packed weight, not the
+  input); the LoRA wrapper runs PEFT's own `lora.bnb.Linear4bit.forward` (with its defensive `result.clone()`).
+  bitsandbytes' 8-bit optimizers keep their state in Python-side tensors created by CUDA kernels and are refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import types
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainpipe.errors import TrainpipeError
+
+TRACE_FRAMEWORKS = ("trainpipe", "transformers", "hf-bf16-loss")
+
+
+class TraceError(TrainpipeError):
+    """The setup cannot be traced (a framework or optimizer the tracer does not run)."""
+
+    title = "cannot trace this setup"
+
+
+@dataclass
+class TraceResult:
+    peak_bytes: int  # live tensor bytes at the peak (= torch.cuda.max_memory_allocated less kernel workspaces)
+    phase: str  # forward | backward | optimizer (of the step where the peak is), e.g. "forward (step 2)"
+    weights_bytes: int  # parameters and buffers (and the emulated 4-bit storage) before the first step
+    split: dict = field(default_factory=dict)  # at the peak: params, gradients, optimizer, other (activations + temporaries)
+    step_peaks: list = field(default_factory=list)  # peak per step
+    events: list = field(default_factory=list)  # (storage key, nbytes, +1 allocate / -1 free), in order
+    notes: list = field(default_factory=list)
+    seconds: float = 0.0
+
+
+# ----------------------------------------------------------------------------------------------- the live-bytes tracker
+
+
+def _tracker_class():
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+    from torch.utils.weak import WeakIdKeyDictionary
+
+    class LiveBytes(TorchDispatchMode):
+        """Live tensor-storage bytes while ops run: what the caching allocator holds allocated."""
+
+        def __init__(self, record_events: bool = True):
+            super().__init__()
+            self.cur = 0
+            self.peak = 0
+            self.peak_phase = None
+            self.peak_event = 0
+            self.phase = "setup"
+            self.keys = WeakIdKeyDictionary()
+            self.next_key = 0
+            self.events: list = []
+            self.record = record_events
+
+        def key_of(self, t) -> int | None:
+            return self.keys.get(t.untyped_storage())
+
+        def add(self, t) -> None:
+            st = t.untyped_storage()
+            if st in self.keys:
+                return
+            n = st.nbytes()
+            k = self.next_key
+            self.next_key += 1
+            self.keys[st] = k
+            self.cur += n
+            self.events.append((k, n, 1))
+            weakref.finalize(st, self._free, k, n)
+            if self.cur > self.peak:
+                self.peak, self.peak_phase, self.peak_event = self.cur, self.phase, len(self.events)
+
+        def _free(self, k: int, n: int) -> None:
+            self.cur -= n
+            self.events.append((k, n, -1))
+
+        def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                    self.add(t)
+            return out
+
+    return LiveBytes
+
+
+def live_bytes_tracker(record_events: bool = True):
+    """A fresh `LiveBytes` dispatch mode (enter it with `with`)."""
+    return _tracker_class()(record_events)
+
+
+# ----------------------------------------------------------------------------------------------- GPU fidelity
+
+
+@contextlib.contextmanager
+def cuda_like_dropout():
+    """Route `F.dropout` through `torch.native_dropout` (a bool mask, as CUDA's fused kernel keeps) while tracing."""
+    import torch
+    import torch.nn.functional as F
+
+    orig = F.dropout
+
+    def dropout(input, p=0.5, training=True, inplace=False):
+        if not training or p == 0.0:
+            return input
+        return torch.native_dropout(input, p, True)[0]
+
+    F.dropout = dropout
+    try:
+        yield
+    finally:
+        F.dropout = orig
+
+
+@contextlib.contextmanager
+def real_data_paths():
+    """transformers takes other code paths when it sees a FakeTensor (`is_tracing`): it builds an explicit causal mask,
+    so SDPA gets `attn_mask` and k/v are repeated to all heads (no `enable_gqa`). With real data and no padding it skips
+    the mask and passes `is_causal=True` + `enable_gqa`. During the trace the mask code takes the real-data path: fake
+    tensors do not count as tracing there, and the packed-sequence check (data-dependent) answers what unpacked
+    batches answer (no packed sequences)."""
+    from transformers import masking_utils as mu
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    orig_tracing, orig_packed = mu.is_tracing, getattr(mu, "find_packed_sequence_indices", None)
+
+    def is_tracing(tensor=None):
+        if isinstance(tensor, FakeTensor):
+            return orig_tracing(None)
+        return orig_tracing(tensor)
+
+    mu.is_tracing = is_tracing
+    if orig_packed is not None:
+        mu.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        mu.is_tracing = orig_tracing
+        if orig_packed is not None:
+            mu.find_packed_sequence_indices = orig_packed
+
+
+# ----------------------------------------------------------------------------------------------- emulated bitsandbytes kernel
+
+
+def _emulated_4bit_classes():
+    import torch
+
+    class _EmulatedMatMul4Bit(torch.autograd.Function):
+        """Emulated bitsandbytes kernel: what bnb 0.50's `MatMul4Bit` computes and keeps. Forward dequantizes the packed
+        weight to the input's dtype and runs a linear; it saves only the packed weight and its quantization state
+        (`ctx.tensors = (None, B)`), not the input; backward dequantizes again for the input gradient."""
+
+        @staticmethod
+        def forward(ctx, A, mod):
+            ctx.mod = mod
+            W = mod.dequantize(A.dtype)
+            out = torch.nn.functional.linear(A, W, None)
+            del W
+            return out
+
+        @staticmethod
+        def backward(ctx, grad):
+            W = ctx.mod.dequantize(grad.dtype)
+            return torch.matmul(grad, W), None
+
+    class EmulatedLinear4bit(torch.nn.Module):
+        """Emulated bitsandbytes kernel: a bnb 0.50 `Linear4bit` (NF4, blocksize 64) as stored and run: packed uint8 weight
+        of ceil(n/2) bytes; absmax uint8 per block + nested fp32 absmax per 256 blocks + 256-entry code + offset with double
+        quantization, else an fp32 absmax per block; the input cast to the compute dtype and the output back to the
+        input's dtype (`Linear4bit.forward`)."""
+
+        def __init__(self, in_features, out_features, bias, compute_dtype, double_quant, bias_dtype):
+            super().__init__()
+            self.in_features, self.out_features = in_features, out_features
+            self.compute_dtype, self.double_quant = compute_dtype, double_quant
+            n = in_features * out_features
+            blocks = math.ceil(n / 64)
+            with torch.device("meta"):
+                self.register_buffer("packed", torch.empty(((n + 1) // 2, 1), dtype=torch.uint8))
+                if double_quant:
+                    self.register_buffer("absmax", torch.empty(blocks, dtype=torch.uint8))
+                    self.register_buffer("nested_absmax", torch.empty(math.ceil(blocks / 256), dtype=torch.float32))
+                    self.register_buffer("code", torch.empty(256, dtype=torch.float32))
+                    self.register_buffer("offset", torch.empty((), dtype=torch.float32))
+                else:
+                    self.register_buffer("absmax", torch.empty(blocks, dtype=torch.float32))
+                self.bias = torch.nn.Parameter(torch.empty(out_features, dtype=bias_dtype), requires_grad=False) if bias else None
+            self.weight = types.SimpleNamespace(dtype=torch.uint8, shape=(out_features, in_features), device=torch.device("cpu"))
+
+        def dequantize(self, dtype):
+            absmax = self.absmax
+            if self.double_quant:
+                absmax = torch.ops.bitsandbytes.dequantize_blockwise(self.absmax, self.nested_absmax, self.code, 256, torch.float32)
+                absmax += self.offset
+            return torch.ops.bitsandbytes.dequantize_4bit(self.packed, absmax, 64, "nf4", [self.out_features, self.in_features], dtype)
+
+        def forward(self, x):
+            inp_dtype = x.dtype
+            x = x.to(self.compute_dtype)
+            out = _EmulatedMatMul4Bit.apply(x, self)
+            if self.bias is not None:
+                out = out + self.bias.to(self.compute_dtype)
+            return out.to(inp_dtype)
+
+    return EmulatedLinear4bit
+
+
+# ----------------------------------------------------------------------------------------------- building the model
+
+
+def _dtypes(setup):
+    import torch
+
+    half = torch.float16 if setup.precision == "fp16" else torch.bfloat16
+    autocast = setup.precision in ("bf16", "fp16")
+    if setup.precision == "fp32":
+        base = torch.float32
+    elif setup.precision == "bf16-true":
+        base = torch.bfloat16
+    elif setup.method in ("full", "freeze") or getattr(setup, "base_dtype", "auto") == "fp32":
+        base = torch.float32  # fp32 masters under autocast
+    else:
+        base = half
+    return base, half, autocast
+
+
+def _config(spec):
+    from transformers import AutoConfig
+
+    d = {k: v for k, v in (spec.config or {}).items() if not k.startswith("_")}
+    for k in ("model_type", "architectures", "transformers_version", "torch_dtype", "dtype", "quantization_config", "auto_map"):
+        d.pop(k, None)
+    return AutoConfig.for_model(spec.model_type, **d)
+
+
+def _build(spec, setup, notes):
+    import torch
+    import transformers
+
+    base_dtype, half, autocast = _dtypes(setup)
+    cfg = _config(spec)
+    cfg.use_cache = False
+    attn = {"flash": "sdpa"}.get(setup.attention, setup.attention)
+    if setup.attention == "flash":
+        notes.append("attention=flash traced as SDPA (flash-attention-2 is CUDA only; both save q, unrepeated k/v, the output and a logsumexp)")
+    auto = {"causal-lm": transformers.AutoModelForCausalLM, "masked-lm": transformers.AutoModelForMaskedLM,
+            "seq2seq-lm": transformers.AutoModelForSeq2SeqLM}[spec.task]
+    with torch.device("meta"):
+        model = auto.from_config(cfg, dtype=base_dtype, attn_implementation=attn, trust_remote_code=False)
+    model.config.use_cache = False
+    method = setup.method
+    if method in ("lora", "dora", "qlora"):
+        from peft import LoraConfig, get_peft_model
+
+        targets = sorted({li.leaf for li in spec.resolve_targets(setup.lora_targets)})
+        task_type = {"causal-lm": "CAUSAL_LM", "masked-lm": None, "seq2seq-lm": "SEQ_2_SEQ_LM"}[spec.task]
+        pc = LoraConfig(r=setup.lora_r, lora_alpha=2 * setup.lora_r, lora_dropout=setup.lora_dropout, target_modules=targets,
+                        bias="none", task_type=task_type, use_dora=method == "dora")
+        model = get_peft_model(model, pc)
+        if method == "qlora":
+            # trainpipe quantizes at load and then calls prepare_model_for_kbit_training before PEFT; PEFT's wrapping needs
+            # nn.Linear bases, so here the bases are swapped after it (same tensors), then prepare runs and the adapters are
+            # made trainable again (prepare freezes every parameter)
+            _quantize_linears(model, half if setup.precision != "fp32" else torch.float32, setup.double_quant)
+            model.is_loaded_in_4bit = True
+            from peft import prepare_model_for_kbit_training
+
+            prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)  # norms, embeddings, lm_head to fp32 (train/model.py)
+            for n, p in model.named_parameters():
+                if "lora_" in n:
+                    p.requires_grad_(True)
+            _bnb_lora_forward(model)
+    elif method == "freeze":
+        for p in model.parameters():
+            p.requires_grad_(False)
+        blocks = _blocks(model)
+        for blk in blocks[len(blocks) - min(setup.freeze_layers, len(blocks)):]:
+            for p in blk.parameters():
+                p.requires_grad_(True)
+    if setup.grad_ckpt:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+    model.train()
+    return model, half, autocast
+
+
+def _blocks(model):
+    import torch
+
+    best = []
+    for _, mod in model.named_modules():
+        if isinstance(mod, torch.nn.ModuleList) and len(mod) > len(best):
+            best = list(mod)
+    return best
+
+
+def _quantize_linears(model, compute_dtype, double_quant):
+    """Every nn.Linear but the output embeddings becomes an emulated bitsandbytes 4-bit linear (what transformers'
+    bitsandbytes quantizer converts: lm_head is kept)."""
+    import torch
+
+    E4 = _emulated_4bit_classes()
+    out_emb = model.get_output_embeddings()
+    for name, mod in list(model.named_modules()):
+        if "lora_" in name:
+            continue
+        for cname, child in list(mod.named_children()):
+            if isinstance(child, torch.nn.Linear) and child is not out_emb and not cname.startswith("lora_"):
+                new = E4(child.in_features, child.out_features, child.bias is not None, compute_dtype, double_quant, child.weight.dtype)
+                setattr(mod, cname, new)
+
+
+def _bnb_lora_forward(model):
+    """PEFT's bitsandbytes LoRA forward (`lora.bnb.Linear4bit.forward`: the base output cloned, the adapters in fp32 unless
+    autocast) on each LoRA layer whose base is an emulated 4-bit linear."""
+    from peft.tuners.lora import bnb as lora_bnb
+
+    fwd = lora_bnb.Linear4bit.forward
+    for mod in model.modules():
+        base = getattr(mod, "base_layer", None)
+        if base is not None and type(base).__name__ == "EmulatedLinear4bit" and hasattr(mod, "lora_A"):
+            mod.forward = types.MethodType(fwd, mod)
+
+
+def _materialize(model, make):
+    """Replace every parameter and buffer (on meta) by `make(shape, dtype, is_float)`, keeping tied parameters tied."""
+    import torch
+
+    done: dict[int, object] = {}
+    for mod in model.modules():
+        for k, p in list(mod._parameters.items()):
+            if p is None:
+                continue
+            if id(p) not in done:
+                done[id(p)] = torch.nn.Parameter(make(p.shape, p.dtype, p.is_floating_point()), requires_grad=p.requires_grad)
+            mod._parameters[k] = done[id(p)]
+        for k, b in list(mod._buffers.items()):
+            if b is None:
+                continue
+            if id(b) not in done:
+                done[id(b)] = make(b.shape, b.dtype, False) if not b.is_floating_point() else torch.ones(b.shape, dtype=b.dtype)
+            mod._buffers[k] = done[id(b)]
+
+
+def _optimizer(setup, params):
+    import torch
+
+    opt = setup.optimizer
+    if opt == "adamw":
+        if setup.fused_optimizer:
+            return torch.optim.AdamW(params, lr=1e-4, fused=True)
+        return torch.optim.AdamW(params, lr=1e-4, foreach=True)
+    if opt == "sgd":
+        return torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=True)
+    if opt == "adafactor" and hasattr(torch.optim, "Adafactor"):
+        return torch.optim.Adafactor(params, lr=1e-3, foreach=False)
+    raise TraceError(
+        f"optimizer `{opt}` is not traced: bitsandbytes' 8-bit optimizers create and update their state with CUDA kernels, which "
+        "fake tensors cannot run. Trace with `adamw` (the 8-bit state is then counted by the planner alone: 2 B per parameter "
+        "instead of 8) or choose adamw / sgd / adafactor."
+    )
+
+
+# ----------------------------------------------------------------------------------------------- the step
+
+
+def _loss(model, framework, ids, labels, vocab):
+    import torch
+
+    if framework == "transformers":
+        return model(input_ids=ids, labels=labels).loss
+    logits = model(input_ids=ids).logits
+    if framework == "trainpipe":
+        from trainpipe.train.losses import chunked_cross_entropy_sum, shift_labels
+
+        return chunked_cross_entropy_sum(logits, shift_labels(labels))
+    # hf-bf16-loss: nn.CrossEntropyLoss on the returned 16-bit logits
+    return torch.nn.CrossEntropyLoss()(logits[:, :-1].reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1))
+
+
+def resolve_spec(spec_or_path):
+    from trainpipe.plan.catalog import ModelSpec, find_model
+
+    if isinstance(spec_or_path, ModelSpec):
+        return spec_or_path
+    return find_model(str(spec_or_path), allow_hub=False)
+
+
+def trace_step(spec_or_path, setup, *, steps: int = 1, fake: bool = True, record_events: bool = True, seed: int = 0) -> TraceResult:
+    """Run `steps` real training steps of `setup` for the model `spec_or_path` (a ModelSpec, catalog id or local folder) and
+    count live tensor bytes. `fake=False` runs the same program on real CPU tensors (for checking the tracer; small models
+    only). The peak of step 2 onwards includes the optimizer state, as a training run's `max_memory_allocated` does."""
+    import time
+
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    t0 = time.time()
+    if setup.framework not in TRACE_FRAMEWORKS:
+        raise TraceError(f"framework `{setup.framework}` is another program (not transformers + PEFT); the tracer runs {', '.join(TRACE_FRAMEWORKS)}.")
+    if setup.strategy not in ("single", "ddp") or setup.num_gpus > 1 or setup.offload != "none":
+        raise TraceError(f"strategy `{setup.strategy}` x {setup.num_gpus} GPUs (offload {setup.offload}) is not traced: the tracer runs one process on one device. Trace the single-GPU setup.")
+    if not spec_or_path:
+        raise TraceError("no model to trace")
+    spec = resolve_spec(spec_or_path)
+    notes: list[str] = []
+    model, half, autocast = _build(spec, setup, notes)
+    if setup.method == "qlora":
+        notes.append("QLoRA traced with the emulated bitsandbytes kernel (bnb's Params4bit cannot wrap a fake tensor)")
+    gen = torch.Generator().manual_seed(seed)
+    vocab = spec.vocab
+    mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
+
+    def make(shape, dtype, is_float):
+        if fake:
+            return torch.empty(shape, dtype=dtype)
+        if is_float:
+            return (torch.randn(shape, generator=gen) * 0.02).to(dtype)
+        if dtype == torch.uint8:
+            return torch.randint(0, 256, shape, generator=gen, dtype=torch.int64).to(torch.uint8)
+        return torch.zeros(shape, dtype=dtype)
+
+    split: dict = {}
+    step_peaks: list = []
+    with mode, cuda_like_dropout(), real_data_paths():
+        tr = live_bytes_tracker(record_events)
+        with tr:
+            _materialize(model, make)
+            for mod in model.modules():  # emulated 4-bit code/offset: real values for real tensors
+                if type(mod).__name__ == "EmulatedLinear4bit" and mod.double_quant and not fake:
+                    mod.code.copy_(torch.linspace(-1, 1, 256))
+                    mod.offset.fill_(0.0)
+                    mod.nested_absmax.fill_(0.01)
+            weights = tr.cur
+            params = [p for p in model.parameters() if p.requires_grad]
+            if not params:
+                raise TraceError(f"method `{setup.method}` leaves no trainable parameter in `{spec.id}`")
+            opt = _optimizer(setup, params)
+            ids = torch.randint(0, vocab, (setup.micro_batch, setup.seq_len), generator=None if fake else gen)
+            labels = ids.clone()
+            param_keys = {tr.key_of(p) for p in model.parameters()} | {tr.key_of(b) for b in model.buffers()}
+            grad_keys: set = set()
+            opt_keys: set = set()
+            phases: list = []
+            for step in range(1, steps + 1):
+                tr.peak = tr.cur
+                tr.phase = f"forward (step {step})"
+                with torch.autocast("cpu", dtype=half, enabled=autocast):
+                    loss = _loss(model, setup.framework, ids, labels, vocab)
+                tr.phase = f"backward (step {step})"
+                loss.backward()
+                del loss
+                grad_keys |= {tr.key_of(p.grad) for p in params if p.grad is not None}
+                tr.phase = f"optimizer (step {step})"
+                opt.step()
+                opt_keys |= {tr.key_of(t) for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)}
+                opt.zero_grad(set_to_none=True)
+                step_peaks.append(tr.peak)
+                phases.append(tr.peak_phase)
+    # the split at the global peak: replay the event stream up to it
+    best = max(step_peaks) if step_peaks else weights
+    live: dict = {}
+    cur = 0
+    at = None
+    for k, nb, sgn in tr.events:
+        if sgn > 0:
+            live[k] = nb
+            cur += nb
+        else:
+            live.pop(k, None)
+            cur -= nb
+        if cur == best and at is None:
+            at = dict(live)
+    if at is not None:
+        split = {"params": sum(v for k, v in at.items() if k in param_keys), "gradients": sum(v for k, v in at.items() if k in grad_keys and k not in param_keys),
+                 "optimizer": sum(v for k, v in at.items() if k in opt_keys and k not in param_keys)}
+        split["other"] = best - sum(split.values())
+    # the phase of the global peak: the first step whose peak is largest
+    phase = phases[step_peaks.index(best)] if step_peaks else "setup"
+    return TraceResult(peak_bytes=int(best), phase=str(phase), weights_bytes=int(weights), split=split, step_peaks=step_peaks,
+                       events=tr.events if record_events else [], notes=notes, seconds=time.time() - t0)
+
+
+def compare(spec_or_path, setup, *, steps: int = 2) -> dict:
+    """The planner's predicted allocated bytes vs the traced peak (steps=2: the steady state with optimizer states)."""
+    from trainpipe.plan import memory
+
+    spec = resolve_spec(spec_or_path)
+    est = memory.estimate(spec, setup).allocated_bytes
+    tr = trace_step(spec, setup, steps=steps, record_events=False)
+    return {"model": spec.id, "planner_bytes": est, "trace_bytes": tr.peak_bytes, "error_pct": 100.0 * (est - tr.peak_bytes) / tr.peak_bytes,
+            "phase": tr.phase, "split": tr.split, "notes": tr.notes, "seconds": round(tr.seconds, 1)}
