@@ -238,7 +238,8 @@ class CachingAllocator:
 
 
 def replay(events: Iterable[tuple[int, int, Hashable]], capacity: int | None = None) -> AllocatorStats:
-    """Replay ordered (nbytes, +1 allocate / -1 free, key) events; stops at a simulated OOM (stats.oom)."""
+    """Replay ordered (nbytes, +1 allocate / -1 free, key) events (sign 0: a marker, ignored); stops at a simulated OOM
+    (stats.oom)."""
     a = CachingAllocator(capacity)
     n = 0
     try:
@@ -246,7 +247,7 @@ def replay(events: Iterable[tuple[int, int, Hashable]], capacity: int | None = N
             n += 1
             if sign > 0:
                 a.malloc(nbytes, key)
-            else:
+            elif sign < 0:
                 a.free(key)
     except SimulatedOOM:
         pass

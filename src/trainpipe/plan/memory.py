@@ -90,6 +90,8 @@ LOSS_CHUNK_ELEMENTS = 1 << 26  # train/losses.py CHUNK_ELEMENTS: logits per fp32
 
 CUDA_CONTEXT = int(0.5 * GIB)  # CUDA 12 context with lazy module loading, cuBLAS/cuDNN handles (measured 0.3-0.6 GiB on A100/H100)
 FRAGMENTATION = 0.05  # caching allocator: reserved is typically 2-10 % above allocated in steady training
+# With gradient checkpointing the caching allocator reserves at least one layer's activations beyond the allocated peak
+# (fragmentation_bytes; plan/allocator.py replaying full-size traces: benchmarks/allocator_gap.py)
 NCCL_BUFFERS = int(0.25 * GIB)  # NCCL communicators and their buffers per process (multi-GPU only)
 
 
@@ -136,9 +138,13 @@ class Breakdown:
         """Predicted `torch.cuda.max_memory_allocated`."""
         return self.weights_bytes + self.gradients_bytes + self.optimizer_bytes + self.activations_bytes
 
+    fragmentation_bytes: int | None = None  # reserved beyond allocated (fragmentation_bytes); None: the flat FRAGMENTATION
+
     @property
     def reserved_bytes(self) -> int:
         """Predicted `torch.cuda.max_memory_reserved` (allocator cache on top of allocated)."""
+        if self.fragmentation_bytes is not None:
+            return self.allocated_bytes + self.fragmentation_bytes
         return int(self.allocated_bytes * (1 + FRAGMENTATION))
 
     @property
@@ -441,6 +447,22 @@ def activation_bytes(spec: ModelSpec, s: Setup) -> tuple[int, dict]:
     return int(total), d
 
 
+def fragmentation_bytes(s: Setup, allocated: int, per_layer: int) -> int:
+    """What PyTorch's caching allocator reserves beyond the allocated peak (max_memory_reserved - max_memory_allocated).
+
+    The flat FRAGMENTATION of the allocated bytes, but with gradient checkpointing at least one layer's activations
+    (`per_layer`): every layer's forward, and again its recompute in the backward, creates and frees that layer's
+    activations, and the segments cudaMalloc'ed for those sizes stay cached where the loss/logits phase (the allocated
+    peak) cannot reuse them, and the other way round (best fit never merges blocks of different segments). Its oracle is
+    plan/allocator.py, PyTorch's CUDACachingAllocator rules replayed on the full-size step's real allocation stream
+    (benchmarks/allocator_gap.py): on the published long-context rows the simulated gap is 0.4-1.6 x one layer's
+    activations (median ~1.0), 4-31 % of allocated where the flat 5 % was; without checkpointing (BERT, LoRA at
+    1-4k tokens) 3 %.
+    """
+    flat = int(FRAGMENTATION * allocated)
+    return max(flat, int(per_layer)) if s.grad_ckpt else flat
+
+
 def estimate(spec: ModelSpec, s: Setup) -> Breakdown:
     """Peak memory per device for `spec` trained as `s`."""
     N = spec.total_params
@@ -483,8 +505,9 @@ def estimate(spec: ModelSpec, s: Setup) -> Breakdown:
     A_peak = max(A, step_temp)
     detail["optimizer_step_temporaries"] = step_temp
     allocated = W + G + O + A_peak
-    overhead = CUDA_CONTEXT + int(FRAGMENTATION * allocated) + (NCCL_BUFFERS if n > 1 else 0)
-    return Breakdown(int(W), int(G), int(O), int(A_peak), int(overhead), N, trainable, int(cpu), detail)
+    frag = fragmentation_bytes(s, allocated, ad.get("per_layer", 0))
+    overhead = CUDA_CONTEXT + frag + (NCCL_BUFFERS if n > 1 else 0)
+    return Breakdown(int(W), int(G), int(O), int(A_peak), int(overhead), N, trainable, int(cpu), detail, fragmentation_bytes=int(frag))
 
 
 def fits(b: Breakdown, memory_bytes: int, headroom: float = 0.0) -> bool:
