@@ -100,3 +100,14 @@ def test_tune_function_objective_needs_a_direction_or_a_named_metric():
     assert "tune.objective.function: obj.py:f" in exc.value.message and "`tune.objective.direction: minimize` or `maximize`" in exc.value.message
     assert T.direction_of(_tune({"function": "obj.py:f", "direction": "maximize"})) == "maximize"
     assert T.direction_of(_tune({"function": "obj.py:f", "metric": "loss"})) == "minimize"  # named: the table applies
+
+
+def test_cli_tune_refuses_before_any_trial_or_folder(tmp_path, capsys):
+    p = tmp_path / "run.yaml"
+    p.write_text(yaml.safe_dump({**RL, "output_dir": str(tmp_path / "study"),
+                                 "tune": {"objective": {"metric": "completion_length"}, "pruner": "none",
+                                          "space": {"training.learning_rate": {"log_uniform": [1e-6, 1e-4]}}}}))
+    assert main(["tune", str(p)]) == 2
+    out = " ".join(capsys.readouterr().out.split())
+    assert "`tune.objective.metric: completion_length` has no direction" in out and "`tune.objective.direction`" in out
+    assert not (tmp_path / "study").exists()
