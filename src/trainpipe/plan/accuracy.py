@@ -25,7 +25,7 @@ def predict_mib(m: dict) -> float:
                      lora_dropout=m.get("lora_dropout", 0.05), attention=m.get("attention", "sdpa"), lm_head=m.get("head", "lm") != "classification",
                      fused_optimizer=m.get("fused_optimizer", True), double_quant=m.get("double_quant", True),
                      framework=m.get("framework", "transformers"), base_dtype=m.get("base_dtype", "auto"),
-                     bnb_saves_input=m.get("bnb_saves_input"))
+                     bnb_saves_input=m.get("bnb_saves_input"), prev_graph_tokens=m.get("prev_graph_tokens"))
     b = memory.estimate(spec, s)
     if m["metric"] == "allocated":
         return b.allocated_bytes / MIB

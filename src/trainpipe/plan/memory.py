@@ -52,6 +52,25 @@ tests/unit/plan/test_plan_mechanisms.py):
 - QLoRA on a model loaded without torch_dtype (base_dtype="fp32"): the unquantized embeddings, norms and lm_head
   are fp32 and Linear4bit returns its input's dtype, so the residual stream, the saved activations and the
   logits are fp32 (4 B).
+Mechanisms of litgpt's QLoRA (config_hub/finetune/README.md rows were 19-23 % under; each checked on the CPU in
+tests/unit/plan/test_plan_mechanisms.py):
+- the previous micro-batch's 4-bit matmul inputs outlive their backward (`keeps_previous_graph`,
+  `lingering_matmul4bit_inputs`): bitsandbytes 0.42.0 (the release litgpt supports: "LitGPT only supports bitsandbytes
+  v0.42.0", litgpt/finetune/lora.py; MatMul4Bit in bitsandbytes/autograd/_functions.py of 0.42.0, until PR #1270 of
+  2024-07, release 0.43.2) keeps MatMul4Bit's input as the attribute `ctx.tensors = (A, B)`, which backward does not
+  release, and litgpt's `fit` loop (litgpt/finetune/lora.py, Lightning-AI/litgpt commit 01fe959; the same in lit-gpt's
+  finetune/lora.py of 2023) keeps the last graph referenced through `logits` until the next `logits = model(...)` returns:
+  at the end of each forward pass the previous micro-batch's inputs of every quantized linear are still allocated (per
+  layer the attention input, the attention output, the MLP input and the MLP product; the final norm output);
+- litgpt's lm_head is 4-bit and dequantized through fp16: Lightning's BitsandbytesPrecision.init_context replaces every
+  torch.nn.Linear (lightning src/lightning/fabric/plugins/precision/bitsandbytes.py; litgpt passes no ignore_modules), so
+  the lm_head is NF4, and `_Linear4bit._quantize_weight` quantizes `weight.half()`, so MatMul4Bit's
+  `F.dequantize_4bit(B, state).to(A.dtype)` holds an fp16 and a bf16 copy of the weight (4 B per element) — for the
+  lm_head, the vocabulary matrix, at the end of the forward pass and in its backward;
+- litgpt's GPT always has its own lm_head (`nn.Linear(n_embd, padded_vocab_size)`, litgpt/model.py; the converter
+  copies the embedding into lm_head.weight for tied checkpoints such as Gemma): a second vocabulary matrix.
+  A load-time peak was ruled out: `_Linear4bit.__init__` quantizes each layer as it is created on the GPU and
+  `_quantize_on_load_hook` re-quantizes one weight at a time while the checkpoint loads.
 Sources: Lightning-AI/litgpt tutorials/resource-tables.md and config_hub/finetune/README.md; huggingface/peft
 docs/source/accelerate/deepspeed.md and fsdp.md; pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md;
 pytorch/torchtune README.md and docs/source/tutorials/qlora_finetune.rst; Hugging Face transformers
@@ -119,6 +138,7 @@ class Setup:
     framework: str = "trainpipe"  # whose training code saves the activations (FRAMEWORKS); accuracy rows name theirs
     base_dtype: str = "auto"  # LoRA/DoRA frozen base: auto = 16-bit under bf16/fp16/bf16-true (loaded with torch_dtype), fp32 = loaded in fp32 and run under autocast
     bnb_saves_input: bool | None = None  # QLoRA: does bitsandbytes' MatMul4Bit keep its input A? None: by framework (bnb_saves_input())
+    prev_graph_tokens: int | None = None  # litgpt QLoRA: tokens of the previous micro-batch whose graph is still referenced at this forward's end (None: micro_batch * seq_len, the steady state; 0: none, e.g. the first iteration)
 
 
 @dataclass
@@ -166,6 +186,14 @@ def _qlora_fp32_rest(s: Setup) -> bool:
     unquantized embeddings, norms and lm_head are fp32, and since bitsandbytes' Linear4bit casts its output back to its
     input's dtype, the whole residual stream, every saved activation and the logits are fp32 as well."""
     return s.method == "qlora" and s.base_dtype == "fp32"
+
+
+def kbit_prepared_fp32(s: Setup) -> bool:
+    """trainpipe's QLoRA calls peft's `prepare_model_for_kbit_training` (train/model.py apply_peft), which casts every
+    16-bit parameter that is not 4-bit (embeddings, norms, lm_head) to fp32: the rest of the model is stored in 4 B. Under
+    autocast the lm_head's matmul then runs on a 16-bit cast of its fp32 weight, which the matmul keeps for the input
+    gradient until the lm_head's backward. Found by tracing the real step (plan/trace.py, tests/unit/plan/test_plan_trace.py)."""
+    return s.method == "qlora" and s.framework == "trainpipe"
 
 
 def _act(s: Setup) -> int:
@@ -222,19 +250,27 @@ def weights_bytes(spec: ModelSpec, s: Setup, trainable: int) -> tuple[int, dict]
         return half * frozen + tw + copy, d
     # PEFT upcasts adapter weights to fp32 (autocast_adapter_dtype=True); litgpt/torchtune keep them in the model dtype
     adapters = (4 if (s.framework in HF_MODULES or s.precision != "bf16-true") else half) * trainable
+    head = _litgpt_head_params(spec, s)  # litgpt: its own lm_head Linear even where the checkpoint ties it (0 otherwise)
     if s.method == "qlora":
         q = spec.linear_params
         rest = N - q  # embeddings, lm_head, norms, biases stay in the 16-bit compute dtype
         quant = int(sum(nf4_bytes(li.fan_in * li.fan_out, s.double_quant) * li.count for li in spec.linears))
-        rest_b = 4 if _qlora_fp32_rest(s) else 2
+        if head:  # litgpt's lm_head is a Linear4bit too (Lightning replaces every torch.nn.Linear)
+            quant += int(nf4_bytes(head, s.double_quant))
+            rest -= spec.lm_head_params
+            d["nf4_lm_head"] = int(nf4_bytes(head, s.double_quant))
+        rest_b = 4 if (_qlora_fp32_rest(s) or kbit_prepared_fp32(s)) else 2
         d.update(nf4=quant, unquantized=rest_b * rest, adapters=adapters)
         return quant + rest_b * rest + adapters, d
     # the frozen base is 16-bit unless it was loaded in fp32 and runs under autocast (from_pretrained
     # without torch_dtype; FSDP then shards it in fp32); DeepSpeed's bf16/fp16 mode casts the whole module
     # to 16-bit regardless. The 16-bit casts autocast makes of fp32 weights are in the activations.
     base = 4 if _fp32_base_under_autocast(s) or (s.base_dtype == "fp32" and s.strategy == "fsdp" and s.precision in ("bf16", "fp16")) else half
-    d.update(base=base * N, adapters=adapters)
-    return base * N + adapters, d
+    untied = head - spec.lm_head_params if head else 0  # litgpt's copy of a tied embedding as lm_head.weight
+    if untied:
+        d["untied_lm_head"] = base * untied
+    d.update(base=base * (N + untied), adapters=adapters)
+    return base * (N + untied) + adapters, d
 
 
 def gradient_bytes(spec: ModelSpec, s: Setup, trainable: int) -> int:
@@ -284,6 +320,62 @@ def bnb_saves_input(s: Setup) -> bool:
     if s.bnb_saves_input is not None:
         return s.bnb_saves_input
     return s.framework != "trainpipe"
+
+
+def _litgpt_head_params(spec: ModelSpec, s: Setup) -> int:
+    """Elements of litgpt's lm_head: litgpt's GPT always builds its own `nn.Linear(n_embd, padded_vocab_size)` (litgpt/model.py)
+    and its checkpoint converter copies the embedding into `lm_head.weight` where the Hugging Face model ties them (Gemma), so
+    the head is a separate matrix even where `spec.lm_head_params` is 0; other frameworks: 0."""
+    if s.framework != "litgpt" or not s.lm_head:
+        return 0
+    return spec.lm_head_params or spec.vocab * spec.hidden
+
+
+def _dequant_bytes(s: Setup) -> int:
+    """Bytes per weight element while a 4-bit weight is dequantized for a matmul. litgpt quantizes through Lightning's
+    BitsandbytesPrecision, which quantizes `weight.half()` (QuantState.dtype = float16), so bitsandbytes' MatMul4Bit
+    dequantizes to fp16 and then casts to the bf16 input (`F.dequantize_4bit(B, quant_state).to(A.dtype)`): both copies are
+    alive at the cast (2 + 2 B). transformers quantizes the weight in its load dtype (bf16): the cast is a no-op (2 B)."""
+    return 4 if (s.framework == "litgpt" and s.precision in ("bf16", "bf16-true")) else 2
+
+
+def keeps_previous_graph(s: Setup) -> bool:
+    """Whether the previous micro-batch's 4-bit matmul inputs are still allocated at the end of this forward pass.
+
+    bitsandbytes <= 0.43.1 (litgpt pinned 0.42.0) stores MatMul4Bit's input as a plain ctx attribute (`ctx.tensors = (A, B)`),
+    not with `ctx.save_for_backward`, so the backward pass does not release it: A lives as long as the graph node. litgpt's
+    loop (litgpt/finetune/lora.py `fit`) keeps the previous graph referenced through `logits` (and `loss`) until the next
+    `logits = model(...)` returns, so at the end of each forward pass the previous micro-batch's inputs of every quantized
+    linear are still allocated (the Hugging Face Trainer drops its outputs after each step). Under activation checkpointing
+    the matmul nodes live only inside the recomputation."""
+    return s.framework == "litgpt" and s.method == "qlora" and bnb_saves_input(s) and not s.grad_ckpt
+
+
+def lingering_matmul4bit_inputs(spec: ModelSpec, s: Setup, tokens: int) -> int:
+    """Bytes of the inputs of all 4-bit matmuls of one forward pass over `tokens` tokens, one storage per distinct input:
+    the attention input (shared by q/k/v or the fused qkv), the attention output (o_proj's input: after the attention
+    node's backward released its saved output, this view keeps the storage alive), the MLP input and the down projection's
+    input, per layer, plus the final norm output (litgpt's chunked lm_head is a Linear4bit too)."""
+    a = _act(s)
+    per_layer = max(1, spec.layers)
+    k_act = spec.arch.get("experts_per_token") or 1
+    seen: set[tuple] = set()
+    elems = 0.0
+    for li in spec.linears:
+        if not li.in_layers:
+            continue
+        path = li.path or li.name
+        shared = li.leaf in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "query", "key", "value", "q", "k", "v", "wi_0", "wi_1")
+        group = ("attn_out",) if _attention_output_proj(li) else (li.fan_in, path.split(".")[0], shared)
+        if group in seen:
+            continue
+        seen.add(group)
+        elems += li.fan_in * (k_act if ".experts." in path else 1) * (1 if shared else li.count / per_layer)
+    head = spec.hidden if _litgpt_head_params(spec, s) else 0
+    # the first layer's attention input is the frozen embedding's output, which needs no gradient: that matmul keeps
+    # nothing (`ctx.tensors = (None, None)` when no input needs a gradient)
+    first = spec.hidden if elems else 0
+    return int(a * tokens * (elems * spec.layers - first + head))
 
 
 def _python_tanh_gelu(spec: ModelSpec, s: Setup) -> bool:
@@ -441,9 +533,23 @@ def activation_bytes(spec: ModelSpec, s: Setup) -> tuple[int, dict]:
         d["checkpointed_inputs"] = kept
     else:
         total = layers_total + L * frozen_casts + max(logits, layer_bwd) + a * tokens * spec.hidden * 2
-    if s.method == "qlora":  # one dequantized weight in flight
-        biggest = max((li.fan_in * li.fan_out for li in spec.linears), default=0)
-        total += 2 * biggest
+    if kbit_prepared_fp32(s) and s.lm_head and s.precision in ("bf16", "fp16"):
+        total += 2 * (spec.lm_head_params or spec.embedding_params)  # autocast's 16-bit cast of the fp32 lm_head, saved by its matmul
+        d["lm_head_autocast_cast"] = 2 * (spec.lm_head_params or spec.embedding_params)
+    if s.method == "qlora":  # one dequantized weight in flight (litgpt: its lm_head is 4-bit too, fp16 then bf16)
+        biggest = max(max((li.fan_in * li.fan_out for li in spec.linears), default=0), _litgpt_head_params(spec, s))
+        dequant = _dequant_bytes(s) * biggest
+        total += dequant
+        if keeps_previous_graph(s) and not s.grad_ckpt:
+            # the end of the forward pass (the last lm_head chunk): this micro-batch's saved tensors, its logits, the previous
+            # micro-batch's logits and 4-bit matmul inputs (still referenced: keeps_previous_graph), the dequantized lm_head
+            prev = tokens if s.prev_graph_tokens is None else s.prev_graph_tokens
+            lingering = lingering_matmul4bit_inputs(spec, s, prev)
+            logits16 = a * spec.vocab * (tokens + prev) if s.lm_head else 0
+            fwd_end = layers_total + lingering + logits16 + _dequant_bytes(s) * _litgpt_head_params(spec, s) + a * tokens * spec.hidden
+            d["previous_graph_matmul4bit_inputs"] = lingering
+            d["forward_end_peak"] = int(fwd_end)
+            total = max(total, fwd_end)
     return int(total), d
 
 

@@ -140,3 +140,188 @@ def test_activation_model_matches_saved_tensors_of_a_real_llama_layer():
         predicted = M.layer_activation_bytes(spec, s, batch * seq)
         for measured in per:
             assert abs(predicted / measured - 1) < 0.02, (method, predicted, measured)
+
+
+# --- litgpt's QLoRA rows (config_hub/finetune/README.md): what the Lightning/bitsandbytes 0.42 stack keeps ---------------
+
+class _MatMul4BitV042(torch.autograd.Function):
+    """bitsandbytes 0.42.0 `MatMul4Bit` (bitsandbytes/autograd/_functions.py; litgpt warns on any other release: "LitGPT only
+    supports bitsandbytes v0.42.0"), line for line, running the installed bitsandbytes' real NF4 (de)quantization on the CPU.
+    The input is kept as a plain ctx attribute (`ctx.tensors = (A, B)`), not through `save_for_backward`."""
+
+    @staticmethod
+    def forward(ctx, A, B, out=None, bias=None, quant_state=None):
+        import bitsandbytes.functional as F
+
+        output = torch.nn.functional.linear(A, F.dequantize_4bit(B, quant_state).to(A.dtype).t(), bias)
+        ctx.state = quant_state
+        ctx.dtype_A, ctx.dtype_B, ctx.dtype_bias = A.dtype, B.dtype, None if bias is None else bias.dtype
+        ctx.tensors = (A, B) if any(ctx.needs_input_grad[:2]) else (None, None)
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        import bitsandbytes.functional as F
+
+        A, B = ctx.tensors
+        grad_A = torch.matmul(grad_output, F.dequantize_4bit(B, ctx.state).to(grad_output.dtype).t()) if ctx.needs_input_grad[0] else None
+        return grad_A, None, None, None, None
+
+
+class _Linear4bitV042(torch.nn.Module):
+    """Lightning's `_Linear4bit` as litgpt builds it: the weight quantized from `weight.half()` (QuantState.dtype fp16), the
+    matmul through 0.42's MatMul4Bit (`bnb.matmul_4bit(x, self.weight.t(), quant_state=...)`); `saves_input=False` runs the
+    installed bitsandbytes' own `matmul_4bit` instead (>= 0.43.2: ctx.tensors = (None, B))."""
+
+    def __init__(self, fan_in: int, fan_out: int, saves_input: bool):
+        import bitsandbytes.functional as F
+
+        super().__init__()
+        w = torch.randn(fan_out, fan_in) / fan_in ** 0.5
+        self.q, self.state = F.quantize_4bit(w.half(), quant_type="nf4")
+        self.saves_input = saves_input
+
+    def forward(self, x):
+        import bitsandbytes as bnb
+
+        if self.saves_input:
+            return _MatMul4BitV042.apply(x, self.q.t(), None, None, self.state)
+        return bnb.matmul_4bit(x, self.q.t(), quant_state=self.state)
+
+
+class _TinyLitGPTQLoRA(torch.nn.Module):
+    """A two-layer litgpt-shaped decoder on 4-bit linears: norm -> fused qkv (+ a LoRA adapter, the only trainable weights) ->
+    attention -> proj; norm -> fc_1, fc_2 (one input) -> silu(fc_1) * fc_2 -> proj; final norm -> lm_head in chunks of 128
+    tokens (litgpt's `lm_head_chunk_size=128`), every linear, the lm_head included, 4-bit."""
+
+    def __init__(self, h: int, i: int, vocab: int, saves_input: bool):
+        super().__init__()
+        torch.manual_seed(0)
+        L = lambda a, b: _Linear4bitV042(a, b, saves_input)  # noqa: E731
+        self.layers = torch.nn.ModuleList()
+        for _ in range(2):
+            m = torch.nn.Module()
+            m.qkv, m.proj, m.fc_1, m.fc_2, m.mproj = L(h, 3 * h), L(h, h), L(h, i), L(h, i), L(i, h)
+            m.lora_A = torch.nn.Parameter(torch.randn(4, h, dtype=torch.bfloat16) * 0.01)
+            m.lora_B = torch.nn.Parameter(torch.zeros(3 * h, 4, dtype=torch.bfloat16))
+            self.layers.append(m)
+        self.head = L(h, vocab)
+        self.h = h
+
+    def forward(self, x):
+        norm = lambda t: t * torch.rsqrt(t.float().pow(2).mean(-1, keepdim=True) + 1e-5).to(t.dtype)  # noqa: E731
+        for m in self.layers:
+            n = norm(x)
+            qkv = m.qkv(n) + (n @ m.lora_A.t()) @ m.lora_B.t()
+            q, k, v = qkv.split(self.h, dim=-1)
+            att = torch.nn.functional.scaled_dot_product_attention(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), is_causal=True).squeeze(1)
+            x = x + m.proj(att)
+            n2 = norm(x)
+            x = x + m.mproj(torch.nn.functional.silu(m.fc_1(n2)) * m.fc_2(n2))
+        return [self.head(c) for c in norm(x).split(128, dim=1)]
+
+
+def _matmul4bit_inputs_alive(saves_input: bool, batch: int, seq: int, h: int, i: int, vocab: int) -> tuple[int, int, int]:
+    """litgpt's loop (litgpt/finetune/lora.py `fit`): `logits = model(input_ids, lm_head_chunk_size=128)`, the chunked loss,
+    backward, next iteration. Every 4-bit matmul's input is watched (weakref); returns (bytes of the first micro-batch's
+    inputs, how many of those bytes are still alive at the end of the second forward, alive after that forward's assignment)."""
+    import weakref
+
+    model = _TinyLitGPTQLoRA(h, i, vocab, saves_input)
+    watched: list = []
+    hooks = [mod.register_forward_pre_hook(lambda mod, args: watched.append((weakref.ref(args[0]), args[0].untyped_storage().nbytes(), args[0].untyped_storage().data_ptr())))
+             for mod in model.modules() if isinstance(mod, _Linear4bitV042)]
+    logits = loss = None
+    first = []
+    for it in range(2):
+        x = torch.randn(batch, seq, h, dtype=torch.bfloat16)
+        if it == 1:
+            first = list(watched)
+            watched.clear()
+            out = model(x)  # the previous `logits` and `loss` are still referenced while this runs
+            storages = {p: n for ref, n, p in first if ref() is not None}
+            alive_at_forward_end = sum(storages.values())
+            logits = out
+            del out
+            alive_after = sum({p: n for ref, n, p in first if ref() is not None}.values())
+        else:
+            logits = model(x)
+        loss = sum(c.float().pow(2).mean() for c in logits)
+        loss.backward()
+        loss = loss.item()  # litgpt's log block (log_interval 1): `loss = running_loss.compute().item()`; `logits` stays
+    for hk in hooks:
+        hk.remove()
+    total = sum({p: n for _, n, p in first}.values())
+    return total, alive_at_forward_end, alive_after
+
+
+def test_bnb_042_matmul4bit_inputs_outlive_backward_in_litgpts_loop():
+    """bitsandbytes <= 0.43.1 kept MatMul4Bit's input as a ctx attribute, which backward does not release, and litgpt's loop
+    keeps the previous graph referenced (`logits`) until the next forward returns: at the end of every forward pass the
+    previous micro-batch's inputs of all 4-bit linears are still allocated, one storage per distinct input (per layer: the
+    norm output for qkv, the attention output for proj, the second norm output for fc_1/fc_2, the MLP product for proj;
+    plus the final norm output the chunked head reads). With today's bitsandbytes (ctx.tensors = (None, B)) nothing stays.
+    Checked on the CPU against the memory model's count (`lingering_matmul4bit_inputs`) for the same shapes."""
+    batch, seq, h, i, vocab = 2, 256, 64, 176, 96
+    total, alive, after = _matmul4bit_inputs_alive(True, batch, seq, h, i, vocab)
+    per_layer = 2 * batch * seq * (3 * h + i)  # bf16
+    assert total == 2 * per_layer + 2 * batch * seq * h  # two layers + the final norm output (the head's chunks are views)
+    first_input = 2 * batch * seq * h  # layer 0's qkv input (the frozen embedding's output) needs no grad: ctx.tensors = (None, None)
+    assert alive == total - first_input and after == 0  # the rest is alive at the end of the next forward; freed once `logits` is reassigned
+
+    _, alive_new, _ = _matmul4bit_inputs_alive(False, batch, seq, h, i, vocab)
+    assert alive_new == 0  # installed bitsandbytes: MatMul4Bit keeps only the packed weight
+
+    from trainpipe.plan.catalog import spec_from_config_dict
+
+    cfg = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": h, "intermediate_size": i, "num_attention_heads": 4,
+           "num_key_value_heads": 4, "num_hidden_layers": 2, "vocab_size": vocab, "max_position_embeddings": 1024, "tie_word_embeddings": False}
+    spec = spec_from_config_dict("tiny-llama-litgpt", cfg, "test")
+    s = M.Setup(method="qlora", precision="bf16-true", micro_batch=batch, seq_len=seq, lora_r=4, lora_targets="q,v", framework="litgpt")
+    assert M.keeps_previous_graph(s)
+    assert M.lingering_matmul4bit_inputs(spec, s, batch * seq) == alive
+    assert not M.keeps_previous_graph(M.Setup(method="qlora", framework="litgpt", bnb_saves_input=False))
+    assert not M.keeps_previous_graph(M.Setup(method="qlora", framework="transformers"))  # the HF Trainer drops its outputs
+
+
+def test_lightning_quantized_weight_dequantizes_to_fp16_then_a_bf16_copy():
+    """Lightning's BitsandbytesPrecision quantizes `weight.half()`, so the QuantState is fp16: MatMul4Bit's
+    `F.dequantize_4bit(B, state).to(A.dtype)` makes an fp16 tensor and then a bf16 copy of every weight it uses (4 B per
+    element at the cast); a weight quantized in bf16 (transformers loading in bf16) dequantizes straight to bf16 (2 B)."""
+    import bitsandbytes.functional as F
+
+    w = torch.randn(128, 256)
+    q, state = F.quantize_4bit(w.half(), quant_type="nf4")
+    deq = F.dequantize_4bit(q, state)
+    cast = deq.to(torch.bfloat16)
+    assert state.dtype == torch.float16 and deq.dtype == torch.float16 and cast.data_ptr() != deq.data_ptr()
+    q16, state16 = F.quantize_4bit(w.bfloat16(), quant_type="nf4")
+    deq16 = F.dequantize_4bit(q16, state16)
+    assert deq16.to(torch.bfloat16).data_ptr() == deq16.data_ptr()  # no second copy
+
+    spec = find_model("meta-llama/Meta-Llama-3-8B")
+    lit = M.Setup(method="qlora", precision="bf16-true", micro_batch=2, seq_len=512, lora_r=32, lora_targets="q,v", framework="litgpt", double_quant=False)
+    hf = M.Setup(method="qlora", precision="bf16-true", micro_batch=2, seq_len=512, lora_r=32, lora_targets="q,v", framework="transformers", double_quant=False)
+    assert M._dequant_bytes(lit) == 4 and M._dequant_bytes(hf) == 2
+    # litgpt's lm_head is a Linear4bit as well (Lightning replaces every torch.nn.Linear): NF4, not 16-bit, in the weights
+    w_lit = M.weights_bytes(spec, lit, M.trainable_params(spec, lit))[1]
+    w_hf = M.weights_bytes(spec, hf, M.trainable_params(spec, hf))[1]
+    head = spec.vocab * spec.hidden
+    assert w_lit["nf4_lm_head"] == int(M.nf4_bytes(head, False)) and w_hf["unquantized"] - w_lit["unquantized"] == 2 * head
+    # and its dequantized copy (fp16 + bf16) is what is in flight at the end of the forward pass and in its backward
+    ad = M.activation_bytes(spec, lit)[1]
+    assert ad["forward_end_peak"] >= 4 * head + ad["previous_graph_matmul4bit_inputs"]
+
+
+def test_litgpt_keeps_its_own_lm_head_where_the_checkpoint_ties_it():
+    """litgpt's GPT always builds `lm_head = nn.Linear(n_embd, padded_vocab_size)` and its converter copies the embedding into
+    `lm_head.weight` for tied checkpoints (Gemma): a second vocabulary matrix the transformers model does not have."""
+    spec = find_model("google/gemma-2b")
+    assert spec.lm_head_params == 0  # tied in the Hugging Face model
+    lit = M.Setup(method="lora", precision="bf16-true", micro_batch=2, seq_len=512, lora_r=8, lora_targets="all-linear", framework="litgpt")
+    hf = M.Setup(**{**lit.__dict__, "framework": "transformers"})
+    w_lit = M.weights_bytes(spec, lit, M.trainable_params(spec, lit))[0]
+    w_hf = M.weights_bytes(spec, hf, M.trainable_params(spec, hf))[0]
+    head = spec.vocab * spec.hidden
+    adapters_gap = 2 * M.trainable_params(spec, hf)  # PEFT's fp32 adapters vs litgpt's bf16 ones
+    assert w_lit - (w_hf - adapters_gap) == 2 * head
