@@ -56,8 +56,8 @@ Mechanisms of litgpt's QLoRA (config_hub/finetune/README.md rows were 19-23 % un
 tests/unit/plan/test_plan_mechanisms.py):
 - the previous micro-batch's 4-bit matmul inputs outlive their backward (`keeps_previous_graph`,
   `lingering_matmul4bit_inputs`): bitsandbytes 0.42.0 (the release litgpt supports: "LitGPT only supports bitsandbytes
-  v0.42.0", litgpt/finetune/lora.py; MatMul4Bit in bitsandbytes/autograd/_functions.py of 0.42.0, until PR #1270 of
-  2024-07, release 0.43.2) keeps MatMul4Bit's input as the attribute `ctx.tensors = (A, B)`, which backward does not
+  v0.42.0", litgpt/finetune/lora.py; MatMul4Bit in bitsandbytes/autograd/_functions.py of 0.42.0; changed to (None, B) by
+  bitsandbytes PR #1270, merged 2024-07-16) keeps MatMul4Bit's input as the attribute `ctx.tensors = (A, B)`, which backward does not
   release, and litgpt's `fit` loop (litgpt/finetune/lora.py, Lightning-AI/litgpt commit 01fe959; the same in lit-gpt's
   finetune/lora.py of 2023) keeps the last graph referenced through `logits` until the next `logits = model(...)` returns:
   at the end of each forward pass the previous micro-batch's inputs of every quantized linear are still allocated (per
