@@ -255,6 +255,11 @@ def replay(events: Iterable[tuple[int, int, Hashable]], capacity: int | None = N
     return a.stats
 
 
+def replay_trace(trace_result, capacity: int | None = None) -> AllocatorStats:
+    """Replay a plan/trace.py TraceResult (its events are (storage key, nbytes, +1/-1))."""
+    return replay(((n, sign, key) for key, n, sign in trace_result.events), capacity)
+
+
 def fits(events: Iterable[tuple[int, int, Hashable]], capacity: int) -> bool:
     """Does the stream run without a CUDA OOM when cudaMalloc can hand out `capacity` bytes in all?"""
     return not replay(events, capacity).oom

@@ -120,3 +120,50 @@ def test_capacity_oom_retry_releases_cached_segments():
 def test_zero_byte_allocations_are_not_allocated():
     s = replay([(0, 1, "e"), (0, -1, "e"), (1, 1, "t"), (0, -1, "t")])
     assert s.peak_allocated == 512 and s.peak_reserved == 2 * MiB and s.allocated == 0
+
+
+# ---------------------------------------------------------------- the planner's fragmentation term vs the simulator
+# Full-size steps traced on fake tensors (plan/trace.py: no memory, a few seconds each) and replayed through the
+# simulator: the oracle for memory.fragmentation_bytes.
+
+
+def _row_setup(row_id):
+    from trainpipe.plan import accuracy, memory as M
+    from trainpipe.plan.catalog import find_model
+
+    m = next(r for r in accuracy.measurements() if r["id"] == row_id)
+    s = M.Setup(method=m["method"], precision=m["precision"], optimizer=m["optimizer"], micro_batch=m["micro_batch"], seq_len=m["seq_len"],
+                grad_ckpt=m["grad_ckpt"], lora_r=m.get("lora_r", 16), lora_targets=m.get("lora_targets", "attention"),
+                lora_dropout=m.get("lora_dropout", 0.05), attention="sdpa", fused_optimizer=m.get("fused_optimizer", True),
+                framework="hf-bf16-loss", base_dtype=m.get("base_dtype", "auto"))
+    return find_model(m["model"]), s
+
+
+def test_long_context_checkpointed_step_reserves_about_one_layer_of_activations_more():
+    """Phi-3-mini LoRA, 2 x 8192 tokens, gradient checkpointing (the published ult-h100 row): the allocator reserves ~13 %
+    above the allocated peak; the planner's term (one layer's activations) is within 25 % of that gap, the flat 5 % is
+    not within 50 %."""
+    from trainpipe.plan import memory as M, trace
+
+    spec, s = _row_setup("ult-h100-phi3-mini-lora-b2-s8192")
+    tr = trace.trace_step(spec, s, steps=2)
+    sim = A.replay_trace(tr)
+    gap = sim.peak_reserved - sim.peak_allocated
+    b = M.estimate(spec, s)
+    assert abs(b.allocated_bytes / sim.peak_allocated - 1) < 0.05  # the planner's allocated matches the trace
+    assert gap > 0.08 * sim.peak_allocated  # the mechanism: well above the flat 5 %
+    assert abs(b.fragmentation_bytes - gap) < 0.25 * gap
+    assert abs(M.FRAGMENTATION * b.allocated_bytes - gap) > 0.5 * gap
+    assert abs(b.reserved_bytes / sim.peak_reserved - 1) < 0.05
+
+
+def test_short_context_step_without_checkpointing_stays_within_the_flat_term():
+    """Llama-2-7B LoRA q,v at 1304 tokens, no checkpointing (the litgpt resource-table shape in transformers + PEFT): the
+    simulated gap is ~3 %, inside the flat 5 % the planner keeps for it."""
+    from trainpipe.plan import memory as M, trace
+
+    spec, s = _row_setup("litgpt-rt-llama2-7b-lora-mb1")
+    tr = trace.trace_step(spec, s, steps=2)
+    sim = A.replay_trace(tr)
+    b = M.estimate(spec, s)
+    assert 0 < sim.peak_reserved - sim.peak_allocated <= b.fragmentation_bytes == int(M.FRAGMENTATION * b.allocated_bytes)
