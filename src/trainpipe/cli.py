@@ -195,6 +195,7 @@ def plan(
     tasks: Annotated[int, typer.Option(help="Number of tasks (> 1: one adapter per task).")] = 1,
     objective: Annotated[Optional[str], typer.Option(help="With --budget-usd/--deadline-hours: cost (cheapest) | time (fastest within them); the headline is the ranking's best row.")] = None,
     host_ram_gib: Annotated[Optional[float], typer.Option("--host-ram-gib", help="Host RAM per GPU for offload plans (default 64).")] = None,
+    trace: Annotated[bool, typer.Option("--trace", help="Also run the chosen setup's real training step on fake tensors (no GPU, seconds) and print its exact peak allocated next to the estimate.")] = False,
 ) -> None:
     """Plan a run before spending anything: method, strategy, memory per GPU, time and cost, each choice with its rule.
 
@@ -208,7 +209,8 @@ def plan(
                  micro_batch=micro_batch, seq_len=seq_len, grad_ckpt=grad_ckpt, optimizer=optimizer, gpu=gpu, num_gpus=num_gpus, nodes=nodes,
                  strategy=strategy, offload=offload, tokens=tokens, examples=examples, avg_len=avg_len, epochs=epochs, budget_usd=budget_usd,
                  deadline_hours=deadline_hours, mfu=mfu, gpu_file=str(gpu_file) if gpu_file else None, max_quality=max_quality, as_json=json_,
-                 goal=goal, data=data, kl_control=kl_control, continued=continued, tasks=tasks, objective=objective, host_ram_gib=host_ram_gib)
+                 goal=goal, data=data, kl_control=kl_control, continued=continued, tasks=tasks, objective=objective, host_ram_gib=host_ram_gib,
+                 **({"trace": True} if trace else {}))
 
 
 @app.command()

@@ -76,6 +76,7 @@ class TraceResult:
     events: list = field(default_factory=list)  # (storage key, nbytes, +1 allocate / -1 free), in order
     notes: list = field(default_factory=list)
     seconds: float = 0.0
+    phase_bytes: dict = field(default_factory=dict)  # live bytes when each phase starts, e.g. "backward (step 1)"
 
 
 # ----------------------------------------------------------------------------------------------- the live-bytes tracker
@@ -472,6 +473,7 @@ def trace_step(spec_or_path, setup, *, steps: int = 1, fake: bool = True, record
 
     split: dict = {}
     step_peaks: list = []
+    phase_bytes: dict = {}
     with mode, cuda_like_dropout(), real_data_paths():
         tr = live_bytes_tracker(record_events)
         with tr:
@@ -495,13 +497,16 @@ def trace_step(spec_or_path, setup, *, steps: int = 1, fake: bool = True, record
             for step in range(1, steps + 1):
                 tr.peak = tr.cur
                 tr.phase = f"forward (step {step})"
+                phase_bytes[tr.phase] = tr.cur
                 with torch.autocast("cpu", dtype=half, enabled=autocast):
                     loss = _loss(model, setup.framework, ids, labels, vocab)
                 tr.phase = f"backward (step {step})"
+                phase_bytes[tr.phase] = tr.cur
                 loss.backward()
                 del loss
                 grad_keys |= {tr.key_of(p.grad) for p in params if p.grad is not None}
                 tr.phase = f"optimizer (step {step})"
+                phase_bytes[tr.phase] = tr.cur
                 opt.step()
                 opt_keys |= {tr.key_of(t) for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)}
                 opt.zero_grad(set_to_none=True)
@@ -528,7 +533,7 @@ def trace_step(spec_or_path, setup, *, steps: int = 1, fake: bool = True, record
     # the phase of the global peak: the first step whose peak is largest
     phase = phases[step_peaks.index(best)] if step_peaks else "setup"
     return TraceResult(peak_bytes=int(best), phase=str(phase), weights_bytes=int(weights), split=split, step_peaks=step_peaks,
-                       events=tr.events if record_events else [], notes=notes, seconds=time.time() - t0)
+                       events=tr.events if record_events else [], notes=notes, seconds=time.time() - t0, phase_bytes=phase_bytes)
 
 
 def compare(spec_or_path, setup, *, steps: int = 2) -> dict:
@@ -540,3 +545,25 @@ def compare(spec_or_path, setup, *, steps: int = 2) -> dict:
     tr = trace_step(spec, setup, steps=steps, record_events=False)
     return {"model": spec.id, "planner_bytes": est, "trace_bytes": tr.peak_bytes, "error_pct": 100.0 * (est - tr.peak_bytes) / tr.peak_bytes,
             "phase": tr.phase, "split": tr.split, "notes": tr.notes, "seconds": round(tr.seconds, 1)}
+
+
+def trace_plan(plan: dict) -> dict:
+    """`trainpipe plan --trace`: the traced peak of the plan's chosen setup next to its estimate (allocated bytes). A setup the
+    tracer does not run (several GPUs sharded, offload, 8-bit optimizers, another framework) gets the reason instead."""
+    from trainpipe.plan.memory import Setup
+
+    setup_d = plan.get("setup")
+    model_id = (plan.get("model") or {}).get("id")
+    if not setup_d or not model_id:
+        return {"traced": False, "reason": "this plan has no single chosen setup to trace"}
+    s = Setup(**{k: v for k, v in setup_d.items() if k in Setup.__dataclass_fields__})
+    pd = plan.get("memory", {}).get("per_device", {})
+    est = sum(int(pd.get(k) or 0) for k in ("weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes"))
+    if s.num_gpus > 1 and s.strategy in ("ddp",):
+        s.num_gpus, s.strategy = 1, "single"  # one process of a DDP run holds what a single-GPU run holds (the DDP buckets aside)
+    try:
+        r = trace_step(model_id, s, steps=2, record_events=False)
+    except TraceError as exc:
+        return {"traced": False, "reason": str(exc), "planner_allocated_bytes": est}
+    return {"traced": True, "planner_allocated_bytes": est, "trace_peak_bytes": r.peak_bytes, "difference_pct": round(100.0 * (est - r.peak_bytes) / r.peak_bytes, 1),
+            "phase": r.phase, "split": r.split, "notes": r.notes, "seconds": round(r.seconds, 1)}
