@@ -68,6 +68,7 @@ class PlanRequest:
     # with --budget-usd / --deadline-hours: what the headline optimises (cost: cheapest; time: fastest within the budget)
     objective: str | None = None
     host_ram_gib: float | None = None  # host RAM per GPU for offload plans (default: the GPU catalog's, else 64 GiB)
+    framework: str = "trainpipe"  # whose training code runs (memory.FRAMEWORKS): trainpipe's own unless a published row is re-planned
 
 
 def _check(req: PlanRequest) -> None:
@@ -109,7 +110,8 @@ def total_tokens(req: PlanRequest) -> float | None:
 def _setup(req: PlanRequest, method: str, precision: str, world: int) -> Setup:
     return Setup(method=method, precision=precision, optimizer=req.optimizer, micro_batch=req.micro_batch or 1, seq_len=req.seq_len,
                  grad_ckpt=bool(req.grad_ckpt), strategy="single" if world == 1 else "ddp", num_gpus=world, offload=req.offload,
-                 lora_r=req.lora_r, lora_targets=req.lora_targets, lora_dropout=req.lora_dropout, attention=req.attention)
+                 lora_r=req.lora_r, lora_targets=req.lora_targets, lora_dropout=req.lora_dropout, attention=req.attention,
+                 framework=req.framework)
 
 
 def _fits(b: Breakdown, gpu: GPU) -> bool:

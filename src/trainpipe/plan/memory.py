@@ -454,7 +454,10 @@ def layer_activation_bytes(spec: ModelSpec, s: Setup, tokens: int, *, trained: b
                 inputs_seen.add(group)
             saved += (4 if fp32_adapters else a) * tokens * s.lora_r * count  # lora_A output, lora_B's input
     # attention kernel: q, k, v (repeated to all heads except flash), output
-    kv_saved = 2 * (kv_dim if s.attention == "flash" else q_dim)
+    # transformers 5 (trainpipe's stack) calls SDPA with enable_gqa when no mask is needed (no padding: what the planner sizes),
+    # so k/v are not repeated (integrations/sdpa_attention.py use_gqa_in_sdpa; traced in tests/unit/plan/test_plan_trace.py);
+    # the published rows ran transformers 4.4x/litgpt/torchtune, which repeat k/v before SDPA
+    kv_saved = 2 * (kv_dim if (s.attention == "flash" or (s.attention == "sdpa" and s.framework == "trainpipe")) else q_dim)
     saved += a * tokens * (q_dim + kv_saved + q_dim)
     if s.attention == "eager":
         b = max(1, s.micro_batch)
@@ -462,10 +465,13 @@ def layer_activation_bytes(spec: ModelSpec, s: Setup, tokens: int, *, trained: b
         saved += (4 + (a if a != 4 else 0)) * b * heads * seq * seq  # fp32 softmax output (+ its 16-bit cast)
     # MLP: gated: act(gate)'s input, its output and up (the product feeds down: saved above when down keeps its
     # input); plain: the activation's input (four tensors for transformers' Python tanh-GELU)
+    # trainpipe's QLoRA (kbit_prepared_fp32): the residual stream is fp32 (fp32 embeddings and norms) and Linear4bit returns its
+    # input's dtype, so gate/up outputs and the activation are fp32 even under autocast (traced: plan/trace.py)
+    a_mlp = 4 if kbit_prepared_fp32(s) else a
     if A.get("gated_mlp"):
-        saved += 3 * a * tokens * i * k_act
+        saved += 3 * a_mlp * tokens * i * k_act
     else:
-        saved += (4 if _python_tanh_gelu(spec, s) else 1) * a * tokens * i * k_act
+        saved += (4 if _python_tanh_gelu(spec, s) else 1) * a_mlp * tokens * i * k_act
     if A.get("experts"):
         saved += a * tokens * h * k_act + 4 * tokens * A["experts"]  # dispatched copies, router logits
     if A.get("dropout"):  # BERT/GPT-2/T5-style dropout: a bool mask and the output after attention and after the MLP

@@ -129,7 +129,8 @@ REAL_WIDTH = [
     ("meta-llama/Llama-3.1-8B", dict(method="lora", precision="bf16-true", micro_batch=1, seq_len=2048, grad_ckpt=True)),
     ("meta-llama/Llama-3.1-8B", dict(method="full", precision="bf16-true", micro_batch=1, seq_len=2048)),
     ("meta-llama/Llama-3.1-8B", dict(method="qlora", precision="bf16", micro_batch=1, seq_len=2048)),
-    ("TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T", dict(method="qlora", precision="bf16", micro_batch=4, seq_len=512)),
+    # at full depth (22 layers): with two layers the loss's chunk temporaries dominate this small-vocabulary model
+    ("TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T", dict(method="qlora", precision="bf16", micro_batch=4, seq_len=512, lora_targets="attention")),
 ]
 
 
@@ -147,10 +148,11 @@ def _few_layers(tmp_path, mid: str, layers: int = 2) -> str:
 
 @pytest.mark.parametrize("mid,kw", REAL_WIDTH, ids=[f"{m.split('/')[-1]}-{k['method']}-{k['precision']}-{k.get('framework', 'trainpipe')}{'-ckpt' if k.get('grad_ckpt') else ''}" for m, k in REAL_WIDTH])
 def test_planner_within_ten_percent_of_the_trace_at_real_width(tmp_path, mid, kw):
-    """Real hidden/intermediate/vocabulary sizes, two layers (fake tensors are free). The QLoRA rows failed (-42 % at 8B)
-    before the planner knew trainpipe's prepare_model_for_kbit_training stores the rest of the model in fp32
-    (memory.kbit_prepared_fp32)."""
-    spec = find_model(_few_layers(tmp_path, mid))
+    """Real hidden/intermediate/vocabulary sizes, two layers (fake tensors are free; TinyLlama at full depth). The QLoRA
+    rows failed (-42 % at 8B x 2 layers, -22.6 % for the full 8B at 8192 tokens) before the planner knew that trainpipe's
+    prepare_model_for_kbit_training stores the rest of the model in fp32 and so keeps the MLP's saved tensors in fp32
+    (memory.kbit_prepared_fp32); the LoRA rows were 2-5 % higher before it counted unrepeated k/v (enable_gqa)."""
+    spec = find_model(mid) if mid.startswith("TinyLlama/") else find_model(_few_layers(tmp_path, mid))
     s = _setup(**kw)
     est = M.estimate(spec, s).allocated_bytes
     r = trace_step(spec, s, steps=2, record_events=False)
