@@ -618,6 +618,15 @@ def estimate(spec: ModelSpec, s: Setup) -> Breakdown:
             step_temp = 0  # DeepSpeed's fused Adam
     A_peak = max(A, step_temp)
     detail["optimizer_step_temporaries"] = step_temp
+    if s.framework == "trainpipe" and s.method in ("full", "freeze") and st in ("single", "ddp") and s.offload == "none":
+        # trainpipe zeroes gradients with set_to_none: at the backward's start (the activation peak) no gradient exists yet and
+        # autocast's weight casts are alive; at the optimizer step every gradient is, the activations and casts are gone. The
+        # peak is the larger of the two, not their sum (traced: plan/trace.py, benchmarks/plan_trace.py). The published
+        # transformers rows (Trainer 4.x of 2020-22, BERT-large) were measured with zero-filled gradients that stay allocated
+        # between steps, so other frameworks keep the sum (applying this to them moves those rows from -3..+3 % to -10..-15 %)
+        copies = wd.get("autocast_copies", 0)
+        A_peak = max(0, max(A + copies, G + step_temp) - G - copies)
+        detail["gradients_after_activations"] = True
     allocated = W + G + O + A_peak
     frag = fragmentation_bytes(s, allocated, ad.get("per_layer", 0))
     overhead = CUDA_CONTEXT + frag + (NCCL_BUFFERS if n > 1 else 0)

@@ -144,7 +144,8 @@ def live_bytes_tracker(record_events: bool = True):
 
 @contextlib.contextmanager
 def cuda_like_dropout():
-    """Route `F.dropout` through `torch.native_dropout` (a bool mask, as CUDA's fused kernel keeps) while tracing."""
+    """Route `F.dropout` through `torch.native_dropout` (a bool mask, as CUDA's fused kernel keeps) and SDPA's attention
+    dropout to what CUDA's fused kernels keep (no mask) while tracing."""
     import torch
     import torch.nn.functional as F
 
@@ -155,11 +156,21 @@ def cuda_like_dropout():
             return input
         return torch.native_dropout(input, p, True)[0]
 
+    orig_sdpa = F.scaled_dot_product_attention
+
+    def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, *args, **kwargs):
+        # CUDA's fused SDPA kernels (flash, memory-efficient) draw attention dropout inside the kernel from a Philox seed and
+        # save no mask; the CPU falls back to the math kernel for dropout_p > 0, which keeps the seq x seq probabilities and
+        # their mask. Traced as the fused kernel saves (dropout_p = 0: the same q, k, v, output and logsumexp).
+        return orig_sdpa(query, key, value, attn_mask, 0.0, *args, **kwargs)
+
     F.dropout = dropout
+    F.scaled_dot_product_attention = sdpa
     try:
         yield
     finally:
         F.dropout = orig
+        F.scaled_dot_product_attention = orig_sdpa
 
 
 @contextlib.contextmanager
