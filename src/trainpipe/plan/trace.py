@@ -30,9 +30,20 @@ CPU-vs-CUDA differences, and what this module does about each (the trace is mean
   `torch.native_dropout` (what CUDA runs), so the saved mask is 1 byte per element.
 - SDPA: on the CPU the fused kernel is `_scaled_dot_product_flash_attention_for_cpu` (saves q, k, v, the output and a
   logsumexp of batch x heads x seq fp32), the same set CUDA's flash backend saves; CUDA's memory-efficient backend saves
-  the same tensors (its logsumexp is padded to 32 rows). transformers 5 passes `enable_gqa` (k/v not repeated to all
-  heads) where the kernel supports it; the trace runs exactly what transformers does. Flash-attention-2 (`attention="flash"`)
-  does not exist on the CPU: it is traced as SDPA, which saves the same tensors (unrepeated k/v).
+  the same tensors (its logsumexp is padded to 32 rows). With attention dropout (BERT) the CPU falls back to the math
+  kernel (seq x seq probabilities and mask kept) where CUDA's fused kernels draw the dropout in-kernel: the trace calls
+  SDPA with dropout_p=0, which saves what the fused kernels save. Flash-attention-2 (`attention="flash"`) does not exist
+  on the CPU: it is traced as SDPA, which saves the same tensors (unrepeated k/v).
+- masks: transformers takes other paths when it sees a FakeTensor (`is_tracing`: an explicit causal mask, so no
+  `enable_gqa` and k/v repeated to all heads); `real_data_paths` makes it take the real-data path. The step is traced
+  without an attention mask, i.e. unpadded sequences of `seq_len` tokens, where transformers 5 passes `is_causal` and
+  `enable_gqa` (k/v not repeated). A padded batch gets an explicit mask and repeated k/v on a GPU too.
+- temporaries a kernel allocates inside itself (below the dispatcher, e.g. a reduction's scratch) are not seen, on real
+  or fake tensors alike; on a GPU they come from the caching allocator. Ops that are decomposed above the dispatcher are
+  seen op by op.
+- "transformers" here is transformers' own loss (labels passed) in trainpipe's loop and model preparation (gradients
+  zeroed with set_to_none, QLoRA through prepare_model_for_kbit_training), not the Trainer releases of the published
+  measurements (plan/data/measurements.json), which kept zero-filled gradients between steps.
 - cuBLAS/cuDNN workspaces, the CUDA context and allocator fragmentation are not tensors: they are not in the trace. The
   `reserved`/`total` figures come from the planner's overhead model (plan/memory.py) or an allocator simulator fed with
   `events`.
