@@ -854,6 +854,10 @@ def plan_for_config(config, overrides: list[str], *, model=None, gpu=None, num_g
             "lora_r": rc.method.lora.r if method in ("lora", "dora", "qlora") else None, "learning_rate": plan.learning_rate.value,
         },
     }
+    if spec is not None and mem:  # the memory model's setup of this plan (what `plan --trace` traces)
+        from trainpipe.plan.resolve import memory_setup
+
+        out["setup"] = asdict(memory_setup(rc, method, plan.precision.value, world, plan.strategy.value, plan.offload.value))
     if g is not None and spec is not None and mem:
         ex, avg = (examples, avg_len) if examples is not None else _data_size(rc)
         tk = float(tokens) * rc.training.num_train_epochs if tokens is not None else (ex * avg * rc.training.num_train_epochs if ex and avg else None)

@@ -204,3 +204,19 @@ def test_cli_plan_trace_unknown_model_offline_is_a_clear_error(capsys, monkeypat
     assert main(["plan", "--model", "some-org/not-a-model", "--gpu", "A100-80GB", "--trace"]) == 2
     out = capsys.readouterr()
     assert "Traceback" not in out.out + out.err and "config.json" in out.out + out.err
+
+
+def test_cli_plan_config_trace(tmp_path, tiny_model_dir, capsys):
+    """`trainpipe plan run.yaml --trace`: the run config's own setup (the one `trainpipe run` executes) is traced."""
+    from trainpipe.cli import main
+
+    data = tmp_path / "train.jsonl"
+    data.write_text("\n".join(json.dumps({"instruction": f"q{i}", "output": "a" * 40}) for i in range(20)) + "\n")
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(f"model: {{name_or_path: {tiny_model_dir}}}\ndata: {{sources: [{{path: train.jsonl}}], max_length: 64}}\n")
+    assert main(["plan", str(cfg), "--gpu", "L4", "--trace", "--json"]) == 0
+    p = json.loads(capsys.readouterr().out)
+    t = p["trace"]
+    assert t["traced"], t
+    assert p["setup"]["seq_len"] == 64 and t["trace_peak_bytes"] > 0
+    assert t["trace_peak_bytes"] == trace_step(tiny_model_dir, M.Setup(**p["setup"]), steps=2, record_events=False).peak_bytes
