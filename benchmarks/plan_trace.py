@@ -9,6 +9,12 @@ no memory, seconds per row. The error is (planner - trace) / trace. A row the tr
     python benchmarks/plan_trace.py --json out.json
     python benchmarks/plan_trace.py --only 8B  # rows whose label contains 8B
 
+"transformers" rows are transformers' own loss (labels passed) in trainpipe's loop; the planner's "transformers" framework
+is the stack of the published measurements (Trainer releases that kept zero-filled gradients between steps, QLoRA with a
+16-bit rest and an older bitsandbytes that kept the 4-bit matmul's input), so its full fine-tunes count every gradient
+on top of every activation where this loop (set_to_none) holds them one after the other: those rows are expected to
+read high, and are reported, not hidden.
+
 What the trace is not: the CUDA context, cuBLAS workspaces, allocator fragmentation (plan/memory.py's overhead or the
 allocator simulator, plan/allocator.py) and temporaries a kernel allocates inside itself (see plan/trace.py).
 """
