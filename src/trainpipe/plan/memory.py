@@ -533,9 +533,10 @@ def activation_bytes(spec: ModelSpec, s: Setup) -> tuple[int, dict]:
     if _fp32_base_under_autocast(s):
         frozen_casts = 2 * sum(li.fan_in * li.fan_out * li.count for li in spec.linears if li.in_layers) // max(1, L)
         d["autocast_weight_casts_per_layer"] = frozen_casts
+    a_res = 4 if kbit_prepared_fp32(s) else a  # trainpipe's QLoRA: the residual stream (each layer's input) is fp32
     if s.grad_ckpt:
-        kept = n_layers_saving * a * tokens * spec.hidden
-        total = kept + max(logits, per_layer + frozen_casts + layer_bwd + 2 * a * tokens * spec.hidden)
+        kept = n_layers_saving * a_res * tokens * spec.hidden
+        total = kept + max(logits, per_layer + frozen_casts + layer_bwd + 2 * a_res * tokens * spec.hidden)
         d["checkpointed_inputs"] = kept
     else:
         total = layers_total + L * frozen_casts + max(logits, layer_bwd) + a * tokens * spec.hidden * 2

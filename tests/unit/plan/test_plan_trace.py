@@ -130,6 +130,7 @@ REAL_WIDTH = [
     ("meta-llama/Llama-3.1-8B", dict(method="full", precision="bf16-true", micro_batch=1, seq_len=2048)),
     ("meta-llama/Llama-3.2-1B", dict(method="full", precision="bf16", micro_batch=4, seq_len=512)),
     ("meta-llama/Llama-3.1-8B", dict(method="qlora", precision="bf16", micro_batch=1, seq_len=2048)),
+    ("meta-llama/Llama-3.1-8B", dict(method="qlora", precision="bf16", micro_batch=1, seq_len=2048, grad_ckpt=True)),
     # at full depth (22 layers): with two layers the loss's chunk temporaries dominate this small-vocabulary model
     ("TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T", dict(method="qlora", precision="bf16", micro_batch=4, seq_len=512, lora_targets="attention")),
 ]
