@@ -5,7 +5,7 @@ For the issue's own setups (trainpipe's runs, and the same model code with trans
 bytes of two real training steps (forward, loss, backward, AdamW step) run by `plan/trace.py` on fake tensors — no GPU,
 no memory, seconds per row. The error is (planner - trace) / trace. A row the tracer cannot run is printed with the reason.
 
-    python benchmarks/plan_trace.py            # the table and a summary; exit 1 if any row is off by more than 15 %
+    python benchmarks/plan_trace.py            # the table and a summary; exit 1 if a trainpipe row is off by more than 15 %
     python benchmarks/plan_trace.py --json out.json
     python benchmarks/plan_trace.py --only 8B  # rows whose label contains 8B
 
@@ -13,7 +13,8 @@ no memory, seconds per row. The error is (planner - trace) / trace. A row the tr
 is the stack of the published measurements (Trainer releases that kept zero-filled gradients between steps, QLoRA with a
 16-bit rest and an older bitsandbytes that kept the 4-bit matmul's input), so its full fine-tunes count every gradient
 on top of every activation where this loop (set_to_none) holds them one after the other: those rows are expected to
-read high, and are reported, not hidden.
+read high, and are reported, not hidden. The target (the exit status) is the "trainpipe" column alone: the plan of a
+trainpipe run against that run's own traced step; the "transformers" column compares two different programs by design.
 
 What the trace is not: the CUDA context, cuBLAS workspaces, allocator fragmentation (plan/memory.py's overhead or the
 allocator simulator, plan/allocator.py) and temporaries a kernel allocates inside itself (see plan/trace.py).
@@ -111,7 +112,7 @@ def main(argv=None) -> int:
     if a.json:
         with open(a.json, "w", encoding="utf-8") as fh:
             json.dump(rows, fh, indent=1)
-    return 1 if bad else 0
+    return 1 if any(r["framework"] == "trainpipe" for r in bad) or any(r["framework"] == "trainpipe" for r in untraced) else 0
 
 
 if __name__ == "__main__":
