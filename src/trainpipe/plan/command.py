@@ -651,39 +651,10 @@ def _data_size(cfg) -> tuple[int | None, float | None]:
 # --------------------------------------------------------------------------- the command
 
 
-def run_plan(req: PlanRequest, *, as_json: bool = False) -> dict:
-    plan = make_plan(req)
-    if as_json:
-        import typer
-
-        typer.echo(json.dumps(plan, indent=2, default=str))
-    else:
-        from trainpipe.plan.report import print_plan
-
-        print_plan(plan)
-    return plan
-
-
 def plan_command(*, config=None, overrides=(), model=None, as_json=False, gpu=None, num_gpus=None, nodes=None, trace=False, **flags) -> dict:
     """`trainpipe plan`: from a run config (the plan `run` executes; flags given explicitly override it) or from `--model` and the flags.
-    `trace`: also run the chosen setup's training step on fake tensors (plan/trace.py) and show its exact peak next to the estimate."""
-    if trace:
-        return _plan_with_trace(config=config, overrides=overrides, model=model, as_json=as_json, gpu=gpu, num_gpus=num_gpus, nodes=nodes, **flags)
-    if config is None and model is None:
-        raise PlanError("`trainpipe plan` needs a run config (`trainpipe plan run.yaml`) or `--model NAME_OR_PATH` (a catalog hub id or a folder with config.json).")
-    if config is not None:
-        out = plan_for_config(config, list(overrides), model=model, gpu=gpu, num_gpus=num_gpus, nodes=nodes, **flags)
-        _show(out, as_json)
-        return out
-    kw = {k: v for k, v in flags.items() if k in PlanRequest.__dataclass_fields__ and v is not None}
-    if "data" in kw:
-        kw["data"] = tuple(kw["data"])
-    req = PlanRequest(model=model, gpu=gpu, num_gpus=num_gpus or 1, nodes=nodes or 1, **kw)
-    return run_plan(req, as_json=as_json)
-
-
-def _plan_with_trace(*, config, overrides, model, as_json, gpu, num_gpus, nodes, **flags) -> dict:
-    """The plan, then the traced peak of its chosen setup (plan/trace.py, imported only here: the default path stays fast)."""
+    `trace`: also run the chosen setup's training step on fake tensors (plan/trace.py, imported only then: the default path
+    stays fast) and show its exact peak next to the estimate."""
     if config is None and model is None:
         raise PlanError("`trainpipe plan` needs a run config (`trainpipe plan run.yaml`) or `--model NAME_OR_PATH` (a catalog hub id or a folder with config.json).")
     if config is not None:
@@ -693,23 +664,27 @@ def _plan_with_trace(*, config, overrides, model, as_json, gpu, num_gpus, nodes,
         if "data" in kw:
             kw["data"] = tuple(kw["data"])
         out = make_plan(PlanRequest(model=model, gpu=gpu, num_gpus=num_gpus or 1, nodes=nodes or 1, **kw))
-    from trainpipe.plan.trace import trace_plan
+    if trace:
+        from trainpipe.plan.trace import trace_plan
 
-    out["trace"] = trace_plan(out)
+        out["trace"] = trace_plan(out)
     _show(out, as_json)
-    if not as_json:
-        import typer
-
-        t = out["trace"]
-        if t.get("traced"):
-            size = lambda b: f"{b / 1024**3:.2f} GiB" if b >= 1024**3 else f"{b / 1024**2:.1f} MiB"  # noqa: E731
-            typer.echo(f"traced step (fake tensors, {t['phase']}): peak allocated {size(t['trace_peak_bytes'])}; the estimate "
-                       f"{size(t['planner_allocated_bytes'])} is {t['difference_pct']:+.1f} % off it")
-            for n in t.get("notes") or ():
-                typer.echo(f"trace note: {n}")
-        else:
-            typer.echo(f"traced step: not traced: {t['reason']}")
+    if trace and not as_json:
+        _show_trace(out["trace"])
     return out
+
+
+def _show_trace(t: dict) -> None:
+    import typer
+
+    if t.get("traced"):
+        size = lambda b: f"{b / 1024**3:.2f} GiB" if b >= 1024**3 else f"{b / 1024**2:.1f} MiB"  # noqa: E731
+        typer.echo(f"traced step (fake tensors, {t['phase']}): peak allocated {size(t['trace_peak_bytes'])}; the estimate "
+                   f"{size(t['planner_allocated_bytes'])} is {t['difference_pct']:+.1f} % off it")
+        for n in t.get("notes") or ():
+            typer.echo(f"trace note: {n}")
+    else:
+        typer.echo(f"traced step: not traced: {t['reason']}")
 
 
 def _show(plan: dict, as_json: bool) -> None:
