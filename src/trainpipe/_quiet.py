@@ -1,15 +1,21 @@
-"""Two lines every command printed that say nothing to a trainpipe user, silenced precisely at import.
+"""Lines every command printed that say nothing to a trainpipe user, silenced precisely at import.
 
-- bitsandbytes (0.49+), on CPUs with AVX512-BF16, tries at import to fetch an optional CPU 4-bit kernel from the
-  `kernels` package and, when that package is not installed, logs "Failed to load CPU gemm_4bit_forward from
-  kernels-community: No module named 'kernels'" and falls back to its own kernel. trainpipe runs fine on that
-  fallback, so exactly that record (the `kernels` module missing) is dropped; any other failure to load it, and
-  every other bitsandbytes log line, still shows.
+- bitsandbytes (0.49+), on CPUs with AVX512-BF16, tries at import to fetch an optional CPU 4-bit kernel from the Hub
+  through the `kernels` package (`kernels-community/quantization-bitsandbytes`) and, when it cannot, logs "Failed to
+  load CPU gemm_4bit_forward from kernels-community: <why>" and falls back to its own kernel. trainpipe runs fine on
+  that fallback. The record is dropped when the kernel is merely unavailable here: the `kernels` package is not
+  installed (transformers up to 5.24 did not bring it; 5.25 does), the Hub is in offline mode (HF_HUB_OFFLINE, as on
+  a cluster without internet and in trainpipe's tests), or the Hub cannot be reached (a network error under kernels'
+  publisher check). Any other failure to load it (a kernel that was fetched and then failed, a refused publisher, an
+  authentication error), and every other bitsandbytes log line, still shows.
+- kernels itself warns "Skipping publisher trust check for '<repo>' because Hugging Face Hub is in offline mode." on
+  each such attempt; only that record for bitsandbytes' own kernel repository is dropped (another repository's still
+  shows).
 - transformers 5 renamed `is_gradient_checkpointing` to `is_activation_checkpointing` and warns (FutureWarning)
   whenever the old property is read; peft and transformers' own code still read it. Only that FutureWarning, raised
   from transformers' modeling_utils, is ignored.
 
-Nothing here imports bitsandbytes or transformers: a logging filter and a warnings filter only.
+Nothing here imports bitsandbytes, kernels or transformers: logging filters and a warnings filter only.
 """
 
 from __future__ import annotations
@@ -19,20 +25,63 @@ import warnings
 
 BNB_LOGGER = "bitsandbytes.backends.cpu.ops"
 BNB_KERNELS_MESSAGE = "Failed to load CPU gemm_4bit_forward from kernels-community"
+BNB_KERNEL_REPO = "kernels-community/quantization-bitsandbytes"
+KERNELS_HUB_LOGGER = "kernels._internals.hf_hub"
+KERNELS_OFFLINE_TRUST_MESSAGE = f"Skipping publisher trust check for '{BNB_KERNEL_REPO}' because Hugging Face Hub is in offline mode."
+# Exception classes (by name, anywhere in the chain's MROs) that mean "the Hub was not reached": httpx/httpcore's,
+# requests'/urllib3's and huggingface_hub's own offline errors. Names, so that none of those packages is imported here.
+_NETWORK_ERRORS = frozenset({
+    "ConnectError", "ConnectTimeout", "NetworkError", "TimeoutException", "ConnectionError", "NewConnectionError",
+    "MaxRetryError", "OfflineModeIsEnabled", "LocalEntryNotFoundError",
+})
 
 
-class _MissingKernelsPackage(logging.Filter):
-    """Drops bitsandbytes' record that the optional `kernels` package is not installed (nothing else)."""
+def _chain(exc: BaseException | None):
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def kernel_merely_unavailable(exc: object) -> bool:
+    """True when bitsandbytes' hub kernel could not be had for a reason of this environment (see the module's doc)."""
+    if not isinstance(exc, BaseException):
+        return False
+    for e in _chain(exc):
+        if isinstance(e, ModuleNotFoundError) and (e.name or "").split(".")[0] == "kernels":
+            return True
+        if isinstance(e, ValueError) and "Hugging Face Hub is in offline mode" in str(e):
+            return True
+        if any(c.__name__ in _NETWORK_ERRORS for c in type(e).__mro__):
+            return True
+    return False
+
+
+class _KernelUnavailable(logging.Filter):
+    """Drops bitsandbytes' record that its optional hub kernel is unavailable here (nothing else)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not str(record.msg).startswith(BNB_KERNELS_MESSAGE):
             return True
         exc = record.args[0] if isinstance(record.args, tuple) and record.args else None
-        return not (isinstance(exc, ModuleNotFoundError) and (exc.name or "").split(".")[0] == "kernels")
+        return not kernel_merely_unavailable(exc)
+
+
+class _OfflineTrustSkip(logging.Filter):
+    """Drops kernels' offline trust-skip record for bitsandbytes' kernel repository only."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != KERNELS_OFFLINE_TRUST_MESSAGE
+
+
+def _add(logger_name: str, cls: type[logging.Filter]) -> None:
+    logger = logging.getLogger(logger_name)
+    if not any(isinstance(f, cls) for f in logger.filters):
+        logger.addFilter(cls())
 
 
 def install() -> None:
-    logger = logging.getLogger(BNB_LOGGER)
-    if not any(isinstance(f, _MissingKernelsPackage) for f in logger.filters):
-        logger.addFilter(_MissingKernelsPackage())
+    _add(BNB_LOGGER, _KernelUnavailable)
+    _add(KERNELS_HUB_LOGGER, _OfflineTrustSkip)
     warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning, module=r"transformers\.modeling_utils")

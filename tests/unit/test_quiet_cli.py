@@ -54,16 +54,44 @@ sys.meta_path.insert(0, FakeAvx512Bf16())
 """
 
 
+# Without the `kernels` package bitsandbytes says "No module named 'kernels'"; with it (transformers 5.25+ installs it)
+# and the Hub offline, kernels adds its trust-skip line and bitsandbytes says the kernel is not in the local cache.
+# `kernels` missing is made real by a finder that raises what Python raises for a package that is not installed;
+# `kernels` present runs only where it is installed.
+_BLOCK_KERNELS = """
+class NoKernelsPackage(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] == "kernels":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+sys.meta_path.insert(0, NoKernelsPackage())
+"""
+TRUST_LINE = "Skipping publisher trust check for 'kernels-community/quantization-bitsandbytes'"
+
+
+def _kernels_installed() -> bool:
+    from importlib.util import find_spec
+
+    return find_spec("kernels") is not None
+
+
+@pytest.mark.parametrize("kernels", ["missing", "installed"])
 @pytest.mark.parametrize("with_trainpipe", [False, True])
-def test_bitsandbytes_kernels_line_is_gone_once_trainpipe_is_imported(with_trainpipe):
+def test_bitsandbytes_kernels_line_is_gone_once_trainpipe_is_imported(with_trainpipe, kernels):
     pytest.importorskip("bitsandbytes")
-    code = _FORCE_AVX512_BF16 + ("import trainpipe\n" if with_trainpipe else "") + "import bitsandbytes\nprint('ok')"
+    if kernels == "installed" and not _kernels_installed():
+        pytest.skip("the `kernels` package is not installed here (transformers < 5.25 does not bring it)")
+    code = (_FORCE_AVX512_BF16 + (_BLOCK_KERNELS if kernels == "missing" else "")
+            + ("import trainpipe\n" if with_trainpipe else "") + "import bitsandbytes\nprint('ok')")
     p = _python(code)
     assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr
     if with_trainpipe:
-        assert KERNELS_LINE not in p.stderr, p.stderr
-    else:  # the line this fixes is real: bitsandbytes prints it without trainpipe's filter
-        assert KERNELS_LINE in p.stderr and "No module named 'kernels'" in p.stderr
+        assert KERNELS_LINE not in p.stderr and TRUST_LINE not in p.stderr, p.stderr
+        assert p.stderr.strip() == "", p.stderr
+    elif kernels == "missing":  # the lines this fixes are real: bitsandbytes prints them without trainpipe's filter
+        assert KERNELS_LINE in p.stderr and "No module named 'kernels'" in p.stderr, p.stderr
+    else:
+        assert KERNELS_LINE in p.stderr and "offline mode" in p.stderr and TRUST_LINE in p.stderr, p.stderr
 
 
 def test_the_filters_are_precise():
@@ -75,14 +103,31 @@ import trainpipe
 log = logging.getLogger("bitsandbytes.backends.cpu.ops")
 log.warning("Failed to load CPU gemm_4bit_forward from kernels-community: %s. Please make sure ...", ModuleNotFoundError("No module named 'kernels'", name="kernels"))
 log.warning("Failed to load CPU gemm_4bit_forward from kernels-community: %s. Please make sure ...", RuntimeError("hub unreachable"))
+log.warning("Failed to load CPU gemm_4bit_forward from kernels-community: %s. Please make sure ...", ValueError("Version 1 of 'x' is not available in the local cache and Hugging Face Hub is in offline mode."))
+class ConnectError(Exception):  # the class name httpx uses: the Hub was not reached
+    pass
+try:
+    try:
+        raise ConnectError("[Errno -2] Name or service not known")
+    except ConnectError as e:
+        raise ValueError("Kernel repository 'x' could not verify publisher trust status.") from e
+except ValueError as e:
+    unreachable = e
+log.warning("Failed to load CPU gemm_4bit_forward from kernels-community: %s. Please make sure ...", unreachable)
+log.warning("Failed to load CPU gemm_4bit_forward from kernels-community: %s. Please make sure ...", ValueError("Kernel repository 'x' is not from a trusted publisher: refused"))
 log.warning("another bitsandbytes warning")
+klog = logging.getLogger("kernels._internals.hf_hub")
+klog.warning("Skipping publisher trust check for 'kernels-community/quantization-bitsandbytes' because Hugging Face Hub is in offline mode.")
+klog.warning("Skipping publisher trust check for 'someone/other-kernel' because Hugging Face Hub is in offline mode.")
 warnings.warn_explicit("`is_gradient_checkpointing` is deprecated and will be removed in v6.", FutureWarning, "modeling_utils.py", 1, module="transformers.modeling_utils")
 warnings.warn_explicit("`other_thing` is deprecated", FutureWarning, "modeling_utils.py", 2, module="transformers.modeling_utils")
 warnings.warn_explicit("`is_gradient_checkpointing` is deprecated", FutureWarning, "mine.py", 3, module="mypackage.mine")
 """
     err = _python(code).stderr
     assert "No module named 'kernels'" not in err
-    assert "hub unreachable" in err and "another bitsandbytes warning" in err
+    assert "hub unreachable" in err and "another bitsandbytes warning" in err and "refused" in err
+    assert "offline mode." not in err.split("someone/other-kernel")[0] and "could not verify" not in err
+    assert "'someone/other-kernel' because Hugging Face Hub is in offline mode." in err
     assert "`other_thing` is deprecated" in err and "mine.py:3" in err
     assert "modeling_utils.py:1" not in err
 
