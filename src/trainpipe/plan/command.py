@@ -22,6 +22,7 @@ from pathlib import Path
 
 from trainpipe.plan import compute as C
 from trainpipe.plan import decisions as D
+from trainpipe.plan import memory as M
 from trainpipe.plan.catalog import ModelSpec, find_model
 from trainpipe.plan.decisions import Decision, PlanError
 from trainpipe.plan.gpus import GIB, GPU, catalog as gpu_catalog, find_gpu
@@ -411,10 +412,13 @@ def plan_3d(spec: ModelSpec, req: PlanRequest, gpu: GPU) -> dict:
         W, G, O = one.weights_bytes // shard, one.gradients_bytes // shard, one.optimizer_bytes // shard
         A = one.activations_bytes // tp
         alloc = W + G + O + A
-        from trainpipe.plan import memory as M
-
-        return Breakdown(W, G, O, A, M.CUDA_CONTEXT + int(M.FRAGMENTATION * alloc) + M.NCCL_BUFFERS, one.total_params, one.trainable_params, 0,
-                         {"tensor_parallel": tp, "pipeline_parallel": pp, "single_device_breakdown": one.to_dict()})
+        # the reserved term of estimate() (memory.overhead_bytes -> fragmentation_bytes) on this GPU's share: checkpointed,
+        # each recomputed layer's activations, split over TP by sequence parallelism, are the sizes its allocator caches
+        layer = one.detail.get("activations", {}).get("per_layer", 0) // tp
+        overhead, frag = M.overhead_bytes(s, alloc, layer, max(world, shard))
+        return Breakdown(W, G, O, A, overhead, one.total_params, one.trainable_params, 0,
+                         {"tensor_parallel": tp, "pipeline_parallel": pp, "recomputed_layer_activations": layer,
+                          "single_device_breakdown": one.to_dict()}, fragmentation_bytes=frag)
 
     pp = 1
     while pp < spec.layers and per_gpu(pp).total_bytes > limit:
@@ -564,6 +568,13 @@ def make_plan(req: PlanRequest) -> dict:
     return out
 
 
+def _reserve(allocated: int, fragmentation: int) -> dict:
+    """The per-device allocator figures of the `--json` contract: `allocated_bytes` (torch.cuda.max_memory_allocated),
+    `fragmentation_bytes` (what the caching allocator reserves beyond it, memory.fragmentation_bytes; part of
+    `overhead_bytes`) and `reserved_bytes` (max_memory_reserved, their sum)."""
+    return {"allocated_bytes": int(allocated), "fragmentation_bytes": int(fragmentation), "reserved_bytes": int(allocated) + int(fragmentation)}
+
+
 def _assemble(spec: ModelSpec, req: PlanRequest, gpu: GPU | None, chosen: dict, fits_map: dict, tokens: float | None) -> dict:
     s: Setup = chosen["setup"]
     b: Breakdown = chosen["memory"]
@@ -573,7 +584,8 @@ def _assemble(spec: ModelSpec, req: PlanRequest, gpu: GPU | None, chosen: dict, 
         "model": {"id": spec.id, "source": spec.source, "model_type": spec.model_type, "params": spec.total_params, "trainable_params": b.trainable_params, "note": spec.note},
         "decision": [asdict(d) for d in decisions],
         "memory": {
-            "per_device": {k: getattr(b, k) for k in ("weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes", "overhead_bytes")} | {"total_bytes": b.total_bytes, "cpu_offload_bytes": b.cpu_bytes},
+            "per_device": {k: getattr(b, k) for k in ("weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes", "overhead_bytes")} | {"total_bytes": b.total_bytes, "cpu_offload_bytes": b.cpu_bytes}
+            | _reserve(b.allocated_bytes, b.reserved_bytes - b.allocated_bytes),
             "fits": fits_map,
             "gpu_memory_bytes": gpu.memory_bytes if gpu else None,
             "detail": b.detail,
@@ -815,7 +827,7 @@ def plan_for_config(config, overrides: list[str], *, model=None, gpu=None, num_g
         "decision": rows,
         "memory": {
             "per_device": None if not mem else {k: mem[k] for k in ("weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes", "overhead_bytes", "total_bytes")}
-            | {"cpu_offload_bytes": mem["cpu_bytes"]},
+            | {"cpu_offload_bytes": mem["cpu_bytes"]} | _reserve(mem["allocated_bytes"], mem["fragmentation_bytes"]),
             "fits": {g.name: mem["total_bytes"] <= g.memory_bytes} if (g and mem) else {},
             "gpu_memory_bytes": g.memory_bytes if g else None,
             "detail": mem["detail"] if mem else None,
@@ -861,7 +873,7 @@ def plan_for_config(config, overrides: list[str], *, model=None, gpu=None, num_g
                    f"(planned with {int(D.HEADROOM * 100)} % headroom); see the memory table, and `trainpipe plan --model` for what would fit")
     if mem and mem.get("cpu_bytes"):
         b = Breakdown(mem["weights_bytes"], mem["gradients_bytes"], mem["optimizer_bytes"], mem["activations_bytes"], mem["overhead_bytes"],
-                      mem["total_params"], mem["trainable_params"], mem["cpu_bytes"])
+                      mem["total_params"], mem["trainable_params"], mem["cpu_bytes"], fragmentation_bytes=mem.get("fragmentation_bytes"))
         ok, ram_rule = host_ram_check(b, PlanRequest(model="", host_ram_gib=flags.get("host_ram_gib")))
         out["decision"].append({"key": "host_ram", "value": "enough" if ok else "too little", "rule": ram_rule, "source": "planner", "watch": ""})
         if not ok and why_not is None:

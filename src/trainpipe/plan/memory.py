@@ -578,6 +578,16 @@ def fragmentation_bytes(s: Setup, allocated: int, per_layer: int) -> int:
     return max(flat, int(per_layer)) if s.grad_ckpt else flat
 
 
+def overhead_bytes(s: Setup, allocated: int, per_layer: int, processes: int = 1) -> tuple[int, int]:
+    """(overhead, fragmentation): what one device needs beyond its allocated peak, the CUDA context, the caching
+    allocator's reserve (`fragmentation_bytes`) and, with more than one process, NCCL's buffers. Every planner path sizes
+    it here (`estimate`, and plan/command.py's tensor + pipeline-parallel plan from its per-GPU share); `allocated` and
+    `per_layer` are as this device holds them (with sharding of activations, e.g. tensor parallelism, one layer's share
+    on this device: the sizes its allocator sees)."""
+    frag = fragmentation_bytes(s, allocated, per_layer)
+    return CUDA_CONTEXT + frag + (NCCL_BUFFERS if processes > 1 else 0), frag
+
+
 def estimate(spec: ModelSpec, s: Setup) -> Breakdown:
     """Peak memory per device for `spec` trained as `s`."""
     N = spec.total_params
@@ -629,8 +639,7 @@ def estimate(spec: ModelSpec, s: Setup) -> Breakdown:
         A_peak = max(0, max(A + copies, G + step_temp) - G - copies)
         detail["gradients_after_activations"] = True
     allocated = W + G + O + A_peak
-    frag = fragmentation_bytes(s, allocated, ad.get("per_layer", 0))
-    overhead = CUDA_CONTEXT + frag + (NCCL_BUFFERS if n > 1 else 0)
+    overhead, frag = overhead_bytes(s, allocated, ad.get("per_layer", 0), n)
     return Breakdown(int(W), int(G), int(O), int(A_peak), int(overhead), N, trainable, int(cpu), detail, fragmentation_bytes=int(frag))
 
 
