@@ -24,6 +24,11 @@ activations tensors autograd saves for the backward pass, per decoder layer, cou
 sharding    ZeRO-1 divides optimizer states by the data-parallel size N, ZeRO-2 also gradients,
             ZeRO-3/FSDP also weights, plus the gathered 16-bit weights of the layers in flight;
             offload moves optimizer states (and for `params` the weights) to CPU memory.
+overhead    `overhead_bytes`: the CUDA context, the caching allocator's reserve (`fragmentation_bytes`: the flat 5 % of
+            allocated, under gradient checkpointing at least one layer's activations as the device holds them) and
+            NCCL's buffers with more than one process. The one term for every path: `estimate` and the tensor +
+            pipeline-parallel plan's per-GPU share (plan/command.py plan_3d, one layer's activations / TP there);
+            tests/unit/plan/test_plan_reserved_paths.py.
 
 The constants that are not from first principles (context size, fragmentation) are calibrated
 against published measurements: see plan/data/measurements.json and benchmarks/plan_accuracy.py.
