@@ -30,6 +30,13 @@ fi
 
 SPEC="$ROOT"
 [ -n "$EXTRAS" ] && SPEC="$ROOT[$EXTRAS]"
+# The versions the test suite last passed with (scripts/constraints.txt, refreshed by scripts/lock.sh): a release
+# published after that cannot change what a fresh machine or CI installs. TRAINPIPE_UNPINNED=1 takes the newest.
+CONSTRAINTS=(-c "$ROOT/scripts/constraints.txt")
+if [ "${TRAINPIPE_UNPINNED:-0}" = 1 ]; then
+  CONSTRAINTS=()
+  echo "[bootstrap] TRAINPIPE_UNPINNED=1: newest releases, not scripts/constraints.txt"
+fi
 echo "[bootstrap] installing trainpipe ($SPEC)"
-python -m pip install --quiet -e "$SPEC"
+python -m pip install --quiet -e "$SPEC" "${CONSTRAINTS[@]}"
 python -c "import torch, transformers, peft, trainpipe; print(f'[bootstrap] trainpipe {trainpipe.__version__}, torch {torch.__version__}, transformers {transformers.__version__}, peft {peft.__version__}')"

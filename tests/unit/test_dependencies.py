@@ -76,3 +76,36 @@ def test_trl_and_accelerate_decision_holds():
     for dist, module in (("trl", "trl"), ("accelerate", "accelerate")):
         assert (dist in runtime) == (module in imported), f"{dist}: runtime dependency {dist in runtime}, imported by src/ {module in imported}"
     assert "trl" in {_dist_name(r) for r in project["optional-dependencies"]["dev"]}
+
+
+def _constraints() -> dict[str, str]:
+    pins = {}
+    for n, line in enumerate((REPO / "scripts" / "constraints.txt").read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        m = re.fullmatch(r"([A-Za-z0-9_.\-]+)==([A-Za-z0-9_.+\-]+)", line.strip())
+        assert m, f"scripts/constraints.txt line {n} is not `name==version`: {line!r}"
+        pins[m.group(1).lower().replace("_", "-").replace(".", "-")] = m.group(2)
+    return pins
+
+
+def test_constraints_pin_every_direct_dependency_within_its_floor():
+    """scripts/constraints.txt (what bootstrap.sh installs under) pins every package pyproject names for the core and
+    the dev extra (torch aside: bootstrap.sh pins it), each at a version pyproject's own floor accepts. A dependency
+    added to pyproject without refreshing the lock (scripts/lock.sh) fails here, not on a fresh machine."""
+    from packaging.requirements import Requirement
+
+    pins = _constraints()
+    project = _pyproject()["project"]
+    reqs = [Requirement(r) for r in project["dependencies"] + project["optional-dependencies"]["dev"]]
+    problems = []
+    for r in reqs:
+        name = r.name.lower().replace("_", "-").replace(".", "-")
+        if name == "torch":
+            assert name not in pins, "torch is pinned by scripts/bootstrap.sh (CPU or CUDA build), not by constraints.txt"
+            continue
+        if name not in pins:
+            problems.append(f"{r.name}: not pinned")
+        elif not r.specifier.contains(pins[name], prereleases=True):
+            problems.append(f"{r.name}: pinned {pins[name]} outside pyproject's `{r.specifier}`")
+    assert not problems, problems
