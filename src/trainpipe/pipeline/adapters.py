@@ -35,6 +35,35 @@ def adapter_config(cfg: RunConfig, name: str, root: Path) -> RunConfig:
     return sub
 
 
+def check_adapters(cfg: RunConfig, root: Path, *, check_inputs: bool = False) -> list[RunConfig]:
+    """Every adapter's run config (`adapter_config`), each checked before any adapter trains (pipeline/stages.py
+    `check_branch`, the checks every stage gets): what the method cannot measure, `training.metric_for_best`, and with
+    ``check_inputs`` (`trainpipe run`, `trainpipe pipeline run`) its data files and the shared base model's folder. A
+    refusal names the adapter (its name, index of count) and the key, and nothing has trained or been written."""
+    from trainpipe.pipeline.stages import check_branch
+
+    check_adapter_names(cfg, root)
+    if check_inputs:  # one base for every adapter: its folder checked once, named as the run's
+        from trainpipe.errors import ModelLoadError
+        from trainpipe.train.model import check_model_source
+
+        try:
+            check_model_source(cfg.model)
+        except ModelLoadError as exc:
+            raise ModelLoadError(f"{exc.message} It is the base of every adapter of `method.adapters`; no adapter was trained.") from None
+    subs = []
+    count = len(cfg.method.adapters)
+    for i, a in enumerate(cfg.method.adapters):
+        sub = adapter_config(cfg, a.name, root)
+        check_branch(
+            sub, f"adapter `{a.name}` ({i + 1} of {count}, `method.adapters[{i}]`)",
+            " Every adapter trains with the run's top-level `model`, `method`, `training` and `eval` (only its `data` is its own), "
+            "so set the key there; it applies to every adapter.",
+            "No adapter was trained.", label=f"adapter {a.name}", data_key=f"method.adapters[{i}].data" if check_inputs else None)
+        subs.append(sub)
+    return subs
+
+
 def check_adapter_names(cfg: RunConfig, root: Path) -> None:
     names = [a.name for a in cfg.method.adapters]
     if len(set(names)) != len(names):

@@ -127,8 +127,10 @@ def expand(cfg: RunConfig) -> RunConfig:
     return expand_auto(cfg)[0]
 
 
-def build_dag(cfg: RunConfig) -> list[Step]:
-    """The steps of `cfg` in an order that runs each after its inputs."""
+def build_dag(cfg: RunConfig, *, check_inputs: bool = False) -> list[Step]:
+    """The steps of `cfg` in an order that runs each after its inputs. Every stage's and adapter's config is checked here
+    (stages.py `check_branch`), before any step runs; with ``check_inputs`` (`run`, `pipeline run`: not `show`, `compile`)
+    also each branch's data files and base model folder."""
     cfg = expand(cfg)
     if cfg.output_dir is None:
         cfg = cfg.model_copy(update={"output_dir": f"runs/{cfg.name or 'run'}"})
@@ -138,7 +140,7 @@ def build_dag(cfg: RunConfig) -> list[Step]:
         from trainpipe.pipeline.stages import stage_plan
 
         produced: dict[str, str] = {}  # model folder path -> step id of the export that made it
-        plan = stage_plan(cfg, root)
+        plan = stage_plan(cfg, root, check_inputs=check_inputs)
         for i, st in enumerate(plan):
             sub, name = st["config"], st["name"]
             links = {}
@@ -149,11 +151,10 @@ def build_dag(cfg: RunConfig) -> list[Step]:
             steps += _chain(sub, name, links, {"stage": st, "index": i, "count": len(plan), "root": root})
             produced[str(root / name / "model")] = f"{name}.export"
     elif cfg.method.adapters:
-        from trainpipe.pipeline.adapters import adapter_config, check_adapter_names
+        from trainpipe.pipeline.adapters import check_adapters
 
-        check_adapter_names(cfg, root)
-        for a in cfg.method.adapters:
-            steps += _chain(adapter_config(cfg, a.name, root), f"adapter-{a.name}", {}, {"adapter": a.name})
+        for a, sub in zip(cfg.method.adapters, check_adapters(cfg, root, check_inputs=check_inputs)):
+            steps += _chain(sub, f"adapter-{a.name}", {}, {"adapter": a.name})
     else:
         steps += _chain(cfg.model_copy(update={"output_dir": str(root)}), None, {})
     check_types(steps)
@@ -271,7 +272,7 @@ def run_pipeline(cfg: RunConfig, *, config_path: str | None = None, store: str |
 
         with rundir.RunLock(Path(cfg.output_dir).resolve()):
             return run_pipeline(cfg, config_path=config_path, store=store, no_cache=no_cache, only=only, root_locked=True)
-    steps = build_dag(cfg)
+    steps = build_dag(cfg, check_inputs=True)
     st = ArtifactStore(store or default_store(cfg))
     cache = StepCache(st)
     con = ui.console()
@@ -319,7 +320,7 @@ def run_parts(cfg: RunConfig, *, config_path: str | None, overwrite: bool, resum
     if cfg.output_dir is None:
         cfg = cfg.model_copy(update={"output_dir": f"runs/{cfg.name or 'run'}"})
     root = Path(cfg.output_dir).resolve()
-    build_dag(cfg)  # stage plan / adapter names: every branch validated before the folder is touched
+    build_dag(cfg, check_inputs=True)  # every stage's / adapter's config, data files and base checked before the folder is touched
     rundir.check_not_data(root, rundir.protected_paths(cfg, config_path))
     with rundir.RunLock(root):  # one run per folder: the whole DAG holds OUTPUT_DIR, each branch's run its own folder
         prepare_parent_dir(cfg, overwrite, resume, "stages" if cfg.stages else "adapters", config_path=config_path)

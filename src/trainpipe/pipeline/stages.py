@@ -60,8 +60,9 @@ def stages_summary(cfg: RunConfig, stages: list[tuple[dict, bool]], root: Path, 
     return root / "summary.json"
 
 
-def stage_plan(cfg: RunConfig, root: Path) -> list[dict]:
-    """[{name, config, input_model, input_stage, reward_model, reward_stage}] for every stage, in order."""
+def stage_plan(cfg: RunConfig, root: Path, *, check_inputs: bool = False) -> list[dict]:
+    """[{name, config, input_model, input_stage, reward_model, reward_stage}] for every stage, in order; every stage's config
+    checked (`check_stage`), and with ``check_inputs`` its data files and the run's model folder too."""
     names = stage_names(cfg)
     run_data = cfg.model_dump(mode="json")
     run_data["stages"] = None
@@ -88,7 +89,8 @@ def stage_plan(cfg: RunConfig, root: Path) -> list[dict]:
             sub = RunConfig.model_validate(d)
         except ValidationError as exc:
             raise format_validation_error(exc, f"stage `{name}`") from None
-        check_stage(sub, name, len(plan) + 1, len(names))
+        check_stage(sub, name, len(plan) + 1, len(names), data_key=(f"stages[{len(plan)}].data" if stage.data is not None else "data") if check_inputs else None,
+                    own_model=policy_in is None)
         plan.append({
             "name": name, "config": sub, "input_model": sub.model.name_or_path, "input_stage": policy_stage,
             "reward_model": sub.method.rl.reward_model if method == "rl" else None, "reward_stage": reward_stage if uses_reward else None,
@@ -101,22 +103,53 @@ def stage_plan(cfg: RunConfig, root: Path) -> list[dict]:
     return plan
 
 
-def check_stage(sub: RunConfig, name: str, index: int, count: int) -> None:
-    """Every config-level check `trainpipe run` makes of one run (what the method cannot measure, `training.metric_for_best`
-    measured and with a direction), made for every stage while the plan is built: a stage that would be refused is refused
-    before the first stage trains, naming the stage and the key (a stage's config is not built by `build_config`)."""
+def check_stage(sub: RunConfig, name: str, index: int, count: int, *, data_key: str | None = None, own_model: bool = False) -> None:
+    """`check_branch` for one stage of `stages:`, named with its index and method."""
+    check_branch(
+        sub, f"stage `{name}` ({index} of {count}, `method.name: {sub.method.name}`)",
+        " Each stage inherits the run's top-level `eval` and `training`, laid under its own entry of `stages:`; set the key "
+        f"there (for example `eval: {{forgetting: [], benchmarks: []}}` in stage `{name}`'s entry) to change it for this stage alone.",
+        "No stage was trained.", label=f"stage {name}", data_key=data_key, own_model=own_model)
+
+
+def check_branch(sub: RunConfig, where: str, hint: str, nothing: str, *, label: str, data_key: str | None = None, own_model: bool = False) -> None:
+    """Every check `trainpipe run` makes of one run before it writes anything that needs no model loaded and no record read
+    (what the method cannot measure, `training.metric_for_best` measured and with a direction), made for every branch of a
+    multi-part run (a stage of `stages:`, an adapter of `method.adapters`: pipeline/adapters.py `check_adapters`) while its
+    DAG is built, so a branch that would be refused is refused before the first branch trains, with nothing written. A
+    branch's config is not built by `build_config`, so none of this ran when the config loaded. ``where`` names the branch
+    (prefixed to the message), ``hint`` says how to set a config key for it (appended to a config error), ``nothing`` that
+    nothing trained (appended to every error), ``label`` prefixes each problem.
+
+    With ``data_key`` (the config path of the branch's `data`, e.g. `method.adapters[2].data`; given under `trainpipe run`
+    and `trainpipe pipeline run`, not by `pipeline show|compile`, whose data may live where the steps run) its data files
+    must exist too (`check_sources`), and with ``own_model`` also the run's model folder (a branch that starts from the
+    run's model, not from an earlier stage's export)."""
     from trainpipe.config import _check_metric_for_best
+    from trainpipe.errors import DataError, ModelLoadError
     from trainpipe.pipeline.run import check_measured
 
-    where = f"stage `{name}` ({index} of {count}, `method.name: {sub.method.name}`)"
     try:
         _check_metric_for_best(sub, where)
         check_measured(sub, where)
+        if data_key is not None:
+            from trainpipe.data.sources import check_sources
+
+            try:
+                check_sources(sub.data.sources)
+            except DataError as exc:  # its key as the user wrote it: `method.adapters[2].data.sources[0].path`
+                raise DataError(f"{where}: " + exc.message.replace("`data.", f"`{data_key}.")) from None
+            if own_model:
+                from trainpipe.train.model import check_model_source
+
+                try:
+                    check_model_source(sub.model)
+                except ModelLoadError as exc:
+                    raise ModelLoadError(f"{where}: {exc.message}") from None
     except ConfigError as exc:
-        hint = (" Each stage inherits the run's top-level `eval` and `training`, laid under its own entry of `stages:`; set the key "
-                f"there (for example `eval: {{forgetting: [], benchmarks: []}}` in stage `{name}`'s entry) to change it for this stage alone. "
-                "No stage was trained.")
-        raise ConfigError(exc.message + hint, [f"stage {name}: {p}" for p in exc.problems]) from None
+        raise ConfigError(f"{exc.message}{hint} {nothing}", [f"{label}: {p}" for p in exc.problems]) from None
+    except (DataError, ModelLoadError) as exc:
+        raise type(exc)(f"{exc.message} {nothing}") from None
 
 
 def stage_names(cfg: RunConfig) -> list[str]:
