@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tiny import alpaca_records, chat_records, write_jsonl
+from tiny import alpaca_records, chat_records, preference_records, write_jsonl
 from trainpipe.cli import main
 
 pytestmark = pytest.mark.e2e
@@ -22,6 +22,7 @@ def _config(tmp: Path, base: Path, third: str = "c.jsonl", **edit) -> Path:
     write_jsonl(tmp / "a.jsonl", alpaca_records(32, seed=11))
     write_jsonl(tmp / "b.jsonl", chat_records(32, seed=12))
     write_jsonl(tmp / "c.jsonl", alpaca_records(32, seed=13))
+    write_jsonl(tmp / "pairs.jsonl", preference_records(32))
     write_jsonl(tmp / "general.jsonl", [{"text": "the cat sat on the mat"}] * 8)
     data = lambda f: {"sources": [{"path": f}], "eval_split": 8, "max_length": 64}  # noqa: E731
     cfg = {
@@ -97,3 +98,23 @@ def test_a_missing_base_is_refused_once_before_any_adapter(tmp_path, capsys):
     out = _refused(["run", str(p)], capsys)
     assert "`model.name_or_path`" in out and "no-such-base" in out and "base of every adapter" in out
     _nothing_written(tmp_path)
+
+
+def test_a_later_adapters_unusable_data_is_refused_before_any_adapter_trains(tmp_path, tiny_model_dir, capsys):
+    """What only reading the data can tell (here: adapter c's file holds preference pairs, which sft cannot train on): every
+    adapter's prepare step runs before the first train step, so it is refused before adapters a and b train, naming the
+    adapter. Adapters a and b's prepared data stay in the store (reused by the re-run); no adapter folder is written."""
+    p = _config(tmp_path, tiny_model_dir, third="pairs.jsonl")
+    out = _refused(["run", str(p)], capsys)
+    assert "adapter `c` (3 of 3, `method.adapters[2].data`), step `adapter-c.prepare`" in out, out
+    assert "preference pairs" in out and "`method.name: sft` cannot train on" in out
+    assert "No adapter has trained in this run" in out
+    root = tmp_path / "multi"
+    assert not (root / "adapters").exists() and not list(root.rglob("events.jsonl")) and not list(root.rglob("checkpoints"))
+    assert not list(root.rglob("adapter_model.safetensors"))
+    # the order the DAG runs in (also `pipeline show`): every prepare, then each adapter's chain
+    from trainpipe.config import load_config
+    from trainpipe.pipeline.dag import build_dag
+
+    ids = [s.id for s in build_dag(load_config(p))]
+    assert ids[:3] == ["adapter-a.prepare", "adapter-b.prepare", "adapter-c.prepare"] and ids[3] == "adapter-a.train"

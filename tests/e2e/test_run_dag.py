@@ -198,7 +198,9 @@ def test_adapters_run_end_to_end_through_the_dag(tmp_path, tiny_model_dir, comma
     assert main(args) == 0
     root = tmp_path / "multi"
     rec = _record(root)
-    assert [s["id"] for s in rec["steps"]] == [f"adapter-{a}.{k}" for a in ("reverse", "repeat") for k in KINDS]
+    # every adapter's data prepared before the first adapter trains (test_adapters_preflight.py), then each adapter's chain
+    assert [s["id"] for s in rec["steps"]] == [f"adapter-{a}.prepare" for a in ("reverse", "repeat")] + [
+        f"adapter-{a}.{k}" for a in ("reverse", "repeat") for k in KINDS if k != "prepare"]
     assert set(_status(rec).values()) == {"ran"}
     steps = {s["id"]: s for s in rec["steps"]}
     index = json.loads((root / "adapters.json").read_text())

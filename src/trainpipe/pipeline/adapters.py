@@ -7,6 +7,12 @@ method and training settings, the adapter's own data) into `OUTPUT_DIR/adapters/
 data report, checkpoints, baseline and final eval, `model/adapter/`). After the DAG, `adapters_summary` writes
 `OUTPUT_DIR/adapters.json` (name -> adapter folder, data hashes, metrics) and one `OUTPUT_DIR/summary.json`.
 
+No adapter trains before every adapter's config and data are checked: while the DAG is built, `check_adapters` puts
+every adapter's config through the checks each stage of `stages:` gets (stages.py `check_branch`), and its data files and
+the base must exist; the DAG then prepares every adapter's data (read, checked against the method, tokenized) before the
+first adapter trains. A refusal names the adapter (its name, index of count, `method.adapters[i]`) and the key. What only
+training shows (a loss that diverges, memory) still stops at that adapter, after the ones before it trained.
+
 `trainpipe export OUTPUT_DIR --adapter NAME` merges one of them into the base; `--combine a=0.5,b=0.5`
 merges their weighted sum (PEFT `add_weighted_adapter`); `trainpipe.pipeline.export_run.load_adapters`
 loads all of them on one base to switch between them with `model.set_adapter(name)`.

@@ -5,7 +5,8 @@
 Every step declares typed inputs and outputs (`PreparedData`, `RunDir`, `EvalReport`, `Model`, `Registration`,
 `ReportPage`); `build_dag` connects them and refuses a connection whose types differ. A multi-stage config (`stages:`)
 is one chain per stage, each stage's `train` taking the model the previous policy stage exported (and an rl stage the
-reward stage's model); `method.adapters` is one chain per adapter on the shared base. The steps call the functions
+reward stage's model); `method.adapters` is one chain per adapter on the shared base, every adapter's prepare step first
+(its data read and checked against the method before any adapter trains). The steps call the functions
 `trainpipe run` uses (`data.prepare.prepare`, `pipeline.run.run`, `evaluate.evaluator.eval_loss`, the tracker's
 registry, `report.html.write_report`), never copies of them.
 
@@ -153,8 +154,12 @@ def build_dag(cfg: RunConfig, *, check_inputs: bool = False) -> list[Step]:
     elif cfg.method.adapters:
         from trainpipe.pipeline.adapters import check_adapters
 
-        for a, sub in zip(cfg.method.adapters, check_adapters(cfg, root, check_inputs=check_inputs)):
-            steps += _chain(sub, f"adapter-{a.name}", {}, {"adapter": a.name})
+        n = len(cfg.method.adapters)
+        chains = [_chain(sub, f"adapter-{a.name}", {}, {"adapter": a.name, "index": i, "count": n})
+                  for i, (a, sub) in enumerate(zip(cfg.method.adapters, check_adapters(cfg, root, check_inputs=check_inputs)))]
+        # every adapter's data is prepared (read, checked against the method, tokenized) before the first adapter trains:
+        # adapter 3's unusable data is refused before adapters 1-2 spend their training, not after
+        steps += [c[0] for c in chains] + [s for c in chains for s in c[1:]]
     else:
         steps += _chain(cfg.model_copy(update={"output_dir": str(root)}), None, {})
     check_types(steps)
@@ -467,6 +472,13 @@ def _lineage(step: Step, key: str, parts: dict, entries: dict) -> dict:
     }
 
 
+def _branch_label(step: Step) -> str:
+    m = step.meta
+    if "stage" in m:
+        return f"stage `{m['stage']['name']}` ({m['index'] + 1} of {m['count']}, `stages[{m['index']}]`)"
+    return f"adapter `{m['adapter']}` ({m['index'] + 1} of {m['count']}, `method.adapters[{m['index']}].data`)"
+
+
 def _ensure_local(step: Step, entries: dict, st: ArtifactStore) -> None:
     """What a step reads from the local disk is there, also in a fresh process or pod (a Kubeflow task): the branch's run
     folder (the train step's output) and the upstream models a stage starts from (the previous exports)."""
@@ -486,7 +498,14 @@ def _run_step(step: Step, key: str, parts: dict, entries: dict, cache: StepCache
     work = Path(tempfile.mkdtemp(prefix=f"trainpipe-{step.kind}-"))
     try:
         fn = globals()[f"_step_{step.kind}"]
-        outputs = fn(step, entries, st, work, config_path=config_path, key=key)
+        try:
+            outputs = fn(step, entries, st, work, config_path=config_path, key=key)
+        except TrainpipeError as exc:
+            if step.kind == "prepare" and step.meta:  # which stage's / adapter's data it is (the message names only `data.` keys)
+                exc.message = f"{_branch_label(step)}, step `{step.id}`: {exc.message}" + (
+                    " No adapter has trained in this run: every adapter's data is prepared before the first one trains." if "adapter" in step.meta else "")
+                exc.args = (exc.message,)
+            raise
         lineage = _lineage(step, key, parts, entries)
         if step.kind == "export":  # the model carries its own lineage
             (outputs["model"] / "lineage.json").write_text(json.dumps(redact_obj(lineage), indent=2, default=str) + "\n", encoding="utf-8")
