@@ -118,3 +118,16 @@ def test_a_later_adapters_unusable_data_is_refused_before_any_adapter_trains(tmp
 
     ids = [s.id for s in build_dag(load_config(p))]
     assert ids[:3] == ["adapter-a.prepare", "adapter-b.prepare", "adapter-c.prepare"] and ids[3] == "adapter-a.train"
+
+
+def test_a_later_stages_missing_data_is_refused_before_the_first_stage_trains(tmp_path, tiny_model_dir, capsys):
+    """The same check (`check_branch`) for `stages:`: the reward stage's own data file, missing, is refused before sft trains."""
+    from test_stages import write_config
+
+    p = write_config(tmp_path, tiny_model_dir)
+    (tmp_path / "data" / "pairs.jsonl").unlink()
+    for argv in (["run", str(p)], ["pipeline", "run", str(p)]):
+        out = _refused(argv, capsys)
+        assert "stage `reward` (2 of 3, `method.name: reward`)" in out and "`stages[1].data.sources[0].path`" in out, (argv, out)
+        assert "pairs.jsonl` does not exist" in out and "No stage was trained." in out
+        assert not (tmp_path / "rlhf").exists() and not (tmp_path / ".trainpipe-store").exists()
