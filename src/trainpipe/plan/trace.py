@@ -1,9 +1,12 @@
 """One real training step traced at full size on fake tensors: the exact tensor-level peak, no GPU, seconds.
 
 `trace_step(spec_or_path, setup)` builds the model the planner sizes (a catalog entry's config, or a local folder's
-config.json; trust_remote_code off) on the meta device, applies the method the way trainpipe's training does
-(train/model.py: PEFT LoraConfig with the same targets/r/dropout/DoRA, `prepare_model_for_kbit_training` for QLoRA, the
-last blocks for freeze, everything for full; non-reentrant gradient checkpointing as the loop enables it), replaces every
+config.json; trust_remote_code off) on the meta device, applies the method through trainpipe's own training code
+(train/model.py's `apply_peft` on the `method:` section the setup stands for: its PEFT LoraConfig with the same target
+resolution/r/dropout/DoRA, `prepare_kbit` for QLoRA, `freeze_layers` for freeze, nothing for full; the loop's
+`enable_gradient_checkpointing`), so there is one place that says how trainpipe applies a method
+(tests/unit/plan/test_trace_method.py: the traced model's parameters equal a real tiny model's built by
+train/model.py, name, shape, dtype and requires_grad); replaces every
 parameter and buffer by a fake CPU tensor made inside `torch._subclasses.fake_tensor.FakeTensorMode`, and runs the real
 step: forward, the loss of `setup.framework`, backward, the optimizer step, `zero_grad(set_to_none=True)`. Fake tensors
 carry shape, dtype and strides but no data, so an 8B step at 8k tokens costs no memory and traces in seconds.
@@ -53,13 +56,16 @@ CPU-vs-CUDA differences, and what this module does about each (the trace is mean
   absmax with its nested fp32 absmax and code (double quantization) or an fp32 absmax, dequantized by bitsandbytes' own
   registered ops (`bitsandbytes::dequantize_blockwise`, `bitsandbytes::dequantize_4bit`, which have fake kernels) and
   saving for backward exactly what bnb 0.50's `MatMul4Bit` saves (`ctx.tensors = (None, B)`: the packed weight, not the
-  input); the LoRA wrapper runs PEFT's own `lora.bnb.Linear4bit.forward` (with its defensive `result.clone()`).
+  input). It is put where bitsandbytes quantizes at load (every Linear but the output embeddings), before apply_peft, and
+  is a `bnb.nn.Linear4bit` by type, so trainpipe's kbit preparation and PEFT treat it as the real layer: PEFT wraps it in
+  its own bitsandbytes LoRA layer (`lora.bnb.Linear4bit`, with its defensive `result.clone()`).
   bitsandbytes' 8-bit optimizers keep their state in Python-side tensors created by CUDA kernels and are refused.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import types
 import weakref
@@ -215,7 +221,9 @@ def real_data_paths():
 # ----------------------------------------------------------------------------------------------- emulated bitsandbytes kernel
 
 
-def _emulated_4bit_classes():
+@functools.lru_cache(maxsize=1)
+def _emulated_4bit_classes():  # one class, so that isinstance holds across traces
+    import bitsandbytes as bnb
     import torch
 
     class _EmulatedMatMul4Bit(torch.autograd.Function):
@@ -236,16 +244,18 @@ def _emulated_4bit_classes():
             W = ctx.mod.dequantize(grad.dtype)
             return torch.matmul(grad, W), None
 
-    class EmulatedLinear4bit(torch.nn.Module):
+    class EmulatedLinear4bit(bnb.nn.Linear4bit):
         """Emulated bitsandbytes kernel: a bnb 0.50 `Linear4bit` (NF4, blocksize 64) as stored and run: packed uint8 weight
         of ceil(n/2) bytes; absmax uint8 per block + nested fp32 absmax per 256 blocks + 256-entry code + offset with double
         quantization, else an fp32 absmax per block; the input cast to the compute dtype and the output back to the
-        input's dtype (`Linear4bit.forward`)."""
+        input's dtype (`Linear4bit.forward`). A `bnb.nn.Linear4bit` by type (its own __init__, which makes a Params4bit,
+        is not run), so trainpipe's apply_peft and PEFT treat it as the real one: PEFT wraps it in its bitsandbytes LoRA
+        layer (`lora.bnb.Linear4bit`, with its defensive `result.clone()`)."""
 
-        def __init__(self, in_features, out_features, bias, compute_dtype, double_quant, bias_dtype):
-            super().__init__()
+        def __init__(self, in_features, out_features, bias, compute_dtype, double_quant, bias_dtype, quant_type="nf4"):
+            torch.nn.Module.__init__(self)
             self.in_features, self.out_features = in_features, out_features
-            self.compute_dtype, self.double_quant = compute_dtype, double_quant
+            self.compute_dtype, self.double_quant, self.quant_type = compute_dtype, double_quant, quant_type
             n = in_features * out_features
             blocks = math.ceil(n / 64)
             with torch.device("meta"):
@@ -258,14 +268,17 @@ def _emulated_4bit_classes():
                 else:
                     self.register_buffer("absmax", torch.empty(blocks, dtype=torch.float32))
                 self.bias = torch.nn.Parameter(torch.empty(out_features, dtype=bias_dtype), requires_grad=False) if bias else None
-            self.weight = types.SimpleNamespace(dtype=torch.uint8, shape=(out_features, in_features), device=torch.device("cpu"))
+            # what PEFT reads of a Params4bit (shape, dtype, device, compress_statistics, quant_type); meta, as the model is
+            # built, so that the adapters PEFT adds are made on meta too
+            self.weight = types.SimpleNamespace(dtype=torch.uint8, shape=(out_features, in_features), device=torch.device("meta"),
+                                                compress_statistics=double_quant, quant_type=quant_type, quant_state=None)
 
         def dequantize(self, dtype):
             absmax = self.absmax
             if self.double_quant:
                 absmax = torch.ops.bitsandbytes.dequantize_blockwise(self.absmax, self.nested_absmax, self.code, 256, torch.float32)
                 absmax += self.offset
-            return torch.ops.bitsandbytes.dequantize_4bit(self.packed, absmax, 64, "nf4", [self.out_features, self.in_features], dtype)
+            return torch.ops.bitsandbytes.dequantize_4bit(self.packed, absmax, 64, self.quant_type, [self.out_features, self.in_features], dtype)
 
         def forward(self, x):
             inp_dtype = x.dtype
@@ -321,40 +334,51 @@ def _build(spec, setup, notes):
     with torch.device("meta"):
         model = auto.from_config(cfg, dtype=base_dtype, attn_implementation=attn, trust_remote_code=False)
     model.config.use_cache = False
-    method = setup.method
-    if method in ("lora", "dora", "qlora"):
-        from peft import LoraConfig, get_peft_model
+    method = _method_config(spec, setup, model)
+    if method.peft == "qlora":
+        # where bitsandbytes quantizes at load (every nn.Linear but the output embeddings), an emulated 4-bit layer (a
+        # Params4bit cannot wrap a fake tensor), with the settings of trainpipe's own BitsAndBytesConfig for this method;
+        # then trainpipe's own apply_peft, as after a 4-bit load
+        from trainpipe.train.model import quantization_config
 
-        targets = sorted({li.leaf for li in spec.resolve_targets(setup.lora_targets)})
-        task_type = {"causal-lm": "CAUSAL_LM", "masked-lm": None, "seq2seq-lm": "SEQ_2_SEQ_LM"}[spec.task]
-        pc = LoraConfig(r=setup.lora_r, lora_alpha=2 * setup.lora_r, lora_dropout=setup.lora_dropout, target_modules=targets,
-                        bias="none", task_type=task_type, use_dora=method == "dora")
-        model = get_peft_model(model, pc)
-        if method == "qlora":
-            # trainpipe quantizes at load and then calls prepare_model_for_kbit_training before PEFT; PEFT's wrapping needs
-            # nn.Linear bases, so here the bases are swapped after it (same tensors), then prepare runs and the adapters are
-            # made trainable again (prepare freezes every parameter)
-            _quantize_linears(model, half if setup.precision != "fp32" else torch.float32, setup.double_quant)
-            model.is_loaded_in_4bit = True
-            from peft import prepare_model_for_kbit_training
+        bq = quantization_config(method)
+        _quantize_linears(model, bq.bnb_4bit_compute_dtype, bq.bnb_4bit_use_double_quant, bq.bnb_4bit_quant_type)
+        model.is_loaded_in_4bit = True  # what transformers' bitsandbytes quantizer sets after loading
+    # the method applied by trainpipe's training code itself (train/model.py): the same PEFT config, kbit preparation and
+    # freezing as `trainpipe train` (tests/unit/plan/test_trace_method.py checks the trainable parameters against it)
+    from trainpipe.train.model import apply_peft, enable_gradient_checkpointing
 
-            prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)  # norms, embeddings, lm_head to fp32 (train/model.py)
-            for n, p in model.named_parameters():
-                if "lora_" in n:
-                    p.requires_grad_(True)
-            _bnb_lora_forward(model)
-    elif method == "freeze":
-        for p in model.parameters():
-            p.requires_grad_(False)
-        blocks = _blocks(model)
-        for blk in blocks[len(blocks) - min(setup.freeze_layers, len(blocks)):]:
-            for p in blk.parameters():
-                p.requires_grad_(True)
+    task_type = {"causal-lm": "CAUSAL_LM", "masked-lm": None, "seq2seq-lm": "SEQ_2_SEQ_LM"}[spec.task]
+    model = apply_peft(model, method, task_type=task_type, quiet=True)
     if setup.grad_ckpt:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.config.use_cache = False
+        enable_gradient_checkpointing(model)  # as the loop turns it on
     model.train()
     return model, half, autocast
+
+
+_TRACED_METHODS = {"full": "none", "lora": "lora", "dora": "dora", "qlora": "qlora", "freeze": "freeze"}
+
+
+def _method_config(spec, setup, model):
+    """The trainpipe `method:` section a run of this setup trains with (config.MethodConfig): LoRA r, alpha = 2 r (the
+    planner's convention; alpha does not change memory), dropout and targets; the frozen blocks; QLoRA's double
+    quantization, NF4 and a 16-bit compute dtype (fp32 under fp32 precision), as on a GPU with bf16."""
+    from trainpipe.config import FreezeConfig, LoraConfig, MethodConfig, QuantizationConfig
+
+    if setup.method not in _TRACED_METHODS:
+        raise TraceError(f"method `{setup.method}` is not traced; the tracer runs {', '.join(_TRACED_METHODS)}.")
+    targets = setup.lora_targets
+    if spec.task != "causal-lm" or targets not in ("attention", "all-linear"):
+        # generic names (q,k,v,o, ...) and other tasks: the catalog's module leaves for them
+        targets = sorted({li.leaf for li in spec.resolve_targets(targets)}) if setup.method in ("lora", "dora", "qlora") else "attention"
+    compute = "float32" if setup.precision == "fp32" else {"fp16": "float16"}.get(setup.precision, "bfloat16")
+    n_blocks = len(_blocks(model))
+    return MethodConfig(
+        peft=_TRACED_METHODS[setup.method],
+        lora=LoraConfig(r=setup.lora_r, alpha=2 * setup.lora_r, dropout=setup.lora_dropout, target_modules=targets),
+        freeze=FreezeConfig(trainable_layers=max(1, min(setup.freeze_layers, n_blocks or 1))),
+        quantization=QuantizationConfig(quant_type="nf4", double_quant=setup.double_quant, compute_dtype=compute),
+    )
 
 
 def _blocks(model):
@@ -367,7 +391,7 @@ def _blocks(model):
     return best
 
 
-def _quantize_linears(model, compute_dtype, double_quant):
+def _quantize_linears(model, compute_dtype, double_quant, quant_type="nf4"):
     """Every nn.Linear but the output embeddings becomes an emulated bitsandbytes 4-bit linear (what transformers'
     bitsandbytes quantizer converts: lm_head is kept)."""
     import torch
@@ -375,24 +399,10 @@ def _quantize_linears(model, compute_dtype, double_quant):
     E4 = _emulated_4bit_classes()
     out_emb = model.get_output_embeddings()
     for name, mod in list(model.named_modules()):
-        if "lora_" in name:
-            continue
         for cname, child in list(mod.named_children()):
-            if isinstance(child, torch.nn.Linear) and child is not out_emb and not cname.startswith("lora_"):
-                new = E4(child.in_features, child.out_features, child.bias is not None, compute_dtype, double_quant, child.weight.dtype)
+            if isinstance(child, torch.nn.Linear) and not isinstance(child, E4) and child is not out_emb:
+                new = E4(child.in_features, child.out_features, child.bias is not None, compute_dtype, double_quant, child.weight.dtype, quant_type)
                 setattr(mod, cname, new)
-
-
-def _bnb_lora_forward(model):
-    """PEFT's bitsandbytes LoRA forward (`lora.bnb.Linear4bit.forward`: the base output cloned, the adapters in fp32 unless
-    autocast) on each LoRA layer whose base is an emulated 4-bit linear."""
-    from peft.tuners.lora import bnb as lora_bnb
-
-    fwd = lora_bnb.Linear4bit.forward
-    for mod in model.modules():
-        base = getattr(mod, "base_layer", None)
-        if base is not None and type(base).__name__ == "EmulatedLinear4bit" and hasattr(mod, "lora_A"):
-            mod.forward = types.MethodType(fwd, mod)
 
 
 def _materialize(model, make):

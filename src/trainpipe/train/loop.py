@@ -519,9 +519,9 @@ class TrainLoop:
                 "`training.per_device_train_batch_size`), or use `method.peft: prompt_tuning`."
             )
         if on:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            if hasattr(self.model, "config"):
-                self.model.config.use_cache = False
+            from trainpipe.train.model import enable_gradient_checkpointing
+
+            enable_gradient_checkpointing(self.model)  # train/model.py: also what the memory tracer applies
         self.state.gradient_checkpointing = on
 
     # ------------------------------------------------------------------ data

@@ -6,6 +6,11 @@ and a tokenizer without a pad token are one-paragraph errors with the fix.
 `build_model` reads in order: `check_peft` (every PEFT error the config alone can tell, on
 the architecture built on the meta device, before any weights load) -> `load_base` (4-bit
 or 8-bit through bitsandbytes for qlora/qlora8) -> `apply_peft` (`method.peft`).
+
+`apply_peft` (its steps `freeze_layers`, `prepare_kbit`, `lora_config`/`apply_lora`) and
+`enable_gradient_checkpointing` (called by the loop) are the one place that says how trainpipe
+applies a method: the memory tracer (plan/trace.py) calls them on its meta-built model too, with
+emulated 4-bit layers where bitsandbytes would have quantized (tests/unit/plan/test_trace_method.py).
 """
 
 from __future__ import annotations
@@ -280,7 +285,7 @@ def freeze_plan(model, trainable_layers: int) -> list[str]:
     return [f"{name}.{i}" for i in range(len(blocks) - trainable_layers, len(blocks))] + norms
 
 
-def freeze_layers(model, fz):
+def freeze_layers(model, fz, *, quiet: bool = False):
     """`peft: freeze`: everything frozen but the last `trainable_layers` blocks, the final norm and the LM head (and
     the input embeddings with `train_embeddings`). A head tied to the input embeddings is one tensor: it trains only
     with `train_embeddings`, so that `train_embeddings: false` always keeps the embeddings as they were."""
@@ -295,7 +300,7 @@ def freeze_layers(model, fz):
         emb.requires_grad_(True)
     if head is not None and (not tied or fz.train_embeddings):
         head.requires_grad_(True)
-    if tied and not fz.train_embeddings:
+    if tied and not fz.train_embeddings and not quiet:
         ui.console().print("  [dim]freeze: the LM head is tied to the input embeddings, so it stays frozen with them (`method.freeze.train_embeddings: true` trains both)[/]")
     return model
 
@@ -372,28 +377,44 @@ def init_model(cfg: ModelConfig, seed: int):
     return model
 
 
-def apply_peft(model, method, *, tokenizer=None):
+def apply_peft(model, method, *, tokenizer=None, task_type: str | None = "CAUSAL_LM", quiet: bool = False):
     """Wrap ``model`` for `method.peft` (a MethodConfig). `none` trains everything; `freeze` the last blocks; the
     LoRA family adds low-rank adapters (on a quantized base for qlora/qlora8); `ia3` learned rescaling vectors;
-    `prompt_tuning` / `prefix_tuning` learned virtual tokens (input embeddings / per-layer keys and values)."""
+    `prompt_tuning` / `prefix_tuning` learned virtual tokens (input embeddings / per-layer keys and values).
+    ``task_type`` is PEFT's (trainpipe trains causal LMs; the memory tracer also wraps encoders and seq2seq models);
+    ``quiet`` leaves out the console notes (the tracer's JSON output)."""
     peft = method.peft
     if peft == "none":
         return model
     if peft == "freeze":
-        return freeze_layers(model, method.freeze)
+        return freeze_layers(model, method.freeze, quiet=quiet)
     if peft in QUANTIZED:
-        from peft import prepare_model_for_kbit_training
-
-        one_4bit_kernel(model)
-        # norms and embeddings to fp32, base frozen; checkpointing is the loop's (non-reentrant), so not here
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+        model = prepare_kbit(model)
     if peft in LORA_FAMILY:
-        return apply_lora(model, method.lora, rslora=peft == "rslora", dora=peft == "dora")
+        return apply_lora(model, method.lora, rslora=peft == "rslora", dora=peft == "dora", task_type=task_type)
     if peft == "ia3":
         return apply_ia3(model, method.ia3)
     if peft in PROMPT_LEARNING:
         return apply_prompt_learning(model, peft, method.prompt_tuning, tokenizer=tokenizer)
     raise ModelLoadError(f"`method.peft: {peft}` must be resolved before the model is built (e.g. `auto` by the plan).")
+
+
+def prepare_kbit(model):
+    """A model loaded in 4/8-bit, made ready for adapters: every Linear4bit on the one training kernel, then PEFT's
+    `prepare_model_for_kbit_training` (embeddings, norms, lm_head and biases cast to fp32, every base parameter
+    frozen). Checkpointing is the loop's (`enable_gradient_checkpointing`, non-reentrant), so not here."""
+    from peft import prepare_model_for_kbit_training
+
+    one_4bit_kernel(model)
+    return prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+
+
+def enable_gradient_checkpointing(model) -> None:
+    """Gradient checkpointing as trainpipe trains with it (the loop turns it on from the config or on OOM):
+    non-reentrant (so frozen embeddings need no input-requires-grad hook), without the key/value cache."""
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if hasattr(model, "config"):
+        model.config.use_cache = False
 
 
 def one_4bit_kernel(model) -> None:
@@ -407,18 +428,24 @@ def one_4bit_kernel(model) -> None:
             module.support_avx512bf16_for_cpu = False
 
 
-def apply_lora(model, lora: LoraConfig, *, rslora: bool = False, dora: bool = False):
+def apply_lora(model, lora: LoraConfig, *, rslora: bool = False, dora: bool = False, task_type: str | None = "CAUSAL_LM"):
     """LoRA; `rslora` scales by alpha/sqrt(r) instead of alpha/r (Kalajdzievski 2023); `dora` splits each weight into
     magnitude and direction and adapts the direction (Liu et al. 2024)."""
-    from peft import LoraConfig as PeftLoraConfig
     from peft import get_peft_model
 
+    return get_peft_model(model, lora_config(model, lora, rslora=rslora, dora=dora, task_type=task_type))
+
+
+def lora_config(model, lora: LoraConfig, *, rslora: bool = False, dora: bool = False, task_type: str | None = "CAUSAL_LM"):
+    """PEFT's LoraConfig for `method.lora` on ``model``: its targets resolved on this architecture, r, alpha, dropout,
+    no bias, rsLoRA or DoRA."""
+    from peft import LoraConfig as PeftLoraConfig
+
     targets = resolve_lora_targets(model, lora.target_modules)
-    peft_cfg = PeftLoraConfig(
-        r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets, bias="none", task_type="CAUSAL_LM",
+    return PeftLoraConfig(
+        r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets, bias="none", task_type=task_type,
         use_rslora=rslora, use_dora=dora,
     )
-    return get_peft_model(model, peft_cfg)
 
 
 def apply_ia3(model, ia3):
