@@ -972,7 +972,8 @@ def build_config(data: dict, *, source: str = "config", base_dir: Path | None = 
 
 def _check_metric_for_best(cfg: RunConfig, source: str) -> None:
     """Refuse a `training.metric_for_best` the recipe's in-training eval never measures (tune/tune.py knows what each
-    measures), before anything trains. A config whose method is `auto` or that holds stages/adapters is checked per run."""
+    measures), before anything trains. A config whose method is `auto` or that holds stages/adapters is checked per stage / adapter
+    while its DAG is built (pipeline/stages.py `check_branch`)."""
     if cfg.training.metric_for_best == "loss" or cfg.stages or cfg.method.adapters or cfg.method.name == "auto":
         return
     from trainpipe.tune.tune import in_training_metrics, metric_key

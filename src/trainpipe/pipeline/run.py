@@ -102,7 +102,8 @@ def preflight(cfg: RunConfig) -> None:
 
 def check_measured(cfg: RunConfig, source: str | None = None) -> None:
     """The config-level part of `preflight` (no file, no model): what this run's method cannot measure is refused. A
-    `stages:` run calls it for every stage before any trains (pipeline/stages.py `stage_plan`), ``source`` naming the stage."""
+    `stages:` run calls it for every stage and a `method.adapters` run for every adapter before any trains (pipeline/stages.py
+    `check_branch`), ``source`` naming the stage or adapter."""
     asked = [key for key, value in (("eval.forgetting", cfg.eval.forgetting), ("eval.benchmarks", cfg.eval.benchmarks)) if value]
     if asked and cfg.method.name not in MEASURES_FORGETTING:  # not silently skipped: reward and classification models are no LMs
         from trainpipe.errors import ConfigError
