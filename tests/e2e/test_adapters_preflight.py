@@ -93,11 +93,18 @@ def test_a_key_no_adapter_can_measure_is_refused_before_any_adapter_trains(tmp_p
         _nothing_written(tmp_path)
 
 
-def test_a_missing_base_is_refused_once_before_any_adapter(tmp_path, capsys):
+def test_the_shared_base_and_method_are_checked_once_before_any_adapter(tmp_path, tiny_model_dir, capsys):
+    """One base, one `method` for all adapters: a missing base folder, or LoRA target modules the architecture lacks (the
+    meta-device build), is refused before anything is written (before, after OUTPUT_DIR and adapter a's data step)."""
     p = _config(tmp_path, tmp_path / "no-such-base")
     out = _refused(["run", str(p)], capsys)
-    assert "`model.name_or_path`" in out and "no-such-base" in out and "base of every adapter" in out
+    assert "`model.name_or_path`" in out and "no-such-base" in out and "every adapter of `method.adapters`" in out
     _nothing_written(tmp_path)
+    p = _config(tmp_path, tiny_model_dir, method__lora={"r": 4, "alpha": 8, "target_modules": ["no_such_proj"]})
+    for argv in (["run", str(p)], ["pipeline", "run", str(p)]):
+        out = _refused(argv, capsys)
+        assert "no_such_proj" in out and "every adapter of `method.adapters`" in out and "no adapter was trained" in out, (argv, out)
+        _nothing_written(tmp_path)
 
 
 def test_a_later_adapters_unusable_data_is_refused_before_any_adapter_trains(tmp_path, tiny_model_dir, capsys):

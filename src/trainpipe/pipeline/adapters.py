@@ -44,19 +44,21 @@ def adapter_config(cfg: RunConfig, name: str, root: Path) -> RunConfig:
 def check_adapters(cfg: RunConfig, root: Path, *, check_inputs: bool = False) -> list[RunConfig]:
     """Every adapter's run config (`adapter_config`), each checked before any adapter trains (pipeline/stages.py
     `check_branch`, the checks every stage gets): what the method cannot measure, `training.metric_for_best`, and with
-    ``check_inputs`` (`trainpipe run`, `trainpipe pipeline run`) its data files and the shared base model's folder. A
+    ``check_inputs`` (`trainpipe run`, `trainpipe pipeline run`) its data files, the shared base model's folder and the
+    PEFT errors its architecture tells (`check_peft`, once: every adapter has the run's `method`). A
     refusal names the adapter (its name, index of count) and the key, and nothing has trained or been written."""
     from trainpipe.pipeline.stages import check_branch
 
     check_adapter_names(cfg, root)
-    if check_inputs:  # one base for every adapter: its folder checked once, named as the run's
+    if check_inputs:  # one base and one `method` for every adapter: checked once, named as the run's
         from trainpipe.errors import ModelLoadError
-        from trainpipe.train.model import check_model_source
+        from trainpipe.train.model import check_model_source, check_peft
 
         try:
             check_model_source(cfg.model)
+            check_peft(cfg.model, cfg.method)  # target modules this architecture lacks, ...: the meta-device build
         except ModelLoadError as exc:
-            raise ModelLoadError(f"{exc.message} It is the base of every adapter of `method.adapters`; no adapter was trained.") from None
+            raise ModelLoadError(f"{exc.message} This applies to every adapter of `method.adapters` (one base, one `method`); no adapter was trained.") from None
     subs = []
     count = len(cfg.method.adapters)
     for i, a in enumerate(cfg.method.adapters):

@@ -123,8 +123,8 @@ def check_branch(sub: RunConfig, where: str, hint: str, nothing: str, *, label: 
 
     With ``data_key`` (the config path of the branch's `data`, e.g. `method.adapters[2].data`; given under `trainpipe run`
     and `trainpipe pipeline run`, not by `pipeline show|compile`, whose data may live where the steps run) its data files
-    must exist too (`check_sources`), and with ``own_model`` also the run's model folder (a branch that starts from the
-    run's model, not from an earlier stage's export)."""
+    must exist too (`check_sources`), and with ``own_model`` also the run's model folder and the PEFT errors its architecture
+    tells (`check_peft`: a branch that starts from the run's model, not from an earlier stage's export)."""
     from trainpipe.config import _check_metric_for_best
     from trainpipe.errors import DataError, ModelLoadError
     from trainpipe.pipeline.run import check_measured
@@ -140,10 +140,12 @@ def check_branch(sub: RunConfig, where: str, hint: str, nothing: str, *, label: 
             except DataError as exc:  # its key as the user wrote it: `method.adapters[2].data.sources[0].path`
                 raise DataError(f"{where}: " + exc.message.replace("`data.", f"`{data_key}.")) from None
             if own_model:
-                from trainpipe.train.model import check_model_source
+                from trainpipe.train.model import check_model_source, check_peft
 
                 try:
                     check_model_source(sub.model)
+                    if sub.method.peft != "auto":  # `auto` is the planner's choice, made when the branch's run starts
+                        check_peft(sub.model, sub.method)  # target modules, frozen layers: the architecture on the meta device
                 except ModelLoadError as exc:
                     raise ModelLoadError(f"{where}: {exc.message}") from None
     except ConfigError as exc:
