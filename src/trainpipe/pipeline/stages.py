@@ -113,8 +113,8 @@ def check_stage(sub: RunConfig, name: str, index: int, count: int, *, data_key: 
 
 
 def check_branch(sub: RunConfig, where: str, hint: str, nothing: str, *, label: str, data_key: str | None = None, own_model: bool = False) -> None:
-    """Every check `trainpipe run` makes of one run before it writes anything that needs no model loaded and no record read
-    (what the method cannot measure, `training.metric_for_best` measured and with a direction), made for every branch of a
+    """The checks `trainpipe run` makes of one run before it writes anything, those that need no weights loaded and no record
+    read (what the method cannot measure, `training.metric_for_best` measured and with a direction), made for every branch of a
     multi-part run (a stage of `stages:`, an adapter of `method.adapters`: pipeline/adapters.py `check_adapters`) while its
     DAG is built, so a branch that would be refused is refused before the first branch trains, with nothing written. A
     branch's config is not built by `build_config`, so none of this ran when the config loaded. ``where`` names the branch
