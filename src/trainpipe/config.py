@@ -223,6 +223,8 @@ class QuantizationConfig(_Section):
     """Quantize the quantization constants too (QLoRA's double quantization, ~0.4 bit/parameter saved)."""
     compute_dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     """Dtype the 4-bit weights are dequantized to for the matmuls. `auto`: bfloat16 on GPUs with it, float32 otherwise."""
+    upcast_rest: bool = False
+    """Cast the base's parameters that are not quantized (embeddings, norms, lm_head, biases) to float32, as PEFT's `prepare_model_for_kbit_training` does. Off (as TRL's SFTTrainer, Unsloth, axolotl): they stay in `model.dtype` (bfloat16 on a bf16 GPU), and so do the residual stream and the saved activations (about half of QLoRA's activation memory); either way the base is frozen."""
 
 
 class IA3Config(_Section):

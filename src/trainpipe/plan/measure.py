@@ -87,10 +87,12 @@ def nf4_state_bytes(numel: int, double_quant: bool, blocksize: int = 64, cpu_rep
 
 def predict_state_bytes(model_config: dict, *, method: str = "lora", dtype: str = "float32", optimizer: str = "adamw",
                         lora_r: int = 16, lora_alpha: int = 32, lora_dropout: float = 0.05, lora_targets="attention",
-                        double_quant: bool = True, task: str = "causal-lm", cpu_repacked: bool = False) -> dict:
+                        double_quant: bool = True, task: str = "causal-lm", cpu_repacked: bool = False,
+                        upcast_rest: bool = False) -> dict:
     """Predict `measure_state_bytes` for a model built from `model_config` (a config.json mapping) and trained so.
 
     method: full | lora | dora | qlora. dtype: the dtype the base is loaded in (`model.dtype` of the run).
+    upcast_rest: qlora with `method.quantization.upcast_rest` (the non-quantized parameters cast to fp32; else ``dtype``).
     optimizer: adamw (torch.optim.AdamW) | sgd (momentum) | none. Builds the model on the meta device with
     the same PEFT wrapper trainpipe applies, then counts bytes by dtype; no weights are touched.
     """
@@ -102,6 +104,7 @@ def predict_state_bytes(model_config: dict, *, method: str = "lora", dtype: str 
     mt = d.pop("model_type")
     model = build_meta_model(mt, d, task)
     base_bytes = _DTYPE_BYTES[dtype]
+    rest_bytes = 4 if (method == "qlora" and upcast_rest) else base_bytes  # train/model.py prepare_kbit
     quantized: set[int] = set()
     if method == "qlora":
         out_emb = model.get_output_embeddings()
@@ -115,7 +118,7 @@ def predict_state_bytes(model_config: dict, *, method: str = "lora", dtype: str 
         if id(p) in seen:
             continue
         seen.add(id(p))
-        params += nf4_state_bytes(p.numel(), double_quant, cpu_repacked=cpu_repacked) if id(p) in quantized else p.numel() * base_bytes
+        params += nf4_state_bytes(p.numel(), double_quant, cpu_repacked=cpu_repacked) if id(p) in quantized else p.numel() * rest_bytes
     trainable: list = []
     if method == "full":
         trainable = [p for p in {id(p): p for p in model.parameters()}.values()]

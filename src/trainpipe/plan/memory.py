@@ -56,7 +56,9 @@ tests/unit/plan/test_plan_mechanisms.py):
   16-bit log-softmax (framework "hf-bf16-loss": 3 x 2 B per token and vocabulary entry, not 14 B);
 - QLoRA on a model loaded without torch_dtype (base_dtype="fp32"): the unquantized embeddings, norms and lm_head
   are fp32 and Linear4bit returns its input's dtype, so the residual stream, the saved activations and the
-  logits are fp32 (4 B).
+  logits are fp32 (4 B); the same for trainpipe's QLoRA with `method.quantization.upcast_rest: true` (PEFT's
+  prepare_model_for_kbit_training casts the rest to fp32: `kbit_prepared_fp32`). trainpipe's default keeps the rest in
+  the load dtype (16-bit on a GPU), as TRL's SFTTrainer does.
 Mechanisms of litgpt's QLoRA (config_hub/finetune/README.md rows were 19-23 % under; each checked on the CPU in
 tests/unit/plan/test_plan_mechanisms.py):
 - the previous micro-batch's 4-bit matmul inputs outlive their backward (`keeps_previous_graph`,
@@ -143,6 +145,7 @@ class Setup:
     framework: str = "trainpipe"  # whose training code saves the activations (FRAMEWORKS); accuracy rows name theirs
     base_dtype: str = "auto"  # LoRA/DoRA frozen base: auto = 16-bit under bf16/fp16/bf16-true (loaded with torch_dtype), fp32 = loaded in fp32 and run under autocast
     bnb_saves_input: bool | None = None  # QLoRA: does bitsandbytes' MatMul4Bit keep its input A? None: by framework (bnb_saves_input())
+    qlora_upcast_rest: bool = False  # trainpipe QLoRA with `method.quantization.upcast_rest: true` (PEFT's prepare_model_for_kbit_training: the non-quantized rest in fp32; kbit_prepared_fp32)
     prev_graph_tokens: int | None = None  # litgpt QLoRA: tokens of the previous micro-batch whose graph is still referenced at this forward's end (None: micro_batch * seq_len, the steady state; 0: none, e.g. the first iteration)
 
 
@@ -194,11 +197,14 @@ def _qlora_fp32_rest(s: Setup) -> bool:
 
 
 def kbit_prepared_fp32(s: Setup) -> bool:
-    """trainpipe's QLoRA calls peft's `prepare_model_for_kbit_training` (train/model.py apply_peft), which casts every
-    16-bit parameter that is not 4-bit (embeddings, norms, lm_head) to fp32: the rest of the model is stored in 4 B. Under
-    autocast the lm_head's matmul then runs on a 16-bit cast of its fp32 weight, which the matmul keeps for the input
-    gradient until the lm_head's backward. Found by tracing the real step (plan/trace.py, tests/unit/plan/test_plan_trace.py)."""
-    return s.method == "qlora" and s.framework == "trainpipe"
+    """trainpipe's QLoRA with `method.quantization.upcast_rest: true` (Setup.qlora_upcast_rest) calls peft's
+    `prepare_model_for_kbit_training` (train/model.py prepare_kbit), which casts every 16-bit parameter that is not
+    4-bit (embeddings, norms, lm_head) to fp32: the rest of the model is stored in 4 B, and since Linear4bit returns its
+    input's dtype the residual stream and the MLP's saved tensors are fp32 too. Under autocast the lm_head's matmul then
+    runs on a 16-bit cast of its fp32 weight, which the matmul keeps for the input gradient until the lm_head's backward.
+    Found by tracing the real step (plan/trace.py, tests/unit/plan/test_plan_trace.py). The default (upcast_rest false,
+    as TRL's SFTTrainer) only freezes the base: the rest stays in the load dtype, 16-bit under bf16/fp16 (False here)."""
+    return s.method == "qlora" and s.framework == "trainpipe" and s.qlora_upcast_rest
 
 
 def _act(s: Setup) -> int:
@@ -264,7 +270,7 @@ def weights_bytes(spec: ModelSpec, s: Setup, trainable: int) -> tuple[int, dict]
             quant += int(nf4_bytes(head, s.double_quant))
             rest -= spec.lm_head_params
             d["nf4_lm_head"] = int(nf4_bytes(head, s.double_quant))
-        rest_b = 4 if (_qlora_fp32_rest(s) or kbit_prepared_fp32(s)) else 2
+        rest_b = 4 if (_qlora_fp32_rest(s) or kbit_prepared_fp32(s) or s.precision == "fp32") else 2  # else the 16-bit load dtype
         d.update(nf4=quant, unquantized=rest_b * rest, adapters=adapters)
         return quant + rest_b * rest + adapters, d
     # the frozen base is 16-bit unless it was loaded in fp32 and runs under autocast (from_pretrained
@@ -470,7 +476,7 @@ def layer_activation_bytes(spec: ModelSpec, s: Setup, tokens: int, *, trained: b
         saved += (4 + (a if a != 4 else 0)) * b * heads * seq * seq  # fp32 softmax output (+ its 16-bit cast)
     # MLP: gated: act(gate)'s input, its output and up (the product feeds down: saved above when down keeps its
     # input); plain: the activation's input (four tensors for transformers' Python tanh-GELU)
-    # trainpipe's QLoRA (kbit_prepared_fp32): the residual stream is fp32 (fp32 embeddings and norms) and Linear4bit returns its
+    # trainpipe's QLoRA with upcast_rest (kbit_prepared_fp32): the residual stream is fp32 (fp32 embeddings and norms) and Linear4bit returns its
     # input's dtype, so gate/up outputs and the activation are fp32 even under autocast (traced: plan/trace.py)
     a_mlp = 4 if kbit_prepared_fp32(s) else a
     if A.get("gated_mlp"):
@@ -538,7 +544,7 @@ def activation_bytes(spec: ModelSpec, s: Setup) -> tuple[int, dict]:
     if _fp32_base_under_autocast(s):
         frozen_casts = 2 * sum(li.fan_in * li.fan_out * li.count for li in spec.linears if li.in_layers) // max(1, L)
         d["autocast_weight_casts_per_layer"] = frozen_casts
-    a_res = 4 if kbit_prepared_fp32(s) else a  # trainpipe's QLoRA: the residual stream (each layer's input) is fp32
+    a_res = 4 if kbit_prepared_fp32(s) else a  # trainpipe's QLoRA with upcast_rest: the residual stream (each layer's input) is fp32
     if s.grad_ckpt:
         kept = n_layers_saving * a_res * tokens * spec.hidden
         total = kept + max(logits, per_layer + frozen_casts + layer_bwd + 2 * a_res * tokens * spec.hidden)

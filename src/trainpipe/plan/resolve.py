@@ -188,6 +188,7 @@ def memory_setup(cfg: RunConfig, method: str, precision: str, world: int, strate
         seq_len=cfg.first_data().max_length, grad_ckpt=tr.gradient_checkpointing is True, strategy=strategy, num_gpus=world,
         offload=PLAN_OFFLOAD[offload], lora_r=meth.lora.r, lora_targets=targets if isinstance(targets, str) else list(targets), lora_dropout=meth.lora.dropout,
         double_quant=meth.quantization.double_quant, freeze_layers=meth.freeze.trainable_layers, lm_head=meth.name != "reward",
+        qlora_upcast_rest=meth.quantization.upcast_rest,
     )
 
 
@@ -297,6 +298,8 @@ def resolve(cfg: RunConfig, hw: Hardware, world_size: int | None = None, *, nnod
         decisions.append(Decision("output_dir", cfg.output_dir, "runs/<name>"))
 
     predicted = predict(cfg, spec, gpu, world, precision, strategy_s.value, offload_s.value) if spec is not None and sizing else {}
+    if predicted.get("memory") and cfg.method.peft == "qlora" and cfg.method.quantization.upcast_rest:
+        notes.extend(_upcast_rest_note(cfg, spec, world, precision, strategy_s.value, offload_s.value, predicted["memory"]["total_bytes"]))
     return Plan(config=cfg, hardware=hw, world_size=world_s, nnodes=nodes_s, nproc_per_node=local_s, strategy=strategy_s, offload=offload_s, peft=peft_s,
                 micro_batch=mb_s, grad_accum=acc_s, effective_batch=eff_s, precision=precision_s, gradient_checkpointing=ck_s, learning_rate=lr_s,
                 lr_scaling=scaling_s, decisions=tuple(decisions), predicted=predicted, notes=tuple(notes))
@@ -472,6 +475,19 @@ def _resolve_lr(cfg: RunConfig, world: int, decisions: list[Decision]) -> tuple[
     return Setting(lr, source, why, watch), scaling_s
 
 
+def _upcast_rest_note(cfg: RunConfig, spec, world: int, precision: str, strategy: str, offload: str, total_bytes: int) -> list[str]:
+    """QLoRA with `method.quantization.upcast_rest: true`: what the default (false) would save, the plan run twice."""
+    from trainpipe.plan.memory import estimate
+
+    other = estimate(spec, replace(memory_setup(cfg, "qlora", precision, world, strategy, offload), qlora_upcast_rest=False)).total_bytes
+    saved = (total_bytes - other) / 1024**3
+    if saved < 0.01:
+        return []
+    return [f"`method.quantization.upcast_rest: true` keeps the embeddings, norms and lm_head in fp32, and with them the residual "
+            f"stream and the MLP's saved activations: {total_bytes / 1024**3:.1f} GiB per device. `upcast_rest: false` (the default, as "
+            f"TRL's SFTTrainer) keeps them in `model.dtype` and would need {other / 1024**3:.1f} GiB ({saved:.1f} GiB less)."]
+
+
 # --------------------------------------------------------------------------- predictions
 def predict(cfg: RunConfig, spec, gpu, world: int, precision: str, strategy: str = "auto", offload: str = "none") -> dict:
     from trainpipe.plan import compute as C
@@ -508,5 +524,6 @@ def _predict_state(cfg: RunConfig, spec) -> dict | None:
     targets = lora.target_modules if isinstance(lora.target_modules, str) else list(lora.target_modules)
     dtype = cfg.model.dtype if cfg.model.dtype != "auto" else "float32"
     return predict_state_bytes(json.loads(path.read_text()), method=m, dtype=dtype, optimizer=o, lora_r=lora.r, lora_alpha=lora.alpha,
-                               lora_dropout=lora.dropout, lora_targets=targets, double_quant=cfg.method.quantization.double_quant)
+                               lora_dropout=lora.dropout, lora_targets=targets, double_quant=cfg.method.quantization.double_quant,
+                               upcast_rest=cfg.method.quantization.upcast_rest)
     # (train/model.py keeps bitsandbytes off its CPU repack, so the baseline eval leaves the 4-bit layout as loaded)

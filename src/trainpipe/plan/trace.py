@@ -45,7 +45,7 @@ CPU-vs-CUDA differences, and what this module does about each (the trace is mean
   or fake tensors alike; on a GPU they come from the caching allocator. Ops that are decomposed above the dispatcher are
   seen op by op.
 - "transformers" here is transformers' own loss (labels passed) in trainpipe's loop and model preparation (gradients
-  zeroed with set_to_none, QLoRA through prepare_model_for_kbit_training), not the Trainer releases of the published
+  zeroed with set_to_none, QLoRA through train/model.py's prepare_kbit), not the Trainer releases of the published
   measurements (plan/data/measurements.json), which kept zero-filled gradients between steps.
 - cuBLAS/cuDNN workspaces, the CUDA context and allocator fragmentation are not tensors: they are not in the trace. The
   `reserved`/`total` figures come from the planner's overhead model (plan/memory.py) or an allocator simulator fed with
@@ -362,7 +362,8 @@ _TRACED_METHODS = {"full": "none", "lora": "lora", "dora": "dora", "qlora": "qlo
 def _method_config(spec, setup, model):
     """The trainpipe `method:` section a run of this setup trains with (config.MethodConfig): LoRA r, alpha = 2 r (the
     planner's convention; alpha does not change memory), dropout and targets; the frozen blocks; QLoRA's double
-    quantization, NF4 and a 16-bit compute dtype (fp32 under fp32 precision), as on a GPU with bf16."""
+    quantization, NF4, a 16-bit compute dtype (fp32 under fp32 precision), as on a GPU with bf16, and whether the
+    non-quantized rest is upcast to fp32 (`qlora_upcast_rest` = `method.quantization.upcast_rest`)."""
     from trainpipe.config import FreezeConfig, LoraConfig, MethodConfig, QuantizationConfig
 
     if setup.method not in _TRACED_METHODS:
@@ -377,7 +378,8 @@ def _method_config(spec, setup, model):
         peft=_TRACED_METHODS[setup.method],
         lora=LoraConfig(r=setup.lora_r, alpha=2 * setup.lora_r, dropout=setup.lora_dropout, target_modules=targets),
         freeze=FreezeConfig(trainable_layers=max(1, min(setup.freeze_layers, n_blocks or 1))),
-        quantization=QuantizationConfig(quant_type="nf4", double_quant=setup.double_quant, compute_dtype=compute),
+        quantization=QuantizationConfig(quant_type="nf4", double_quant=setup.double_quant, compute_dtype=compute,
+                                        upcast_rest=bool(getattr(setup, "qlora_upcast_rest", False))),
     )
 
 

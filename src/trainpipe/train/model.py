@@ -389,7 +389,7 @@ def apply_peft(model, method, *, tokenizer=None, task_type: str | None = "CAUSAL
     if peft == "freeze":
         return freeze_layers(model, method.freeze, quiet=quiet)
     if peft in QUANTIZED:
-        model = prepare_kbit(model)
+        model = prepare_kbit(model, upcast_rest=method.quantization.upcast_rest)
     if peft in LORA_FAMILY:
         return apply_lora(model, method.lora, rslora=peft == "rslora", dora=peft == "dora", task_type=task_type)
     if peft == "ia3":
@@ -399,14 +399,23 @@ def apply_peft(model, method, *, tokenizer=None, task_type: str | None = "CAUSAL
     raise ModelLoadError(f"`method.peft: {peft}` must be resolved before the model is built (e.g. `auto` by the plan).")
 
 
-def prepare_kbit(model):
-    """A model loaded in 4/8-bit, made ready for adapters: every Linear4bit on the one training kernel, then PEFT's
-    `prepare_model_for_kbit_training` (embeddings, norms, lm_head and biases cast to fp32, every base parameter
-    frozen). Checkpointing is the loop's (`enable_gradient_checkpointing`, non-reentrant), so not here."""
-    from peft import prepare_model_for_kbit_training
-
+def prepare_kbit(model, *, upcast_rest: bool = False):
+    """A model loaded in 4/8-bit, made ready for adapters: every Linear4bit on the one training kernel and every base
+    parameter frozen. The parameters that are not quantized (embeddings, norms, lm_head, biases) stay in the dtype the
+    model was loaded in (`model.dtype`: bfloat16 on a bf16 GPU), as TRL's SFTTrainer prepares a quantized model: since
+    bitsandbytes' Linear4bit returns its input's dtype, the residual stream and the saved activations stay 16-bit too.
+    ``upcast_rest`` (`method.quantization.upcast_rest`): PEFT's `prepare_model_for_kbit_training` instead, which casts
+    them to fp32 (and with them the residual stream and activations). Checkpointing is the loop's
+    (`enable_gradient_checkpointing`, non-reentrant: no input-requires-grad hook needed), so not here. The adapters
+    PEFT adds later are fp32 either way (`autocast_adapter_dtype`), as for LoRA on a 16-bit base."""
     one_4bit_kernel(model)
-    return prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    if upcast_rest:
+        from peft import prepare_model_for_kbit_training
+
+        return prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
 
 
 def enable_gradient_checkpointing(model) -> None:
