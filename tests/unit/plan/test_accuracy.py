@@ -72,12 +72,15 @@ def test_installed_bitsandbytes_keeps_only_the_packed_weight():
 
     spec = find_model("meta-llama/Llama-2-7b-hf")
     t = 8192
-    ours = M.Setup(method="qlora", precision="bf16", seq_len=t, micro_batch=1)
+    ours = M.Setup(method="qlora", precision="bf16", seq_len=t, micro_batch=1, qlora_upcast_rest=True)
+    default = M.Setup(method="qlora", precision="bf16", seq_len=t, micro_batch=1)
     lora = M.Setup(method="lora", precision="bf16", seq_len=t, micro_batch=1)
     old = M.Setup(method="qlora", precision="bf16", seq_len=t, micro_batch=1, framework="transformers")
     h, i = spec.hidden, spec.arch["intermediate"]
-    # no saved 4-bit inputs; but prepare_model_for_kbit_training's fp32 residual stream makes the MLP's three saved tensors
+    # no saved 4-bit inputs: trainpipe's default QLoRA (the rest in the 16-bit load dtype) saves what LoRA does; with
+    # `upcast_rest: true`, prepare_model_for_kbit_training's fp32 residual stream makes the MLP's three saved tensors
     # fp32 (Linear4bit returns its input's dtype): 2 B more each than on a 16-bit base (traced: test_plan_trace.py)
+    assert M.layer_activation_bytes(spec, default, t) == M.layer_activation_bytes(spec, lora, t)
     assert M.layer_activation_bytes(spec, ours, t) == M.layer_activation_bytes(spec, lora, t) + 3 * 2 * t * i
     old_lora = M.Setup(method="lora", precision="bf16", seq_len=t, micro_batch=1, framework="transformers")
     # q/k/v's and gate/up's shared inputs and down's; o_proj's input is the SDPA output the kernel already keeps
