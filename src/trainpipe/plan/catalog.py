@@ -82,6 +82,9 @@ class ModelSpec:
     linears: list[Linear]
     other_layer_params: int = 0  # norms etc. inside the repeated blocks
     note: str | None = None
+    # what `peft: freeze` trains beside the blocks (train/model.py freeze_plan/freeze_layers, recorded by shapes_from_model):
+    final_norm_params: int | None = None  # the final norm(s) freeze_plan names (None: not recorded; plan/memory.py assumes one RMSNorm)
+    lm_head_bias_params: int = 0  # the output module's parameters beyond its weight (a bias, e.g. phi-2's lm_head)
     arch: dict = field(default_factory=dict)
 
     # ---- architecture shorthands used by the memory and compute models
@@ -243,12 +246,29 @@ def shapes_from_model(model, num_layers: int) -> dict:
     expert_params = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n or n.endswith(".experts.gate_up_proj") or n.endswith(".experts.down_proj"))
     return {
         "total_params": total,
+        **_freeze_extra_shapes(model, out_emb),
         "embedding_params": in_emb.weight.numel() if in_emb is not None else 0,
         "lm_head_params": 0 if (tied or out_emb is None) else out_emb.weight.numel(),
         "other_layer_params": max(0, layer_other),
         "expert_params": expert_params,
         "linears": sorted(groups.values(), key=lambda g: (not g["in_layers"], g["name"])),
     }
+
+
+def _freeze_extra_shapes(model, out_emb) -> dict:
+    """What `peft: freeze` trains beside the blocks and the head's weight, by train/model.py's own rule: the parameters of
+    the non-block modules `freeze_plan` names (the final norm) and of the output module beyond its weight (a bias).
+    final_norm_params is None where freeze cannot find the blocks (freeze_plan's error: the planner cannot plan freeze)."""
+    from trainpipe.errors import TrainpipeError
+    from trainpipe.train.model import decoder_blocks, freeze_plan
+
+    head_extra = sum(p.numel() for n, p in out_emb.named_parameters() if n != "weight") if out_emb is not None else 0
+    try:
+        blocks, _ = decoder_blocks(model)
+        names = [n for n in freeze_plan(model, 1) if n != blocks and not n.startswith(blocks + ".")]
+    except (TrainpipeError, AttributeError, ValueError):
+        return {"final_norm_params": None, "lm_head_bias_params": head_extra}
+    return {"final_norm_params": sum(p.numel() for n in names for p in model.get_submodule(n).parameters()), "lm_head_bias_params": head_extra}
 
 
 def build_meta_model(model_type: str, config: dict, task: str = "causal-lm", trust_remote_code: bool = False):
@@ -272,6 +292,7 @@ def _spec(id: str, model_type: str, task: str, config: dict, source: str, shapes
         embedding_params=shapes["embedding_params"], lm_head_params=shapes["lm_head_params"],
         linears=[Linear(g["name"], g["in"], g["out"], g["count"], g["in_layers"], g["bias"], g.get("path", "")) for g in shapes["linears"]],
         other_layer_params=shapes.get("other_layer_params", 0), note=note, arch=arch,
+        final_norm_params=shapes.get("final_norm_params"), lm_head_bias_params=shapes.get("lm_head_bias_params", 0),
     )
 
 

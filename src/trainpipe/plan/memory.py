@@ -140,6 +140,7 @@ class Setup:
     attention: str = "sdpa"
     double_quant: bool = True
     freeze_layers: int = 2
+    train_embeddings: bool = False  # freeze: `method.freeze.train_embeddings` (the input embeddings train too; freeze_trained_params)
     fused_optimizer: bool = False
     lm_head: bool = True  # False: a classification head (no vocabulary logits)
     framework: str = "trainpipe"  # whose training code saves the activations (FRAMEWORKS); accuracy rows name theirs
@@ -220,8 +221,25 @@ def trainable_params(spec: ModelSpec, s: Setup) -> int:
     if s.method == "full":
         return spec.total_params
     if s.method == "freeze":
-        return spec.layer_params * min(s.freeze_layers, spec.layers)
+        return sum(freeze_trained_params(spec, s).values())
     return spec.lora_params(s.lora_r, s.lora_targets, dora=s.method == "dora")
+
+
+def freeze_trained_params(spec: ModelSpec, s: Setup) -> dict[str, int]:
+    """Parameters `peft: freeze` trains, piece by piece as train/model.py's `freeze_layers` trains them: `blocks` (the last
+    `freeze_layers` of `freeze_plan`), `final_norm` (the other modules `freeze_plan` names: the catalogue records their size
+    by calling freeze_plan on the meta-built model, catalog.shapes_from_model), `lm_head` (its own matrix and any bias;
+    a head tied to the input embeddings is that one tensor and trains only with `train_embeddings`; none without an LM
+    head, e.g. a reward model's score head, which freeze_layers leaves frozen) and `embeddings` (`train_embeddings`).
+    Checked against the real model's trainable parameters: tests/unit/plan/test_plan_freeze.py."""
+    tied = not spec.lm_head_params  # no separate output matrix: the head's weight is the input embedding
+    head_trains = s.lm_head and (not tied or s.train_embeddings)
+    return {
+        "blocks": spec.layer_params * min(s.freeze_layers, spec.layers),
+        "final_norm": spec.hidden if spec.final_norm_params is None else spec.final_norm_params,  # None: not recorded, one RMSNorm
+        "lm_head": (spec.lm_head_params + spec.lm_head_bias_params) if head_trains else 0,
+        "embeddings": spec.embedding_params if s.train_embeddings else 0,
+    }
 
 
 def nf4_bytes(n: int, double_quant: bool) -> float:
@@ -257,8 +275,12 @@ def weights_bytes(spec: ModelSpec, s: Setup, trainable: int) -> tuple[int, dict]
         frozen = N - trainable
         tw = (2 if (s.precision == "bf16-true" or (_is_zero(s.strategy) and mixed)) else 4) * trainable
         copy = 2 * trainable if (mixed and not _is_zero(s.strategy)) else 0
-        d.update(frozen=half * frozen, trainable=tw, autocast_copies=copy)
-        return half * frozen + tw + copy, d
+        # trainpipe under bf16/fp16 autocast loads a freeze run's whole model in fp32 (plan/resolve.py: model.dtype auto is
+        # float32 for full and freeze), so the frozen part is fp32 too (traced: Llama-3.1-8B freeze bf16 at 1 x 2048 planned
+        # -29.8 % with 16-bit frozen weights); DeepSpeed and FSDP runs keep the 16-bit frozen weights
+        fb = 4 if (mixed and s.framework == "trainpipe" and s.strategy in ("single", "ddp")) else half
+        d.update(frozen=fb * frozen, trainable=tw, autocast_copies=copy)
+        return fb * frozen + tw + copy, d
     # PEFT upcasts adapter weights to fp32 (autocast_adapter_dtype=True); litgpt/torchtune keep them in the model dtype
     adapters = (4 if (s.framework in HF_MODULES or s.precision != "bf16-true") else half) * trainable
     head = _litgpt_head_params(spec, s)  # litgpt: its own lm_head Linear even where the checkpoint ties it (0 otherwise)
@@ -526,6 +548,11 @@ def activation_bytes(spec: ModelSpec, s: Setup) -> tuple[int, dict]:
         layers_total = trained_layers * per_t
         per_layer = per_t
         n_layers_saving = trained_layers
+        if s.train_embeddings and L > trained_layers:
+            # trained input embeddings: the gradient flows back through the frozen blocks too, which then save what a
+            # frozen layer with a grad-requiring input saves (the norms, attention and MLP tensors; no Linear inputs)
+            layers_total += (L - trained_layers) * layer_activation_bytes(spec, s, tokens, trained=False)
+            n_layers_saving = L
     else:
         per_layer = layer_activation_bytes(spec, s, tokens)
         layers_total = L * per_layer

@@ -187,7 +187,7 @@ def memory_setup(cfg: RunConfig, method: str, precision: str, world: int, strate
         micro_batch=tr.per_device_train_batch_size if isinstance(tr.per_device_train_batch_size, int) else 1,
         seq_len=cfg.first_data().max_length, grad_ckpt=tr.gradient_checkpointing is True, strategy=strategy, num_gpus=world,
         offload=PLAN_OFFLOAD[offload], lora_r=meth.lora.r, lora_targets=targets if isinstance(targets, str) else list(targets), lora_dropout=meth.lora.dropout,
-        double_quant=meth.quantization.double_quant, freeze_layers=meth.freeze.trainable_layers, lm_head=meth.name != "reward",
+        double_quant=meth.quantization.double_quant, freeze_layers=meth.freeze.trainable_layers, train_embeddings=meth.freeze.train_embeddings, lm_head=meth.name != "reward",
         qlora_upcast_rest=meth.quantization.upcast_rest,
     )
 

@@ -377,7 +377,7 @@ def _method_config(spec, setup, model):
     return MethodConfig(
         peft=_TRACED_METHODS[setup.method],
         lora=LoraConfig(r=setup.lora_r, alpha=2 * setup.lora_r, dropout=setup.lora_dropout, target_modules=targets),
-        freeze=FreezeConfig(trainable_layers=max(1, min(setup.freeze_layers, n_blocks or 1))),
+        freeze=FreezeConfig(trainable_layers=max(1, min(setup.freeze_layers, n_blocks or 1)), train_embeddings=bool(getattr(setup, "train_embeddings", False))),
         quantization=QuantizationConfig(quant_type="nf4", double_quant=setup.double_quant, compute_dtype=compute,
                                         upcast_rest=bool(getattr(setup, "qlora_upcast_rest", False))),
     )
