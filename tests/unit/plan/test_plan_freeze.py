@@ -145,3 +145,18 @@ def test_estimate_within_ten_percent_of_the_trace_llama31_8b_freeze(precision):
     assert abs(err) <= 0.10, f"planner {b.allocated_bytes / 2**30:.3f} GiB vs trace {r.peak_bytes / 2**30:.3f} GiB ({100 * err:+.1f} %) at {r.phase}; split {r.split}"
     # the optimizer state at the peak is that of the planned trainable parameters (2 blocks x 9 tensors, norm, head)
     assert abs(r.split["optimizer"] - b.optimizer_bytes) <= 4 * 64
+
+
+def test_estimate_within_ten_percent_of_the_trace_with_trained_embeddings():
+    """Llama-3.2-1B (tied head) at full depth, freeze 2 layers with `train_embeddings`, bf16-true, 1 x 2048: the embedding
+    (= the tied head) trains, its gradient and AdamW state count, and the gradient reaches it through the 14 frozen blocks,
+    which then save their activations (the planner counted neither before)."""
+    from trainpipe.plan.trace import trace_step
+
+    spec = find_model("meta-llama/Llama-3.2-1B")
+    s = M.Setup(method="freeze", precision="bf16-true", micro_batch=1, seq_len=2048, freeze_layers=2, train_embeddings=True, framework="trainpipe")
+    b = M.estimate(spec, s)
+    r = trace_step(spec, s, steps=2, record_events=False)
+    err = (b.allocated_bytes - r.peak_bytes) / r.peak_bytes
+    assert abs(err) <= 0.10, f"planner {b.allocated_bytes / 2**30:.3f} GiB vs trace {r.peak_bytes / 2**30:.3f} GiB ({100 * err:+.1f} %) at {r.phase}; split {r.split}"
+    assert abs(r.split["optimizer"] - b.optimizer_bytes) <= 4 * 64
