@@ -57,8 +57,10 @@ def test_weights_by_dtype_and_quantization(llama7b):
     assert q < q_nodq
     assert abs(q - (2 * (N - lin) + lin * (0.5 + 1 / 64))) / q < 0.01
     assert abs(q_nodq - (2 * (N - lin) + lin * (0.5 + 4 / 64))) / q_nodq < 0.01
-    # trainpipe's QLoRA calls prepare_model_for_kbit_training: the unquantized rest is fp32 (tests/unit/plan/test_plan_trace.py)
-    q_tp = M.weights_bytes(llama7b, M.Setup(method="qlora", double_quant=True), 0)[0]
+    # trainpipe's QLoRA keeps the unquantized rest in the 16-bit load dtype; with `method.quantization.upcast_rest: true` it
+    # calls prepare_model_for_kbit_training: the rest is fp32 (tests/unit/plan/test_plan_trace.py, test_plan_qlora_rest.py)
+    assert M.weights_bytes(llama7b, M.Setup(method="qlora", double_quant=True), 0)[0] == q
+    q_tp = M.weights_bytes(llama7b, M.Setup(method="qlora", double_quant=True, qlora_upcast_rest=True), 0)[0]
     assert q_tp - q == 2 * (N - lin)
 
 

@@ -40,7 +40,8 @@ def _setup(**kw):
     dict(method="full"),
     dict(method="full", framework="hf-bf16-loss", grad_ckpt=True),
     dict(method="qlora", precision="bf16"),
-], ids=["lora", "lora-transformers-fp32", "dora-autocast", "full", "full-ckpt-hfloss", "qlora-emulated-bitsandbytes-kernel"])
+    dict(method="qlora", precision="bf16", qlora_upcast_rest=True),
+], ids=["lora", "lora-transformers-fp32", "dora-autocast", "full", "full-ckpt-hfloss", "qlora-emulated-bitsandbytes-kernel", "qlora-upcast-rest"])
 def test_fake_trace_equals_real_tensors_to_the_byte(tiny, kw):
     s = _setup(**kw)
     fake = trace_step(tiny, s, steps=2)
@@ -60,7 +61,7 @@ def test_fake_trace_equals_real_tensors_to_the_byte(tiny, kw):
 def test_qlora_emulated_kernel_stores_nf4_and_keeps_no_input(tiny):
     """Emulated bitsandbytes kernel: the 4-bit base is stored as bnb 0.50 stores NF4 with double quantization (packed
     n/2 bytes + uint8 absmax + nested fp32 absmax + code; the planner's nf4_bytes also counts the 64-byte quant-state
-    scalars per tensor), the rest of the model in fp32 (prepare_model_for_kbit_training), and the matmul saves nothing of
+    scalars per tensor), the rest of the model in its load dtype (train/model.py prepare_kbit; fp32 with upcast_rest), and the matmul saves nothing of
     its input (bnb 0.50's MatMul4Bit: ctx.tensors = (None, B))."""
     from trainpipe.plan.trace import _emulated_4bit_classes
 
