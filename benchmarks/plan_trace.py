@@ -12,8 +12,10 @@ no memory, seconds per row. The error is (planner - trace) / trace. A row the tr
 "transformers" rows are transformers' own loss (labels passed) in trainpipe's loop; the planner's "transformers" framework
 is the stack of the published measurements (Trainer releases that kept zero-filled gradients between steps, QLoRA with a
 16-bit rest and an older bitsandbytes that kept the 4-bit matmul's input), so its full fine-tunes count every gradient
-on top of every activation where this loop (set_to_none) holds them one after the other: those rows are expected to
-read high, and are reported, not hidden. The target (the exit status) is the "trainpipe" column alone: the plan of a
+on top of every activation where this loop (set_to_none) holds them one after the other, and its QLoRA rows count the
+4-bit matmul inputs the older bitsandbytes kept, which today's does not (since trainpipe's QLoRA keeps its rest 16-bit,
+`method.quantization.upcast_rest: false`, those rows read +17..+26 %; +7..+10 % with `bnb_saves_input=False`; before, the
+fp32 rest of the traced run hid it): those rows are expected to read high, and are reported, not hidden. The target (the exit status) is the "trainpipe" column alone: the plan of a
 trainpipe run against that run's own traced step; the "transformers" column compares two different programs by design.
 
 What the trace is not: the CUDA context, cuBLAS workspaces, allocator fragmentation (plan/memory.py's overhead or the
