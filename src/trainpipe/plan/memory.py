@@ -146,7 +146,7 @@ class Setup:
     framework: str = "trainpipe"  # whose training code saves the activations (FRAMEWORKS); accuracy rows name theirs
     base_dtype: str = "auto"  # LoRA/DoRA frozen base: auto = 16-bit under bf16/fp16/bf16-true (loaded with torch_dtype), fp32 = loaded in fp32 and run under autocast
     bnb_saves_input: bool | None = None  # QLoRA: does bitsandbytes' MatMul4Bit keep its input A? None: by framework (bnb_saves_input())
-    qlora_upcast_rest: bool = False  # trainpipe QLoRA with `method.quantization.upcast_rest: true` (PEFT's prepare_model_for_kbit_training: the non-quantized rest in fp32; kbit_prepared_fp32)
+    qlora_upcast_rest: bool = False  # trainpipe QLoRA whose non-quantized rest is fp32 under 16-bit autocast (kbit_prepared_fp32): `method.quantization.upcast_rest: true` (PEFT's prepare_model_for_kbit_training), or a float32 load (resolve.qlora_loads_fp32)
     prev_graph_tokens: int | None = None  # litgpt QLoRA: tokens of the previous micro-batch whose graph is still referenced at this forward's end (None: micro_batch * seq_len, the steady state; 0: none, e.g. the first iteration)
 
 

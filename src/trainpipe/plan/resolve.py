@@ -188,8 +188,17 @@ def memory_setup(cfg: RunConfig, method: str, precision: str, world: int, strate
         seq_len=cfg.first_data().max_length, grad_ckpt=tr.gradient_checkpointing is True, strategy=strategy, num_gpus=world,
         offload=PLAN_OFFLOAD[offload], lora_r=meth.lora.r, lora_targets=targets if isinstance(targets, str) else list(targets), lora_dropout=meth.lora.dropout,
         double_quant=meth.quantization.double_quant, freeze_layers=meth.freeze.trainable_layers, train_embeddings=meth.freeze.train_embeddings, lm_head=meth.name != "reward",
-        qlora_upcast_rest=meth.quantization.upcast_rest,
+        qlora_upcast_rest=meth.quantization.upcast_rest or qlora_loads_fp32(cfg, precision),
     )
+
+
+def qlora_loads_fp32(cfg: RunConfig, precision: str) -> bool:
+    """A QLoRA run whose base loads in float32 under 16-bit autocast: `model.dtype: float32`, or `auto` where the GPU
+    has no bf16 (step 8 below: float32, and `compute_dtype: auto` float32 too, e.g. fp16 on a T4). Its non-quantized
+    rest is then fp32 whatever `upcast_rest` says, as with the upcast (memory.kbit_prepared_fp32)."""
+    if cfg.method.peft != "qlora" or precision not in ("bf16", "fp16"):
+        return False
+    return cfg.model.dtype == "float32" or (cfg.model.dtype == "auto" and precision != "bf16")
 
 
 def _source(section, key: str) -> str:
@@ -479,6 +488,8 @@ def _upcast_rest_note(cfg: RunConfig, spec, world: int, precision: str, strategy
     """QLoRA with `method.quantization.upcast_rest: true`: what the default (false) would save, the plan run twice."""
     from trainpipe.plan.memory import estimate
 
+    if qlora_loads_fp32(cfg, precision):  # a float32 load: the rest is fp32 either way
+        return []
     other = estimate(spec, replace(memory_setup(cfg, "qlora", precision, world, strategy, offload), qlora_upcast_rest=False)).total_bytes
     saved = (total_bytes - other) / 1024**3
     if saved < 0.01:

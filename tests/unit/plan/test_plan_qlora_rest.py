@@ -45,14 +45,14 @@ def test_estimate_within_ten_percent_of_the_traced_step(upcast):
     assert abs(err) <= 0.10, f"planner {est / GIB:.3f} GiB vs trace {r.peak_bytes / GIB:.3f} GiB ({100 * err:+.1f} %) at {r.phase}; split {r.split}"
 
 
-def _plan_json(tmp_path, capsys, quantization: str) -> dict:
+def _plan_json(tmp_path, capsys, quantization: str, gpu: str = "H100-80GB", model: str = "") -> dict:
     from trainpipe.cli import main
 
     (tmp_path / "train.jsonl").write_text("\n".join(json.dumps({"instruction": f"q{i}", "output": "a" * 40}) for i in range(20)) + "\n")
     cfg = tmp_path / "run.yaml"
-    cfg.write_text(f"model: {{name_or_path: {MODEL}}}\ndata: {{sources: [{{path: train.jsonl}}], max_length: 8192}}\n"
+    cfg.write_text(f"model: {{name_or_path: {MODEL}{model}}}\ndata: {{sources: [{{path: train.jsonl}}], max_length: 8192}}\n"
                    f"method: {{peft: qlora{quantization}}}\ntraining: {{per_device_train_batch_size: 1, gradient_checkpointing: false}}\n")
-    assert main(["plan", str(cfg), "--gpu", "H100-80GB", "--json"]) == 0
+    assert main(["plan", str(cfg), "--gpu", gpu, "--json"]) == 0
     return json.loads(capsys.readouterr().out)
 
 
@@ -66,3 +66,14 @@ def test_plan_of_a_config_follows_upcast_rest_and_says_what_false_saves(tmp_path
     note = [n for n in on["notes"] if "upcast_rest: false" in n]
     assert len(note) == 1, on["notes"]
     assert f"{(t_on - t_off) / GIB:.1f} GiB less" in note[0] and f"{t_off / GIB:.1f} GiB" in note[0]
+
+
+def test_a_float32_load_under_fp16_autocast_is_planned_with_the_fp32_rest(tmp_path, capsys):
+    """On a GPU without bf16 (T4) `model.dtype: auto` loads the base in float32 (and `compute_dtype: auto` is float32):
+    the rest is fp32 whatever upcast_rest says, so the plan keeps counting it so and offers no saving; an explicit
+    `model.dtype: float16` there is the 16-bit rest again."""
+    t4 = _plan_json(tmp_path, capsys, ", quantization: {upcast_rest: true}", gpu="T4")
+    assert t4["setup"]["precision"] == "fp16" and t4["setup"]["qlora_upcast_rest"] is True
+    assert not any("upcast_rest: false" in n for n in t4["notes"])
+    assert _plan_json(tmp_path, capsys, "", gpu="T4")["setup"]["qlora_upcast_rest"] is True
+    assert _plan_json(tmp_path, capsys, "", gpu="T4", model=", dtype: float16")["setup"]["qlora_upcast_rest"] is False
