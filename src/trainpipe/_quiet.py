@@ -11,11 +11,15 @@
 - kernels itself warns "Skipping publisher trust check for '<repo>' because Hugging Face Hub is in offline mode." on
   each such attempt; only that record for bitsandbytes' own kernel repository is dropped (another repository's still
   shows).
+- DeepSpeed (installed with `trainpipe[deepspeed]`), imported by transformers' `save_pretrained` among others, warns
+  "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it." on a machine with
+  no CUDA device: dropped only when torch (already imported by then) sees no CUDA device, so on a GPU machine whose
+  GPU DeepSpeed failed to detect it still shows.
 - transformers 5 renamed `is_gradient_checkpointing` to `is_activation_checkpointing` and warns (FutureWarning)
   whenever the old property is read; peft and transformers' own code still read it. Only that FutureWarning, raised
   from transformers' modeling_utils, is ignored.
 
-Nothing here imports bitsandbytes, kernels or transformers: logging filters and a warnings filter only.
+Nothing here imports bitsandbytes, kernels, deepspeed, torch or transformers: logging filters and a warnings filter only.
 """
 
 from __future__ import annotations
@@ -75,6 +79,25 @@ class _OfflineTrustSkip(logging.Filter):
         return record.getMessage() != KERNELS_OFFLINE_TRUST_MESSAGE
 
 
+DEEPSPEED_LOGGER = "DeepSpeed"
+DEEPSPEED_CPU_MESSAGE = "Setting accelerator to CPU."
+
+
+class _NoGpuToDetect(logging.Filter):
+    """Drops DeepSpeed's "Setting accelerator to CPU" record where there is no CUDA device to detect (nothing else)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith(DEEPSPEED_CPU_MESSAGE):
+            return True
+        import sys
+
+        torch = sys.modules.get("torch")  # DeepSpeed imported it to decide; never imported here
+        try:
+            return torch is None or torch.cuda.device_count() > 0
+        except Exception:  # noqa: BLE001  (a broken CUDA setup: keep the line)
+            return True
+
+
 def _add(logger_name: str, cls: type[logging.Filter]) -> None:
     logger = logging.getLogger(logger_name)
     if not any(isinstance(f, cls) for f in logger.filters):
@@ -84,4 +107,5 @@ def _add(logger_name: str, cls: type[logging.Filter]) -> None:
 def install() -> None:
     _add(BNB_LOGGER, _KernelUnavailable)
     _add(KERNELS_HUB_LOGGER, _OfflineTrustSkip)
+    _add(DEEPSPEED_LOGGER, _NoGpuToDetect)
     warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning, module=r"transformers\.modeling_utils")

@@ -179,3 +179,40 @@ def test_config_shows_hardware_probe_reads_nvidia_smi_like_cuda(tmp_path, monkey
     monkeypatch.setattr(metadata, "version", lambda name: "2.13.0+cpu" if name == "torch" else real_version(name))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert detect_without_torch().accelerator == "cpu"  # a CPU-only torch build cannot use the GPUs nvidia-smi sees
+
+
+DEEPSPEED_LINE = "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."
+
+
+@pytest.mark.parametrize("with_trainpipe", [False, True])
+def test_deepspeeds_cpu_accelerator_line_is_gone_where_there_is_no_gpu(with_trainpipe):
+    """DeepSpeed (imported by transformers' save_pretrained when installed, so at every export) prints this line on
+    stdout, where `--json` output goes, on any machine without CUDA. This machine has none: real DeepSpeed, real torch."""
+    pytest.importorskip("deepspeed")
+    code = ("import trainpipe\n" if with_trainpipe else "") + "import deepspeed\nfrom deepspeed.accelerator import get_accelerator\nprint('ok', get_accelerator().device_name())"
+    p = _python(code)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip().splitlines()[-1] == "ok cpu"
+    if with_trainpipe:
+        assert DEEPSPEED_LINE not in p.stdout + p.stderr
+    else:
+        assert DEEPSPEED_LINE in p.stdout
+
+
+def test_deepspeeds_cpu_accelerator_line_still_shows_where_a_gpu_went_undetected():
+    """On a machine whose CUDA device DeepSpeed failed to detect, the line is real news. The GPU cannot exist here: a
+    fake `torch.cuda.device_count` returning 1 (named as such) stands for it; the record goes through DeepSpeed's own
+    logger, and another DeepSpeed warning always shows."""
+    pytest.importorskip("deepspeed")
+    code = f"""
+import torch, trainpipe
+from deepspeed.utils import logger
+torch.cuda.device_count = lambda: 1  # fake: a GPU DeepSpeed did not detect
+logger.warning({DEEPSPEED_LINE!r})
+torch.cuda.device_count = lambda: 0
+logger.warning({DEEPSPEED_LINE!r} + " (second)")
+logger.warning("another DeepSpeed warning")
+"""
+    p = _python(code)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.count(DEEPSPEED_LINE) == 1 and "(second)" not in p.stdout and "another DeepSpeed warning" in p.stdout
