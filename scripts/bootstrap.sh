@@ -39,4 +39,4 @@ if [ "${TRAINPIPE_UNPINNED:-0}" = 1 ]; then
 fi
 echo "[bootstrap] installing trainpipe ($SPEC)"
 python -m pip install --quiet -e "$SPEC" "${CONSTRAINTS[@]}"
-python -c "import torch, transformers, peft, trainpipe; print(f'[bootstrap] trainpipe {trainpipe.__version__}, torch {torch.__version__}, transformers {transformers.__version__}, peft {peft.__version__}')"
+python -c "import trainpipe, torch, transformers, peft; print(f'[bootstrap] trainpipe {trainpipe.__version__}, torch {torch.__version__}, transformers {transformers.__version__}, peft {peft.__version__}')"

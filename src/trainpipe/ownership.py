@@ -247,7 +247,11 @@ def is_ours(path: Path) -> bool:
 
 
 def _reads(reads: Iterable[Any]) -> list[tuple[Path, str]]:
+    """(absolute path, what it is) of a command's inputs. The working directory and the home directory (which
+    ``rundir.protected_paths`` lists because they must never be cleared) are dropped here: files are written inside
+    them every day; :func:`_check_not_input` refuses clearing them on its own."""
     out = []
+    skip = {Path.cwd().resolve(), Path.home().resolve()}
     for r in reads or ():
         if r is None:
             continue
@@ -255,7 +259,9 @@ def _reads(reads: Iterable[Any]) -> list[tuple[Path, str]]:
             p, what = r
         else:
             p, what = r, "an input of this command"
-        out.append((Path(p).expanduser().resolve(), what))
+        p = Path(p).expanduser().resolve()
+        if p not in skip:
+            out.append((p, what))
     return out
 
 
