@@ -143,3 +143,24 @@ def test_eval_and_gates_config_keys():
     with pytest.raises(ConfigError) as e:
         build_config({**base, "gates": {"on_fail": "stop"}})
     assert "gates.on_fail" in str(e.value)
+
+
+def test_val_loss_judged_over_the_whole_run_not_the_last_two_evals(tmp_path):
+    """A run whose eval loss jumped after the first eval and then eased a little (lr far too high) ends worse than it
+    started: the last two evals fall, yet it fails, naming both ends."""
+    evals = ((10, 5.9), (20, 7.5), (30, 7.4), (40, 7.2))
+    g = results(make_run(tmp_path, evals=evals, final=7.2, best_step=40))["val_loss_decreasing"]
+    assert g.status == "fail" and "5.9000" in g.evidence and "7.2000" in g.evidence and g.value == pytest.approx(7.2 / 5.9 - 1)
+
+
+def test_val_loss_window_grows_with_the_number_of_evals(tmp_path):
+    """`gates.window: auto` reads half the evals (3 at least): a rise 5 evals before the end of a 12-eval run is seen,
+    while a fixed window of 3 misses it."""
+    from trainpipe.evaluate.gates import val_loss_window
+
+    assert val_loss_window(4, "auto") == 3 and val_loss_window(11, "auto") == 6 and val_loss_window(11, 2) == 2
+    losses = [3.0, 2.8, 2.6, 2.4, 2.2, 2.0, 2.3, 1.9, 1.8, 1.7, 1.6, 1.5]
+    evals = tuple((10 * (i + 1), v) for i, v in enumerate(losses))
+    assert results(make_run(tmp_path, evals=evals, final=1.5, best_step=120))["val_loss_decreasing"].status == "fail"
+    fixed = GatesConfig.model_validate({"window": 3})
+    assert results(make_run(tmp_path, evals=evals, final=1.5, best_step=120), fixed)["val_loss_decreasing"].status == "pass"

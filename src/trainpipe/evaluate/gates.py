@@ -5,7 +5,7 @@ and answers `pass`, `fail` or `n/a` with its evidence (the figures it compared) 
 
 | gate | passes when | default threshold |
 |---|---|---|
-| `val_loss_decreasing` | no eval loss of the last `gates.window` evals (after the first, warmup, eval) rises over the one before by more than the threshold | 0.0 (relative) |
+| `val_loss_decreasing` | no eval loss of the last `gates.window` evals (after the first, warmup, eval; `auto`: half of them, 3 at least) rises over the one before by more than the threshold, and the last is not above the first | 0.0 (relative) |
 | `beats_baseline` | the final primary metric (eval loss) beats the baseline by at least the threshold | 0.01 (relative) |
 | `no_forgetting` | no forgetting set's final loss is more than `eval.forgetting_threshold` above its baseline | (eval's) |
 | `dedup_ran` | exact or near deduplication ran in the data step | - |
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -103,18 +104,28 @@ def check_gates(run_dir: str | Path, gates_cfg, forgetting_threshold: float = 0.
     return out
 
 
+def val_loss_window(n_evals: int, window: int | str) -> int:
+    """How many evals after the warmup one `val_loss_decreasing` reads: `gates.window`, or with `auto` half of them
+    (3 at least), so a long run is judged over its trend and not over its last two evals."""
+    return max(3, math.ceil(n_evals / 2)) if window == "auto" else int(window)
+
+
 def _gate_val_loss_decreasing(run_dir, summary, thr, *, gates_cfg, **_) -> GateResult:
-    losses = eval_losses(run_dir)[1:]  # the first eval is the warmup's
-    k = gates_cfg.window
+    every = eval_losses(run_dir)
+    losses = every[1:]  # the first eval is the warmup's
     if len(losses) < 2:
-        return GateResult("val_loss_decreasing", "n/a", f"{len(losses) + (1 if eval_losses(run_dir) else 0)} in-training eval(s); need at least 3 (the first is warmup)")
+        return GateResult("val_loss_decreasing", "n/a", f"{len(every)} in-training eval(s); need at least 3 (the first is warmup)")
+    k = val_loss_window(len(losses), gates_cfg.window)
     window = losses[-(k + 1):]
     rises = [(a, b) for a, b in zip(window, window[1:]) if b[1] > a[1] * (1 + thr)]
     seq = ", ".join(f"step {s}: {v:.4f}" for s, v in window)
     if rises:
         (s0, v0), (s1, v1) = rises[0]
         return GateResult("val_loss_decreasing", "fail", f"eval loss rose from {v0:.4f} (step {s0}) to {v1:.4f} (step {s1}), {100 * (v1 / v0 - 1):+.2f} %, over the last {len(window)} evals ({seq}); tolerated rise {100 * thr:.2f} %", value=v1 / v0 - 1)
-    return GateResult("val_loss_decreasing", "pass", f"no rise over the last {len(window)} evals ({seq})", value=0.0)
+    (sf, vf), (sl, vl) = every[0], every[-1]
+    if vl > vf * (1 + thr):  # over the whole run, the warmup eval included: a run that ends worse than it started
+        return GateResult("val_loss_decreasing", "fail", f"eval loss ended at {vl:.4f} (step {sl}), {100 * (vl / vf - 1):+.2f} % above the first eval's {vf:.4f} (step {sf}): the run got worse over its {len(every)} evals, whatever the last ones did; tolerated rise {100 * thr:.2f} %", value=vl / vf - 1)
+    return GateResult("val_loss_decreasing", "pass", f"no rise over the last {len(window)} of {len(every)} evals ({seq}), and the last is below the first", value=0.0)
 
 
 def _primary(summary: dict) -> str | None:

