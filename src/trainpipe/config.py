@@ -512,8 +512,8 @@ class GatesConfig(_Section):
     """`warn`: a failed gate emits `gate_failed` and the run ends normally; `fail`: the run ends with exit code 6 after everything is written, and the exported model is marked as not passing."""
     val_loss_decreasing: GateConfig = Field(default_factory=GateConfig)
     """No rise of the eval loss over the last `window` evals after the first (warmup) one; `threshold`: tolerated relative rise per eval (default 0.0)."""
-    window: int = Field(default=3, ge=1)
-    """How many of the last evals `val_loss_decreasing` looks at."""
+    window: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
+    """How many of the last evals `val_loss_decreasing` looks at; `auto`: half of the in-training evals after the warmup one (3 at least), so the window grows with the run."""
     beats_baseline: GateConfig = Field(default_factory=GateConfig)
     """The final primary metric (eval loss) beats the baseline by at least `threshold` (relative, default 0.01)."""
     no_forgetting: GateConfig = Field(default_factory=GateConfig)
