@@ -158,6 +158,8 @@ class DataConfig(_Section):
     """Split so each value of this record field has the same share in every split."""
     max_length: int = Field(default=1024, ge=8)
     """Longest tokenized example in tokens; longer examples are dropped (or truncated, see `truncation`) and counted in the data report."""
+    max_record_bytes: int | None = Field(default=None, ge=1024)
+    """Largest record read, in bytes (a JSONL line, or the text of a JSON/Parquet/CSV/hub/SQL record), measured before it is parsed or tokenized; a larger record is dropped and counted as `too_big` (never held whole in memory). Default: the larger of 4 MiB and 128 bytes per `max_length` token."""
     truncation: Literal["drop", "truncate"] = "drop"
     """Over-long examples: `drop` (default) or `truncate` (cut the prompt from the left, keeping the response; the response itself is cut only when it alone is too long)."""
     chat_template: Literal["auto", "tokenizer", "chatml", "llama-3", "mistral", "alpaca"] = "auto"
