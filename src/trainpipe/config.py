@@ -404,7 +404,7 @@ class TrainingConfig(_Section):
     oom_recovery: bool = True
     """On out-of-memory: halve the micro-batch (same effective batch), then turn on gradient checkpointing, then stop with a plan."""
     loss_spike_factor: float = Field(default=3.0, ge=0)
-    """A step loss above this many times the running median counts as a spike (0 turns spike detection off)."""
+    """A step loss above this many times the running median counts as a spike (0 turns spike detection off). Preference and reward objectives are judged against the larger of the median and their own zero-margin loss (ln 2 for DPO and reward models, 1 for hinge, (1/2β)² for IPO, softplus(γ) for SimPO, half the larger KTO weight), since their losses fall far below that scale while single batches stay noisy."""
     loss_spike_min_delta: float = Field(default=0.1, ge=0)
     """A spike must also exceed the running median by this much (in loss units): near convergence (a DPO loss of 0.01) a jump to 0.04 is noise, not divergence."""
     loss_spike_window: int = Field(default=20, ge=10)

@@ -231,14 +231,20 @@ def restore_rng(state: dict) -> None:
 SPIKE_MIN_HISTORY = 3  # prior step losses a spike is judged against: early in training the history that exists is used
 
 
-def is_loss_spike(loss: float, recent: list[float], factor: float, min_delta: float) -> float | None:
-    """The running median when ``loss`` is a spike: above ``factor`` x the median of the recent step losses (the last
-    ``loss_spike_window``, or as many as there are, ``SPIKE_MIN_HISTORY`` at least) and above it by ``min_delta`` as well;
-    None otherwise (or when ``factor`` is 0: detection off)."""
+def is_loss_spike(loss: float, recent: list[float], factor: float, min_delta: float, floor: float = 0.0) -> float | None:
+    """The running median when ``loss`` is a spike: above ``factor`` x the larger of the median of the recent step losses
+    (the last ``loss_spike_window``, or as many as there are, ``SPIKE_MIN_HISTORY`` at least) and the objective's own
+    scale ``floor`` (:attr:`Objective.spike_floor`: ln 2 for DPO, the loss of a model with no preference yet), and above
+    the median by ``min_delta`` as well; None otherwise (or when ``factor`` is 0: detection off).
+
+    The floor is why a converging DPO run is not stopped: its pair losses fall towards 0 (median 0.02) while a hard batch
+    still scores 0.5-1.5, 25-75 x the median but below 3 x ln 2; a diverging one goes far above (log-sigmoid of large
+    negative margins)."""
     if not factor or len(recent) < SPIKE_MIN_HISTORY:
         return None
     med = statistics.median(recent)
-    return med if med > 0 and loss > factor * med and loss - med > min_delta else None
+    ref = max(med, floor)
+    return med if ref > 0 and loss > factor * ref and loss - med > min_delta else None
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -259,6 +265,11 @@ class Objective:
     the window into micro-batches, and for each calls ``collate`` then ``loss_sum`` (the *sum* of the
     per-unit losses in that micro-batch, plus figures to log as sums). The step loss is
     sum / weight, so any micro-batch x accumulation split of a window gives the same gradient."""
+
+    # The loss of a model that has learnt nothing of this objective yet (DPO's zero margin: ln 2). A loss spike is judged
+    # against the larger of this and the running median (`is_loss_spike`): objectives whose losses fall far below their
+    # starting scale while single batches stay noisy (preference losses) are compared with their own scale. 0: the median only.
+    spike_floor: float = 0.0
 
     def weight(self, examples: list[dict]) -> int:
         raise NotImplementedError
@@ -728,9 +739,10 @@ class TrainLoop:
         if not math.isfinite(loss) or not math.isfinite(gnorm):
             return "gradient_overflow", {"loss": loss, "grad_norm": gnorm}
         hist = self.state.recent_losses
-        med = is_loss_spike(loss, hist, self.t.loss_spike_factor, self.t.loss_spike_min_delta)
+        floor = float(getattr(self.objective, "spike_floor", 0.0) or 0.0)
+        med = is_loss_spike(loss, hist, self.t.loss_spike_factor, self.t.loss_spike_min_delta, floor)
         if med is not None:
-            return "loss_spike", {"loss": loss, "running_median": med, "factor": self.t.loss_spike_factor}
+            return "loss_spike", {"loss": loss, "running_median": med, "objective_floor": round(floor, 6), "factor": self.t.loss_spike_factor}
         return None
 
     def _recover(self, w: int, kind: str, figures: dict) -> None:

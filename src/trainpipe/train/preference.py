@@ -52,6 +52,8 @@ the sign of its label.
 
 from __future__ import annotations
 
+import math
+
 import copy
 from dataclasses import asdict
 
@@ -280,6 +282,22 @@ def kto_losses(logps, ref_logps, labels, kl, *, beta: float, desirable_weight: f
     return torch.where(labels, desirable, undesirable), beta * ratio.detach()
 
 
+def pair_loss_at_zero_margin(method: str, pref) -> float:
+    """The per-pair loss of a policy with no preference yet (zero margin): the scale a loss spike is judged against
+    (`Objective.spike_floor`). sigmoid: ln 2; hinge: 1; ipo: (1 / 2β)²; simpo: softplus(γ); orpo: β·ln 2 (its NLL part is
+    judged by the median)."""
+    ln2 = math.log(2.0)
+    if method == "orpo":
+        return pref.beta * ln2
+    if pref.loss_type == "hinge":
+        return 1.0
+    if pref.loss_type == "ipo":
+        return (1.0 / (2.0 * pref.beta)) ** 2
+    if pref.loss_type == "simpo":
+        return math.log1p(math.exp(pref.simpo_gamma))
+    return ln2
+
+
 # ------------------------------------------------------------------------------ objectives
 
 
@@ -293,6 +311,7 @@ class PairObjective(Objective):
         self.nll_weight = 1.0 if method == "orpo" else pref.sft_weight
         self.length_normalised = method == "orpo" or pref.loss_type == "simpo"
         self._nll_scale: float | None = None
+        self.spike_floor = pair_loss_at_zero_margin(method, pref)
 
     def weight(self, examples: list[dict]) -> int:
         # the NLL term is a token mean over the whole window: each micro-batch's NLL sum is scaled by pairs / chosen tokens
@@ -347,6 +366,7 @@ class KTOObjective(Objective):
 
     def __init__(self, pref, reference: Reference, pad_id: int):
         self.pref, self.reference, self.pad_id = pref, reference, pad_id
+        self.spike_floor = 0.5 * max(pref.desirable_weight, pref.undesirable_weight)  # 1 - sigmoid(0), weighted: KTO's start
 
     def weight(self, examples: list[dict]) -> int:
         return len(examples)

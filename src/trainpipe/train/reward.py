@@ -133,6 +133,8 @@ class BradleyTerry(Objective):
 
     shards_eval = True  # in-training evals under several processes: each rank scores its batches (evaluate/shard.py)
 
+    spike_floor = 0.6931471805599453  # ln 2: −log σ(0), the loss of a reward model that cannot tell the pair apart yet
+
     def __init__(self, pad_id: int):
         self.pad_id = pad_id
 
