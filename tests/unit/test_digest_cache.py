@@ -100,8 +100,8 @@ def test_off_switch_and_unreadable_cache_file(tmp_path, big, monkeypatch):
     (tmp_path / "digests.json").write_text("{not json")
     c = DigestCache(tmp_path / "digests.json")
     assert c.sha256(big) == _sha(big) and c.misses == 1  # a broken cache file only costs a re-hash
-    c.flush()
-    assert json.loads((tmp_path / "digests.json").read_text())["version"] == dg.VERSION
+    c.flush()  # a file trainpipe cannot prove it wrote is never replaced (issue 22): the cache stays in memory
+    assert (tmp_path / "digests.json").read_text() == "{not json"
     monkeypatch.setenv("TRAINPIPE_DIGEST_CACHE", "off")
     c.sha256(big)
     assert c.misses == 2 and c.hits == 0

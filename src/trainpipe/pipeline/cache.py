@@ -101,13 +101,13 @@ class StepCache:
         """Re-hash every file of every entry in full (`trainpipe cache verify`); an entry that fails is removed with
         its artefacts when `remove` (the next run rebuilds it). Returns [{step, key, ok, problem}]."""
         out = []
+        written = dict(self.store.digests.entries) if self.store.local else None  # the stats trainpipe hashed, before the re-hash
         for e in self.entries():
             look = self.lookup(e["step"], e["key"], full=True)
             ok = look.entry is not None
             out.append({"step": e["step"], "key": e["key"], "ok": ok, "problem": look.warning})
             if not ok and remove:
-                self.store.rm(f"artifacts/{e['step']}/{e['key']}")
-                self.store.rm(e["_entry"])
+                self._drop(e, dry_run=False, everything_proven=True, written=written)
         if self.store.local:
             self.store.digests.flush()
         return out
@@ -128,41 +128,91 @@ class StepCache:
         return entry
 
     def entries(self) -> list[dict]:
+        """The store's index: every cache entry (a JSON file under `cache/<step>/` with its step, key and outputs)."""
         out = []
         for step_dir in self.store.ls("cache"):
             for k in self.store.ls(step_dir):
                 if not k.endswith(".json"):
                     continue
                 e = self.store.get_json(k)
-                if e:
-                    size = sum(sum(self.store.walk_files(o["key"]).values()) for o in e.get("outputs", {}).values())
-                    out.append(e | {"_size": size, "_entry": k})
+                if not (isinstance(e, dict) and isinstance(e.get("step"), str) and isinstance(e.get("key"), str) and isinstance(e.get("outputs"), dict)
+                        and k == self.entry_key(e["step"], e["key"])):
+                    continue  # not a cache entry (nothing trainpipe lists, nothing gc touches)
+                size = sum(sum(self.store.walk_files(o["key"]).values()) for o in e["outputs"].values() if isinstance(o, dict) and "key" in o)
+                out.append(e | {"_size": size, "_entry": k})
         return sorted(out, key=lambda e: e.get("created", 0))
 
-    def gc(self, *, keep: set[tuple[str, str]], dry_run: bool = False) -> list[str]:
-        """Remove every entry (and its artefacts) not in `keep` ((step, key) pairs the pipelines' latest runs use),
-        artefact folders without an entry and temporaries left by an interrupted write. Returns what was removed."""
-        removed = []
-        live = set()
-        for e in self.entries():
-            if (e["step"], e["key"]) in keep:
-                live.add((e["step"], e["key"]))
+    def _entry_is_ours(self, e: dict) -> bool:
+        body = {k: v for k, v in e.items() if k != "checksum" and not k.startswith("_")}
+        return e.get("checksum") == sha256_bytes(canonical(body)) or self.store.owned(e["_entry"])
+
+    def _drop(self, e: dict, *, dry_run: bool, everything_proven: bool = False, written: dict | None = None) -> tuple[list[str], list[str]]:
+        """Remove what entry `e` lists (its outputs' files whose content still matches the entry), then the entry itself
+        (when its own checksum verifies, or the ownership manifest proves it). `everything_proven` (cache verify, whose
+        entry failed): an output folder the ownership manifest proves trainpipe's (unchanged since written) goes whole."""
+        removed: list[str] = []
+        kept: list[str] = []
+        for name, o in e["outputs"].items():
+            if not (isinstance(o, dict) and isinstance(o.get("key"), str) and isinstance(o.get("files"), dict)):
                 continue
+            if o["key"] != self.artifact_key(e["step"], e["key"], name):
+                continue  # an entry never lists anything outside its own artefact folder
+            if everything_proven and self.store.owned(o["key"]):
+                removed.append(o["key"])
+                if not dry_run:
+                    self.store.rm(o["key"])
+                continue
+            r, k = self.store.remove_listed(o["key"], o["files"], dry_run=dry_run, written=written)
+            removed += r
+            kept += k
+        if self._entry_is_ours(e):
             removed.append(e["_entry"])
             if not dry_run:
-                self.store.rm(f"artifacts/{e['step']}/{e['key']}")
-                self.store.rm(e["_entry"])
+                p = self.store.path(e["_entry"])
+                if self.store.local:
+                    if Path(p).is_file() and not Path(p).is_symlink():
+                        Path(p).unlink()
+                        from trainpipe import ownership
+
+                        ownership.forget(Path(p).parent, Path(p).name)
+                        self.store._prune(p.rsplit("/", 1)[0])
+                else:
+                    self.store.fs.rm(p)
+        else:
+            kept.append(e["_entry"])
+        return removed, kept
+
+    def gc(self, *, keep: set[tuple[str, str]], dry_run: bool = False) -> list[str]:
+        """Remove every entry not in `keep` ((step, key) pairs the pipelines' latest runs use) with the files it lists
+        (those whose content still matches the entry), artefacts without an entry and temporaries left by an interrupted
+        write when the ownership manifest proves them trainpipe's (a local store). Nothing else in the store is touched:
+        a file added or changed there by anyone else stays (listed in `self.kept`). Returns what was removed (or, with
+        `dry_run`, what would be)."""
+        removed: list[str] = []
+        self.kept: list[str] = []
+        entries = self.entries()
+        indexed = {(e["step"], e["key"]) for e in entries}
+        for e in entries:
+            if (e["step"], e["key"]) in keep:
+                continue
+            r, k = self._drop(e, dry_run=dry_run)
+            removed += r
+            self.kept += k
         for step_dir in self.store.ls("artifacts"):
             step = step_dir.rsplit("/", 1)[-1]
             for k in self.store.ls(step_dir):
-                key = k.rsplit("/", 1)[-1]
-                if (step, key) not in live:
-                    removed.append(k)
-                    if not dry_run:
-                        self.store.rm(k)
+                if not self.store.fs.isdir(self.store.path(k)):
+                    continue
+                for item in self.store.ls(k):
+                    if (step, k.rsplit("/", 1)[-1]) in indexed and ".tmp-" not in item.rsplit("/", 1)[-1]:
+                        continue  # an entry's output: removed above with its entry, or kept with it
+                    if self.store.owned(item):  # an output written with no entry after it (interrupted), or a temporary
+                        removed.append(item)
+                        if not dry_run:
+                            self.store.rm(item)
         for step_dir in self.store.ls("cache"):
             for k in self.store.ls(step_dir):
-                if ".tmp-" in k:
+                if ".tmp-" in k.rsplit("/", 1)[-1] and self.store.owned(k):
                     removed.append(k)
                     if not dry_run:
                         self.store.rm(k)

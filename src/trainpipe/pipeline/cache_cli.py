@@ -1,4 +1,8 @@
-"""`trainpipe cache ls | gc`: the pipeline's step cache (cache.py) in its artefact store (store.py)."""
+"""`trainpipe cache ls | gc | verify`: the pipeline's step cache (cache.py) in its artefact store (store.py).
+
+A folder given as `--store` must be a store trainpipe made (its `.trainpipe-store.json`, store.py): any other folder
+that holds anything is refused before anything is listed or deleted. `gc` deletes only what the store's cache entries
+list, and only the files whose content still matches the entry."""
 
 from __future__ import annotations
 
@@ -59,12 +63,18 @@ def cache_gc(config: Path | None, store: str | None, *, everything: bool = False
         for k in st.ls("pipelines"):
             rec = st.get_json(k) or {}
             keep |= {(s["kind"], s["key"]) for s in rec.get("steps", [])}
-    removed = StepCache(st).gc(keep=keep, dry_run=dry_run)
+    cache = StepCache(st)
+    removed = cache.gc(keep=keep, dry_run=dry_run)
     con = ui.console()
     verb = "would remove" if dry_run else "removed"
-    con.print(f"cache gc: {verb} {len(removed)} item(s), kept {len(keep)} entr{'y' if len(keep) == 1 else 'ies'} the pipelines' latest runs use", markup=False)
+    con.print(f"cache gc: {verb} {len(removed)} item(s) the store's cache entries list, kept {len(keep)} entr{'y' if len(keep) == 1 else 'ies'} "
+              f"the pipelines' latest runs use", markup=False, soft_wrap=True)
     for r in removed:
-        con.print(f"  {r}", markup=False)
+        con.print(f"  {r}", markup=False, soft_wrap=True)
+    if cache.kept:
+        con.print(f"cache gc: left {len(cache.kept)} file(s) an entry lists but whose content changed since trainpipe wrote it (or that no entry "
+                  f"proves trainpipe's); trainpipe deletes only what it can prove it made: " + ", ".join(cache.kept[:10])
+                  + (f" and {len(cache.kept) - 10} more" if len(cache.kept) > 10 else ""), markup=False, soft_wrap=True)
     return removed
 
 

@@ -28,8 +28,10 @@ Correctness details:
 - files trainpipe itself writes into a local store (`store.put_path`) are hashed from the stored copy right after it
   is written (under a temporary name only this process knows) and recorded under that copy's stat, so the first
   re-run already verifies them by stat.
-- the cache file is written atomically (tmp + os.replace), merged with what another process wrote since it was read;
-  a lost update only costs a re-hash. A cache file that does not parse is ignored (everything is hashed again).
+- the cache file is written atomically (tmp + os.replace) through the ownership rule (ownership.py: recorded in its
+  folder's manifest; a file of that name trainpipe did not write is never replaced, the cache then stays in memory),
+  merged with what another process wrote since it was read; a lost update only costs a re-hash. A cache file that does
+  not parse is ignored (everything is hashed again).
 """
 
 from __future__ import annotations
@@ -37,7 +39,6 @@ from __future__ import annotations
 import json
 import os
 import time
-import uuid
 from pathlib import Path
 
 from trainpipe.hashing import file_sha256
@@ -104,13 +105,13 @@ class DigestCache:
             else:
                 merged[p] = rec
         merged = {p: r for p, r in merged.items() if os.path.exists(p)}  # files deleted since: dropped
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f"{self.path.name}.tmp-{uuid.uuid4().hex[:8]}")
-        try:
-            tmp.write_text(json.dumps({"version": VERSION, "files": merged}, separators=(",", ":")), encoding="utf-8")
-            os.replace(tmp, self.path)
-        except OSError:
-            tmp.unlink(missing_ok=True)  # a cache that cannot be written only costs re-hashing
+        from trainpipe import ownership
+
+        try:  # the ownership rule: atomic, recorded, never over a file of that name trainpipe did not write
+            ownership.write_text(self.path, json.dumps({"version": VERSION, "files": merged}, separators=(",", ":")),
+                                 what="the digest cache (digests.json)")
+        except (OSError, ownership.OwnershipError):
+            pass  # a cache that cannot be written only costs re-hashing (a store refuses a foreign digests.json when it opens)
         self._entries = merged
         self._changed.clear()
 
