@@ -15,13 +15,36 @@ def _output_dir(cfg: RunConfig) -> Path:
     return Path(cfg.output_dir or f"runs/{cfg.name or 'run'}").resolve()
 
 
+def _prepare_folder(cfg: RunConfig) -> Path:
+    """OUTPUT_DIR/data, where the prepare step writes its report files, by the ownership rule (ownership.py): the run folder
+    gets a manifest, `data/` is registered before it is written (pending: a kill leaves it provably trainpipe's) and is
+    used only when it is new, empty or trainpipe's own; a `data/` of someone else's files is refused, nothing written."""
+    from trainpipe import ownership
+    from trainpipe.errors import RunDirError
+    from trainpipe.pipeline import rundir
+
+    root = _output_dir(cfg)
+    out = root / "data"
+    if out.exists() and (not out.is_dir() or out.is_symlink() or (any(out.iterdir()) and not ownership.is_ours(out))):
+        bad = [n for n in rundir.unproven(root) if n == "data" or n.startswith("data/")] or ["data"]
+        shown = ", ".join(f"`{n}`" for n in bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+        raise RunDirError(
+            f"The prepare step writes its report files into `{out}`, and that path holds {shown}, which trainpipe cannot prove it "
+            f"wrote (not listed with their content in `{root / ownership.MANIFEST}`); trainpipe never writes over files it did not "
+            f"make. Nothing was written. Move them away, or point `output_dir` at a folder of its own (e.g. `runs/NEW_NAME`)."
+        )
+    ownership.make_dir(root, what="the run folder (`output_dir`)", reads=rundir.protected_paths(cfg, None))
+    ownership.intend(root, "data")
+    out.mkdir(exist_ok=True)
+    return out
+
+
 def run_prepare(cfg: RunConfig, tokenizer, *, quiet: bool = False):
     from trainpipe import ui
     from trainpipe.data.prepare import prepare
     from trainpipe.data.tokenize import setup_chat_template
 
-    out = _output_dir(cfg) / "data"
-    out.mkdir(parents=True, exist_ok=True)
+    out = _prepare_folder(cfg)
     template = setup_chat_template(tokenizer, cfg.data.chat_template, cfg.model.name_or_path)
     with ui.progress() as bar:
         task = bar.add_task("prepare", total=None)
@@ -35,6 +58,9 @@ def run_prepare(cfg: RunConfig, tokenizer, *, quiet: bool = False):
         import shutil
 
         shutil.copyfile(dups, out / "duplicates.jsonl")
+    from trainpipe import ownership
+
+    ownership.record(out)  # OUTPUT_DIR/data fingerprinted into the run folder's manifest: `trainpipe run` takes it as its own
     if not quiet:
         from trainpipe.data.report import summary_lines
 

@@ -275,8 +275,15 @@ def run_pipeline(cfg: RunConfig, *, config_path: str | None = None, store: str |
     if (cfg.stages or cfg.method.adapters) and not root_locked:
         from trainpipe.pipeline import rundir
 
-        with rundir.RunLock(Path(cfg.output_dir).resolve()):
-            return run_pipeline(cfg, config_path=config_path, store=store, no_cache=no_cache, only=only, root_locked=True)
+        from trainpipe.pipeline.run import part_names
+
+        root = Path(cfg.output_dir).resolve()
+        with rundir.RunLock(root):
+            rundir.begin(root, part_names(cfg))  # sub-run folders, the root's files: pending until sealed at the end
+            try:
+                return run_pipeline(cfg, config_path=config_path, store=store, no_cache=no_cache, only=only, root_locked=True)
+            finally:
+                _seal_root(root, part_names(cfg))
     steps = build_dag(cfg, check_inputs=True)
     st = ArtifactStore(store or default_store(cfg))
     cache = StepCache(st)
@@ -327,10 +334,25 @@ def run_parts(cfg: RunConfig, *, config_path: str | None, overwrite: bool, resum
     root = Path(cfg.output_dir).resolve()
     build_dag(cfg, check_inputs=True)  # every stage's / adapter's config, data files and base checked before the folder is touched
     rundir.check_not_data(root, rundir.protected_paths(cfg, config_path))
+    from trainpipe.pipeline.run import part_names
+
     with rundir.RunLock(root):  # one run per folder: the whole DAG holds OUTPUT_DIR, each branch's run its own folder
         prepare_parent_dir(cfg, overwrite, resume, "stages" if cfg.stages else "adapters", config_path=config_path)
-        record = run_pipeline(cfg, config_path=config_path, store=cfg.pipeline.store or str(root / RUN_STORE), no_cache=overwrite, root_locked=True)
+        try:
+            record = run_pipeline(cfg, config_path=config_path, store=cfg.pipeline.store or str(root / RUN_STORE), no_cache=overwrite, root_locked=True)
+        finally:  # however the DAG ended: the root's artefacts and sub-run folders fingerprinted into its manifest
+            _seal_root(root, part_names(cfg))
     return json.loads(Path(record["summary"]).read_text(encoding="utf-8"))
+
+
+def _seal_root(root: Path, parts: list[str]) -> None:
+    """Seal OUTPUT_DIR of a stages / adapters run (pipeline/rundir.py `seal`); a failure warns, never hides the outcome."""
+    from trainpipe.pipeline import rundir
+
+    try:
+        rundir.seal(root, parts)
+    except OSError as exc:
+        ui.console().print(f"warning: {root / rundir.MANIFEST} not updated: {exc}", markup=False, soft_wrap=True)
 
 
 def parts_summary(cfg: RunConfig, steps: list[Step], record_steps: list[dict], t0: float) -> Path:
@@ -340,7 +362,9 @@ def parts_summary(cfg: RunConfig, steps: list[Step], record_steps: list[dict], t
     root = Path(cfg.output_dir).resolve()
     from trainpipe.config import dump_yaml
 
-    (root / "config.resolved.yaml").write_text(dump_yaml(cfg), encoding="utf-8")  # the whole config (also under `pipeline run`)
+    from trainpipe import ownership
+
+    ownership.write_text(root / "config.resolved.yaml", dump_yaml(cfg), what="the resolved config")  # the whole config (also under `pipeline run`)
     if cfg.stages:
         from trainpipe.pipeline.stages import stages_summary
 
@@ -443,9 +467,11 @@ def _restore(step: Step, entry: dict, st: ArtifactStore) -> None:
 
     kind, foreign = rundir.ownership(run_dir)
     if kind == "foreign":
-        raise PipelineError(f"`{run_dir}` holds files trainpipe did not write ({', '.join(foreign[:5])}); the pipeline will not replace them with the "
-                            "cached run. Move them away or choose another `output_dir`.")
+        raise PipelineError(f"`{run_dir}` holds {', '.join(f'`{n}`' for n in foreign[:5])}, which trainpipe cannot prove it wrote (not listed with "
+                            f"their content in its `{rundir.MANIFEST}`); the pipeline will not replace them with the cached run. Nothing was deleted. "
+                            "Move them away or choose another `output_dir`.")
     st.materialize(entry["outputs"]["run"]["key"], run_dir)
+    rundir.seal(run_dir)  # the restored run folder, written by trainpipe just now: its artefacts proven where they now lie
 
 
 def _local_input(entries: dict, src: str, out: str, st: ArtifactStore, work: Path) -> Path:
@@ -588,7 +614,9 @@ def _step_train(step: Step, entries, st, work: Path, *, config_path: str | None,
             run(step.cfg, config_path=config_path, overwrite=True, lineage=lineage)
     finally:
         tracking.REGISTER_AT_END = True
-    (run_dir / ".pipeline-step.json").write_text(json.dumps({"step": step.id, "key": key}) + "\n", encoding="utf-8")
+    from trainpipe import ownership
+
+    ownership.write_text(run_dir / ".pipeline-step.json", json.dumps({"step": step.id, "key": key}) + "\n", what="the pipeline step's mark")
     return {"run": run_dir}
 
 

@@ -11,7 +11,9 @@ Reads top to bottom. The run directory contract:
     checkpoints/           Trainer checkpoints (best by `training.metric_for_best` kept; eval loss by default)
     model/                 the exported best model (only once training finished)
     summary.json           `baseline` and `final` metric dicts, training figures, artefact paths
-    .trainpipe-run         the ownership marker (run id): only a folder holding it is ever cleared (pipeline/rundir.py)
+    .trainpipe-run         the run's identity marker (run id; checkpoints are labelled with it); it proves nothing
+    .trainpipe-owned.json  the manifest (ownership.py): what trainpipe wrote here, fingerprinted; only a folder whose every
+                           entry it proves is ever cleared (pipeline/rundir.py)
     .trainpipe.lock        held while the run is running: one run per folder
 """
 
@@ -36,32 +38,37 @@ from trainpipe.train.loop import EXIT_PREEMPTED, OutOfMemoryPlan, Preempted, Sto
 
 
 def prepare_run_dir(output_dir: str, overwrite: bool, allow_unfinished: bool = False, protected: list | None = None) -> Path:
-    """Lay out a fresh run in ``output_dir`` (the caller holds its lock): an empty folder is used, an earlier run of ours is
-    cleared with `overwrite` (or, with `allow_unfinished`, when it never finished), anything else is refused with nothing
-    deleted (pipeline/rundir.py has the rules). The folder gets a new ownership marker."""
+    """Lay out a fresh run in ``output_dir`` (the caller holds its lock): an empty folder (or one holding only what
+    `trainpipe data prepare` wrote) is used, an earlier run its manifest proves trainpipe's is cleared with `overwrite`
+    (or, with `allow_unfinished`, when it never finished), anything else is refused with nothing deleted
+    (pipeline/rundir.py has the rules). The folder gets a new run marker and is sealed (`rundir.begin`)."""
     run_dir = Path(output_dir).resolve()
     kind, _ = rundir.ownership(run_dir)
-    if kind != "empty":
+    if kind in ("ours", "foreign"):
         unfinished = allow_unfinished and not (run_dir / "summary.json").exists() and not (run_dir / "model").exists()
-        if kind != "foreign" and not (overwrite or unfinished):
+        if kind == "ours" and not (overwrite or unfinished):
             raise RunDirError(
                 f"`{run_dir}` already holds files from an earlier run. Pass `--overwrite` to replace them, or choose "
                 "another directory with `--set output_dir=runs/NEW_NAME`."
             )
-        why = "`--overwrite`" if overwrite else ("a fresh start" if kind == "foreign" and not unfinished else "`--resume` found no checkpoint to continue")
+        why = "`--overwrite`" if overwrite else ("a fresh start" if not unfinished else "`--resume` found no checkpoint to continue")
         rundir.clear(run_dir, overwrite=overwrite, protected=protected or [], why=why)
     run_dir.mkdir(parents=True, exist_ok=True)
     rundir.write_marker(run_dir)
+    rundir.begin(run_dir)
     return run_dir
 
 
 def prepare_parent_dir(cfg: RunConfig, overwrite: bool, resume: bool, parts: str, config_path: str | None = None) -> Path:
-    """The root of a multi-part run (stages, adapters), under its lock: cleared with `overwrite` (when ours), kept with
-    `resume` (finished parts are reused), refused otherwise; the run's config is written there."""
+    """The root of a multi-part run (stages, adapters), under its lock: cleared with `overwrite` (when its manifest proves
+    it trainpipe's), kept with `resume` (finished parts are reused), refused otherwise; the run's config is written there
+    and the root is sealed with its sub-run folders pending (`rundir.begin`)."""
+    from trainpipe import ownership
+
     root = Path(cfg.output_dir or f"runs/{cfg.name or 'run'}").resolve()
     protected = rundir.protected_paths(cfg, config_path)
     kind, _ = rundir.ownership(root)
-    if kind != "empty":
+    if kind in ("ours", "foreign"):
         if overwrite or kind == "foreign":
             rundir.clear(root, overwrite=overwrite, protected=protected, why="`--overwrite`" if overwrite else "a new run")
         elif not (resume or cfg.training.resume == "auto"):
@@ -71,9 +78,36 @@ def prepare_parent_dir(cfg: RunConfig, overwrite: bool, resume: bool, parts: str
             )
     root.mkdir(parents=True, exist_ok=True)
     if rundir.read_marker(root) is None:
-        rundir.write_marker(root, legacy=kind == "legacy")
-    (root / "config.resolved.yaml").write_text(dump_yaml(cfg), encoding="utf-8")
+        rundir.write_marker(root)
+    rundir.begin(root, part_names(cfg))
+    ownership.write_text(root / "config.resolved.yaml", dump_yaml(cfg), what="the resolved config", reads=inputs(cfg, config_path))
     return root
+
+
+def inputs(cfg: RunConfig, config_path: str | None) -> list[tuple[Path, str]]:
+    """What a run reads and never writes over (`ownership.write_text`'s `reads`): its data, model and reward model. The
+    config file is left out: a run started from an earlier run's `config.resolved.yaml` writes that file again."""
+    return [(p, what) for p, what in rundir.protected_paths(cfg, config_path) if what != "the config file"]
+
+
+def part_names(cfg: RunConfig) -> list[str]:
+    """The sub-run folders a multi-part run writes at the top of OUTPUT_DIR: one per stage (adapters live under `adapters/`)."""
+    if not cfg.stages:
+        return []
+    from trainpipe.pipeline.stages import stage_names
+
+    return list(stage_names(cfg))
+
+
+def damaged_checkpoints(run_dir: Path, skipped: list[str]) -> RunDirError:
+    """`training.resume: auto` found checkpoints, every one failing its check: the folder is not cleared (issue 22)."""
+    return RunDirError(
+        f"`{run_dir / 'checkpoints'}` holds checkpoints of this run, but every one fails its check ({'; '.join(skipped)}), so "
+        f"there is nothing to resume from, and trainpipe does not clear the folder to start over: damaged checkpoints are no "
+        f"longer what trainpipe wrote, so the folder is not provably its own. Nothing was deleted. Find the cause (a failing "
+        f"disk, an incomplete copy), restore the checkpoints from a copy to resume, or start fresh in another folder with "
+        f"`--set output_dir=runs/NEW_NAME` (or delete `{run_dir}` by hand first)."
+    )
 
 
 class Interrupted(TrainpipeError):
@@ -155,14 +189,20 @@ def run(cfg: RunConfig, *, config_path: str | None = None, overwrite: bool = Fal
         return _run_in(cfg, plan, hw, run_dir, config_path, t_start, resume_from, notes, lineage)
     with rundir.RunLock(run_dir):  # one run per folder, from here until the run ends however it ends
         want = resume or cfg.training.resume == "auto"
-        kind, foreign = rundir.ownership(run_dir)
-        if want and not overwrite and kind == "foreign":
-            rundir.clear(run_dir, overwrite=False, protected=protected, why="`--resume`")  # refuses, naming the foreign files
+        kind, _ = rundir.ownership(run_dir)
+        if want and not overwrite and kind == "foreign" and not (run_dir / "checkpoints").is_dir():
+            rundir.clear(run_dir, overwrite=False, protected=protected, why="`--resume`")  # refuses, naming the unproven entries
         resume_from, notes = find_resume_point(cfg, want, explicit=resume, overwrite=overwrite)
+        if resume_from is None and want and not overwrite and notes and (run_dir / "checkpoints").is_dir():
+            skipped = [n for n in notes if not n.startswith("changed (safe")]
+            if skipped:  # every checkpoint of the run fails its checksum: refused, nothing deleted
+                raise damaged_checkpoints(run_dir, skipped)
         if resume_from is None:
             prepare_run_dir(str(run_dir), overwrite, allow_unfinished=want, protected=protected)
-        elif rundir.read_marker(run_dir) is None:  # a run of a trainpipe without markers: adopted, its checkpoints accepted
-            rundir.write_marker(run_dir, legacy=True)
+        else:
+            if rundir.read_marker(run_dir) is None:  # a run of a trainpipe without markers: adopted, its checkpoints accepted
+                rundir.write_marker(run_dir, legacy=True)
+            rundir.begin(run_dir)  # the resumed run writes on: its artefacts pending until it ends
         dist_env.broadcast_object((resume_from, notes))  # no-op for one process
         return _run_in(cfg, plan, hw, run_dir, config_path, t_start, resume_from, notes, lineage)
 
@@ -170,7 +210,9 @@ def run(cfg: RunConfig, *, config_path: str | None = None, overwrite: bool = Fal
 def _run_in(cfg: RunConfig, plan, hw, run_dir: Path, config_path: str | None, t_start: float, resume_from, notes: list, lineage: dict | None) -> dict:
     main = dist_env.is_main()  # only rank 0 writes into the run directory
     if main:
-        (run_dir / "config.resolved.yaml").write_text(dump_yaml(cfg), encoding="utf-8")
+        from trainpipe import ownership
+
+        ownership.write_text(run_dir / "config.resolved.yaml", dump_yaml(cfg), what="the resolved config", reads=inputs(cfg, config_path))
     events = EventLog(run_dir / "events.jsonl", echo=ui.echo_event) if main else dist_env.NullEventLog()
     events.emit("run_started", run_dir=str(run_dir), config_hash=cfg.hash(), resume_from=str(resume_from.path) if resume_from else None, resume_notes=notes)
     tracker = _start_tracking(cfg, run_dir, events) if main else None  # MLflow / W&B / TensorBoard (track/tracking.py)
@@ -208,12 +250,22 @@ def _run_in(cfg: RunConfig, plan, hw, run_dir: Path, config_path: str | None, t_
         events.emit("run_failed", level="error", error=type(exc).__name__, message=str(getattr(exc, "message", exc))[:500])
         raise
     finally:
-        if main:  # report.html after every run, also after a failure (with what exists)
+        if main:  # report.html after every run, also after a failure (with what exists); then the folder is sealed
             _write_report(run_dir)
+            _seal(run_dir)
         if tracker is not None:
             from trainpipe.track import tracking
 
             tracker.finish(status, register=tracking.REGISTER_AT_END)
+
+
+def _seal(run_dir: Path) -> None:
+    """Fingerprint the run's artefacts into its manifest (pipeline/rundir.py `seal`), however the run ended; a seal that
+    fails warns and never hides the run's own outcome (the entries stay pending: still provably the run's)."""
+    try:
+        rundir.seal(run_dir)
+    except OSError as exc:
+        ui.console().print(f"warning: {run_dir / rundir.MANIFEST} not updated: {exc}", markup=False, soft_wrap=True)
 
 
 def _write_report(run_dir: Path) -> None:

@@ -1,22 +1,32 @@
 """What trainpipe may do to an output folder: own it, lock it, clear it, write below it.
 
-The rules (issue 16):
+The rules (issue 16, issue 22):
 
-- **Ownership.** A run writes the marker ``.trainpipe-run`` (JSON: run id, created time,
-  trainpipe version) into its output folder before anything else. A folder counts as
-  - *ours*: it holds the marker;
-  - *legacy*: no marker (made by a trainpipe older than the marker), and every entry is a
-    run artefact trainpipe writes (config.resolved.yaml, events.jsonl, checkpoints/, ...,
-    or a sub-run folder of a stages/adapters run) and at least one of them says it is a run;
-  - *foreign*: anything else that is not empty.
+- **Identity.** A run writes the marker ``.trainpipe-run`` (JSON: run id, created time,
+  trainpipe version) into its output folder; its checkpoints are labelled with that run id.
+  The marker names the run; it proves nothing about what may be deleted (anyone can write or
+  copy one).
+- **Ownership** is the manifest rule of :mod:`trainpipe.ownership`: ``.trainpipe-owned.json``
+  lists the entries trainpipe made, each with a fingerprint of its content. A folder counts as
+  - *empty*: nothing but the marker, the lock and the manifest;
+  - *prepared*: nothing but ``data/`` as `trainpipe data prepare` wrote it (proven), which a
+    run takes as a fresh start;
+  - *ours*: every entry proven by the manifest (pending entries of a run that was killed
+    mid-write included);
+  - *foreign*: anything else; the unproven entries are named. A run of a trainpipe older than
+    the manifest is foreign too: it is deleted by hand, never by trainpipe.
+- **Sealing.** A run seals its folder (:func:`begin`) right after laying it out, and marks the
+  names it is about to write as pending, so that a kill at any moment leaves a folder that is
+  still provably its own; checkpoints are registered before they are written and fingerprinted
+  after the rename (train/checkpoints.py); the run seals again when it ends however it ends
+  (:func:`seal`). Entries a person added (notes, an analysis folder) are never sealed.
 - **Deletion.** trainpipe clears a folder only when it is ours (``--overwrite``, or a resume
-  that finds no checkpoint to continue), or legacy with an explicit ``--overwrite``; never a
-  foreign one, and never one that is or contains the config file, a data source, the model
-  folder, the working directory or the home directory, even when it is ours. Clearing keeps
-  the folder, the lock and the marker (rewritten with a new run id) so that a kill half-way
-  leaves a folder that is still recognisably ours.
-- **Resume** continues a folder that is ours or legacy (a legacy one is adopted: it gets a
-  marker that also accepts its unlabelled checkpoints); a foreign folder is refused.
+  that finds no checkpoint to continue); never a foreign one, and never one that is or
+  contains the config file, a data source, the model folder, the working directory or the home
+  directory, even when it is ours. Clearing keeps the folder, the lock, the manifest and the
+  marker (rewritten with a new run id).
+- **Resume** continues from a checkpoint of the run (checksums verified, labelled with the
+  marker's run id); a resume writes beside a person's files and deletes none of them.
 - **Lock.** One run per folder: ``.trainpipe.lock`` is created with O_CREAT|O_EXCL and holds
   the pid, host and start time; a lock whose pid is dead on this host is stale and taken over;
   it is released when the run ends, however it ends.
@@ -28,15 +38,17 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import time
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 
+from trainpipe import ownership as owned
 from trainpipe.errors import RunDirError
 from trainpipe.train.checkpoints import RUN_MARKER as MARKER
 LOCK = ".trainpipe.lock"
+MANIFEST = owned.MANIFEST
 # every name trainpipe writes at the top of a run folder (run.py's contract, stages/adapters roots, export, report)
 ARTEFACTS = frozenset({
     "config.resolved.yaml", "manifest.json", "events.jsonl", "metrics.jsonl", "data_report.json", "rejected.jsonl",
@@ -44,14 +56,13 @@ ARTEFACTS = frozenset({
     "base", "base.tmp", "export", "adapters", "adapters.json", "report.html", "report",
     # evaluation, gates and the report (evaluate/, report/html.py); tracking and pipeline state (track/, pipeline/dag.py)
     "gates.json", "lengths.json", "review_samples.jsonl", "review.json", "forgetting.json", "benchmarks_baseline.json",
-    "tracking.json", "plan.json", "pipeline.json",
+    "tracking.json", "plan.json", "pipeline.json", "tensorboard", "wandb", ".pipeline-step.json",
     ".trainpipe-store",  # the step cache of `trainpipe run` with stages/adapters (pipeline/dag.py RUN_STORE)
 })
-RUN_EVIDENCE = ("config.resolved.yaml", "events.jsonl", "manifest.json", "summary.json", "checkpoints", "data/report.json")
 PREPARE_FILES = frozenset({"report.json", "rejected.jsonl", "duplicates.jsonl"})  # what `trainpipe prepare` writes into OUTPUT_DIR/data/
 
 
-# ----------------------------------------------------------------------------- ownership marker
+# ----------------------------------------------------------------------------- identity marker
 def read_marker(folder: Path) -> dict | None:
     try:
         data = json.loads((Path(folder) / MARKER).read_text(encoding="utf-8"))
@@ -61,7 +72,7 @@ def read_marker(folder: Path) -> dict | None:
 
 
 def write_marker(folder: Path, *, legacy: bool = False) -> dict:
-    """Mark ``folder`` as this run's, with a new run id (atomically: a reader sees the old marker or the new one)."""
+    """Name ``folder``'s run with a new run id (atomically: a reader sees the old marker or the new one)."""
     from trainpipe import __version__
 
     marker = {"run_id": uuid.uuid4().hex, "created": time.time(), "trainpipe": __version__, "pid": os.getpid(), "host": socket.gethostname()}
@@ -70,47 +81,67 @@ def write_marker(folder: Path, *, legacy: bool = False) -> dict:
     tmp = Path(folder) / f"{MARKER}.tmp-{os.getpid()}"
     tmp.write_text(json.dumps(marker, indent=2), encoding="utf-8")
     os.replace(tmp, Path(folder) / MARKER)
+    owned.record(Path(folder) / MARKER)
     return marker
 
 
-def _is_ours(name: str) -> bool:
-    return name == MARKER or name == LOCK or name.startswith(MARKER + ".tmp-") or name.startswith(LOCK + ".")
+def _internal(name: str) -> bool:
+    """The marker, the lock and the manifest (and their temporary files): trainpipe's by name, never a run's content."""
+    return (name in (MARKER, LOCK, MANIFEST) or name.startswith((MARKER + ".tmp-", LOCK + ".", MANIFEST + ".tmp-")))
 
 
 def entries(folder: Path) -> list[Path]:
-    """What is in ``folder`` besides trainpipe's own marker and lock."""
+    """What is in ``folder`` besides trainpipe's own marker, lock and manifest."""
     folder = Path(folder)
     if not folder.is_dir():
         return []
-    return sorted(p for p in folder.iterdir() if not _is_ours(p.name))
+    return sorted(p for p in folder.iterdir() if not _internal(p.name))
 
 
-def _looks_like_run(p: Path) -> bool:
-    return p.is_dir() and ((p / MARKER).is_file() or any((p / n).exists() for n in RUN_EVIDENCE))
-
-
-def _artefact(p: Path) -> bool:
-    """An entry trainpipe writes at the top of a run folder (`data/` only when it holds nothing but `trainpipe prepare`'s
-    report files: a folder of the user's data by that name is not ours)."""
-    if p.name == "data":
-        return p.is_dir() and all(f.name in PREPARE_FILES for f in p.iterdir())
-    return p.name in ARTEFACTS or _looks_like_run(p)
+def unproven(folder: Path) -> list[str]:
+    """The entries of ``folder`` (relative paths) that its manifest does not prove trainpipe's (the marker aside)."""
+    return [n for n in owned.foreign(Path(folder)) if not _internal(n.split("/")[0])]
 
 
 def ownership(folder: Path) -> tuple[str, list[str]]:
-    """("empty" | "ours" | "legacy" | "foreign", the foreign entries' names)."""
+    """("empty" | "prepared" | "ours" | "foreign", the unproven entries) by the manifest rule (module docstring)."""
     folder = Path(folder)
     items = entries(folder)
     if not items:
         return "empty", []
-    if read_marker(folder) is not None:
-        return "ours", []
-    foreign = [p.name for p in items if not _artefact(p)]
-    if foreign:
-        return "foreign", foreign
-    if any((folder / n).exists() for n in RUN_EVIDENCE) or any(_looks_like_run(p) for p in items):
-        return "legacy", []
-    return "foreign", [p.name for p in items]
+    bad = unproven(folder)
+    if bad:
+        return "foreign", bad
+    if [p.name for p in items] == ["data"] and all(f.name in PREPARE_FILES or _internal(f.name) for f in items[0].iterdir()):
+        return "prepared", []
+    return "ours", []
+
+
+def is_artefact(p: Path, parts: Iterable[str] = ()) -> bool:
+    """An entry a run writes at the top of its folder: the marker, a name of :data:`ARTEFACTS`, a sub-run folder of
+    ``parts`` (stage names). `data/` is sealed only by `trainpipe data prepare` (data/commands.py)."""
+    return p.name == MARKER or p.name in ARTEFACTS or p.name in set(parts)
+
+
+def seal(folder: Path, parts: Iterable[str] = ()) -> None:
+    """Fingerprint the run's artefacts in ``folder`` (:func:`is_artefact`) and resolve every pending entry. A person's
+    files (not artefact names) are never sealed. A missing folder is left missing."""
+    folder = Path(folder)
+    if folder.is_dir():
+        parts = list(parts)
+        owned.seal(folder, lambda p: is_artefact(p, parts))
+
+
+def begin(folder: Path, parts: Iterable[str] = ()) -> None:
+    """A run starts writing ``folder``: seal what is there, then register every artefact name (and sub-run folder) as
+    pending, so that a kill at any moment leaves a folder that is still provably the run's (:func:`seal` at the end
+    fingerprints them)."""
+    parts = list(parts)
+    seal(folder, parts)
+    pending = set(owned.read_manifest(folder)["pending"])
+    for name in sorted(ARTEFACTS | set(parts)):
+        if name not in pending:
+            owned.intend(folder, name)
 
 
 # ----------------------------------------------------------------------------- protected paths
@@ -172,7 +203,7 @@ def check_not_data(folder: Path, protected: list[tuple[Path, str]], key: str = "
 def clear(folder: Path, *, overwrite: bool, protected: list[tuple[Path, str]], why: str) -> None:
     """Empty ``folder`` for a fresh run, by the ownership rules above; refuse (deleting nothing) otherwise.
 
-    Keeps the folder itself, the lock and the marker; the caller writes a new marker afterwards."""
+    Keeps the folder itself, the lock, the manifest and the marker; the caller writes a new marker afterwards."""
     folder = Path(folder).resolve()
     for p, what in protected:
         if _covers(folder, p):
@@ -181,27 +212,25 @@ def clear(folder: Path, *, overwrite: bool, protected: list[tuple[Path, str]], w
                 f"never deletes a run's inputs, the working directory or the home directory, even with `--overwrite`. "
                 f"Nothing was deleted. Choose an output folder of its own, e.g. `--set output_dir=runs/NEW_NAME`."
             )
-    kind, foreign = ownership(folder)
+    kind, bad = ownership(folder)
     if kind == "empty":
         return
     if kind == "foreign":
-        shown = ", ".join(f"`{n}`" for n in foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
-        raise RunDirError(
-            f"Refusing to clear `{folder}` ({why}): it holds files trainpipe did not write ({shown}) and no `{MARKER}` "
-            f"marker, and trainpipe only ever deletes folders it created, even with `--overwrite`. Nothing was deleted. "
-            f"Choose another output folder (`--set output_dir=runs/NEW_NAME`), or move those files away yourself."
-        )
-    if kind == "legacy" and not overwrite:
-        raise RunDirError(
-            f"Refusing to clear `{folder}` ({why}): it holds an earlier trainpipe run without a `{MARKER}` marker (written by "
-            f"an older trainpipe), which is only cleared on an explicit `--overwrite`. Nothing was deleted. Pass `--overwrite` "
-            f"to replace it, or choose another folder with `--set output_dir=runs/NEW_NAME`."
-        )
-    for p in entries(folder):
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p)
-        else:
-            p.unlink()
+        raise RunDirError(refusal(folder, bad, why))
+    owned.clear_dir(folder, what=f"the run folder ({why})", keep=[MARKER])
+
+
+def refusal(folder: Path, bad: list[str], why: str) -> str:
+    """The one paragraph of a refused clear: which entries are unproven, that nothing was deleted, what to do."""
+    shown = ", ".join(f"`{n}`" for n in bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+    return (
+        f"Refusing to clear `{folder}` ({why}): it holds {shown}, which trainpipe cannot prove it wrote (its manifest "
+        f"`{MANIFEST}` does not list them with their current content: added or changed since the run, or the folder came "
+        f"from elsewhere; a `{MARKER}` marker proves nothing), and trainpipe only deletes what it can prove it made, even "
+        f"with `--overwrite`. Nothing was deleted. Move those entries away yourself, or choose another output folder "
+        f"(`--set output_dir=runs/NEW_NAME`); if this is a run of an older trainpipe (before `{MANIFEST}`), delete the "
+        f"folder by hand to start over."
+    )
 
 
 def inside(root: Path, name: str, what: str) -> Path:
@@ -278,8 +307,12 @@ class RunLock:
                 except FileNotFoundError:
                     pass
             self.held = False
-        if self.created_folder and self.folder.is_dir() and not any(self.folder.iterdir()):
-            self.folder.rmdir()  # refused before anything was written: leave no trace
+        if self.created_folder and self.folder.is_dir() and not entries(self.folder) and not (self.folder / MARKER).exists():
+            for p in self.folder.iterdir():  # refused before anything was written: leave no trace (an empty manifest at most)
+                if p.name == MANIFEST and not owned.read_manifest(self.folder)["entries"]:
+                    p.unlink()
+            if not any(self.folder.iterdir()):
+                self.folder.rmdir()
 
     def _holder(self) -> dict | None:
         try:

@@ -23,6 +23,11 @@ Ownership: the run folder's marker ``.trainpipe-run`` (pipeline/rundir.py) names
 checkpoint's manifest carries that ``run_id``, and listing, best, latest and rotation only ever
 consider the run's own checkpoints (one a foreign process dropped into ``checkpoints/`` is neither
 exported nor resumed from nor deleted). Without a marker (a bare folder) every checkpoint counts.
+The marker only names the run; what may be deleted is proven by the run folder's manifest
+(ownership.py, ``.trainpipe-owned.json``): a save registers its temporary folder there before
+writing (a kill mid-write leaves a folder still provably the run's) and fingerprints
+``checkpoints/`` after the rename; rotation fingerprints it again after deleting. A checkpoint
+that fails its checksum therefore no longer matches the manifest either.
 """
 
 from __future__ import annotations
@@ -203,6 +208,7 @@ class CheckpointManager:
 
         final = self.root / f"step-{step}"
         tmp = self.root / f".tmp-step-{step}-{os.getpid()}"
+        self._intend(tmp.name)
         try:
             if tmp.exists():
                 shutil.rmtree(tmp)
@@ -231,6 +237,7 @@ class CheckpointManager:
                 shutil.rmtree(final)
             os.rename(tmp, final)
             _fsync_dir(self.root)
+            self._seal()
         except Exception as exc:  # OSError, or torch's RuntimeError / safetensors' SafetensorError around one
             shutil.rmtree(tmp, ignore_errors=True)
             err = write_error(exc, self.root)
@@ -252,7 +259,32 @@ class CheckpointManager:
                 removed.append(c.path)
         for stale in self.root.glob(".tmp-step-*"):  # leftovers of a killed writer (the run folder's lock rules out a live one)
             shutil.rmtree(stale, ignore_errors=True)
+        self._seal()
         return removed
+
+    # ----------------------------------------------------------------- the run folder's manifest (ownership.py)
+    def _owned(self) -> bool:
+        """Whether the run folder keeps a manifest (a run lays one out; a bare folder of a unit test does not)."""
+        from trainpipe import ownership
+
+        return (self.root.parent / ownership.MANIFEST).is_file()
+
+    def _intend(self, name: str) -> None:
+        """Register ``checkpoints/<name>`` (or `checkpoints/` itself, new to the manifest) as about to be written."""
+        from trainpipe import ownership
+
+        if not self._owned():
+            return
+        top = self.root.parent
+        listed = self.root.name in ownership.read_manifest(top)["entries"]
+        ownership.intend(top, f"{self.root.name}/{name}" if listed else self.root.name)
+
+    def _seal(self) -> None:
+        """Fingerprint ``checkpoints/`` as it is now (after a save's rename, after a rotation) into the run's manifest."""
+        from trainpipe import ownership
+
+        if self._owned() and self.root.is_dir():
+            ownership.record(self.root)
 
     # ----------------------------------------------------------------- reading
     @staticmethod
