@@ -414,11 +414,13 @@ def eval_(
     from trainpipe.evaluate.standalone import evaluate_model
 
     cfg = load_config(config, set_ or [])
+    if out:  # refused before anything is evaluated: never an input, never a file trainpipe did not write
+        from trainpipe.evaluate.standalone import check_out, write_out
+
+        reads = check_out(out, model_or_run, cfg, config)
     res = evaluate_model(model_or_run, cfg)
     if out:
-        from trainpipe.track.manifest import write_json
-
-        write_json(out, res)
+        write_out(out, res, reads)
     from rich.table import Table
 
     table = Table(title=f"{res['model']} ({res['eval_examples']} eval examples)")
@@ -540,8 +542,10 @@ def config_schema(
     from trainpipe.config import json_schema
 
     text = json.dumps(json_schema(), indent=2)
-    if output:
-        output.write_text(text + "\n", encoding="utf-8")
+    if output:  # the ownership rule: a new path, or the schema trainpipe wrote there last time (never a user's file)
+        from trainpipe import ownership
+
+        ownership.write_text(output, text + "\n", what="the JSON Schema (`-o`)")
         typer.echo(f"wrote {output}")
     else:
         typer.echo(text)

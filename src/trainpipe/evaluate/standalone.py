@@ -3,6 +3,7 @@
 The config's data is prepared exactly as `trainpipe run` prepares it (same cache, same split, same seed) with the
 evaluated model's own tokenizer, and the same evaluator measures `eval.metrics` on the eval split, the test split,
 each forgetting set and each benchmark, so a model trained elsewhere is compared on the very examples a run used.
+`--out` is checked before anything is evaluated and written through the ownership rule (:func:`check_out`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,39 @@ def model_folder(path: str | Path) -> Path:
     if (p / "summary.json").exists() or (p / "events.jsonl").exists():
         raise ModelLoadError(f"`{p}` is a run directory without an exported model (`model/`): the run did not finish. Export its best checkpoint first with `trainpipe export {p}`.")
     raise ModelLoadError(f"`{p}` is neither a model folder (no config.json) nor a run directory with `model/`. Pass a folder saved with `save_pretrained`, or a finished run's `output_dir`.")
+
+
+def inputs(path: str | Path, cfg, config_path: str | Path | None) -> list[tuple[Path, str]]:
+    """What `trainpipe eval` reads, as (path, what it is): the config, its data sources, the evaluated model (and the run
+    folder around it), the base model, forgetting sets and local benchmark folders. `--out` is never written onto any."""
+    from trainpipe.pipeline.rundir import protected_paths
+
+    out = list(protected_paths(cfg, str(config_path) if config_path else None))
+    p = Path(path).expanduser().resolve()
+    out.append((p, f"the evaluated model `{path}`"))
+    for fs in cfg.eval.forgetting:
+        out.append((Path(fs.path).expanduser().resolve(), f"the forgetting set `{fs.path}`"))
+    for bm in cfg.eval.benchmarks:
+        if bm.include_path:
+            out.append((Path(bm.include_path).expanduser().resolve(), f"the benchmark folder `{bm.include_path}`"))
+    return out
+
+
+def check_out(out: str | Path, path: str | Path, cfg, config_path: str | Path | None) -> list[tuple[Path, str]]:
+    """Refuse `eval --out` before anything is evaluated (ownership rule: a new path or the figures trainpipe wrote there
+    last time, never an input of the command); returns the inputs for the write."""
+    from trainpipe import ownership
+
+    reads = inputs(path, cfg, config_path)
+    ownership.check_writable(out, what="the eval figures (`--out`)", reads=reads)
+    return reads
+
+
+def write_out(out: str | Path, res: dict, reads: list[tuple[Path, str]]) -> Path:
+    """Write the figures to `--out` through the ownership rule (redacted, atomic, recorded)."""
+    from trainpipe import ownership
+
+    return ownership.write_json(out, res, what="the eval figures (`--out`)", reads=reads)
 
 
 def evaluate_model(path: str | Path, cfg) -> dict:

@@ -84,13 +84,14 @@ def compare_html(runs: list[dict]) -> str:
 
 
 def compare_runs(run_dirs: list[str | Path], out: str | Path) -> tuple[Path, list[dict], list[tuple[str, list[str]]]]:
-    """Write the comparison page to ``out``; returns (path, runs, rows) for the terminal table."""
-    from trainpipe.redact import redact_text
+    """Write the comparison page to ``out``; returns (path, runs, rows) for the terminal table. Through the ownership
+    rule (ownership.py): a new path, or the page trainpipe wrote there last time; never a file the runs hold that the
+    page reads, nor their configs and data files, nor a file trainpipe did not write. Refused before anything is read."""
+    from trainpipe import ownership
+    from trainpipe.report.html import run_inputs
 
+    reads = [r for d in run_dirs for r in run_inputs(d)]
+    ownership.check_writable(out, what="the comparison page (`--out`)", reads=reads)
     runs = _runs(run_dirs)
-    path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(redact_text(compare_html(runs)), encoding="utf-8")
-    tmp.replace(path)
+    path = ownership.write_text(out, compare_html(runs), what="the comparison page (`--out`)", reads=reads)
     return path, runs, rows_of(runs)

@@ -352,21 +352,35 @@ def _section_manifest(r: dict) -> list[str]:
     return out
 
 
+RUN_INPUTS = ("summary.json", "metrics.jsonl", "events.jsonl", "data_report.json", "manifest.json", "forgetting.json", "gates.json",
+              "lengths.json", "measured_memory.json", "baseline.json", "config.resolved.yaml")
+
+
+def run_inputs(run_dir: str | Path) -> list[tuple[Path, str]]:
+    """What a page drawn from ``run_dir`` reads, as (path, what it is) for the ownership rule: the run's own files, and
+    the config and data files its manifest names. A report or comparison page is never written onto any of them."""
+    run = Path(run_dir).resolve()
+    out = [(run / name, f"the run's `{name}`") for name in RUN_INPUTS]
+    m = _read_json(run / "manifest.json") or {}
+    if isinstance(m.get("config_path"), str) and m["config_path"]:
+        out.append((Path(m["config_path"]), "the run's config file"))
+    for f in m.get("data_files") or []:
+        if isinstance(f, dict) and isinstance(f.get("path"), str) and f["path"]:
+            out.append((Path(f["path"]), f"the run's data file `{f['path']}`"))
+    return out
+
+
 def write_report(run_dir: str | Path) -> Path:
-    """Write ``RUN_DIR/report.html`` (atomically) from what the run wrote; returns its path."""
-    from trainpipe.redact import redact_text
+    """Write ``RUN_DIR/report.html`` from what the run wrote; returns its path. Through the ownership rule (ownership.py):
+    written atomically, redacted, recorded in the run folder's manifest; a `report.html` there that trainpipe did not
+    write (or that changed since) is never replaced (OwnershipError, nothing written), nor is any file the report reads."""
+    from trainpipe import ownership
 
     run = Path(run_dir).resolve()
-    html = redact_text(build_html(load_run(run)))
     path = run / "report.html"
-    tmp = run / "report.html.tmp"
-    try:
-        tmp.write_text(html, encoding="utf-8")
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
+    reads = run_inputs(run)
+    ownership.check_writable(path, what="the run's report page (report.html)", reads=reads)  # before the page is drawn
+    return ownership.write_text(path, build_html(load_run(run)), what="the run's report page (report.html)", reads=reads)
 
 
 def write_length_histogram(run_dir: Path, rows, bins: int = 20) -> None:

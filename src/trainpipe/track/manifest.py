@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 from importlib import metadata
 from pathlib import Path
 
 import trainpipe
-from trainpipe.redact import redact_obj
 
 PACKAGES = ("torch", "transformers", "peft", "trl", "datasets", "accelerate", "tokenizers", "safetensors")
 
@@ -52,13 +50,13 @@ def build_manifest(*, config_hash: str, config_path: str | None, data_files: lis
     }
 
 
-def write_json(path: str | Path, obj: dict) -> None:
-    """Write JSON atomically (temporary file, then rename), with every credential redacted (trainpipe.redact)."""
+def write_json(path: str | Path, obj: dict, *, what: str | None = None, reads=()) -> None:
+    """Write JSON through the ownership rule (ownership.write_json): every credential redacted (trainpipe.redact),
+    atomically (a temporary file, then a rename: a full disk leaves the old file as it was), recorded in the manifest of
+    its folder; a new path, or a file trainpipe wrote there and nobody changed since (each write records the new
+    content, so a run's JSON files can be rewritten as often as it likes), never a file trainpipe did not write nor any
+    of ``reads`` (OwnershipError, nothing written)."""
+    from trainpipe import ownership
+
     p = Path(path)
-    tmp = p.with_suffix(p.suffix + ".tmp")
-    try:
-        tmp.write_text(json.dumps(redact_obj(obj), indent=2, default=str) + "\n", encoding="utf-8")
-        tmp.replace(p)
-    except BaseException:  # a full disk: no half-written `.tmp` is left beside `p` (which stays as it was)
-        tmp.unlink(missing_ok=True)
-        raise
+    ownership.write_json(p, obj, what=what or f"`{p.name}`", reads=reads)
