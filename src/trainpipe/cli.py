@@ -624,8 +624,10 @@ def pipeline_compile(
     from trainpipe.pipeline.dag import load_config_for
     from trainpipe.pipeline.kfp_compile import compile_pipeline
 
-    info = compile_pipeline(load_config_for(config, set_ or []), out, store=store, image=image)
+    info = compile_pipeline(load_config_for(config, set_ or []), out, store=store, image=image, config_path=config)
     ui.console().print(f"kfp pipeline: {info['path']}  (image {info['image']}; train: {info['gpus_per_node']} GPU(s), {info['memory_gib']} GiB)", markup=False, soft_wrap=True)
+    for note in info["notes"]:  # credentials replaced by references to a Kubernetes Secret: which one to create
+        ui.console().print(note, markup=False, soft_wrap=True)
 
 
 @pipeline_app.command("schedule")
@@ -645,23 +647,15 @@ def pipeline_schedule(
     from trainpipe.pipeline.dag import load_config_for
     from trainpipe.pipeline import schedule as sch
 
+    _numbers(("--interval", interval, "the seconds between checks for new data", 0.0, "gt"))
     cfg = load_config_for(config, set_ or [])
     if emit == "kfp-recurring-run":
-        sch.emit_kfp_recurring_run(cfg, cron=cron, out=out, store=store, on_new_data=on_new_data, echo=typer.echo)
+        sch.emit_kfp_recurring_run(cfg, cron=cron, out=out, store=store, on_new_data=on_new_data, echo=typer.echo, config_path=config)
         return
     if emit is not None:
         if emit != "k8s-cronjob":
             raise ConfigError(f"`--emit {emit}`: the schedule can be emitted as `k8s-cronjob` or `kfp-recurring-run`.", [f"--emit {emit}"])
-        if not cron:
-            raise ConfigError("`--emit k8s-cronjob` needs `--cron \"...\"` (the CronJob's schedule).", ["--cron missing"])
-        import yaml
-
-        text = yaml.safe_dump(sch.k8s_cronjob(cfg, cron=cron, config_path=str(config), on_new_data=on_new_data, store=store), sort_keys=False)
-        if out:
-            out.write_text(text, encoding="utf-8")
-            typer.echo(f"k8s-cronjob: {out}")
-        else:
-            typer.echo(text, nl=False)
+        sch.emit_k8s_cronjob(cfg, cron=cron, config_path=config, out=out, on_new_data=on_new_data, store=store, echo=typer.echo)
         return
     if not (cron or on_new_data or once):
         raise ConfigError("`trainpipe pipeline schedule` needs `--cron \"...\"`, `--on-new-data` or `--once`.", ["no trigger given"])

@@ -31,65 +31,98 @@ def pinned_image(image: str) -> str:
 
 
 # The components. Lightweight Python components: their source runs in the task's container (the trainpipe image), each
-# calling the one step function. Inputs are the `kind:key` cache entries of the steps they read ("" when unused).
+# calling the one step function. Inputs are the `kind:key` cache entries of the steps they read ("" when unused). The
+# config and the store hold references (`$(TRAINPIPE_SECRET_...)`) where the user's URLs hold credentials; the task's
+# environment has their values (from the Kubernetes Secret), put back in memory here.
 
 
 def prepare(config_yaml: str, step_id: str, store: str, use_cache: bool, base_model: str) -> str:
     from trainpipe.pipeline.dag import run_step_in_store
+    from trainpipe.redact import resolve_config_text, resolve_references
 
-    return run_step_in_store(config_yaml, step_id, store, {"base_model": base_model}, use_cache=use_cache)
+    return run_step_in_store(resolve_config_text(config_yaml), step_id, resolve_references(store), {"base_model": base_model}, use_cache=use_cache)
 
 
 def train(config_yaml: str, step_id: str, store: str, use_cache: bool, data: str, base_model: str, reward_model: str) -> str:
     from trainpipe.pipeline.dag import run_step_in_store
+    from trainpipe.redact import resolve_config_text, resolve_references
 
-    return run_step_in_store(config_yaml, step_id, store, {"data": data, "base_model": base_model, "reward_model": reward_model}, use_cache=use_cache)
+    return run_step_in_store(resolve_config_text(config_yaml), step_id, resolve_references(store), {"data": data, "base_model": base_model, "reward_model": reward_model}, use_cache=use_cache)
 
 
 def evaluate(config_yaml: str, step_id: str, store: str, use_cache: bool, run: str, data: str) -> str:
     from trainpipe.pipeline.dag import run_step_in_store
+    from trainpipe.redact import resolve_config_text, resolve_references
 
-    return run_step_in_store(config_yaml, step_id, store, {"run": run, "data": data}, use_cache=use_cache)
+    return run_step_in_store(resolve_config_text(config_yaml), step_id, resolve_references(store), {"run": run, "data": data}, use_cache=use_cache)
 
 
 def export(config_yaml: str, step_id: str, store: str, use_cache: bool, run: str, metrics: str) -> str:
     from trainpipe.pipeline.dag import run_step_in_store
+    from trainpipe.redact import resolve_config_text, resolve_references
 
-    return run_step_in_store(config_yaml, step_id, store, {"run": run, "metrics": metrics}, use_cache=use_cache)
+    return run_step_in_store(resolve_config_text(config_yaml), step_id, resolve_references(store), {"run": run, "metrics": metrics}, use_cache=use_cache)
 
 
 def register(config_yaml: str, step_id: str, store: str, use_cache: bool, model: str, run: str) -> str:
     from trainpipe.pipeline.dag import run_step_in_store
+    from trainpipe.redact import resolve_config_text, resolve_references
 
-    return run_step_in_store(config_yaml, step_id, store, {"model": model, "run": run}, use_cache=use_cache)
+    return run_step_in_store(resolve_config_text(config_yaml), step_id, resolve_references(store), {"model": model, "run": run}, use_cache=use_cache)
 
 
 def report(config_yaml: str, step_id: str, store: str, use_cache: bool, run: str, metrics: str) -> str:
     from trainpipe.pipeline.dag import run_step_in_store
+    from trainpipe.redact import resolve_config_text, resolve_references
 
-    return run_step_in_store(config_yaml, step_id, store, {"run": run, "metrics": metrics}, use_cache=use_cache)
+    return run_step_in_store(resolve_config_text(config_yaml), step_id, resolve_references(store), {"run": run, "metrics": metrics}, use_cache=use_cache)
 
 
 FUNCS = {"prepare": prepare, "train": train, "evaluate": evaluate, "export": export, "register": register, "report": report}
 
 
-def build_pipeline(cfg, *, store: str | None = None, image: str | None = None):
-    """The @dsl.pipeline function of `cfg` (steps, edges, resources, pinned image)."""
+def k8s_name(cfg) -> str:
+    """`trainpipe-<name>`: the pipeline's, the CronJob's and (with `-secrets`) the Kubernetes Secret's name."""
+    return "trainpipe-" + "".join(c if c.isalnum() else "-" for c in (cfg.name or "run").lower())
+
+
+def secret_refs(cfg):
+    """The :class:`trainpipe.redact.SecretRefs` of `cfg`'s cluster files: one Kubernetes Secret, `<k8s_name>-secrets`."""
+    from trainpipe.redact import SecretRefs
+
+    return SecretRefs(f"{k8s_name(cfg)[:45]}-secrets")
+
+
+def build_pipeline(cfg, *, store: str | None = None, image: str | None = None, refs=None):
+    """The @dsl.pipeline function of `cfg` (steps, edges, resources, pinned image). Every credential of the config's and
+    the store's URLs is replaced by a reference to the Secret of `refs` (default :func:`secret_refs`), which each task
+    gets as environment variables (kfp-kubernetes' `use_secret_as_env`)."""
     import json
 
     from trainpipe.distributed.launch import cluster_layout
     from trainpipe.redact import redact_obj
     from trainpipe.pipeline.dag import build_dag, default_store
 
+    refs = secret_refs(cfg) if refs is None else refs
     steps = build_dag(cfg)
     img = pinned_image(image or cfg.pipeline.image)
     comps = {k: dsl.component(func=f, base_image=img) for k, f in FUNCS.items()}
     layout = cluster_layout(cfg)
-    store_url = store or default_store(cfg)
+    store_url = refs.url(store, "store") if store else refs.url(default_store(cfg), "pipeline.store")
     # the resolved config on one line (JSON is YAML): kfp lists every parameter's default in the file's comment header,
-    # where a multi-line default would break the YAML; secrets redacted as in every file trainpipe writes
-    config_yaml = json.dumps(redact_obj(cfg.model_dump(mode="json")), separators=(",", ":"))
-    name = "trainpipe-" + "".join(c if c.isalnum() else "-" for c in (cfg.name or "run").lower())
+    # where a multi-line default would break the YAML; credentials as references, the rest redacted as in every file
+    config_yaml = json.dumps(redact_obj(refs.obj(cfg.model_dump(mode="json"))), separators=(",", ":"))
+    name = k8s_name(cfg)
+    if refs:
+        try:
+            from kfp import kubernetes as kfp_k8s
+        except ImportError:
+            from trainpipe.errors import ConfigError
+
+            raise ConfigError(
+                f"The config's URLs carry credentials ({', '.join(refs.refs.values())}), which trainpipe passes to the tasks "
+                f"from a Kubernetes Secret, and that needs the `kfp-kubernetes` package: `pip install 'trainpipe[kubeflow]'` "
+                f"(or `pip install kfp-kubernetes`), then compile again. Nothing was written.") from None
 
     @dsl.pipeline(name=name, description=f"trainpipe {trainpipe.__version__}: {' -> '.join(s.id for s in steps)}")
     def pipeline(config_yaml: str = config_yaml, store: str = store_url, use_cache: bool = True):
@@ -105,6 +138,8 @@ def build_pipeline(cfg, *, store: str | None = None, image: str | None = None):
             t.set_caching_options(False)  # trainpipe's content-addressed cache decides what runs (keys KFP cannot see)
             t.set_env_variable("TRAINPIPE_VERSION", trainpipe.__version__)
             t.set_env_variable("HF_HUB_OFFLINE", "1")
+            if refs:
+                kfp_k8s.use_secret_as_env(t, secret_name=refs.name, secret_key_to_env={env: env for env in refs.refs})
             if s.kind == "train":
                 t.set_cpu_limit(str(layout["cpus_per_node"])).set_memory_limit(f"{layout['memory_gib']}G")
                 if layout["gpus_per_node"] and _gpus_wanted(cfg):
@@ -125,15 +160,34 @@ def _gpus_wanted(cfg) -> bool:
     return cfg.distributed.backend != "gloo"
 
 
-def compile_pipeline(cfg, out: str | Path, *, store: str | None = None, image: str | None = None) -> dict:
-    pipeline, layout = build_pipeline(cfg, store=store, image=image)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.stem}.tmp{out.suffix or '.yaml'}")  # kfp wants the .yaml suffix
-    try:
+def compile_pipeline(cfg, out: str | Path | None, *, store: str | None = None, image: str | None = None, config_path: str | Path | None = None,
+                     what: str = "the compiled Kubeflow pipeline", refs=None) -> dict:
+    """Compile with kfp's compiler and write `out` through the ownership rule (a new path or trainpipe's own unchanged
+    file; never the config or its data); `out` None: compile only (the text is in the result). Returns {path, image,
+    text, refs, notes, layout...}; `notes` are the console lines that say which credentials became references."""
+    import tempfile
+
+    from trainpipe import ownership
+
+    reads = protected_reads(cfg, config_path)
+    if out is not None:
+        ownership.check_writable(out, what=what, reads=reads)
+    refs = secret_refs(cfg) if refs is None else refs
+    pipeline, layout = build_pipeline(cfg, store=store, image=image, refs=refs)
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d) / "pipeline.yaml"  # kfp wants the .yaml suffix; the file is read back and written by the rule
         compiler.Compiler().compile(pipeline, str(tmp))
-        tmp.replace(out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return {"path": str(out), "image": pinned_image(image or cfg.pipeline.image), **layout}
+        text = tmp.read_text(encoding="utf-8")
+    if out is not None:
+        ownership.write_text(out, text, what=what, reads=reads)
+    return {"path": str(out) if out is not None else None, "image": pinned_image(image or cfg.pipeline.image), "text": text, "refs": refs,
+            "notes": refs.note("the compiled pipeline"), **layout}
+
+
+def protected_reads(cfg, config_path: str | Path | None) -> list:
+    """What an emitted file may never replace: the config and everything the run reads (rundir.protected_paths), but not
+    the working and home folders as such (an output file may go there)."""
+    from trainpipe.pipeline.rundir import protected_paths
+
+    keep = {Path.cwd().resolve(), Path.home().resolve()}
+    return [(p, what) for p, what in protected_paths(cfg, str(config_path) if config_path else None) if p not in keep]

@@ -131,6 +131,8 @@ class Trigger:
         from trainpipe.pipeline.dag import default_store, pipeline_id, run_pipeline
         from trainpipe.pipeline.store import ArtifactStore
 
+        cfg = resolve_cluster_config(cfg)  # in a CronJob's pod: the Secret's values for the references, in memory
+        store = _resolve_store(store)
         self.cfg, self.on_new_data, self.log = cfg, on_new_data, log
         self.store = ArtifactStore(store or default_store(cfg))
         self.state_key = f"triggers/{pipeline_id(cfg)}.json"
@@ -174,15 +176,19 @@ def schedule_loop(trigger: Trigger, cron: Cron | None, *, interval_seconds: floa
 # --------------------------------------------------------------------------- Kubernetes CronJob
 
 
-def k8s_cronjob(cfg, *, cron: str, config_path: str, on_new_data: bool, store: str | None = None) -> dict:
+def k8s_cronjob(cfg, *, cron: str, config_path: str, on_new_data: bool, store: str | None = None, refs=None) -> dict:
+    """The CronJob (a dict). Credentials of the store URL are references (`$(TRAINPIPE_SECRET_...)`, which Kubernetes
+    expands in the command) to env vars the container gets from the Secret of `refs` (`valueFrom.secretKeyRef`)."""
     from trainpipe.distributed.launch import cluster_layout
     from trainpipe.pipeline.dag import default_store
-    from trainpipe.pipeline.kfp_compile import pinned_image
+    from trainpipe.pipeline.kfp_compile import k8s_name, pinned_image, secret_refs
 
     parse_cron(cron)
+    refs = secret_refs(cfg) if refs is None else refs
     layout = cluster_layout(cfg)
-    name = "trainpipe-" + "".join(c if c.isalnum() else "-" for c in (cfg.name or "run").lower())
-    cmd = ["trainpipe", "pipeline", "schedule", f"/config/{Path(config_path).name}", "--once", "--store", store or default_store(cfg)]
+    name = k8s_name(cfg)
+    store_arg = refs.url(store, "store") if store else refs.url(default_store(cfg), "pipeline.store")
+    cmd = ["trainpipe", "pipeline", "schedule", f"/config/{Path(config_path).name}", "--once", "--store", store_arg]
     if on_new_data:
         cmd.append("--on-new-data")
     res = {"memory": f"{layout['memory_gib']}Gi", "cpu": str(layout["cpus_per_node"])}
@@ -203,6 +209,98 @@ def k8s_cronjob(cfg, *, cron: str, config_path: str, on_new_data: bool, store: s
             }}}},
         },
     }
+
+
+def _secret_env(cj: dict, refs) -> None:
+    """Give the CronJob's container each reference of `refs` as an env var from the Kubernetes Secret (declared before
+    use: Kubernetes expands `$(VAR)` in the command from the container's env)."""
+    c = cj["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
+    c["env"] += [{"name": env, "valueFrom": {"secretKeyRef": {"name": refs.name, "key": env}}} for env in refs.refs]
+
+
+def emit_k8s_cronjob(cfg, *, cron: str | None, config_path: str | Path, out: Path | None, on_new_data: bool = False, store: str | None = None,
+                     echo: Callable[[str], None] = print) -> dict:
+    """`--emit k8s-cronjob`: the CronJob, written to `out` through the ownership rule (or printed). When the config's URLs
+    carry credentials, the file also holds the ConfigMap the pod mounts (the config with references in their place) and
+    the container reads them from a Kubernetes Secret; the console says which Secret to create. Returns the CronJob."""
+    import yaml
+
+    from trainpipe import ownership
+    from trainpipe.config import read_yaml
+    from trainpipe.pipeline.kfp_compile import protected_reads, secret_refs
+    from trainpipe.redact import redact_text
+
+    if not cron:
+        raise ConfigError("`--emit k8s-cronjob` needs `--cron \"...\"` (the CronJob's schedule).", ["--cron missing"])
+    what = "the Kubernetes CronJob"
+    reads = protected_reads(cfg, config_path)
+    if out is not None:
+        ownership.check_writable(out, what=what, reads=reads)
+    refs = secret_refs(cfg)
+    cj = k8s_cronjob(cfg, cron=cron, config_path=str(config_path), on_new_data=on_new_data, store=store, refs=refs)
+    raw = read_yaml(config_path)
+    mounted = refs.obj(raw)  # the config the pod reads, as the user wrote it, credentials as references
+    docs = [cj]
+    if mounted != raw:
+        vol = cj["spec"]["jobTemplate"]["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"]
+        docs.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": vol, "labels": {"app.kubernetes.io/name": "trainpipe"}},
+                     "data": {Path(config_path).name: _Block(yaml.safe_dump(mounted, sort_keys=False))}})
+    if refs:
+        _secret_env(cj, refs)
+    text = yaml.dump_all(docs, Dumper=_block_dumper(), sort_keys=False)
+    notes = refs.note("the CronJob")
+    if len(docs) > 1:
+        notes.append(f"the config the pod mounts is the ConfigMap `{docs[1]['metadata']['name']}` in the same file (the credentials as references); "
+                     "`kubectl apply -f` creates both.")
+    if out is not None:
+        ownership.write_text(out, text, what=what, reads=reads)
+        echo(redact_text(f"k8s-cronjob: {out}"))
+    else:
+        echo(redact_text(text).rstrip("\n"))
+    for n in notes:
+        echo(redact_text(n))
+    return cj
+
+
+class _Block(str):
+    """A multi-line string written as a YAML literal block (`|`): the ConfigMap's config reads as the file it is."""
+
+
+def _block_dumper():
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    Dumper.add_representer(_Block, lambda d, v: d.represent_scalar("tag:yaml.org,2002:str", str(v), style="|"))
+    return Dumper
+
+
+def resolve_cluster_config(cfg):
+    """`cfg` with its references (`$(TRAINPIPE_SECRET_...)`, written by `--emit k8s-cronjob` / `pipeline compile` in place of
+    credentials) replaced by the environment's values (in the pod: from the Kubernetes Secret), in memory only; `cfg`
+    itself when it has none. A missing variable: ConfigError naming it and the Secret to create."""
+    import json
+
+    from trainpipe.redact import REF_PREFIX, MissingReference, resolve_obj
+
+    data = cfg.model_dump(mode="json")
+    if "$(" + REF_PREFIX not in json.dumps(data):
+        return cfg
+    try:
+        resolved = resolve_obj(data)
+    except MissingReference as exc:
+        raise ConfigError(str(exc), [f"${exc.env} missing"]) from None
+    return type(cfg).model_validate(resolved)
+
+
+def _resolve_store(store: str | None) -> str | None:
+    from trainpipe.redact import MissingReference, resolve_references
+
+    try:
+        return resolve_references(store) if store else store
+    except MissingReference as exc:
+        raise ConfigError(str(exc), [f"${exc.env} missing"]) from None
 
 
 def _label(image: str) -> str:
@@ -226,17 +324,20 @@ def kfp_cron(expr: str) -> str:
     return " ".join(["0", *parts[:4], dow])
 
 
-def kfp_recurring_run(cfg, *, cron: str, pipeline_spec: dict, store: str | None = None) -> dict:
+def kfp_recurring_run(cfg, *, cron: str, pipeline_spec: dict, store: str | None = None, refs=None) -> dict:
     """The v2beta1 RecurringRun body (the JSON names of `kfp_server_api.V2beta1RecurringRun`) for the compiled pipeline
-    `pipeline_spec`; `experiment_id` is left out (the server's default experiment, or add it)."""
+    `pipeline_spec`; `experiment_id` is left out (the server's default experiment, or add it). The store's credentials are
+    references to the Secret of `refs` (as in the compiled pipeline), never values."""
     from trainpipe.pipeline.dag import default_store
+    from trainpipe.pipeline.kfp_compile import k8s_name, secret_refs
 
-    name = "trainpipe-" + "".join(c if c.isalnum() else "-" for c in (cfg.name or "run").lower())
+    refs = secret_refs(cfg) if refs is None else refs
+    name = k8s_name(cfg)
     return {
         "display_name": name,
         "description": f"trainpipe pipeline {cfg.name or ''} on cron `{cron}` (UTC)".replace("  ", " "),
         "pipeline_spec": pipeline_spec,
-        "runtime_config": {"parameters": {"store": store or default_store(cfg)}},
+        "runtime_config": {"parameters": {"store": refs.url(store, "store") if store else refs.url(default_store(cfg), "pipeline.store")}},
         "trigger": {"cron_schedule": {"cron": kfp_cron(cron)}},
         "max_concurrency": 1,  # one training at a time, as the CronJob's concurrencyPolicy: Forbid
         "no_catchup": True,  # after a pause, one run now, not one per missed time
@@ -273,46 +374,55 @@ def submit_lines(body: dict, package: str, body_file: str | None) -> list[str]:
 
 
 def emit_kfp_recurring_run(cfg, *, cron: str | None, out: Path | None, store: str | None = None, image: str | None = None,
-                           on_new_data: bool = False, echo: Callable[[str], None] = print) -> dict:
+                           on_new_data: bool = False, echo: Callable[[str], None] = print, config_path: str | Path | None = None) -> dict:
     """`--emit kfp-recurring-run`: compile the pipeline, write the body (`out`: YAML, or JSON for a .json name; none:
-    stdout) and the package beside it, and print the submit lines. Returns the body."""
+    stdout) and the package beside it, both through the ownership rule (checked before either is written), and print the
+    submit lines. Credentials are references to a Kubernetes Secret (said on the console). Returns the body."""
     import json
     import tempfile
 
     import yaml
 
-    from trainpipe.pipeline.kfp_compile import compile_pipeline
+    from trainpipe import ownership
+    from trainpipe.pipeline.kfp_compile import compile_pipeline, protected_reads, secret_refs
+    from trainpipe.redact import redact_obj, redact_text
 
     if not cron:
         raise ConfigError("`--emit kfp-recurring-run` needs `--cron \"...\"` (the recurring run's schedule, five fields, e.g. `0 3 * * *`).", ["--cron missing"])
     kfp_cron(cron)  # a bad expression stops before anything is compiled or written
+    reads = protected_reads(cfg, config_path)
+    package = out.with_name(f"{out.stem}.pipeline.yaml") if out else None
+    if out:
+        ownership.check_writable(out, what="the Kubeflow recurring run", reads=reads)
+        ownership.check_writable(package, what="the compiled Kubeflow pipeline", reads=reads)
+    refs = secret_refs(cfg)
     with tempfile.TemporaryDirectory() as d:
-        package = (out.with_name(f"{out.stem}.pipeline.yaml") if out else Path(d) / "pipeline.yaml")
-        compile_pipeline(cfg, package, store=store, image=image)
-        body = kfp_recurring_run(cfg, cron=cron, pipeline_spec=load_kfp_package(package), store=store)
-        lines = submit_lines(body, str(package) if out else "pipeline.yaml", str(out) if out else None)
-        notes = [f"KFP cron has six fields (seconds first): `{cron}` -> `{body['trigger']['cron_schedule']['cron']}`, in the KFP controller's time zone (UTC unless set)."]
-        if on_new_data:
-            notes.append("--on-new-data: KFP starts the pipeline at every time; with unchanged data and config every step is reused from the store (no training).")
-        if not out:
-            notes.append(f"The package for the lines below: `trainpipe pipeline compile CONFIG -o pipeline.yaml` (the same IR as `pipeline_spec`).")
-        if out and out.suffix == ".json":
-            text = json.dumps(body, indent=2) + "\n"
-        else:
-            header = ["# Kubeflow Pipelines v2beta1 recurring run (POST /apis/v2beta1/recurringruns), written by trainpipe.", *[f"# {n}" for n in notes],
-                      "# Submit with one of:", *[f"#   {x}" for x in lines]]
-            text = "\n".join(header) + "\n" + yaml.safe_dump(body, sort_keys=False, width=1 << 16)
-        if out:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            tmp = out.with_name(f".{out.name}.tmp")
-            tmp.write_text(text, encoding="utf-8")
-            tmp.replace(out)
-            echo(f"kfp-recurring-run: {out} (body), {package} (compiled pipeline)")
-            for n in notes:
-                echo(n)
-            echo("submit with one of:")
-            for x in lines:
-                echo(f"  {x}")
-        else:
-            echo(text.rstrip("\n"))
+        compiled = compile_pipeline(cfg, None, store=store, image=image, refs=refs)
+        tmp = Path(d) / "pipeline.yaml"
+        tmp.write_text(compiled["text"], encoding="utf-8")
+        body = redact_obj(kfp_recurring_run(cfg, cron=cron, pipeline_spec=load_kfp_package(tmp), store=store, refs=refs))
+    lines = submit_lines(body, str(package) if out else "pipeline.yaml", str(out) if out else None)
+    notes = [f"KFP cron has six fields (seconds first): `{cron}` -> `{body['trigger']['cron_schedule']['cron']}`, in the KFP controller's time zone (UTC unless set)."]
+    if on_new_data:
+        notes.append("--on-new-data: KFP starts the pipeline at every time; with unchanged data and config every step is reused from the store (no training).")
+    if not out:
+        notes.append(f"The package for the lines below: `trainpipe pipeline compile CONFIG -o pipeline.yaml` (the same IR as `pipeline_spec`).")
+    secret_notes = refs.note("the recurring run")
+    if out and out.suffix == ".json":
+        text = json.dumps(body, indent=2) + "\n"
+    else:
+        header = ["# Kubeflow Pipelines v2beta1 recurring run (POST /apis/v2beta1/recurringruns), written by trainpipe.", *[f"# {n}" for n in notes + secret_notes],
+                  "# Submit with one of:", *[f"#   {x}" for x in lines]]
+        text = "\n".join(header) + "\n" + yaml.safe_dump(body, sort_keys=False, width=1 << 16)
+    if out:
+        ownership.write_text(package, compiled["text"], what="the compiled Kubeflow pipeline", reads=reads)
+        ownership.write_text(out, text, what="the Kubeflow recurring run", reads=reads)
+        echo(redact_text(f"kfp-recurring-run: {out} (body), {package} (compiled pipeline)"))
+        for n in notes + secret_notes:
+            echo(redact_text(n))
+        echo("submit with one of:")
+        for x in lines:
+            echo(redact_text(f"  {x}"))
+    else:
+        echo(redact_text(text).rstrip("\n"))
     return body

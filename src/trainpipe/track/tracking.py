@@ -477,6 +477,8 @@ def sync_run(run_dir: str | Path, *, status: str | None = None, backend: Backend
     if uri:
         tracking["uri"] = uri
     settings = resolve_settings(tracking, run_dir, cfg.get("name"))
+    if settings["backend"] in ("mlflow", "wandb") and not uri:
+        settings["uri"] = _real_uri(settings["uri"], run_dir)
     if settings["backend"] == "none":
         raise TrackingError(f"`{run_dir}` has `tracking.backend: none`; there is nothing to sync. Set `$TRAINPIPE_TRACKING=mlflow` (or the config's `tracking.backend`) to log it.")
     if state.get("uri") and state.get("uri") != _safe_uri(settings["uri"]):
@@ -541,6 +543,43 @@ def sync_run(run_dir: str | Path, *, status: str | None = None, backend: Backend
     state["synced_at"] = time.time()
     write_state(run_dir, state)
     return state
+
+
+def _real_uri(stored: str | None, run_dir: Path) -> str | None:
+    """The tracking URI with its real credentials, in memory only. The run directory's config holds it redacted
+    (`http://user:***@host`); sending the mask as the password would fail (or, worse, log in as someone else), so the
+    value comes from where the user gave it: the config file the run was started from (manifest.json's `config_path`),
+    else `$MLFLOW_TRACKING_URI`, each only when it redacts to the stored URI. Else the credential is left out of the
+    URI for MLflow's own `MLFLOW_TRACKING_USERNAME`/`MLFLOW_TRACKING_PASSWORD` when they are set; else TrackingError."""
+    from trainpipe.redact import MASK, url_secrets
+
+    if not stored or "://" not in stored or MASK not in stored:
+        return stored
+    candidates = []
+    try:
+        import yaml
+
+        config_path = json.loads((run_dir / "manifest.json").read_text(encoding="utf-8")).get("config_path")
+        if config_path and Path(config_path).is_file():
+            given = yaml.safe_load(Path(config_path).read_text(encoding="utf-8")) or {}
+            candidates.append((given.get("tracking") or {}).get("uri"))
+    except (OSError, ValueError, AttributeError):
+        pass
+    candidates.append(os.environ.get("MLFLOW_TRACKING_URI"))
+    for cand in candidates:
+        if isinstance(cand, str) and redact_url(cand) == stored:
+            return cand
+    secret_query = [part for part, value in url_secrets(stored) if part.startswith("query")]
+    if not secret_query and os.environ.get("MLFLOW_TRACKING_PASSWORD"):  # MLflow's basic auth from the environment
+        scheme, _, rest = stored.partition("://")
+        auth, at, host = rest.partition("/")[0].rpartition("@")
+        return f"{scheme}://{host}{rest[len(auth) + len(at) + len(host):]}"
+    raise TrackingError(
+        f"The run's tracking URI `{stored}` carries a credential, which trainpipe never writes into the run directory, and "
+        f"neither the config file the run was started from (manifest.json's `config_path`) nor `$MLFLOW_TRACKING_URI` gives "
+        f"it; trainpipe does not send the mask `{MASK}` in its place. Pass the URI with its credential (`trainpipe track sync "
+        f"{run_dir} --uri 'http://user:PASSWORD@host'`), or set `$MLFLOW_TRACKING_URI` to it (or `$MLFLOW_TRACKING_USERNAME` and "
+        f"`$MLFLOW_TRACKING_PASSWORD`), then run `trainpipe track sync` again. Nothing was sent or written.")
 
 
 def log_artifact(run_dir: str | Path, path: str | Path) -> bool:
