@@ -71,6 +71,8 @@ def run(
     from trainpipe.distributed import env as dist_env
     from trainpipe.pipeline.run import run as run_pipeline
 
+    _numbers(("--nproc-per-node", nproc_per_node, "the worker processes on this machine", 1), ("--nnodes", nnodes, "the number of machines", 1),
+             ("--node-rank", node_rank, "this machine's rank (0 for the first)", 0))
     cfg = load_config(config, set_ or [])
     d = cfg.distributed
     nproc = nproc_per_node if nproc_per_node is not None else (d.nproc_per_node if isinstance(d.nproc_per_node, int) else 1)
@@ -115,6 +117,7 @@ def launch(
     from trainpipe.config import load_config
     from trainpipe.distributed.launch import write_launch_files
 
+    _numbers(("--nproc-per-node", nproc_per_node, "the GPUs per node", 1), ("--nnodes", nnodes, "the number of nodes", 1))
     cfg = load_config(config, set_ or [])
     path, layout = write_launch_files(cfg, str(config), emit, out, nproc=nproc_per_node, nnodes=nnodes, image=image)
     ui.console().print(f"{emit}: {path}  ({layout['nnodes']} node(s) x {layout['gpus_per_node']} GPU(s), {layout['memory_gib']} GiB host memory per node)")
@@ -257,6 +260,7 @@ def data_inspect(
     from trainpipe.data.commands import inspect_command
     from trainpipe.train.model import load_tokenizer
 
+    _numbers(("-n", n, "how many examples to show", 1))
     cfg = load_config(config, set_ or [])
     inspect_command(cfg, load_tokenizer(cfg.model, cfg.model.pad_token), n=n, as_json=json_, seed=seed)
 
@@ -321,6 +325,7 @@ def tune(
     `tune.storage: postgresql://...` to share one study."""
     from trainpipe.tune.tune import tune as run_tune
 
+    _numbers(("--n-trials", n_trials, "the number of finished trials", 1))
     run_tune(config, set_ or [], n_trials=n_trials)
 
 
@@ -337,6 +342,13 @@ def lr_find(
     from trainpipe.config import load_config
     from trainpipe.tune.lrfind import lr_find as run_lr_find
 
+    _numbers(("--start", start, "the first learning rate", 0.0, "gt"), ("--end", end, "the last learning rate", 0.0, "gt"),
+             ("--steps", steps, "the optimizer steps of the sweep", 2))
+    if end <= start:
+        from trainpipe.cli_numbers import OptionError
+
+        raise OptionError(f"`--start {start:g} --end {end:g}`: the sweep goes up from --start to --end, so --end must be above --start. "
+                          "Give e.g. `--start 1e-7 --end 10`.")
     run_lr_find(load_config(config, set_ or []), start=start, end=end, steps=steps, out_dir=out)
 
 
@@ -352,6 +364,7 @@ def batch_find(
     from trainpipe.config import load_config
     from trainpipe.tune.batchfind import batch_find as run_batch_find
 
+    _numbers(("--max-memory-gib", max_memory_gib, "the memory cap per device in GiB", 0.0, "gt"), ("--max-batch", max_batch, "the largest micro-batch to try", 1))
     run_batch_find(load_config(config, set_ or []), max_memory_gib=max_memory_gib, max_batch=max_batch, out_dir=out)
 
 
@@ -383,10 +396,25 @@ def automl(
     """Candidates (models and catalogue, planner's method) x Optuna hyperparameters -> budgeted successive halving (survivors continue) -> leaderboard -> winner/."""
     from trainpipe.tune.automl import automl as run_automl
 
+    _numbers(("--gpus", gpus, "the GPUs per arm", 1), ("--arms-per-model", arms_per_model, "the hyperparameter sets per candidate", 1),
+             ("--lr-spread", lr_spread, "the learning-rate spread factor", 1.0, "gt"), ("--budget-usd", budget_usd, "the budget in US dollars", 0.0, "gt"),
+             ("--budget-hours", budget_hours, "the wall-time budget in hours", 0.0, "gt"), ("--max-params", max_params, "the largest model's parameters", 0.0, "gt"),
+             ("--min-steps", min_steps, "the steps of the first rung", 1), ("--rungs", rungs, "the number of rungs", 1),
+             ("--eta", eta, "the halving factor", 2), ("--eval-split", eval_split, "the held-out records", 1),
+             ("--max-length", max_length, "the longest example in tokens", 1), ("--batch-size", batch_size, "the effective batch", 1))
     run_automl(task=task, data=data, models=[m.strip() for m in models.split(",") if m.strip()], out_dir=out, budget_usd=budget_usd,
                budget_hours=budget_hours, gpu=gpu, max_params=max_params, min_steps=min_steps, eta=eta, rungs=rungs, eval_split=eval_split,
                max_length=max_length, batch_size=batch_size, use_catalog=catalog, models_dir=models_dir, gpus=gpus, arms_per_model=arms_per_model,
                lr_spread=lr_spread, seed=seed, proposer=proposer or "builtin", lr_range=_lr_range(lr_range))
+
+
+def _numbers(*specs: tuple) -> None:
+    """Each numeric option `(flag, value, what, bound[, "gt"])` finite and at least `bound` (above it with "gt"), else one
+    paragraph and exit 2 (trainpipe.cli_numbers; an int bound means a whole number)."""
+    from trainpipe.cli_numbers import check
+
+    for flag, value, what, bound, *how in specs:
+        check(flag, value, what=what, **({"gt": bound} if how == ["gt"] else {"ge": bound}), integer=isinstance(bound, int))
 
 
 def _lr_range(text: str | None) -> tuple[float, float] | None:

@@ -667,6 +667,7 @@ def plan_command(*, config=None, overrides=(), model=None, as_json=False, gpu=No
     """`trainpipe plan`: from a run config (the plan `run` executes; flags given explicitly override it) or from `--model` and the flags.
     `trace`: also run the chosen setup's training step on fake tensors (plan/trace.py, imported only then: the default path
     stays fast) and show its exact peak next to the estimate."""
+    check_flags(num_gpus=num_gpus, nodes=nodes, **flags)
     if config is None and model is None:
         raise PlanError("`trainpipe plan` needs a run config (`trainpipe plan run.yaml`) or `--model NAME_OR_PATH` (a catalog hub id or a folder with config.json).")
     if config is not None:
@@ -684,6 +685,33 @@ def plan_command(*, config=None, overrides=(), model=None, as_json=False, gpu=No
     if trace and not as_json:
         _show_trace(out["trace"])
     return out
+
+
+def check_flags(**flags) -> None:
+    """Every numeric flag of `trainpipe plan` finite and in range before anything is planned (issue 22): `--num-gpus 0`
+    was planned as 1 GPU and a negative or NaN `--tokens` / `--epochs` / `--budget-usd` priced as negative or NaN
+    dollars. OptionError (exit 2) names the flag and the rule."""
+    from trainpipe.cli_numbers import COUNT, POSITIVE, check_all
+
+    f = flags.get
+    check_all(
+        ("--num-gpus", f("num_gpus"), {**COUNT, "what": "the GPUs (processes) per node"}),
+        ("--nodes", f("nodes"), {**COUNT, "what": "the number of nodes"}),
+        ("--lora-r", f("lora_r"), {**COUNT, "what": "the LoRA rank"}),
+        ("--micro-batch", f("micro_batch"), {**COUNT, "what": "the per-device micro-batch",
+                                             "fix": "Use 1 for the least memory, or leave it out and the planner picks the largest that fits."}),
+        ("--seq-len", f("seq_len"), {**COUNT, "what": "the tokens per sequence"}),
+        ("--tasks", f("tasks"), {**COUNT, "what": "the number of tasks"}),
+        ("--examples", f("examples"), {**COUNT, "what": "the number of training examples"}),
+        ("--tokens", f("tokens"), {**POSITIVE, "what": "the training tokens per epoch", "fix": "Give the token count, e.g. `--tokens 2e7`."}),
+        ("--avg-len", f("avg_len"), {**POSITIVE, "what": "the average tokens per example"}),
+        ("--epochs", f("epochs"), {**POSITIVE, "what": "the number of epochs", "fix": "Give e.g. `--epochs 1` or `--epochs 0.5`."}),
+        ("--budget-usd", f("budget_usd"), {**POSITIVE, "what": "the budget in US dollars"}),
+        ("--deadline-hours", f("deadline_hours"), {**POSITIVE, "what": "the deadline in hours"}),
+        ("--mfu", f("mfu"), {**POSITIVE, "le": 1, "what": "the model-FLOPs utilisation, a share of the GPU's peak",
+                             "fix": "Give a share such as `--mfu 0.35` (35 %), or leave it out for the default by GPU, method and size."}),
+        ("--host-ram-gib", f("host_ram_gib"), {**POSITIVE, "what": "the host RAM per GPU in GiB"}),
+    )
 
 
 def _show_trace(t: dict) -> None:
