@@ -1,4 +1,4 @@
-"""Issue 16, items 1-3: trainpipe deletes only a folder it marked as its own, never one holding the run's inputs,
+"""Issue 16, items 1-3 (issue 22: ownership is the manifest, not the marker): trainpipe deletes only a folder its manifest proves its own, never one holding the run's inputs,
 and never writes or deletes outside the output folder through a stage or adapter name.
 
 Every case goes through the real CLI (`trainpipe.cli.main`) and asserts that the victim files are still there,
@@ -55,7 +55,8 @@ def test_foreign_folder_is_not_cleared_even_with_overwrite(tmp_path, base, capsy
     for flags in (["--overwrite"], ["--set", "training.resume=auto"]):
         assert main(["run", str(cfg), *flags]) == 2
         out = capsys.readouterr().out
-        assert "trainpipe did not write (`notes.txt`)" in out and "Nothing was deleted" in out
+        assert "it holds `checkpoints`, `notes.txt`, which trainpipe cannot prove it wrote" in " ".join(out.split()), out
+        assert "Nothing was deleted" in out
         assert snapshot(mine) == before
 
 
@@ -96,13 +97,15 @@ def test_own_run_is_overwritten_and_unfinished_own_run_restarts(tmp_path, base):
     assert not (run / ".trainpipe.lock").exists()
 
 
-def test_legacy_run_folder_resumes_and_is_only_cleared_with_overwrite(tmp_path, base, capsys):
-    """A run folder of a trainpipe without markers (run artefacts only) is continued by `--resume` and its checkpoints
-    are used; a resume with nothing to continue does not clear it; `--overwrite` does."""
+def test_legacy_run_folder_resumes_and_is_never_cleared(tmp_path, base, capsys):
+    """A run folder of a trainpipe older than the marker and the manifest (run artefacts only) is continued by `--resume`
+    and its checkpoints are used; but nothing proves it trainpipe's, so neither a resume with nothing to continue nor
+    `--overwrite` clears it (issue 22: the legacy rule is gone); the refusal says to delete it by hand."""
     cfg = project(tmp_path, base)
     run = tmp_path / "run"
     assert main(["run", str(cfg)]) == 0
     (run / ".trainpipe-run").unlink()
+    (run / ".trainpipe-owned.json").unlink()
     (run / "summary.json").unlink()
     shutil.rmtree(run / "model")
     shutil.rmtree(run / "checkpoints" / "step-4")
@@ -112,14 +115,17 @@ def test_legacy_run_folder_resumes_and_is_only_cleared_with_overwrite(tmp_path, 
     assert json.loads((run / ".trainpipe-run").read_text())["accepts_unlabelled_checkpoints"] is True
 
     (run / ".trainpipe-run").unlink()
+    (run / ".trainpipe-owned.json").unlink()
     (run / "summary.json").unlink()
     shutil.rmtree(run / "model")
     shutil.rmtree(run / "checkpoints")
     before = snapshot(run)
     capsys.readouterr()
-    assert main(["run", str(cfg), "--set", "training.resume=auto"]) == 2
-    assert "older trainpipe" in capsys.readouterr().out
-    assert snapshot(run) == before
+    for flags in (["--set", "training.resume=auto"], ["--overwrite"]):
+        assert main(["run", str(cfg), *flags]) == 2
+        out = " ".join(capsys.readouterr().out.split())
+        assert "older trainpipe" in out and "delete the folder by hand" in out and "`events.jsonl`" in out, out
+        assert snapshot(run) == before
 
 
 @pytest.mark.parametrize("name", ["../../victim", "..", "a/b", ".hidden"])
@@ -164,7 +170,9 @@ def test_inside_refuses_names_that_escape(tmp_path):
 
 
 def test_ownership_rules(tmp_path):
-    from trainpipe.pipeline.rundir import ownership, write_marker
+    """The manifest decides (issue 22): artefact names, a plausible layout or a marker prove nothing."""
+    from trainpipe import ownership as owned
+    from trainpipe.pipeline.rundir import begin, ownership, write_marker
 
     def folder(name: str, files: dict) -> Path:
         root = tmp_path / name
@@ -176,12 +184,21 @@ def test_ownership_rules(tmp_path):
 
     assert ownership(tmp_path / "missing") == ("empty", [])
     assert ownership(folder("only-lock", {".trainpipe.lock": "{}"})) == ("empty", [])
-    assert ownership(folder("legacy", {"events.jsonl": "", "checkpoints/step-2/manifest.json": "{}"})) == ("legacy", [])
-    assert ownership(folder("prepared", {"data/report.json": "{}"})) == ("legacy", [])
-    assert ownership(folder("stages", {"sft/events.jsonl": "", "config.resolved.yaml": ""})) == ("legacy", [])
+    assert ownership(folder("only-marker", {".trainpipe-run": '{"run_id": "0123456789abcdef"}'})) == ("empty", [])
+    assert ownership(folder("legacy", {"events.jsonl": "", "checkpoints/step-2/manifest.json": "{}"})) == ("foreign", ["checkpoints", "events.jsonl"])
     assert ownership(folder("user-data", {"data/train.jsonl": "{}"})) == ("foreign", ["data"])
-    assert ownership(folder("mixed", {"events.jsonl": "", "notes.txt": "x"})) == ("foreign", ["notes.txt"])
-    assert ownership(folder("no-evidence", {"model/x.bin": ""})) == ("foreign", ["model"])
-    ours = folder("ours", {"anything.txt": "x"})
+    forged = folder("forged", {"anything.txt": "x", ".trainpipe-run": '{"run_id": "0123456789abcdef"}'})
+    assert ownership(forged) == ("foreign", ["anything.txt"])
+    ours = folder("ours", {"events.jsonl": "", "checkpoints/step-2/manifest.json": "{}", "notes.txt": "x"})
     write_marker(ours)
+    begin(ours)
+    assert ownership(ours) == ("foreign", ["notes.txt"])  # a person's file is never sealed
+    (ours / "notes.txt").unlink()
     assert ownership(ours) == ("ours", [])
+    (ours / "model").mkdir()  # a run killed while it wrote: its pending artefacts are still its own
+    (ours / "model" / "half.bin").write_bytes(b"x")
+    assert ownership(ours) == ("ours", [])
+    prepared = folder("prepared", {"data/report.json": "{}"})
+    assert ownership(prepared) == ("foreign", ["data"])
+    owned.record(prepared / "data")
+    assert ownership(prepared) == ("prepared", [])
