@@ -317,3 +317,11 @@ def test_track_sync_uses_the_environment_or_says_what_is_missing(tmp_path, capfd
     printed = capfd.readouterr()
     assert _auths(_Recorder.seen) == {f"mlf:{TRACK_PASSWORD}"}
     _no_secret({"stdout": printed.out, "stderr": printed.err, **_files(run_dir)})
+    # in a cluster job (a CronJob pod, a Kubeflow task): the Kubernetes Secret's env var that the emitted files reference
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    monkeypatch.setenv("TRAINPIPE_SECRET_TRACKING_URI_PASSWORD", TRACK_PASSWORD)
+    _Recorder.seen.clear()
+    assert main(["track", "sync", str(run_dir)]) == 2
+    printed = capfd.readouterr()
+    assert _auths(_Recorder.seen) == {f"mlf:{TRACK_PASSWORD}"}
+    _no_secret({"stdout": printed.out, "stderr": printed.err, **_files(run_dir)})

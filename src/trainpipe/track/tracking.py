@@ -549,7 +549,8 @@ def _real_uri(stored: str | None, run_dir: Path) -> str | None:
     """The tracking URI with its real credentials, in memory only. The run directory's config holds it redacted
     (`http://user:***@host`); sending the mask as the password would fail (or, worse, log in as someone else), so the
     value comes from where the user gave it: the config file the run was started from (manifest.json's `config_path`),
-    else `$MLFLOW_TRACKING_URI`, each only when it redacts to the stored URI. Else the credential is left out of the
+    else `$MLFLOW_TRACKING_URI`, else (in a cluster job) the env vars trainpipe's references name, each only when it
+    redacts to the stored URI. Else the credential is left out of the
     URI for MLflow's own `MLFLOW_TRACKING_USERNAME`/`MLFLOW_TRACKING_PASSWORD` when they are set; else TrackingError."""
     from trainpipe.redact import MASK, url_secrets
 
@@ -566,6 +567,12 @@ def _real_uri(stored: str | None, run_dir: Path) -> str | None:
     except (OSError, ValueError, AttributeError):
         pass
     candidates.append(os.environ.get("MLFLOW_TRACKING_URI"))
+    try:  # a Kubeflow task or CronJob pod: the credential from the Kubernetes Secret's env (`$(TRAINPIPE_SECRET_TRACKING_URI_...)`)
+        from trainpipe.redact import SecretRefs, resolve_references
+
+        candidates.append(resolve_references(SecretRefs("").url(stored, "tracking.uri")))
+    except KeyError:
+        pass
     for cand in candidates:
         if isinstance(cand, str) and redact_url(cand) == stored:
             return cand
@@ -593,7 +600,9 @@ def log_artifact(run_dir: str | Path, path: str | Path) -> bool:
 
     cfg = yaml.safe_load((run_dir / "config.resolved.yaml").read_text(encoding="utf-8")) or {}
     try:
-        b = MlflowBackend(resolve_settings(cfg.get("tracking") or {}, run_dir, cfg.get("name")))
+        settings = resolve_settings(cfg.get("tracking") or {}, run_dir, cfg.get("name"))
+        settings["uri"] = _real_uri(settings["uri"], run_dir)  # the credential as given, never the run directory's mask
+        b = MlflowBackend(settings)
         b.client.log_artifact(state["run_id"], str(path))
         return True
     except Exception:  # noqa: BLE001 - the page stays in the run directory and the store
@@ -611,6 +620,7 @@ def register_model(run_dir: str | Path, *, name: str | None = None, tags: dict |
 
     cfg = yaml.safe_load((run_dir / "config.resolved.yaml").read_text(encoding="utf-8")) or {}
     settings = resolve_settings(cfg.get("tracking") or {}, run_dir, cfg.get("name"))
+    settings["uri"] = _real_uri(settings["uri"], run_dir)  # the credential as given, never the run directory's mask
     b = MlflowBackend(settings)
     b.run_id = state["run_id"]
     b.model_uri = f"runs:/{b.run_id}/model"
