@@ -22,6 +22,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -30,82 +31,78 @@ from typing import Callable
 
 from trainpipe.errors import ConfigError
 
-FIELDS = (("minute", 0, 59), ("hour", 0, 23), ("day of month", 1, 31), ("month", 1, 12), ("day of week", 0, 6))
+FIELDS = ("minute", "hour", "day of month", "month", "day of week")
+_FIELD = re.compile(r"[0-9*,/-]+", re.ASCII)  # digits 0-9 only: `int()` also reads Arabic-Indic and other Unicode digits
+NEVER_AFTER = timedelta(days=366 * 5)  # an expression with no time within five years is refused (`0 0 31 2 *`)
 
 
 @dataclass(frozen=True)
 class Cron:
+    """A checked five-field expression; the times come from cronsim (a maintained cron library), in UTC."""
+
     expr: str
-    minutes: frozenset
-    hours: frozenset
-    days: frozenset
-    months: frozenset
-    weekdays: frozenset
-    dom_any: bool
-    dow_any: bool
+
+    def _times(self, after: datetime):
+        from cronsim import CronSim
+
+        aware = after.tzinfo is not None
+        it = CronSim(self.expr, after if aware else after.replace(tzinfo=timezone.utc))
+        return (t if aware else t.replace(tzinfo=None) for t in it)
+
+    @property
+    def weekdays(self) -> frozenset:
+        """The days of the week it fires on (0 = Sunday; 7 is written as 0)."""
+        from cronsim import CronSim
+
+        return frozenset(d % 7 for d in CronSim(self.expr, datetime(2000, 1, 1, tzinfo=timezone.utc)).weekdays)
 
     def matches(self, t: datetime) -> bool:
-        if t.minute not in self.minutes or t.hour not in self.hours or t.month not in self.months:
-            return False
-        dom, dow = t.day in self.days, (t.isoweekday() % 7) in self.weekdays
-        if self.dom_any or self.dow_any:  # cron: when both are restricted, either may match
-            return dom and dow
-        return dom or dow
+        m = t.replace(second=0, microsecond=0)
+        return self.next_after(m - timedelta(minutes=1)) == m
 
     def next_after(self, t: datetime) -> datetime:
         """The first matching minute strictly after `t`."""
-        n = t.replace(second=0, microsecond=0) + timedelta(minutes=1)
-        limit = n + timedelta(days=366 * 5)
-        while n < limit:
-            if n.month not in self.months:
-                n = (n.replace(day=1, hour=0, minute=0) + timedelta(days=32)).replace(day=1)
-                continue
-            if not self._day_ok(n):
-                n = n.replace(hour=0, minute=0) + timedelta(days=1)
-                continue
-            if n.hour not in self.hours:
-                n = n.replace(minute=0) + timedelta(hours=1)
-                continue
-            if n.minute in self.minutes:
-                return n
-            n += timedelta(minutes=1)
-        raise ConfigError(f"`--cron {self.expr}` never matches (checked five years ahead).", [f"--cron {self.expr}"])
+        n = next(self._times(t.replace(second=0, microsecond=0)), None)
+        if n is None or n - t > NEVER_AFTER:
+            raise ConfigError(f"`--cron {self.expr!r}` never matches (checked five years ahead).", [f"--cron {self.expr}"])
+        return n
 
-    def _day_ok(self, t: datetime) -> bool:
-        dom, dow = t.day in self.days, (t.isoweekday() % 7) in self.weekdays
-        return (dom and dow) if (self.dom_any or self.dow_any) else (dom or dow)
+
+def _cron_error(expr: str, why: str, where: str) -> ConfigError:
+    return ConfigError(
+        f"`--cron {expr!r}` {why}. A cron expression has five fields of ASCII digits, `*`, `,`, `-` and `/` (minute 0-59, hour 0-23, "
+        "day of month 1-31, month 1-12, day of week 0-7 with 0 and 7 Sunday), e.g. `0 3 * * *` (03:00 UTC every day) or `*/15 * * * 1-5` "
+        "(every 15 minutes on weekdays).", [f"--cron {expr}: {where}"])
 
 
 def parse_cron(expr: str) -> Cron:
+    """The checked expression: five fields of ASCII digits and `* , - /` (no names, no `L`/`#`/`?`: what Kubernetes and
+    KFP read alike), valid for cronsim, and firing at least once in the next five years."""
+    if not expr.isascii():
+        bad = next(c for c in expr if not c.isascii())
+        raise _cron_error(expr, f"holds the non-ASCII character {bad!r} (U+{ord(bad):04X}); write the digits as 0-9", "non-ASCII")
     parts = expr.split()
     if len(parts) != 5:
-        raise ConfigError(
-            f"`--cron {expr!r}` has {len(parts)} fields; a cron expression has five: minute hour day-of-month month day-of-week, "
-            "e.g. `0 3 * * *` (03:00 every day) or `*/15 * * * 1-5` (every 15 minutes on weekdays).", [f"--cron {expr}"])
-    sets = []
-    for text, (name, lo, hi) in zip(parts, FIELDS):
-        values: set[int] = set()
-        for item in text.split(","):
-            rng, _, step_s = item.partition("/")
-            try:
-                step = int(step_s) if step_s else 1
-                if rng == "*":
-                    a, b = lo, hi
-                elif "-" in rng:
-                    a, b = (int(x) for x in rng.split("-", 1))
-                else:
-                    a = b = int(rng)
-                    if step_s:
-                        b = hi
-            except ValueError:
-                raise ConfigError(f"`--cron {expr!r}`: the {name} field `{text}` is not a number, `*`, a range `a-b` or a step `*/n`.",
-                                  [f"--cron {expr}: {name}"]) from None
-            top = 7 if name == "day of week" else hi  # 7 is Sunday too
-            if not (lo <= a <= top and lo <= b <= top and a <= b and step >= 1):
-                raise ConfigError(f"`--cron {expr!r}`: the {name} field `{text}` is outside {lo}-{hi}.", [f"--cron {expr}: {name}"])
-            values |= {v % 7 if name == "day of week" else v for v in range(a, b + 1, step)}
-        sets.append(frozenset(values))
-    return Cron(expr, *sets, dom_any=parts[2] == "*", dow_any=parts[4] == "*")
+        raise _cron_error(expr, f"has {len(parts)} fields, not five", "fields")
+    for text, name in zip(parts, FIELDS):
+        if not _FIELD.fullmatch(text):
+            what = "names (MON, JAN) are not supported" if any(c.isalpha() for c in text) else "only digits, `*`, `,`, `-` and `/` are allowed"
+            raise _cron_error(expr, f"has `{text}` as its {name} field: {what}", name)
+    from cronsim import CronSimError
+
+    cron = Cron(" ".join(parts))
+    try:
+        cron.next_after(datetime.now(timezone.utc))
+    except CronSimError as exc:
+        why = str(exc).rstrip(".").lower()
+        never = "day-of-month" in why and all(_FIELD.fullmatch(p) for p in parts)
+        raise _cron_error(expr, "never fires (no such day in the months it names)" if never and _days_exist(parts) else f"is not valid ({why})", why) from None
+    return cron
+
+
+def _days_exist(parts: list[str]) -> bool:
+    """Every day-of-month number is 1-31 (so cronsim's 'bad day-of-month' means the months have no such day)."""
+    return all(1 <= int(n) <= 31 for n in re.findall(r"[0-9]+", parts[2].split("/")[0]))
 
 
 # --------------------------------------------------------------------------- new data
