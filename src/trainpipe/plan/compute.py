@@ -34,7 +34,13 @@ from trainpipe.plan.gpus import GPU
 MFU_DEFAULTS = {"full": 0.40, "freeze": 0.35, "lora": 0.35, "dora": 0.25, "qlora": 0.25}
 MFU_SMALL_MODEL = 0.6  # factor for models < 1B params (kernels too small to fill the GPU)
 MFU_CONSUMER = 0.9  # factor for GeForce/older GPUs (PCIe, smaller caches)
-MFU_MULTI_NODE = 0.85  # factor when training spans nodes
+# Data-parallel scaling efficiency (rules of thumb, the seeds' figures): the share of N x one GPU's speed that N GPUs
+# reach once the gradient all-reduce is paid. Within a node by the GPUs' link; across nodes by the network between them
+# (InfiniBand 80-90 %, 25 Gb Ethernet 30-40 %). An adapter (LoRA, QLoRA, ...) all-reduces a fraction of a percent of
+# the weights, so only a fifth of the loss applies to it.
+SCALING_IN_NODE = {"nvlink": 0.95, "infinity fabric": 0.95, "pcie": 0.80}
+SCALING_ACROSS_NODES = {"infiniband": 0.85, "ethernet-100g": 0.70, "ethernet-25g": 0.35}
+ADAPTER_COMM_SHARE = 0.2
 
 
 def matmul_params(spec: ModelSpec) -> int:
@@ -65,9 +71,21 @@ def default_mfu(method: str, spec: ModelSpec, gpu: GPU, nodes: int = 1) -> float
         m *= MFU_SMALL_MODEL
     if gpu.arch in ("turing", "volta") or gpu.name.startswith("RTX"):
         m *= MFU_CONSUMER
-    if nodes > 1:
-        m *= MFU_MULTI_NODE
     return round(m, 3)
+
+
+def scaling_efficiency(gpu: GPU, gpus: int, nodes: int = 1, method: str = "full", network: str = "infiniband") -> float:
+    """The share of perfect scaling ``gpus`` GPUs on ``nodes`` nodes reach (1.0 for one GPU): see SCALING_IN_NODE."""
+    if gpus <= 1:
+        return 1.0
+    if nodes > 1:
+        e = SCALING_ACROSS_NODES.get(network, SCALING_ACROSS_NODES["infiniband"])
+    else:
+        link = gpu.interconnect.lower()  # "NVLink 4, 900 GB/s"; "PCIe 4.0, 64 GB/s (NVLink bridge pairs)": the all-reduce crosses PCIe
+        e = next((v for k, v in SCALING_IN_NODE.items() if link.startswith(k)), SCALING_IN_NODE["pcie"])
+    if method not in ("full", "freeze"):
+        e = 1 - (1 - e) * ADAPTER_COMM_SHARE
+    return round(e, 3)
 
 
 @dataclass
@@ -77,18 +95,21 @@ class Compute:
     mfu_assumed: float
     hours: float
     gpus: int
+    scaling_efficiency: float = 1.0
 
     def to_dict(self) -> dict:
-        return {"flops": self.flops, "tokens": self.tokens, "mfu_assumed": self.mfu_assumed, "hours": self.hours, "gpu_hours": self.hours * self.gpus}
+        return {"flops": self.flops, "tokens": self.tokens, "mfu_assumed": self.mfu_assumed, "scaling_efficiency": self.scaling_efficiency,
+                "hours": self.hours, "gpu_hours": self.hours * self.gpus}
 
 
 def compute(spec: ModelSpec, method: str, tokens: float, seq_len: int, grad_ckpt: bool, gpu: GPU, gpus: int, precision: str,
             mfu: float | None = None, lora_params: int = 0, nodes: int = 1) -> Compute:
     flops = flops_per_token(spec, method, seq_len, grad_ckpt, lora_params) * tokens
     m = mfu if mfu is not None else default_mfu(method, spec, gpu, nodes)
+    eff = scaling_efficiency(gpu, gpus, nodes, method)
     peak = gpu.peak_tflops(precision) * 1e12
-    hours = flops / (max(1, gpus) * peak * m) / 3600 if peak > 0 else float("inf")
-    return Compute(flops, tokens, m, hours, gpus)
+    hours = flops / (max(1, gpus) * peak * m * eff) / 3600 if peak > 0 else float("inf")
+    return Compute(flops, tokens, m, hours, gpus, eff)
 
 
 def young_daly_interval(checkpoint_hours: float, mtbf_hours: float) -> float:

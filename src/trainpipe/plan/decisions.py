@@ -109,9 +109,20 @@ def auto_precision(on_cuda: bool, bf16: bool, where: str = "") -> tuple[str, str
     """(precision, rule) for `auto`: bf16 on GPUs that have it, fp16 with loss scaling before, fp32 without a GPU."""
     if not on_cuda:
         return "fp32", f"no CUDA GPU{' (' + where + ')' if where else ''}: fp32 (CPU mixed precision is slower than fp32 for training)"
+    amd = is_amd(where)
     if bf16:
-        return "bf16", f"{where or 'the GPU'} has bfloat16 (Ampere or newer): bf16 mixed precision (fp32 master weights), no loss scaling"
-    return "fp16", f"{where or 'the GPU'} has no bfloat16 (before Ampere): fp16 mixed precision with dynamic loss scaling"
+        family = "AMD CDNA2/MI200 or newer" if amd else "NVIDIA Ampere or newer"
+        return "bf16", f"{where or 'the GPU'} has bfloat16 ({family}): bf16 mixed precision (fp32 master weights), no loss scaling"
+    family = "AMD before CDNA2" if amd else "NVIDIA before Ampere"
+    return "fp16", f"{where or 'the GPU'} has no bfloat16 ({family}): fp16 mixed precision with dynamic loss scaling"
+
+
+def is_amd(text: str) -> bool:
+    """Whether a device name or description names an AMD GPU (Instinct MI*, Radeon, a CDNA/RDNA architecture): torch drives
+    them through ROCm under the `cuda` device name, which is not what a person should read."""
+    import re
+
+    return bool(re.search(r"\bMI\d{2,3}[A-Z]?\b|instinct|radeon|\bcdna|\brdna", text or "", re.I))
 
 
 @dataclass

@@ -317,7 +317,8 @@ def resolve(cfg: RunConfig, hw: Hardware, world_size: int | None = None, *, nnod
 def _resolve_precision(cfg: RunConfig, hw: Hardware, decisions: list[Decision]) -> Setting:
     """`training.bf16`/`fp16` as set (falling back to fp32 where the hardware lacks it), else `auto_precision`."""
     t = cfg.training
-    where = f"{hw.accelerator} ({', '.join(dict.fromkeys(hw.device_names)) or 'unknown'})"
+    names = ', '.join(dict.fromkeys(hw.device_names)) or 'unknown'
+    where = f"{'ROCm GPU' if hw.accelerator == 'cuda' and D.is_amd(names) else hw.accelerator} ({names})"
     if t.bf16 is None and not t.fp16:
         p, rule = D.auto_precision(hw.accelerator == "cuda", hw.bf16_supported, where)
         t.bf16 = p == "bf16"
@@ -342,7 +343,8 @@ def _fallback(t, hw: Hardware, decisions: list[Decision]) -> None:
     if asked is None or (hw.accelerator == "cuda" and (asked == "fp16" or hw.bf16_supported)):
         return
     kind = "bfloat16" if asked == "bf16" else "float16"
-    where = f"{hw.accelerator} ({', '.join(dict.fromkeys(hw.device_names)) or 'unknown'})"
+    names = ', '.join(dict.fromkeys(hw.device_names)) or 'unknown'
+    where = f"{'ROCm GPU' if hw.accelerator == 'cuda' and D.is_amd(names) else hw.accelerator} ({names})"
     fix = "`training.fp16: true` (float16 with loss scaling) suits this GPU" if hw.accelerator == "cuda" else "mixed precision needs a CUDA GPU"
     if t.precision_fallback == "error":
         from trainpipe.errors import ConfigError

@@ -177,7 +177,8 @@ def test_time_and_cost():
     spec = find_model("meta-llama/Llama-2-7b-hf")
     g = find_gpu("A100-80GB")
     c = C.compute(spec, "full", 1e9, 2048, False, g, 8, "bf16", mfu=0.5)
-    assert math.isclose(c.hours, c.flops / (8 * 312e12 * 0.5) / 3600)
+    assert c.scaling_efficiency == 0.95  # NVLink 3 within the node
+    assert math.isclose(c.hours, c.flops / (8 * 312e12 * 0.5 * 0.95) / 3600)
     cost = C.cost(c.hours, 8, g, checkpoint_bytes=0, preemptions_per_hour=0)
     assert math.isclose(cost.on_demand_usd, c.hours * 8 * g.on_demand_usd)
     assert math.isclose(cost.spot_usd, c.hours * 8 * g.spot_usd)
@@ -371,3 +372,37 @@ def test_plan_model_equals_plan_config(tmp_path, capsys, model, gpu, n):
     keys = ("method", "micro_batch", "gradient_accumulation", "effective_batch", "precision", "learning_rate", "strategy", "offload", "gradient_checkpointing")
     assert {k: a[k] for k in keys} == {k: b[k] for k in keys}
 
+
+
+def test_more_gpus_cost_more_than_perfect_scaling_by_the_interconnect():
+    """Eight GPUs do not finish in an eighth of the time: the gradient all-reduce costs by the link (NVLink 95 %, PCIe
+    80 %; across nodes InfiniBand 85 %, 25 Gb Ethernet 35 %), and an adapter all-reduces a tiny share of the weights."""
+    spec = find_model("meta-llama/Llama-2-7b-hf")
+    one = C.compute(spec, "full", 1e9, 2048, False, find_gpu("RTX-4090"), 1, "bf16", mfu=0.4)
+    eight = C.compute(spec, "full", 1e9, 2048, False, find_gpu("RTX-4090"), 8, "bf16", mfu=0.4)
+    assert one.scaling_efficiency == 1.0 and eight.scaling_efficiency == 0.8  # PCIe, no NVLink
+    assert math.isclose(eight.hours * 8, one.hours / 0.8) and eight.hours * 8 > one.hours  # GPU-hours (and dollars) grow
+    lora = C.compute(spec, "lora", 1e9, 2048, False, find_gpu("RTX-4090"), 8, "bf16", mfu=0.4, lora_params=10**7)
+    assert lora.scaling_efficiency == 0.96
+    g = find_gpu("H100")
+    assert C.scaling_efficiency(g, 16, 2, "full", "infiniband") == 0.85 and C.scaling_efficiency(g, 16, 2, "full", "ethernet-25g") == 0.35
+
+
+def test_consumer_gpus_are_in_the_catalogue():
+    """The QLoRA rules are about 8-16 GB cards: the catalogue has them, with bf16 (Ampere and newer)."""
+    for name, gib in (("RTX-3060", 12), ("RTX-4060-Ti-8GB", 8), ("RTX-4060-Ti-16GB", 16), ("RTX-3090", 24), ("RTX-4090", 24), ("RTX-5090", 32)):
+        g = find_gpu(name)
+        assert g.memory_gib == gib and g.bf16 and g.bf16_tflops > 0 and g.on_demand_usd > 0, name
+    assert find_gpu("NVIDIA GeForce RTX 3060").name == "RTX-3060" and find_gpu("4060 Ti 16GB").name == "RTX-4060-Ti-16GB"
+
+
+def test_an_amd_gpu_is_not_described_as_nvidia():
+    """torch drives an MI300X through ROCm under the `cuda` device name; the precision rule names the vendor's family."""
+    from trainpipe.plan import decisions as D
+
+    p, rule = D.auto_precision(True, True, "ROCm GPU (MI300X)")
+    assert p == "bf16" and "AMD" in rule and "Ampere" not in rule
+    p, rule = D.auto_precision(True, True, "cuda (H100-80GB)")
+    assert p == "bf16" and "NVIDIA Ampere or newer" in rule
+    assert D.is_amd("AMD Instinct MI250X") and D.is_amd("MI300X") and not D.is_amd("NVIDIA A100-SXM4-80GB")
+    assert "Ampere" not in D.decide_precision(find_gpu("MI300X")).rule and "AMD" in D.decide_precision(find_gpu("MI300X")).rule
