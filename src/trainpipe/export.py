@@ -14,11 +14,15 @@ training, a generation config that stops at the end-of-turn token, a model card,
 
 It is written to `model.tmp/` and renamed at the end, so `model/` never holds half an export.
 
-Nothing that is not ours is replaced: every export carries a `.trainpipe-export` marker, and the
-destination must be missing, empty or an earlier trainpipe export (recognised by the marker, or by
-the model card of exports written before it); it may not be, hold or lie inside the run folder (but
-for the run's own `model/` and `export/NAME`), the config, the base model or the data. A write that
-fails (a full disk) removes the temporary folder, leaves the earlier export in place and ends in an
+Nothing that is not ours is replaced (the ownership rule, ownership.py; issue 22): the destination
+must be missing, empty or an earlier trainpipe export that its manifest (`.trainpipe-owned.json`)
+proves unchanged; a `.trainpipe-export` marker or a model card proves nothing, and an earlier export
+with a file of the user's inside (a `serve.py`) is refused, nothing touched. `--out DIR` outside the
+run goes through ``ownership.replace_dir`` (built beside DIR, swapped in, the new tree fingerprinted
+into DIR's own manifest); the run's own `model/` and `export/NAME` are proven by the run folder's
+manifest. The destination may not be, hold or lie inside the run folder (but for the run's own
+`model/` and `export/NAME`), the config, the base model or the data. A write that fails (a full
+disk) removes the temporary folder, leaves the earlier export in place and ends in an
 :class:`ExportWriteError`.
 """
 
@@ -28,6 +32,7 @@ import json
 import os
 import shutil
 import time
+import uuid
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -44,18 +49,6 @@ class ExportWriteError(TrainpipeError):
 
     exit_code = EXIT_WRITE_FAILED
     title = "export failed"
-
-
-def is_export(path: Path) -> bool:
-    """True when ``path`` is a folder trainpipe exported: its marker, or (exports older than it) its model card."""
-    if (path / MARKER).is_file():
-        return True
-    card = path / "README.md"
-    try:
-        head = card.read_text(encoding="utf-8", errors="replace")[:4000] if card.is_file() else ""
-    except OSError:
-        return False
-    return "\nTrained with trainpipe" in head and (path / "config.json").is_file()
 
 
 def _within(inner: Path, outer: Path) -> bool:
@@ -86,13 +79,58 @@ def check_destination(final: Path, *, run_dir: Path, protect: list[tuple[str, Pa
         if not final.is_dir() or final.is_symlink():
             raise RunDirError(f"The export destination `{final}` exists and is not a folder; trainpipe replaces only its own exports, so it is "
                               f"refused and nothing was touched. {fix}")
-        if any(final.iterdir()) and not is_export(final):
-            raise RunDirError(f"The export destination `{final}` is a non-empty folder that is not a trainpipe export (no `{MARKER}` marker, no "
-                              f"trainpipe model card); trainpipe replaces only its own exports, so it is refused and nothing was touched. {fix}")
+        bad = unproven(final, run_dir) if any(final.iterdir()) else []
+        if bad:
+            shown = ", ".join(f"`{n}`" for n in bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+            from trainpipe.ownership import MANIFEST as OWNED
+
+            raise RunDirError(f"The export destination `{final}` holds {shown}, which trainpipe cannot prove it wrote (not listed with its "
+                              f"content in `{OWNED}`): it is not a trainpipe export, or files were added to it or changed since; trainpipe "
+                              f"replaces only its own unchanged exports, so it is refused and nothing was touched. {fix}")
     tmp = final.with_name(final.name + ".tmp")
-    if tmp.exists() and not _is_own_tmp(tmp):
+    if _within(final, run_dir) and tmp.exists() and not _is_own_tmp(tmp):
         raise RunDirError(f"The export is written through `{tmp}` next to `{final}`, and that path holds something that is not an unfinished "
                           f"trainpipe export; it is refused and nothing was touched. Move `{tmp}` away, or give `--out` another folder.")
+
+
+def unproven(final: Path, run_dir: Path) -> list[str]:
+    """The entries of the existing export folder ``final`` that trainpipe cannot prove its own: inside the run folder (its
+    `model/`, `export/NAME`) by the run's manifest, elsewhere by the folder's own (written by ``ownership.replace_dir``)."""
+    from trainpipe import ownership
+
+    final, run_dir = Path(final).resolve(), Path(run_dir).resolve()
+    if not _within(final, run_dir):
+        return ownership.foreign(final)
+    from trainpipe.pipeline.rundir import unproven as run_unproven
+
+    rel = final.relative_to(run_dir).as_posix()
+    return [n for n in run_unproven(run_dir) if n == rel or n.startswith(rel + "/") or rel.startswith(n + "/")]
+
+
+def recorded(final: Path, run_dir: Path, names: tuple[str, ...] = ()) -> None:
+    """Fingerprint an export just written (and ``names`` inside it, written after it: the gates' files) into the manifest
+    that proves it: the run folder's for its own `model/` and `export/NAME` (left to the run's own seal while the run is
+    writing them), the folder's own and its parent's for `--out` elsewhere."""
+    from trainpipe import ownership
+
+    final, run_dir = Path(os.path.abspath(final)), Path(run_dir).resolve()
+    if not final.is_dir():
+        return
+    if _within(final.resolve(), run_dir):
+        top = run_dir / final.resolve().relative_to(run_dir).parts[0]
+        if top.name not in ownership.read_manifest(run_dir)["pending"]:
+            ownership.record(top)
+        return
+    for n in names:
+        if (final / n).exists():
+            ownership.record(final / n)
+    ownership.record(final)
+
+
+def _move_into(src: Path, dest: Path) -> None:
+    """Every entry of ``src`` renamed into ``dest`` (siblings on one file system: no copy)."""
+    for p in list(src.iterdir()):
+        os.replace(p, dest / p.name)
 
 
 def _is_own_tmp(tmp: Path) -> bool:
@@ -176,20 +214,32 @@ def export_folder(final: Path, *, run_dir: Path, card: dict, protect: list[tuple
 
     Refuses (RunDirError) a destination that is not ours to replace (:func:`check_destination`); a failed write
     (a full disk) removes the temporary folder, leaves ``final`` as it was and raises ExportWriteError."""
+    from trainpipe import ownership
     from trainpipe.train import faults
     from trainpipe.train.checkpoints import write_error
 
+    final = Path(os.path.abspath(final))
     check_destination(final, run_dir=run_dir, protect=protect)
-    tmp = final.with_name(final.name + ".tmp")
-    if tmp.exists():  # an unfinished export of ours (check_destination refused anything else)
-        shutil.rmtree(tmp)
+    in_run = _within(final.resolve(), Path(run_dir).resolve())
+    if in_run:  # the run's own `model/` or `export/NAME`: through `<final>.tmp`, a name the run registers as pending
+        tmp = final.with_name(final.name + ".tmp")
+        if tmp.exists():  # an unfinished export of ours (check_destination refused anything else)
+            shutil.rmtree(tmp)
+    else:  # `--out` elsewhere: built under a name of its own, then swapped in by ownership.replace_dir
+        tmp = final.parent / f".{final.name}.build-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     try:
         tmp.mkdir(parents=True)
         (tmp / MARKER).write_text(json.dumps({"trainpipe_version": card.get("trainpipe_version"), "run_dir": str(run_dir),
                                               "config_hash": card.get("config_hash"), "time": time.time()}) + "\n", encoding="utf-8")
         yield tmp
         faults.during_export_write()
-        _replace(tmp, final)
+        if in_run:
+            _replace(tmp, final)
+        else:
+            reads = [(Path(p), what) for what, p in protect]
+            ownership.replace_dir(final, lambda t: _move_into(tmp, t), what="the export", reads=reads)
+            tmp.rmdir()
+        recorded(final, Path(run_dir))
     except Exception as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, TrainpipeError) or write_error(exc, final.parent) is None:

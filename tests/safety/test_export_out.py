@@ -1,4 +1,4 @@
-"""`trainpipe export RUN --out DIR` replaces only trainpipe exports (issue 16, item 4).
+"""`trainpipe export RUN --out DIR` replaces only trainpipe exports (issue 16, item 4; issue 22: proven by the manifest, not the marker).
 
 Today's main deleted whatever was at DIR and exited 0, and `--out RUN` replaced the run itself.
 Each case here is a refusal: exit 2, one paragraph naming the folder and the fix, nothing touched.
@@ -99,13 +99,15 @@ def test_the_base_model_the_data_and_the_config_are_protected(trained, capsys):
     assert cfg.is_file()
 
 
-def test_a_foreign_tmp_sibling_is_refused(trained, tmp_path, capsys):
+def test_a_foreign_tmp_sibling_is_left_alone(trained, tmp_path, capsys):
+    """`--out DIR` builds beside DIR under a name of its own (ownership.replace_dir): a user's `DIR.tmp` is never touched."""
     run, _, _ = trained
     (tmp_path / "out.tmp").mkdir()
     (tmp_path / "out.tmp" / "draft.txt").write_text("keep me")
-    out = refused(capsys, [str(run), "--out", str(tmp_path / "out")])
-    assert "out.tmp" in out
-    assert (tmp_path / "out.tmp" / "draft.txt").read_text() == "keep me" and not (tmp_path / "out").exists()
+    assert main(["export", str(run), "--out", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out.tmp" / "draft.txt").read_text() == "keep me" and (tmp_path / "out" / "model.safetensors").is_file()
+    assert sorted(p.name for p in (tmp_path / "out.tmp").iterdir()) == ["draft.txt"]
+    capsys.readouterr()
 
 
 def test_default_destination_holding_a_foreign_folder_is_refused(trained, tmp_path, capsys):
@@ -130,15 +132,43 @@ def test_new_empty_and_earlier_exports_are_written_and_replaced(trained, tmp_pat
     assert main(["export", str(run), "--out", str(out)]) == 0
     marker = json.loads((out / ".trainpipe-export").read_text())
     assert marker["run_dir"] == str(run) and (out / "model.safetensors").is_file() and (out / "adapter").is_dir()
-    (out / "stale.txt").write_text("from an earlier export")
-    assert main(["export", str(run), "--out", str(out)]) == 0  # an earlier trainpipe export may be replaced
-    assert not (out / "stale.txt").exists() and (out / "model.safetensors").is_file()
-    (out / ".trainpipe-export").unlink()  # an export written before the marker existed: recognised by its model card
+    first = (out / "model.safetensors").stat().st_ino
+    assert main(["export", str(run), "--out", str(out)]) == 0  # an earlier, unchanged trainpipe export is replaced
+    assert (out / "model.safetensors").is_file() and (out / "model.safetensors").stat().st_ino != first
+    (out / ".trainpipe-export").unlink()  # the marker proves nothing either way: the manifest proves the rest unchanged
     assert main(["export", str(run), "--out", str(out)]) == 0
     assert (out / ".trainpipe-export").is_file()
     empty = tmp_path / "empty"
     empty.mkdir()
     assert main(["export", str(run), "--out", str(empty)]) == 0
     assert (empty / "model.safetensors").is_file()
-    assert not any(p.name.endswith(".tmp") or ".old-" in p.name for p in tmp_path.iterdir())
+    assert not any(p.name.endswith(".tmp") or ".old-" in p.name or ".build-" in p.name or ".tmp-" in p.name for p in tmp_path.iterdir())
     capsys.readouterr()
+
+
+def test_an_earlier_export_with_a_users_file_inside_is_refused(trained, tmp_path, capsys):
+    """Issue 22: `export --out` onto an earlier export replaced it together with the user's `serve.py` inside; the
+    marker said "export", the files said otherwise. Now the manifest decides: refused, nothing touched."""
+    run, _, _ = trained
+    out = tmp_path / "exported"
+    assert main(["export", str(run), "--out", str(out)]) == 0
+    (out / "serve.py").write_text("from transformers import pipeline\n")
+    before = snapshot(out)
+    text = refused(capsys, [str(run), "--out", str(out)])
+    assert "`serve.py`" in text and "not a trainpipe export" in text and str(out) in text
+    assert snapshot(out) == before
+    (out / "serve.py").unlink()
+    (out / "README.md").write_text("my edited card\n")  # a file of the export, changed: no longer provably trainpipe's
+    before = snapshot(out)
+    text = refused(capsys, [str(run), "--out", str(out)])
+    assert "`README.md`" in text and snapshot(out) == before
+    # a folder with a hand-made `.trainpipe-export` marker and a model card is no export either
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    (fake / ".trainpipe-export").write_text("{}\n")
+    (fake / "README.md").write_text("# x\n\nTrained with trainpipe 1.0.\n")
+    (fake / "config.json").write_text("{}\n")
+    (fake / "notes.txt").write_text("mine\n")
+    before = snapshot(fake)
+    text = refused(capsys, [str(run), "--out", str(fake)])
+    assert "`notes.txt`" in text and snapshot(fake) == before

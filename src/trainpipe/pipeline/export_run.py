@@ -131,8 +131,10 @@ def export_single(run_dir: Path, *, out: str | Path | None = None, checkpoint: s
     gates = run_dir / "gates.json"
     if gates.exists() and not checkpoint:  # the run's model again: it carries the run's quality gates (a failed gate marks it as not passing)
         from trainpipe.evaluate.gates import mark_model
+        from trainpipe.export import recorded
 
         mark_model(path, json.loads(gates.read_text()))
+        recorded(path, run_dir, names=("quality_gates.json", "README.md"))  # its manifest proves the marked export trainpipe's
     return path
 
 
