@@ -105,21 +105,21 @@ def run(
 def launch(
     config: ConfigArg,
     emit: Annotated[str, typer.Option("--emit", help="torchrun | slurm | k8s (a Kubeflow PyTorchJob).")] = "torchrun",
-    out: Annotated[Path, typer.Option("-o", "--out", help="Folder for the launch file.")] = Path("."),
+    out: Annotated[Path, typer.Option("-o", "--out", help="Folder for the launch file (a new file there, or the one trainpipe wrote before; never the config, its data or a file of yours).")] = Path("."),
     set_: SetOpt = None,
     nproc_per_node: Annotated[Optional[int], typer.Option("--nproc-per-node", help="GPUs per node (default `distributed.nproc_per_node`, else 1).")] = None,
     nnodes: Annotated[Optional[int], typer.Option("--nnodes", help="Nodes (default `distributed.nnodes`).")] = None,
     image: Annotated[str, typer.Option("--image", help="Container image (k8s).")] = "trainpipe:latest",
 ) -> None:
     """Write the launch file of CONFIG for a cluster: a torchrun script, an sbatch script or a PyTorchJob manifest
-    (GPUs, memory and NCCL variables from the config and the plan)."""
+    (GPUs, memory and NCCL variables from the config and the plan; the `--set` overrides go along, every value quoted)."""
     from trainpipe import ui
     from trainpipe.config import load_config
     from trainpipe.distributed.launch import write_launch_files
 
     _numbers(("--nproc-per-node", nproc_per_node, "the GPUs per node", 1), ("--nnodes", nnodes, "the number of nodes", 1))
     cfg = load_config(config, set_ or [])
-    path, layout = write_launch_files(cfg, str(config), emit, out, nproc=nproc_per_node, nnodes=nnodes, image=image)
+    path, layout = write_launch_files(cfg, str(config), emit, out, nproc=nproc_per_node, nnodes=nnodes, image=image, sets=set_ or [])
     ui.console().print(f"{emit}: {path}  ({layout['nnodes']} node(s) x {layout['gpus_per_node']} GPU(s), {layout['memory_gib']} GiB host memory per node)")
 
 
@@ -381,7 +381,7 @@ def automl(
     lr_spread: Annotated[float, typer.Option("--lr-spread", help="Learning rates from the planner's default / spread to x spread (log-uniform).")] = 3.0,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the hyperparameter sampler.")] = 0,
     lr_range: Annotated[Optional[str], typer.Option("--lr-range", help="LOW:HIGH learning rates to sample from instead of the planner's default / and x --lr-spread.")] = None,
-    proposer: Annotated[Optional[str], typer.Option("--proposer", help="module:function or file.py:function proposing changes to surviving arms before each rung; default (sft): the built-in one (an arm whose eval loss moved < 1 % over the rung gets an LR range test on 1 % of the data and, if its suggestion is > 3x away, a new arm at it); `none`: no proposals.")] = None,
+    proposer: Annotated[Optional[str], typer.Option("--proposer", help="module:function or file.py:function (runs Python code you name) proposing changes to surviving arms before each rung; default (sft): the built-in one (an arm whose eval loss moved < 1 % over the rung gets an LR range test on 1 % of the data and, if its suggestion is > 3x away, a new arm at it); `none`: no proposals.")] = None,
     budget_usd: Annotated[Optional[float], typer.Option("--budget-usd", help="Stop before a rung the planner prices above what is left.")] = None,
     budget_hours: Annotated[Optional[float], typer.Option("--budget-hours", help="Start no rung after this much wall time.")] = None,
     gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU type that picks the methods and prices the rungs (default: this machine's).")] = None,

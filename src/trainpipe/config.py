@@ -17,13 +17,16 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from trainpipe.errors import ConfigError
+
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # `name`: what reaches a shell (distributed/launch.py) stays a plain word
 
 SECTIONS = ("model", "data", "method", "training", "eval", "output_dir", "name", "stages", "tracking", "pipeline")
 
@@ -266,7 +269,7 @@ class RLConfig(_Section):
     reward_model: str | None = None
     """Folder of a reward model trained by `method.name: reward` (its `model/`), scoring prompt + completion."""
     reward_function: str | None = None
-    """Python reward function by import path, `package.module:function`, called as `f(prompts: list[str], completions: list[str]) -> list[float]`."""
+    """Python reward function by import path, `package.module:function` (or `file.py:function`, relative to the config file), called as `f(prompts: list[str], completions: list[str]) -> list[float]`: trainpipe imports it, so this runs Python code you name."""
     num_generations: int = Field(default=4, ge=2)
     """Completions sampled per prompt (the group the advantage is computed within)."""
     max_new_tokens: int = Field(default=32, ge=1)
@@ -478,6 +481,8 @@ class BenchmarkConfig(_Section):
     metric: str | None = None
     """The figure compared between base and trained (default: `acc`, else the task's first metric)."""
 
+    _allow_code: bool = PrivateAttr(default=False)  # `eval.allow_task_code`, handed over by EvalConfig (evaluate/benchmarks.py reads it)
+
 
 class EvalConfig(_Section):
     metrics: list[Literal["loss", "perplexity", "exact_match", "accuracy", "rouge_l", "bleu"]] = Field(default_factory=lambda: ["loss", "perplexity"])
@@ -494,8 +499,16 @@ class EvalConfig(_Section):
     """Longest generation for generated metrics (`exact_match`)."""
     max_samples: int | None = Field(default=None, ge=1)
     """Evaluate generated metrics on at most this many eval records (all when null)."""
+    allow_task_code: bool = False
+    """Let the local lm-eval tasks of `benchmarks` run their `!function` code: this runs Python from the task folder (`include_path`), with your permissions. Off: a task file that names a `!function` is refused before anything runs, and task templates render in Jinja's sandbox."""
     generate_in_training: bool = False
     """sft/pretrain: measure the generated metrics of `metrics` (`exact_match`, `accuracy`, `rouge_l`, `bleu`) at every in-training eval too, not only before and after training (each eval then generates `max_samples` replies: slower). `trainpipe tune` needs it to prune on a generated metric."""
+
+    @model_validator(mode="after")
+    def _hand_code_permission(self) -> "EvalConfig":
+        for b in self.benchmarks:
+            b._allow_code = self.allow_task_code
+        return self
 
 
 class GateConfig(_Section):
@@ -640,7 +653,7 @@ class RunConfig(_Section):
     """One training run: what to train, on what, how, and where to write it."""
 
     name: str | None = None
-    """Run name (default: the config file's name)."""
+    """Run name (default: the config file's name): 1-128 letters, digits, `.`, `_` or `-`, starting with a letter or digit (it names the run folder, the tracking run and the cluster job, and reaches the launch scripts)."""
     model: ModelConfig
     """The base model."""
     method: MethodConfig = Field(default_factory=MethodConfig)
@@ -678,6 +691,16 @@ class RunConfig(_Section):
         if stages and all(st.data is not None for st in stages):
             return v
         raise ValueError("required key is missing" + (" (give a `data` for the run or for every stage)" if stages else ""))
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, v: str | None) -> str | None:
+        if v is not None and not RUN_NAME.fullmatch(v):
+            raise ValueError(
+                "a run name reaches file names and the shell lines of `trainpipe launch`'s scripts, so it is 1-128 letters, digits, "
+                "`.`, `_` or `-`, starting with a letter or digit; rename it (e.g. `my-run-1`)"
+            )
+        return v
 
     @field_validator("stages", mode="before")
     @classmethod

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
 import uuid
@@ -132,46 +133,63 @@ def math_ceil(x: float) -> int:
     return math.ceil(x)
 
 
-def emit_torchrun(config_path: str, layout: dict, name: str) -> str:
-    env = "".join(f'export {k}="${{{k}:-{v}}}"\n' for k, v in NCCL_ENV.items())
-    nodes = layout["nnodes"]
-    opts = (f"--nproc-per-node {layout['gpus_per_node']} --nnodes {nodes} --standalone" if nodes == 1 else
-            f"--nproc-per-node {layout['gpus_per_node']} --nnodes {nodes} --rdzv-backend c10d "
+def safe_name(name: str | None) -> str:
+    """The run name as it may appear in a launch file: `name` is validated (config.RUN_NAME), but a name taken from the
+    config's file name is not, so anything outside letters, digits, `.`, `_`, `-` becomes `-`."""
+    out = re.sub(r"[^A-Za-z0-9._-]+", "-", name or "").lstrip("._-")[:128]
+    return out or "trainpipe"
+
+
+def _env_lines() -> str:
+    """Each NCCL variable: kept when the environment sets it, else the default (quoted like every value in a script)."""
+    return "".join(f'[ -n "${{{k}:-}}" ] || {k}={shlex.quote(v)}; export {k}\n' for k, v in NCCL_ENV.items())
+
+
+def _run_args(config_path: str, sets: list[str] | tuple[str, ...] = ()) -> str:
+    """`run CONFIG --set ...` for a shell line, every value quoted."""
+    return shell_join(["run", config_path, *[x for s in sets for x in ("--set", s)]])
+
+
+def emit_torchrun(config_path: str, layout: dict, name: str, sets: list[str] | tuple[str, ...] = ()) -> str:
+    name = safe_name(name)
+    nodes, g = int(layout["nnodes"]), int(layout["gpus_per_node"])
+    opts = (f"--nproc-per-node {g} --nnodes {nodes} --standalone" if nodes == 1 else
+            f"--nproc-per-node {g} --nnodes {nodes} --rdzv-backend c10d "
             f'--rdzv-endpoint "${{MASTER_ADDR:?set MASTER_ADDR to the first node}}:${{MASTER_PORT:-{PORT}}}" --rdzv-id {shlex.quote(name)}')
     return (
         "#!/usr/bin/env bash\n"
-        f"# trainpipe: torchrun launch of {name} ({nodes} node(s) x {layout['gpus_per_node']} GPU(s)); run the same line on every node.\n"
-        "set -euo pipefail\n" + env +
-        f"exec torchrun {opts} -m trainpipe.cli run {shlex.quote(config_path)} \"$@\"\n"
+        f"# trainpipe: torchrun launch of {name} ({nodes} node(s) x {g} GPU(s)); run the same line on every node.\n"
+        "set -euo pipefail\n" + _env_lines() +
+        f'exec torchrun {opts} -m trainpipe.cli {_run_args(config_path, sets)} "$@"\n'
     )
 
 
-def emit_slurm(config_path: str, layout: dict, name: str) -> str:
-    env = "".join(f'export {k}="${{{k}:-{v}}}"\n' for k, v in NCCL_ENV.items())
-    g, n = layout["gpus_per_node"], layout["nnodes"]
+def emit_slurm(config_path: str, layout: dict, name: str, sets: list[str] | tuple[str, ...] = ()) -> str:
+    name = safe_name(name)
+    g, n = int(layout["gpus_per_node"]), int(layout["nnodes"])
     return (
         "#!/usr/bin/env bash\n"
         f"#SBATCH --job-name={name}\n"
         f"#SBATCH --nodes={n}\n"
         "#SBATCH --ntasks-per-node=1\n"
         f"#SBATCH --gpus-per-node={g}\n"
-        f"#SBATCH --cpus-per-task={layout['cpus_per_node']}\n"
-        f"#SBATCH --mem={layout['memory_gib']}G\n"
+        f"#SBATCH --cpus-per-task={int(layout['cpus_per_node'])}\n"
+        f"#SBATCH --mem={int(layout['memory_gib'])}G\n"
         "#SBATCH --signal=B:TERM@120\n"
         "#SBATCH --requeue\n"
         "#SBATCH --output=%x-%j.out\n"
         "# trainpipe: one torchrun per node; SLURM's SIGTERM (preemption, time limit) reaches the workers, which save a\n"
         "# checkpoint and exit 75; --requeue restarts the job and `training.resume: auto` continues from that checkpoint.\n"
-        "set -euo pipefail\n" + env +
+        "set -euo pipefail\n" + _env_lines() +
         'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"\n'
         f'MASTER_PORT="${{MASTER_PORT:-{PORT}}}"\n'
         "export MASTER_ADDR MASTER_PORT\n"
         f"srun --kill-on-bad-exit=1 torchrun --nproc-per-node {g} --nnodes {n} --rdzv-backend c10d "
-        f'--rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv-id "$SLURM_JOB_ID" -m trainpipe.cli run {shlex.quote(config_path)} --set training.resume=auto\n'
+        f'--rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv-id "$SLURM_JOB_ID" -m trainpipe.cli {_run_args(config_path, sets)} --set training.resume=auto\n'
     )
 
 
-def emit_k8s(config_path: str, layout: dict, name: str, image: str = "trainpipe:latest") -> dict:
+def emit_k8s(config_path: str, layout: dict, name: str, image: str = "trainpipe:latest", sets: list[str] | tuple[str, ...] = ()) -> dict:
     """A Kubeflow training-operator PyTorchJob (kubeflow.org/v1): one Master and nnodes-1 Workers, each a pod with the
     node's GPUs; the operator sets PET_NNODES / PET_NPROC_PER_NODE / PET_NODE_RANK / PET_MASTER_ADDR, which torchrun reads."""
     g = layout["gpus_per_node"]
@@ -179,7 +197,7 @@ def emit_k8s(config_path: str, layout: dict, name: str, image: str = "trainpipe:
            "requests": {"nvidia.com/gpu": g, "memory": f"{layout['memory_gib']}Gi", "cpu": layout["cpus_per_node"]}}
     container = {
         "name": "pytorch", "image": image,
-        "command": ["torchrun", "-m", "trainpipe.cli", "run", config_path, "--set", "training.resume=auto"],
+        "command": ["torchrun", "-m", "trainpipe.cli", "run", config_path, *[x for s in sets for x in ("--set", s)], "--set", "training.resume=auto"],
         "env": [{"name": k, "value": v} for k, v in NCCL_ENV.items()],
         "resources": res,
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
@@ -190,31 +208,41 @@ def emit_k8s(config_path: str, layout: dict, name: str, image: str = "trainpipe:
         specs["Worker"] = {"replicas": layout["nnodes"] - 1, "restartPolicy": "OnFailure", "template": pod}
     return {
         "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
-        "metadata": {"name": name.lower().replace("_", "-")[:63]},
+        "metadata": {"name": re.sub(r"[^a-z0-9-]+", "-", safe_name(name).lower())[:63].strip("-") or "trainpipe"},  # a DNS-1123 label
         "spec": {"nprocPerNode": str(g), "runPolicy": {"backoffLimit": 3, "cleanPodPolicy": "None"}, "pytorchReplicaSpecs": specs},
     }
 
 
-def write_launch_files(cfg, config_path: str, emit: str, out_dir, *, nproc: int | None = None, nnodes: int | None = None, image: str = "trainpipe:latest"):
-    """Write the launch file of ``emit`` (torchrun | slurm | k8s) into ``out_dir``; its path."""
-    import os
+def write_launch_files(cfg, config_path: str, emit: str, out_dir, *, nproc: int | None = None, nnodes: int | None = None,
+                       image: str = "trainpipe:latest", sets: list[str] | tuple[str, ...] = ()):
+    """Write the launch file of ``emit`` (torchrun | slurm | k8s) into the folder ``out_dir``; its path and the layout.
+
+    The file goes through the ownership rule (trainpipe/ownership.py): a new path, or the launch file trainpipe wrote
+    there before and nobody changed since; never the config, its data or the model, nor a user's file; redacted. Every
+    check runs before anything is written, so a refusal leaves no trace (not even the folder's manifest)."""
     from pathlib import Path
 
     import yaml
 
+    from trainpipe import ownership
+    from trainpipe.pipeline.rundir import protected_paths
+
+    files = {"torchrun": ("launch-torchrun.sh", "the torchrun launch script"), "slurm": ("launch.sbatch", "the sbatch script"),
+             "k8s": ("pytorchjob.yaml", "the PyTorchJob manifest")}
+    if emit not in files:
+        raise TrainpipeError(f"`--emit` must be one of torchrun, slurm, k8s; got {emit!r}.")
+    file, what = files[emit]
+    reads = protected_paths(cfg, config_path)
+    out = Path(out_dir).expanduser()
+    path = ownership.check_writable(out / file, what=what, reads=reads)
     name = cfg.name or "trainpipe"
     layout = cluster_layout(cfg, nproc=nproc, nnodes=nnodes)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     if emit == "torchrun":
-        path, text = out / "launch-torchrun.sh", emit_torchrun(config_path, layout, name)
+        text = emit_torchrun(config_path, layout, name, sets)
     elif emit == "slurm":
-        path, text = out / "launch.sbatch", emit_slurm(config_path, layout, name)
-    elif emit == "k8s":
-        path, text = out / "pytorchjob.yaml", yaml.safe_dump(emit_k8s(config_path, layout, name, image), sort_keys=False)
+        text = emit_slurm(config_path, layout, name, sets)
     else:
-        raise TrainpipeError(f"`--emit` must be one of torchrun, slurm, k8s; got {emit!r}.")
-    path.write_text(text, encoding="utf-8")
-    if path.suffix in (".sh", ".sbatch"):
-        os.chmod(path, 0o755)
+        text = yaml.safe_dump(emit_k8s(config_path, layout, name, image, sets), sort_keys=False)
+    ownership.make_dir(out, what="the folder for the launch file (`-o`)", reads=reads)
+    ownership.write_text(path, text, what=what, reads=reads, mode=0o755 if emit != "k8s" else None)
     return path, layout
