@@ -32,7 +32,7 @@ SECTIONS = ("model", "data", "method", "training", "eval", "output_dir", "name",
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_default=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_default=True, allow_inf_nan=False)  # `.inf`/`.nan` are no setting
 
 
 class ModelConfig(_Section):
@@ -376,8 +376,8 @@ class TrainingConfig(_Section):
     """Write training metrics every this many steps."""
     early_stopping_patience: int | None = Field(default=3, ge=1)
     """Stop after this many evaluations without improvement of eval loss; null turns early stopping off."""
-    seed: int = 42
-    """Seed for the split, data order, initialisation and dropout."""
+    seed: int = Field(default=42, ge=0, le=2**32 - 1)
+    """Seed for the split, data order, initialisation and dropout (0 to 2^32 - 1: what numpy's seeding takes)."""
     bf16: bool | None = None
     """bfloat16 mixed precision. Default: on for GPUs that support it, off on CPU."""
     fp16: bool = False
@@ -639,7 +639,7 @@ class TuneConfig(_Section):
     """Optuna storage URL: default SQLite in the study folder; `postgresql://...` shares one study between workers on several machines; `memory`: in this process only (nothing kept)."""
     study_name: str | None = None
     """Default: the run name."""
-    seed: int | None = 42
+    seed: int | None = Field(default=42, ge=0, le=2**31)
     """Sampler seed (each worker adds its own offset)."""
     max_retries: int = Field(default=1, ge=0)
     """A trial whose worker died (no heartbeat) is failed and retried this many times."""
@@ -738,7 +738,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not key or any(not part for part in key.split(".")):
         raise ConfigError(f"`--set {text}`: the key path `{key}` is empty or has an empty part.", [f"--set {text}"])
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = load_yaml_text(raw, f"`--set {text}`") if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
     return key.split("."), value
@@ -767,18 +767,94 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return out
 
 
-def read_yaml(path: str | Path) -> dict:
-    """Read a config file with ``yaml.safe_load``; YAML syntax errors name the line."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"Config file `{p}` does not exist. Check the path, or start from `examples/quickstart/run.yaml`.")
+MAX_YAML_ALIASES = 1_000  # `*name` uses in one document: configs use a handful
+MAX_YAML_NODES = 200_000  # values after every alias is expanded: a config has hundreds; a "billion laughs" file billions
+
+
+class _YamlTooBig(Exception):
+    pass
+
+
+class BoundedLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses an alias bomb while composing, before anything is built: more than
+    MAX_YAML_ALIASES alias uses, or more than MAX_YAML_NODES values once every alias is expanded (nine nested anchors
+    of nine aliases each are 81 aliases but 9^9 values: safe_load builds them as shared objects, and the first thing that
+    walks them, a validator or a dump, runs for ever)."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._aliases = 0
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_YAML_ALIASES:
+                raise _YamlTooBig(f"uses more than {MAX_YAML_ALIASES:,} aliases (`*name`)")
+        return super().compose_node(parent, index)
+
+    def construct_document(self, node):
+        sizes: dict[int, int] = {}
+
+        def size(n) -> int:
+            if id(n) in sizes:
+                return sizes[id(n)]
+            total = 1
+            if isinstance(n, yaml.SequenceNode):
+                total += sum(size(c) for c in n.value)
+            elif isinstance(n, yaml.MappingNode):
+                total += sum(size(k) + size(v) for k, v in n.value)
+            if total > MAX_YAML_NODES:
+                raise _YamlTooBig(f"expands to more than {MAX_YAML_NODES:,} values once its aliases (`*name`) are filled in")
+            sizes[id(n)] = total
+            return total
+
+        size(node)
+        return super().construct_document(node)
+
+
+def load_yaml_text(text: str, source: str):
+    """``yaml.safe_load`` of ``text`` through BoundedLoader: every config trainpipe reads (a run config, best.yaml,
+    config.resolved.yaml, a ``--set`` value). ``source`` names it in the error: an alias bomb or nesting too deep is a
+    ConfigError (one paragraph); a syntax error stays ``yaml.YAMLError`` for the caller to place."""
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        return yaml.load(text, Loader=BoundedLoader)  # noqa: S506 - BoundedLoader is a SafeLoader
+    except _YamlTooBig as exc:
+        raise ConfigError(
+            f"{source} was refused: its YAML {exc}, the shape of an alias bomb (\"billion laughs\": nested anchors `&a` "
+            "whose aliases `*a` multiply), which would exhaust memory or never finish. Write the values out, or use far fewer "
+            "anchors and aliases.") from None
+    except RecursionError:
+        raise ConfigError(f"{source} was refused: its YAML nests lists or mappings too deeply to read (thousands of levels). "
+                          "A run config is a few levels deep; fix the brackets or indentation.") from None
+
+
+def read_yaml_file(path: str | Path, what: str = "Config file") -> Any:
+    """The YAML document of ``path`` (BoundedLoader); a missing file, a folder, bytes that are not UTF-8 text and bad
+    syntax are ConfigErrors naming the file."""
+    p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"{what} `{p}` is a folder, not a file. Pass the YAML file itself (e.g. `{p}/run.yaml`).")
+    if not p.is_file():
+        raise ConfigError(f"{what} `{p}` does not exist. Check the path, or start from `examples/quickstart/run.yaml`.")
+    raw = p.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{what} `{p}` is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}): is it a binary file? "
+                          "A config is a YAML text file; check the path.") from None
+    try:
+        return load_yaml_text(text, f"`{p}`")
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(f"`{p}` is not valid YAML{where}: {problem}. Fix the syntax there (indentation, a missing `:` or quote).") from None
+
+
+def read_yaml(path: str | Path) -> dict:
+    """Read a config file (``read_yaml_file``: safe, bounded); YAML syntax errors name the line."""
+    p = Path(path)
+    data = read_yaml_file(p)
     if data is None:
         data = {}
     if not isinstance(data, dict):
