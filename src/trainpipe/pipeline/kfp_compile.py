@@ -9,6 +9,12 @@ version (`pipeline.image` with its tag replaced), so the cluster runs the code t
 for the GPUs and host memory of the plan (distributed/launch.py `cluster_layout`), the evaluate task for one GPU when
 training uses any.
 
+Credentials in the config's URLs (the store, a SQL source, the tracking URI) are never written: each becomes a reference
+`$(TRAINPIPE_SECRET_...)` (trainpipe.redact.SecretRefs), every task gets the Kubernetes Secret `trainpipe-<name>-secrets`
+as env vars (kfp-kubernetes' `use_secret_as_env`), and the component puts the values back in memory; the command prints
+the `kubectl create secret` line. The file is written through the ownership rule (never over the config or a file
+trainpipe did not write).
+
 kfp's own local runner runs the compiled file (`kfp.local.init(runner=kfp.local.SubprocessRunner(use_venv=False))`, then
 `components.load_component_from_file(path)()`): the test does, on the quickstart.
 """

@@ -18,6 +18,11 @@
   KFP controller's time zone (UTC unless set), as the loop here. KFP starts the pipeline at every time; with
   `--on-new-data` nothing more is needed there: a run whose data and config did not change reuses every step from the
   store (no training) through trainpipe's own cache.
+- **secrets**: neither emitted file nor any printed line holds a credential of the config's URLs: each is a reference
+  `$(TRAINPIPE_SECRET_...)` to a key of the Kubernetes Secret `trainpipe-<name>-secrets` (the CronJob's container gets
+  them by `secretKeyRef`, and the ConfigMap of the config it mounts, in the same file, holds the references; Kubeflow
+  tasks get them by kfp-kubernetes' `secretAsEnv`); the output says which Secret to create. In the pod, the Trigger
+  (`--once`) resolves them in memory (`resolve_cluster_config`). Every file goes through the ownership rule.
 """
 
 from __future__ import annotations
