@@ -85,6 +85,11 @@ def test_a_sibling_yaml_s_function_never_runs(tmp_path, lm):
     out = run_benchmarks(*lm, _specs(folder, "reverse_words"), batch_size=2)
     assert out["reverse_words"]["samples"] == 2
     assert not marker.exists(), "evil.py of an unrelated task YAML was imported"
+    # a task whose file has another name is found by its `task:` key: the siblings are read as data, never loaded
+    _task_with(folder, "renamed").rename(folder / "zz_file.yaml")
+    (folder / "binary.yaml").write_bytes(b"\xff\xfe\x00task: renamed")
+    out = run_benchmarks(*lm, _specs(folder, "renamed"), batch_size=2)
+    assert out["renamed"]["samples"] == 2 and not marker.exists()
 
 
 def test_a_task_s_own_function_is_refused_unless_allowed(tmp_path, lm):

@@ -73,6 +73,8 @@ def _read_task_yaml(path: Path, seen: set[Path] | None = None) -> tuple[dict, li
             loader.dispose()
     except OSError as exc:
         raise BenchmarkError(f"Cannot read the task YAML `{path}` (`eval.benchmarks`): {exc.strerror or exc}. Fix the path in `include_path` or its `include:`.") from None
+    except (UnicodeDecodeError, RecursionError) as exc:
+        raise BenchmarkError(f"The task YAML `{path}` (`eval.benchmarks`) is not readable YAML text ({type(exc).__name__}). Point `include_path` at a task file.") from None
     except yaml.YAMLError as exc:
         where = getattr(exc, "problem_mark", None)
         line = f" line {where.line + 1}" if where is not None else ""
