@@ -50,18 +50,18 @@ def planted(kind: str, rng: random.Random) -> str:
     d = lambda k: "".join(r.choice(string.digits) for _ in range(k))  # noqa: E731
     if kind == "email":
         user = r.choice(["john.doe", "a.b-c", "mary_k", "x123", "first.last+tag"])
-        return f"{user}{r.randint(1, 99)}@{r.choice(['example.com', 'mail.co.uk', 'uni-berlin.de', 'corp.io'])}"
+        return f"{user}{r.randint(1, 99)}@{r.choice(['gmail.com', 'mail.co.uk', 'uni-berlin.de', 'corp.io'])}"
     if kind == "phone":
         return r.choice([f"+1 {d(3)} {d(3)} {d(4)}", f"+44 20 {d(4)} {d(4)}", f"+49 30 {d(8)}", f"({d(3)}) {d(3)}-{d(4)}",
                          f"{d(3)}-{d(3)}-{d(4)}", f"+33 1 {d(2)} {d(2)} {d(2)} {d(2)}", f"030 {d(4)} {d(4)}", f"+91 {d(5)} {d(5)}"])
     if kind == "ip":
         if r.random() < 0.5:
-            return ".".join(str(r.randint(1, 254)) for _ in range(4))
-        groups = [f"{r.randint(0, 65535):x}" for _ in range(8)]
+            return ".".join([str(r.choice([n for n in range(1, 224) if n not in (10, 127)]))] + [str(r.randint(1, 254)) for _ in range(3)])  # unicast
+        groups = [f"{r.randint(0x2000, 0x3fff):x}"] + [f"{r.randint(0, 65535):x}" for _ in range(7)]  # global unicast 2000::/3
         return ":".join(groups) if r.random() < 0.5 else ":".join(groups[:3]) + "::" + ":".join(groups[6:])
     if kind == "credit_card":
         n = luhn_complete(r.choice(["4", "51", "37", "6011"]), r.choice([16, 16, 15]), r)
-        return " ".join(n[i : i + 4] for i in range(0, len(n), 4)) if r.random() < 0.5 else n
+        return " ".join(n[i : i + 4] for i in range(0, len(n), 4)) if r.random() < 0.5 else f"card {n}"  # ungrouped: with a label word
     if kind == "iban":
         return iban(r)
     if kind == "ssn":

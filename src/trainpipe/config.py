@@ -143,11 +143,19 @@ class DedupConfig(_Section):
 
 class DecontamConfig(_Section):
     enabled: bool = True
-    """Drop training records that share an n-gram with the eval/test split or a benchmark file."""
+    """Drop training records that share an n-gram with a benchmark file or the eval/test split's responses (the data report names the n-gram and what it matched for each drop)."""
     ngram: int = Field(default=13, ge=4)
     """n-gram length in words."""
     benchmarks: list[str] = Field(default_factory=list)
     """Files (JSONL/JSON/Parquet/CSV/TXT) of benchmark data no training record may overlap; every string field is used."""
+    against: Literal["responses", "all"] = "responses"
+    """Which texts of the eval/test split count: `responses` (the replies a model is scored on; prompts and system prompts the splits share are not contamination) or `all` (prompts too)."""
+    boilerplate_share: float = Field(default=0.01, ge=0, le=1)
+    """An n-gram found in more than this share of all records, and in more than `boilerplate_records`, is template boilerplate (a shared system prompt, a tool-call skeleton, a stock opening), not contamination: it is ignored."""
+    boilerplate_records: int = Field(default=5, ge=1)
+    """Records an n-gram may occur in and still count as contamination (see `boilerplate_share`; the larger of the two counts)."""
+    min_overlap: float = Field(default=0.5, ge=0, le=1)
+    """Share of one reference's n-grams (a benchmark item, an eval response) a training record must hold to be dropped: a copied answer holds all of them, a sentence that fills the same template one or two (0: any one shared n-gram)."""
 
 
 class DataConfig(_Section):

@@ -1,15 +1,36 @@
-"""Cleaning: PII and secrets replaced with typed placeholders, and quality filters.
+"""Cleaning: PII and secrets replaced with typed placeholders (with precision, not only recall), and quality filters.
 
-PII types (each replaced by its placeholder, counted per type):
+PII types (each replaced by its placeholder, counted per type, and listed for audit):
 
-    email        <EMAIL>        name@host.tld
-    phone        <PHONE>        international (+CC ...) and national formats, 7-15 digits
-    ip           <IP_ADDRESS>   IPv4 and IPv6 (validated with ``ipaddress``)
-    credit_card  <CREDIT_CARD>  13-19 digits, Luhn-checked
+    email        <EMAIL>        name@host.tld; RFC 2606/6761 reserved domains (example.com/.net/.org,
+                                *.example, *.test, *.invalid, *.localhost), ``git@github.com``-style
+                                remotes and ``icon@2x.png`` file names are left alone
+    phone        <PHONE>        international (+CC ...) and national formats, 7-15 digits; the fictional
+                                NANP range 555-0100..0199 is left alone
+    ip           <IP_ADDRESS>   IPv4 and IPv6 (validated with ``ipaddress``); documentation ranges
+                                (192.0.2.0/24, 198.51.100.0/24, 203.0.113.0/24, 2001:db8::/32), loopback,
+                                unspecified, link-local, multicast, reserved, netmasks, public DNS
+                                resolvers (8.8.8.8, 1.1.1.1, ...) and version strings (``v1.2.3.4``) are left alone
+    credit_card  <CREDIT_CARD>  13-19 digits, Luhn-checked, and either a label word near it (card, credit,
+                                visa, ...) or written in card groups (``4111 1111 1111 1111``) with a card
+                                network prefix: a long number alone is not a card (one in ten passes Luhn)
     iban         <IBAN>         ISO 13616, mod-97-checked
     ssn          <SSN>          US ``123-45-6789`` (invalid area/group/serial excluded)
-    secret       <SECRET>       AWS keys, GitHub/Slack/OpenAI-style tokens, private-key blocks,
-                                ``password=...``-style assignments (the key is kept)
+    secret       <SECRET>       known key shapes (AWS ``AKIA...``, GitHub ``ghp_``/``github_pat_``, Slack
+                                ``xox?-``, OpenAI ``sk-...``, Hugging Face ``hf_...``, Google ``AIza...``,
+                                JWTs, ``Bearer`` tokens, private-key blocks, URL passwords) and ``password=`` /
+                                ``api_key:``-style assignments whose value is a literal of enough entropy
+                                (not a variable, an expression like ``os.environ['x']``, or a placeholder);
+                                the key is kept. AWS's documented ``...EXAMPLE`` keys are left alone.
+
+Numbers in arithmetic (``472547338 + 4888... = ...``) or in code-like context (a code line, a fenced or
+inline code span) are replaced only with a label word for their type near them (card, credit, ssn,
+social security, phone, call, iban, account, ...).
+
+:meth:`Scrubber.find` returns the spans (start, end, type) it would replace; ``Scrubber(text)`` replaces them,
+counts them in ``counts`` and lists each in ``audit`` (type, record, 40 characters each side of the
+placeholder in the cleaned text, and the shape of what was replaced: digits as 9, letters as a/A), at most
+``audit_cap`` per type; ``audit_more`` counts the rest.
 
 Optional Presidio (``pii.presidio``) adds ``<PERSON>`` and ``<LOCATION>``.
 
@@ -19,6 +40,7 @@ Filters return a reason (counted by prepare) or None.
 from __future__ import annotations
 
 import ipaddress
+import math
 import re
 from collections import Counter
 
@@ -26,21 +48,42 @@ PLACEHOLDERS = {
     "email": "<EMAIL>", "phone": "<PHONE>", "ip": "<IP_ADDRESS>", "credit_card": "<CREDIT_CARD>",
     "iban": "<IBAN>", "ssn": "<SSN>", "secret": "<SECRET>", "person": "<PERSON>", "location": "<LOCATION>",
 }
+# when two detections overlap, the earlier kind in this order wins
+PRIORITY = ("secret", "email", "iban", "credit_card", "ssn", "ip", "phone", "person", "location")
+AUDIT_CAP = 50  # replacements listed per type in the data report; the rest are counted
+CONTEXT = 40  # characters of cleaned text shown on each side of a listed replacement
 
-_SECRET_PATTERNS = [
-    re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----[\s\S]*?-----END (?:[A-Z0-9]+ )*PRIVATE KEY-----"),
-    re.compile(r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA)[0-9A-Z]{16}\b"),
-    re.compile(r"\bgh[pousr]_[A-Za-z0-9]{36,255}\b"),
-    re.compile(r"\bgithub_pat_[A-Za-z0-9_]{22,255}\b"),
-    re.compile(r"\bxox[abprse]-[A-Za-z0-9-]{10,250}"),
-    re.compile(r"\bsk-(?:proj-|ant-)?[A-Za-z0-9_-]{20,}"),
-    re.compile(r"\bAIza[0-9A-Za-z_-]{35}\b"),
+# ----------------------------------------------------------------------------- secrets: known shapes
+_KEY_SHAPES = [  # (pattern, group holding the secret, value check or None)
+    (re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----[\s\S]*?-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----"), 0, None),
+    (re.compile(r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[0-9A-Z]{16}\b"), 0, lambda v: "EXAMPLE" not in v),
+    (re.compile(r"\bgh[pousr]_[A-Za-z0-9]{36,255}\b"), 0, None),
+    (re.compile(r"\bgithub_pat_[A-Za-z0-9_]{22,255}\b"), 0, None),
+    (re.compile(r"\bxox[abprse]-[A-Za-z0-9-]{10,250}"), 0, lambda v: sum(c.isdigit() for c in v) >= 4),
+    (re.compile(r"\bsk-(?:proj-|ant-(?:api\d\d-)?|svcacct-|admin-)?[A-Za-z0-9_-]{20,}"), 0, lambda v: _mixed(v[3:])),
+    (re.compile(r"\b(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}\b"), 0, lambda v: _mixed(v[8:])),
+    (re.compile(r"\bhf_[A-Za-z0-9]{30,}\b"), 0, lambda v: _mixed(v[3:])),
+    (re.compile(r"\bAIza[0-9A-Za-z_-]{35}\b"), 0, None),
+    (re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"), 0, None),  # JWT
+    (re.compile(r"(?i)\bbearer\s+([A-Za-z0-9._~+/-]{20,}=*)"), 1, lambda v: _mixed(v) and _entropy(v) >= 3.0),
+    (re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@'\"<>]+:([^\s:/@'\"<>]{3,})@[\w.-]+"), 1, lambda v: not _placeholder(v)),
 ]
+_SECRET_HINTS = ("BEGIN", "AKIA", "ASIA", "AGPA", "AIDA", "AROA", "ANPA", "ANVA", "AIPA", "gh", "github_pat", "xox", "sk", "rk_", "hf_",
+                 "AIza", "eyJ", "earer", "://")
+
+# secrets: `key = value` assignments. The key ends in a secret word; the value is a literal (checked below).
 _ASSIGN = re.compile(
-    r"(?i)\b((?:aws_secret_access_key|password|passwd|pwd|secret(?:_key)?|api[_-]?key|access[_-]?token|auth[_-]?token|token)\s*[:=]\s*)([\"']?)([^\s\"',;]{4,})\2"
+    r"(?i)(?P<key>\b[\w.-]*?(?:password|passwd|passwort|pwd|secret|api[_-]?key|apikey|access[_-]?key|secret[_-]?key|"
+    r"access[_-]?token|auth[_-]?token|refresh[_-]?token|token|private[_-]?key|client[_-]?secret|credentials?))"
+    r"(?P<kq>[\"']?)[ \t]*(?P<sep>:=|=>|=|:)[ \t]*(?P<q>[\"'`]?)(?P<val>[^\s\"'`,;<>(){}\[\]]{1,256})(?P=q)"
 )
-_SECRET_HINTS = ("BEGIN", "AKIA", "ASIA", "AGPA", "AIDA", "AROA", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat", "xox", "sk-", "AIza")
-_ASSIGN_HINTS = ("pass", "pwd", "secret", "key", "token")
+_ASSIGN_HINTS = ("pass", "pwd", "secret", "key", "token", "credential")
+_PLACEHOLDER_WORDS = ("your", "example", "sample", "placeholder", "changeme", "change_me", "dummy", "fake", "test", "redacted",
+                      "xxx", "***", "...", "${", "{{", "%(", "env", "none", "null", "true", "false", "undefined", "todo",
+                      "password", "passwd", "secret", "token", "insert", "replace", "<", ">", "my_", "foo")
+_DELIMS = "{([,;&?|"
+
+# ----------------------------------------------------------------------------- other types
 _DIGIT = re.compile(r"\d")
 _EMAIL = re.compile(r"(?<![\w.+-])[A-Za-z0-9][A-Za-z0-9._%+-]{0,63}@[A-Za-z0-9](?:[A-Za-z0-9-]{0,62}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,62}[A-Za-z0-9])?)*\.[A-Za-z]{2,24}\b")
 _IPV4 = re.compile(r"(?<![\w.])(?:(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)(?![\w]|\.\d)")
@@ -57,6 +100,35 @@ _PHONE = re.compile(
     r")(?![\w])"
 )
 _DATE_LIKE = re.compile(r"^\d{4}[-./]\d{1,2}[-./]\d{1,2}$|^\d{1,2}[-./]\d{1,2}[-./]\d{2,4}$")
+
+_RESERVED_DOMAINS = ("example.com", "example.net", "example.org")
+_RESERVED_TLDS = ("example", "test", "invalid", "localhost", "local")
+_NOT_EMAIL_TLDS = {"png", "jpg", "jpeg", "gif", "svg", "webp", "ico", "bmp", "tif", "tiff", "pdf", "js", "ts", "css", "py"}
+_GIT_HOSTS = ("github.com", "gitlab.com", "bitbucket.org", "ssh.dev.azure.com", "vs-ssh.visualstudio.com", "hf.co", "huggingface.co")
+_DOC_NETS = [ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "2001:db8::/32")]
+_PUBLIC_RESOLVERS = {"8.8.8.8", "8.8.4.4", "1.1.1.1", "1.0.0.1", "9.9.9.9", "149.112.112.112", "208.67.222.222", "208.67.220.220",
+                     "2001:4860:4860::8888", "2001:4860:4860::8844", "2606:4700:4700::1111", "2606:4700:4700::1001"}
+_MASK_OCTETS = {"0", "128", "192", "224", "240", "248", "252", "254", "255"}
+_VERSION_BEFORE = re.compile(r"(?i)(?:\bv|(?:version|\bver|release|\bbuild|\brev)\w*\s*[:=]?\s*[\"']?\s*)$")
+
+# label words: a number of this type in arithmetic or code counts only with one of them near it
+_LABELS = {
+    "credit_card": re.compile(r"(?i)card|credit|debit|visa|master\s*card|amex|american\s+express|discover|\bjcb\b|diners|maestro|"
+                              r"\bcc\b|\bcc[_-]?(?:num|no)|cvv|cvc|expir|\bexp\b|payment|\bpan\b|billing|charge"),
+    "ssn": re.compile(r"(?i)\bssn|social[\s_-]*security|\bsocial\b|\btax[\s_-]*id|\btin\b|\bitin\b"),
+    "phone": re.compile(r"(?i)phone|\btel\b|\btel\.|telephone|mobile|\bcell|\bfax|\bcall|\btext\s+me|whatsapp|contact|\breach\b|"
+                        r"\bdial|hotline|\bph\b|\bmob\b|telefon|t[eé]l[eé]phone|numero|número"),
+    "iban": re.compile(r"(?i)iban|account|\bbank|transfer|\bbic\b|swift|\bwire\b|\bpay"),
+}
+_CARD_PREFIX = re.compile(r"4|5[1-5]|2(?:2[2-9]|[3-6]|7[01]|720)|3[47]|6(?:011|5|4[4-9]|2)|35|3[0689]")
+_OPS = "+-*/×÷=^<>%·"
+_ARITH_LEFT = re.compile(r"(?:[\w)\]]\s*[+*/×÷=^<>%·]|[\d)]\s*[-−])\s*$|\\(?:times|cdot|div|pm)\s*$|\$\s*$")
+_ARITH_RIGHT = re.compile(r"^\s*(?:[+*/×÷=^<>%·]\s*[-−]?[\w(]|[-−]\s*[\d(])|^\s*\\(?:times|cdot|div|pm)|^\s*\$")
+_CODE_LINE = re.compile(
+    r"^\s*(?:def|class|return|import|from|const|let|var|if|elif|else|for|while|print|assert|public|private|protected|static|"
+    r"int|long|float|double|final|func|fn|#include|#define|SELECT|INSERT|UPDATE|WHERE)\b"
+    r"|[{}]\s*$|[A-Za-z_]\w*\([^)]*\)|==|!=|=>|->|\+=|-=|[A-Za-z_]\w*\[|^\s*[A-Za-z_][\w.]*\s*=\s*\S"
+)
 
 
 def luhn_ok(digits: str) -> bool:
@@ -81,78 +153,271 @@ def iban_ok(text: str) -> bool:
     return int(num) % 97 == 1
 
 
-class Scrubber:
-    """Replace PII with typed placeholders; counts accumulate in ``counts``."""
+def _entropy(s: str) -> float:
+    """Shannon entropy in bits per character."""
+    if not s:
+        return 0.0
+    n = len(s)
+    return -sum(c / n * math.log2(c / n) for c in Counter(s).values())
 
-    def __init__(self, types: list[str], presidio: str = "off"):
+
+def _mixed(s: str) -> bool:
+    """A random-looking key body: at least two of lower case, upper case and digits, and no long dictionary-like run."""
+    classes = sum((any(c.islower() for c in s), any(c.isupper() for c in s), any(c.isdigit() for c in s)))
+    return classes >= 2 and _entropy(s) >= 3.0 and not re.search(r"[a-z]{12,}", s.replace("-", "").replace("_", ""))
+
+
+def _placeholder(v: str) -> bool:
+    low = v.lower()
+    return any(w in low for w in _PLACEHOLDER_WORDS) or len(set(low)) < 4 or bool(re.fullmatch(r"[x*#.\-_0]+", low))
+
+
+def shape(s: str, limit: int = 40) -> str:
+    """What a replaced value looked like, without its content: digits -> 9, letters -> a / A, the rest kept."""
+    out = "".join("9" if c.isdigit() else ("A" if c.isupper() else "a") if c.isalpha() else ("⏎" if c == "\n" else c) for c in s[:limit])
+    return out + (f"…({len(s)} characters)" if len(s) > limit else "")
+
+
+class Scrubber:
+    """Replace PII with typed placeholders; counts accumulate in ``counts``, audit entries in ``audit``.
+
+    Set ``where`` (e.g. ``file:line``) before a call to name the record in the audit entries."""
+
+    def __init__(self, types: list[str], presidio: str = "off", audit_cap: int = AUDIT_CAP):
         self.types = set(types)
         self.counts: Counter = Counter()
+        self.audit: list[dict] = []
+        self.audit_more: Counter = Counter()
+        self.audit_cap = audit_cap
+        self.where: str | None = None
+        self._listed: Counter = Counter()
         self._presidio = _load_presidio(presidio)
 
-    def _sub(self, pattern: re.Pattern, kind: str, text: str, check=None) -> str:
-        def repl(m: re.Match) -> str:
-            found = m.group(0)
-            if check is None or check(found):
-                self.counts[kind] += 1
-                return PLACEHOLDERS[kind]
+    # -------------------------------------------------------------- detection
+    def find(self, text: str) -> list[tuple[int, int, str]]:
+        """Non-overlapping (start, end, type) spans of ``text`` to replace, in order."""
+        t = self.types
+        cands: list[tuple[int, int, str]] = []
+        if "secret" in t:
+            if any(h in text for h in _SECRET_HINTS) or "earer" in text.lower():
+                for pat, g, check in _KEY_SHAPES:
+                    for m in pat.finditer(text):
+                        v = m.group(g)
+                        if check is None or check(v):
+                            cands.append((m.start(g), m.end(g), "secret"))
+            low = text.lower()
+            if any(h in low for h in _ASSIGN_HINTS):
+                cands += [(s, e, "secret") for s, e in _assignments(text)]
+        if "email" in t and "@" in text:
+            cands += [(m.start(), m.end(), "email") for m in _EMAIL.finditer(text) if _email_ok(m.group(0), text, m.end())]
+        if _DIGIT.search(text) is not None:
+            if "iban" in t:
+                cands += [(s, e, "iban") for s, e in _matches(_IBAN, text, iban_ok) if _number_ok(text, s, e, "iban")]
+            if "credit_card" in t:
+                cands += [(m.start(), m.end(), "credit_card") for m in _CARD.finditer(text) if _card_ok(text, m.start(), m.end())]
+            if "ssn" in t and "-" in text:
+                cands += [(m.start(), m.end(), "ssn") for m in _SSN.finditer(text) if _number_ok(text, m.start(), m.end(), "ssn")]
+            if "ip" in t and "." in text:
+                cands += [(m.start(), m.end(), "ip") for m in _IPV4.finditer(text) if _ip_ok(m.group(0), text, m.start())]
+            if "phone" in t:
+                cands += _phones(text)
+        if "ip" in t and ("::" in text or text.count(":") >= 7):
+            cands += [(m.start(), m.end(), "ip") for m in _IPV6.finditer(text) if _ipv6_ok(m.group(0)) and _ip_ok(m.group(0), text, m.start())]
+        if self._presidio is not None:
+            kinds = {"PERSON": "person", "LOCATION": "location", "ADDRESS": "location"}
+            for r in self._presidio.analyze(text=text, language="en", entities=list(kinds)):
+                if r.entity_type in kinds:
+                    cands.append((r.start, r.end, kinds[r.entity_type]))
+        cands.sort(key=lambda c: (PRIORITY.index(c[2]), c[0], -(c[1] - c[0])))
+        taken: list[tuple[int, int, str]] = []
+        for c in cands:
+            if all(c[1] <= s or c[0] >= e for s, e, _ in taken):
+                taken.append(c)
+        return sorted(taken)
+
+    # -------------------------------------------------------------- replacement and audit
+    def __call__(self, text: str) -> str:
+        spans = self.find(text)
+        if not spans:
+            return text
+        parts, pos, marks = [], 0, []
+        out_len = 0
+        for s, e, kind in spans:
+            parts.append(text[pos:s])
+            out_len += s - pos
+            ph = PLACEHOLDERS[kind]
+            marks.append((out_len, out_len + len(ph), kind, text[s:e]))
+            parts.append(ph)
+            out_len += len(ph)
+            pos = e
+        parts.append(text[pos:])
+        out = "".join(parts)
+        for s, e, kind, orig in marks:
+            self.counts[kind] += 1
+            if self._listed[kind] >= self.audit_cap:
+                self.audit_more[kind] += 1
+                continue
+            self._listed[kind] += 1
+            left, right = out[max(0, s - CONTEXT) : s], out[e : e + CONTEXT]
+            self.audit.append({
+                "type": kind, "record": self.where,
+                "context": (left + out[s:e] + right).replace("\n", "⏎"),
+                "shape": shape(orig),
+            })
+        return out
+
+    def audit_report(self) -> dict:
+        """The replacements listed for audit (at most ``audit_cap`` per type) and how many of each were not listed."""
+        return {"cap_per_type": self.audit_cap, "context_characters": CONTEXT, "listed": list(self.audit),
+                "not_listed": dict(sorted((k, v) for k, v in self.audit_more.items() if v))}
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def _assignments(text: str) -> list[tuple[int, int]]:
+    out = []
+    for m in _ASSIGN.finditer(text):
+        val, q = m.group("val"), m.group("q")
+        if m.group("kq") and not text[max(0, m.start("key") - 1) : m.start("key")] in ("'", '"'):
+            continue
+        if not _secret_value_ok(val, bool(q), text[m.end() : m.end() + 1]):
+            continue
+        line_start = text.rfind("\n", 0, m.start()) + 1
+        prefix = text[line_start : m.start("key")]
+        if m.group("sep") == ":" and _prose(prefix):
+            continue  # "Here is a strong password: ..." (an answer, not a credential)
+        if re.search(r"(?i)generat|random|example|sample|dummy|placeholder|for instance|e\.g\.", text[max(line_start, m.start() - 60) : m.start()]):
+            continue
+        out.append((m.start("val"), m.end("val")))
+    return out
+
+
+def _prose(prefix: str) -> bool:
+    """The text before a key on its line reads as a sentence (two words or more after the last code delimiter)."""
+    cut = max(prefix.rfind(c) for c in _DELIMS)
+    tail = prefix[cut + 1 :]
+    return len(re.findall(r"[A-Za-z]{2,}", tail)) >= 2
+
+
+def _secret_value_ok(val: str, quoted: bool, after: str) -> bool:
+    if len(val) < 6 or _placeholder(val):
+        return False
+    if not quoted:
+        if after in ("(", "[") or _variable(val):
+            return False  # a variable, an attribute or a call: not a literal
+        if val.startswith(("$", "%", "@", "&", "*")):
+            return False
+    if val.isdigit() and len(val) < 10:
+        return False
+    classes = sum((any(c.islower() for c in val), any(c.isupper() for c in val), any(c.isdigit() for c in val), any(not c.isalnum() for c in val)))
+    return _entropy(val) >= 2.5 and (classes >= 2 or len(val) >= 12)
+
+
+def _variable(val: str) -> bool:
+    """An unquoted value that reads as a name in code: ``db_pass``, ``self.pw``, ``DB_PASS``, ``passwd``, ``userPassword``."""
+    if not re.fullmatch(r"[A-Za-z_][\w.]*", val) or any(c.isdigit() for c in val):
+        return False
+    if "_" in val or "." in val or val.islower() or val.isupper():
+        return True
+    return re.fullmatch(r"[a-z]{2,}(?:[A-Z][a-z]{2,})+|(?:[A-Z][a-z]{2,})+", val) is not None
+
+
+def _matches(pattern: re.Pattern, text: str, check) -> list[tuple[int, int]]:
+    """Spans of ``pattern`` that pass ``check``; a greedy match that fails is retried without its tail groups
+    (it can swallow a neighbouring word or number: ``NL55 EJZD 9234 0743 65 A``)."""
+    out = []
+    for m in pattern.finditer(text):
+        found = m.group(0)
+        if check(found):
+            out.append((m.start(), m.end()))
+            continue
+        for cut in range(len(found) - 1, 0, -1):
+            if found[cut] in " -./" and pattern.fullmatch(found[:cut]) and check(found[:cut]):
+                out.append((m.start(), m.start() + cut))
+                break
+    return out
+
+
+def _email_ok(addr: str, text: str, end: int) -> bool:
+    local, _, domain = addr.rpartition("@")
+    d = domain.lower()
+    if d in _RESERVED_DOMAINS or any(d.endswith("." + r) for r in _RESERVED_DOMAINS):
+        return False
+    tld = d.rsplit(".", 1)[-1]
+    if tld in _RESERVED_TLDS or tld in _NOT_EMAIL_TLDS:
+        return False
+    if local.lower() == "git" and d in _GIT_HOSTS:
+        return False
+    return True
+
+
+def _line_at(text: str, s: int, e: int) -> str:
+    a = text.rfind("\n", 0, s) + 1
+    b = text.find("\n", e)
+    return text[a : b if b >= 0 else len(text)]
+
+
+def _in_code(text: str, s: int, e: int) -> bool:
+    if text.count("```", 0, s) % 2 == 1:
+        return True
+    line_start = text.rfind("\n", 0, s) + 1
+    if text.count("`", line_start, s) % 2 == 1:
+        return True
+    return _CODE_LINE.search(_line_at(text, s, e)) is not None
+
+
+def _arith(text: str, s: int, e: int) -> bool:
+    left, right = text[max(0, s - 16) : s], text[e : e + 16]
+    if text[s] == "+":  # "+44 ..." right after a number is an addition
+        return re.search(r"[\d)]\s*$", left) is not None or _ARITH_LEFT.search(left) is not None
+    return _ARITH_LEFT.search(left) is not None or _ARITH_RIGHT.search(right) is not None
+
+
+def _labelled(text: str, s: int, e: int, kind: str) -> bool:
+    return _LABELS[kind].search(text[max(0, s - 48) : s] + " " + text[e : e + 24]) is not None
+
+
+def _number_ok(text: str, s: int, e: int, kind: str) -> bool:
+    """A number in arithmetic or code counts only with a label word of its type near it."""
+    if _arith(text, s, e) or _in_code(text, s, e):
+        return _labelled(text, s, e, kind)
+    return True
+
+
+def _card_ok(text: str, s: int, e: int) -> bool:
+    found = text[s:e]
+    digits = re.sub(r"\D", "", found)
+    if not (13 <= len(digits) <= 19 and luhn_ok(digits) and len(set(digits)) > 1):
+        return False
+    if _labelled(text, s, e, "credit_card"):
+        return True
+    if _arith(text, s, e) or _in_code(text, s, e):
+        return False
+    groups = re.split(r"[ -]", found)
+    seps = set(re.findall(r"[ -]", found))
+    grouped = len(groups) >= 3 and len(seps) == 1 and all(3 <= len(g) <= 6 for g in groups)
+    return grouped and _CARD_PREFIX.match(digits) is not None
+
+
+def _phones(text: str) -> list[tuple[int, int, str]]:
+    out = []
+    for m in _PHONE.finditer(text):
+        found, s = m.group(0), m.start()
+        end = m.end()
+        if not _phone_ok(found):
             # a greedy match can swallow a neighbouring number ("+49 30 1234567 1925"): try it without its tail groups
             for cut in range(len(found) - 1, 0, -1):
-                if found[cut] in " -./" and pattern.fullmatch(found[:cut]) and check(found[:cut]):
-                    self.counts[kind] += 1
-                    return PLACEHOLDERS[kind] + found[cut:]
-            return found
-
-        return pattern.sub(repl, text)
-
-    def __call__(self, text: str) -> str:
-        t = self.types
-        if "secret" in t and any(h in text for h in _SECRET_HINTS):
-            for pat in _SECRET_PATTERNS:
-                text = self._sub(pat, "secret", text)
-        low = text.lower() if "secret" in t else ""
-        if "secret" in t and any(h in low for h in _ASSIGN_HINTS):
-
-            def assign(m: re.Match) -> str:
-                if m.group(3).startswith("<"):
-                    return m.group(0)
-                self.counts["secret"] += 1
-                return f"{m.group(1)}{m.group(2)}<SECRET>{m.group(2)}"
-
-            text = _ASSIGN.sub(assign, text)
-        if "email" in t and "@" in text:
-            text = self._sub(_EMAIL, "email", text)
-        has_digit = _DIGIT.search(text) is not None
-        if has_digit:
-            if "iban" in t:
-                text = self._sub(_IBAN, "iban", text, iban_ok)
-            if "credit_card" in t:
-                text = self._sub(_CARD, "credit_card", text, _card_ok)
-            if "ssn" in t and "-" in text:
-                text = self._sub(_SSN, "ssn", text)
-            if "ip" in t and "." in text:
-                text = self._sub(_IPV4, "ip", text)
-        if "ip" in t and ("::" in text or text.count(":") >= 7):
-            text = self._sub(_IPV6, "ip", text, _ipv6_ok)
-        if has_digit and "phone" in t:
-            text = self._sub(_PHONE, "phone", text, _phone_ok)
-        if self._presidio is not None:
-            text = self._presidio_sub(text)
-        return text
-
-    def _presidio_sub(self, text: str) -> str:
-        analyzer = self._presidio
-        kinds = {"PERSON": "person", "LOCATION": "location", "ADDRESS": "location"}
-        found = [r for r in analyzer.analyze(text=text, language="en", entities=list(kinds)) if r.entity_type in kinds]
-        for r in sorted(found, key=lambda r: r.start, reverse=True):
-            kind = kinds[r.entity_type]
-            self.counts[kind] += 1
-            text = text[: r.start] + PLACEHOLDERS[kind] + text[r.end :]
-        return text
-
-
-def _card_ok(s: str) -> bool:
-    digits = re.sub(r"\D", "", s)
-    return 13 <= len(digits) <= 19 and luhn_ok(digits) and len(set(digits)) > 1
+                if found[cut] in " -./" and _PHONE.fullmatch(found[:cut]) and _phone_ok(found[:cut]):
+                    end = s + cut
+                    break
+            else:
+                continue
+        if re.search(r"(?<!\d)555[ .-]?01\d\d$", text[s:end]):
+            continue  # NANP 555-0100..0199: reserved for fiction
+        if _number_ok(text, s, end, "phone"):
+            out.append((s, end, "phone"))
+    return out
 
 
 def _phone_ok(s: str) -> bool:
@@ -162,9 +427,30 @@ def _phone_ok(s: str) -> bool:
     return not _DATE_LIKE.match(s.strip())
 
 
+def _ip_ok(addr: str, text: str, s: int) -> bool:
+    try:
+        ip = ipaddress.ip_address(addr)
+    except ValueError:
+        return False
+    if any(ip in n for n in _DOC_NETS if n.version == ip.version) or str(ip) in _PUBLIC_RESOLVERS:
+        return False
+    if ip.is_loopback or ip.is_unspecified or ip.is_link_local or ip.is_multicast or (ip.version == 4 and ip.is_reserved):
+        return False
+    if ip.version == 4:
+        octets = addr.split(".")
+        if octets[0] == "255" and all(o in _MASK_OCTETS for o in octets):
+            return False  # a netmask
+        if _VERSION_BEFORE.search(text[max(0, s - 16) : s]):
+            return False
+    return True
+
+
 def _ipv6_ok(s: str) -> bool:
     if s.count(":") < 2 or s in ("::",):
         return False
+    groups = [g for g in s.split(":") if g]
+    if len(groups) < 3 or sum(len(g) for g in groups) < 6:
+        return False  # `a::b`, `Foo::Bar`: C++ scopes, not addresses
     try:
         ipaddress.IPv6Address(s)
     except ValueError:

@@ -164,3 +164,109 @@ class Contamination:
         hit = self._sorted[idx] == h
         out[np.unique(rec[hit])] = True
         return out
+
+
+class Decontaminator:
+    """Decontamination against what can contaminate, with boilerplate ignored and each drop explained.
+
+    References (:meth:`add`): benchmark files and the eval/test split's responses (the replies a model is
+    scored on; prompts and system prompts shared with the training data are not contamination). Every
+    record of the dataset is then counted (:meth:`count`): an n-gram of the references found in more than
+    ``max(min_records, share x records)`` records is template boilerplate (a shared system prompt, a
+    tool-call skeleton, a stock opening) and is ignored. A training record is contaminated by a reference when
+    it holds at least ``min_overlap`` of that reference's (other) n-grams: a copied eval answer holds all of
+    them, a sentence that happens to fill the same template as an eval answer one or two (0: any one n-gram,
+    GPT-3's 13-gram rule). :meth:`check` names, for each training record it drops, the first shared n-gram (its
+    words), the reference it came from and the share. Memory: the reference n-grams, one count each.
+    """
+
+    def __init__(self, n: int, share: float = 0.01, min_records: int = 5, min_overlap: float = 0.5):
+        self.n, self.share, self.min_records, self.min_overlap = n, share, min_records, min_overlap
+        self.origins: list[str] = []
+        self._parts: list[np.ndarray] = []
+        self._part_origin: list[int] = []
+        self._sorted: np.ndarray | None = None
+        self._origin_of: np.ndarray | None = None
+        self._df: np.ndarray | None = None
+        self._totals: np.ndarray | None = None  # live n-grams of each reference
+        self.records = 0
+
+    def add(self, ids: np.ndarray, origin: str) -> None:
+        h = ngram_hashes(ids, self.n)
+        if len(h):
+            if not self.origins or self.origins[-1] != origin:
+                self.origins.append(origin)
+            self._parts.append(h)
+            self._part_origin.append(len(self.origins) - 1)
+            self._sorted = None
+
+    def __len__(self) -> int:
+        return len(self._sorted) if self._sorted is not None else int(sum(len(p) for p in self._parts))
+
+    def _index(self) -> None:
+        if self._sorted is not None or not self._parts:
+            return
+        allh = np.concatenate(self._parts)
+        org = np.concatenate([np.full(len(p), o, dtype=np.int32) for p, o in zip(self._parts, self._part_origin)])
+        self._sorted, first = np.unique(allh, return_index=True)
+        self._origin_of = org[first]
+        self._df = np.zeros(len(self._sorted), dtype=np.int64)
+        self._parts, self._part_origin = [], []
+
+    def _matches(self, arrays: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(record number, position in the record, reference index) of every n-gram of ``arrays`` in the references."""
+        empty = np.empty(0, dtype=np.int64)
+        lens = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
+        if self._sorted is None or not len(self._sorted) or lens.sum() < self.n:
+            return empty, empty, empty
+        h = ngram_hashes(np.concatenate(arrays), self.n)
+        starts = np.concatenate(([0], np.cumsum(lens)[:-1]))
+        rec = np.repeat(np.arange(len(arrays)), lens)[: len(h)]
+        pos = np.arange(len(h)) - starts[rec]
+        valid = pos <= lens[rec] - self.n  # no n-gram crosses two records
+        h, rec, pos = h[valid], rec[valid], pos[valid]
+        idx = np.searchsorted(self._sorted, h)
+        idx[idx >= len(self._sorted)] = 0
+        hit = self._sorted[idx] == h
+        return rec[hit], pos[hit], idx[hit]
+
+    def count(self, arrays: list[np.ndarray]) -> None:
+        """Count, for each reference n-gram, the records (one id array each) it occurs in."""
+        self._index()
+        self.records += len(arrays)
+        rec, _, idx = self._matches(arrays)
+        if len(idx):
+            pairs = np.unique(rec.astype(np.int64) * (len(self._sorted) + 1) + idx)
+            np.add.at(self._df, pairs % (len(self._sorted) + 1), 1)
+
+    @property
+    def threshold(self) -> int:
+        """Records an n-gram may occur in and still count as contamination (more: boilerplate)."""
+        return max(self.min_records, int(self.share * self.records))
+
+    def boilerplate(self) -> int:
+        """Reference n-grams ignored as boilerplate."""
+        return 0 if self._df is None else int((self._df > self.threshold).sum())
+
+    def check(self, words: list[list[str]], arrays: list[np.ndarray]) -> list[tuple[str, str, float] | None]:
+        """For each record (its words and word ids): None, or (the first shared n-gram's words, the reference it
+        came from, the share of that reference's n-grams the record holds)."""
+        self._index()
+        out: list[tuple[str, str, float] | None] = [None] * len(arrays)
+        rec, pos, idx = self._matches(arrays)
+        if not len(idx):
+            return out
+        live = self._df <= self.threshold
+        if self._totals is None:
+            self._totals = np.bincount(self._origin_of[live], minlength=len(self.origins))
+        keep = live[idx]
+        found: dict[tuple[int, int], tuple[set, int]] = {}
+        for r, p, i in zip(rec[keep].tolist(), pos[keep].tolist(), idx[keep].tolist()):
+            o = int(self._origin_of[i])
+            got = found.setdefault((r, o), (set(), p))
+            got[0].add(i)
+        for (r, o), (hashes, p) in sorted(found.items(), key=lambda kv: (kv[0][0], kv[1][1])):
+            share = len(hashes) / max(1, int(self._totals[o]))
+            if out[r] is None and share >= self.min_overlap:
+                out[r] = (" ".join(words[r][p : p + self.n]), self.origins[o], round(min(1.0, share), 3))
+        return out

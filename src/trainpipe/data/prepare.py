@@ -27,7 +27,7 @@ from typing import Any, Callable
 from trainpipe.config import DataConfig
 from trainpipe.data import cache as cache_mod
 from trainpipe.data import clean, formats
-from trainpipe.data.dedup import Contamination, NearDedup, Words, exact_key
+from trainpipe.data.dedup import Decontaminator, NearDedup, Words, exact_key
 from trainpipe.data.sources import Rejected, describe, excerpt, expand, fingerprint, iter_source, read_file, sha256_path
 from trainpipe.data.split import split_indices
 from trainpipe.data.tokenize import Template, encode_batch, row_loss_tokens, row_tokens
@@ -35,6 +35,7 @@ from trainpipe.errors import DataError
 
 REJECT_KINDS = ("invalid_json", "not_an_object", "duplicate_key", "ragged_row", "format_mismatch", "role_order")
 CHUNK = 2000
+DECON_LISTED = 100  # decontamination drops named in the report (the n-gram and what it matched); the rest counted
 
 
 def sha256_file(path: str | Path) -> str:
@@ -253,7 +254,7 @@ _FIXES = {
     "sample": "Raise `weight` / `max_records` on the sources.",
     "filters": "Relax `data.filters` (e.g. `max_repetition`, `empty_response`, `bad_encoding`); preference pairs whose chosen and rejected replies are the same (`identical_pair`) are always dropped.",
     "dedup": "The data is all duplicates; raise `data.dedup.threshold` or turn `data.dedup.near` off.",
-    "decontamination": "Every training record overlaps the eval/test data or a benchmark; check that they are not the same data, or raise `data.decontamination.ngram`.",
+    "decontamination": "Every training record overlaps the eval/test responses or a benchmark (the data report names the n-gram of each); check that they are not the same data, or raise `data.decontamination.ngram` / `min_overlap`.",
     "tokenize": "Every example was too long or has nothing to train on: raise `data.max_length`, set `data.truncation: truncate`, or lower `data.filters.min_tokens`.",
 }
 
@@ -362,33 +363,50 @@ def _build(cfg: DataConfig, tokenizer, tpl: Template, writer, parts: dict, *, tr
         fh.seek(offsets[i])
         return json.loads(fh.readline())
 
-    if cfg.decontamination.enabled:
-        cont = Contamination(cfg.decontamination.ngram)
+    decon_report: dict = {"enabled": cfg.decontamination.enabled}
+    if cfg.decontamination.enabled:  # against benchmark files and eval/test responses; boilerplate n-grams ignored
+        dc = cfg.decontamination
+        cont = Decontaminator(dc.ngram, dc.boilerplate_share, dc.boilerplate_records, dc.min_overlap)
         for name in ("eval", "test"):
             for i in assign[name]:
-                for s in formats.strings(load(i)):
-                    cont.add(words.ids(s)[1])
+                ex = load(i)
+                for s in (formats.responses(ex) if dc.against == "responses" else formats.strings(ex)):
+                    cont.add(words.ids(s)[1], f"{name} split {meta[i][4]}:{meta[i][2]}")
         bench = iter(range(len(parts["benchmarks"])))
-        for b in cfg.decontamination.benchmarks:
+        for b in dc.benchmarks:
             for p in expand(b):
                 digests = {}
                 for rec in read_file(p, digests=digests):
                     if not isinstance(rec, Rejected):
                         for s in _strings_of(rec.data):
-                            cont.add(words.ids(s)[1])
+                            cont.add(words.ids(s)[1], f"benchmark {p}:{rec.line}")
                 k = next(bench)
                 expected = [{"path": str(p), "sha256": parts["benchmarks"][k]}]
                 _check_read(expected, digests, changed)
                 parts["benchmarks"][k] = expected[0]["sha256"]
+        drops: list[dict] = []
         if len(cont):
+            every = assign["train"] + assign["eval"] + assign["test"]
+            for k in range(0, len(every), CHUNK):  # how many records each reference n-gram occurs in
+                cont.count([words.ids("\n".join(formats.strings(load(i))))[1] for i in every[k : k + CHUNK]])
             keep = []
             for k in range(0, len(assign["train"]), CHUNK):
                 part = assign["train"][k : k + CHUNK]
-                hits = cont.hits_batch([words.ids("\n".join(formats.strings(load(i))))[1] for i in part])
-                dropped["decontaminated"] += int(hits.sum())
-                keep.extend(i for i, h in zip(part, hits) if not h)
+                ws = [words.ids("\n".join(formats.strings(load(i)))) for i in part]
+                for i, hit in zip(part, cont.check([w for w, _ in ws], [a for _, a in ws])):
+                    if hit is None:
+                        keep.append(i)
+                        continue
+                    dropped["decontaminated"] += 1
+                    drops.append({"record": f"{meta[i][4]}:{meta[i][2]}", "ngram": hit[0], "matched": hit[1], "overlap": hit[2]})
             stages.mark("decontamination", len(assign["train"]) - len(keep), len(keep))
             assign["train"] = keep
+        decon_report.update({
+            "ngram": dc.ngram, "against": f"benchmark files and the eval/test {'responses' if dc.against == 'responses' else 'texts'}",
+            "reference_ngrams": len(cont), "boilerplate_records": cont.threshold if len(cont) else None, "min_overlap": dc.min_overlap,
+            "boilerplate_ngrams_ignored": cont.boilerplate(), "dropped": len(drops),
+            "drops": drops[:DECON_LISTED], "drops_not_listed": max(0, len(drops) - DECON_LISTED),
+        })
 
     # 4. tokenize (chunks, optionally in worker processes), repeat weighted sources, write the splits
     total = sum(len(v) for v in assign.values())
@@ -489,6 +507,8 @@ def _build(cfg: DataConfig, tokenizer, tpl: Template, writer, parts: dict, *, tr
         "rejected_total": sum(rejects.counts.values()),
         "duplicates": {"exact": dropped.get("exact_duplicate", 0), "near": dropped.get("near_duplicate", 0), "file": "duplicates.jsonl"},
         "decontaminated": dropped.get("decontaminated", 0),
+        "decontamination": decon_report,
+        "pii_audit": scrub.audit_report() if scrub is not None else None,
         "length": {"p50": pct(0.5), "p95": pct(0.95), "max": lengths[-1] if lengths else 0, "max_length": cfg.max_length,
                    "dropped_too_long": dropped.get("too_long", 0), "truncated": truncated, "policy": cfg.truncation},
         "batching": {"mode": cfg.packing, "non_pad_share": round(share, 4),
@@ -535,6 +555,7 @@ def _keep(item, ex, data, si, src, cfg: DataConfig, scrub, words: Words, near, s
     """Clean, filter and dedup one example; spill it when kept. Returns 1 when kept."""
     f = cfg.filters
     if scrub is not None:
+        scrub.where = f"{item.source}:{item.line}"
         ex = formats.map_strings(ex, scrub)
     if ex["kind"] == "preference" and _texts(ex["chosen"]) == _texts(ex["rejected"]):
         dropped["identical_pair"] += 1  # nothing to prefer: the loss is flat at log 2 whatever the model does

@@ -1,7 +1,10 @@
 """The data report as text, and `trainpipe data inspect`: prepared examples with the trained tokens visible.
 
 The report contract (``output_dir/data/report.json``): ``records_read``, ``records_kept``,
-``dropped`` (reason -> count), ``pii`` (type -> count), ``splits`` (name -> records, rows,
+``dropped`` (reason -> count), ``pii`` (type -> count), ``pii_audit`` (each replacement: type, record,
+40 characters of cleaned text each side, the shape of what was replaced; capped per type, the rest counted),
+``decontamination`` (what it ran against, boilerplate n-grams ignored, and for each dropped record the
+n-gram and the eval response or benchmark item it matched), ``splits`` (name -> records, rows,
 tokens, loss_tokens), and ``records_read == records_kept + sum(dropped)`` (``invariant``).
 """
 
@@ -20,6 +23,8 @@ def summary_lines(r: dict) -> list[str]:
     if r["dropped"]:
         out.append("dropped: " + ", ".join(f"{k} {v}" for k, v in r["dropped"].items()))
     out.append("pii replaced: " + (", ".join(f"{k} {v}" for k, v in r["pii"].items()) or "none"))
+    out += pii_audit_lines(r.get("pii_audit"))
+    out += decontamination_lines(r.get("decontamination"))
     for name, st in r["splits"].items():
         out.append(f"split {name}: {st['records']} records, {st['rows']} rows, {st['tokens']} tokens ({st['loss_tokens']} carry loss)")
     ln = r["length"]
@@ -29,6 +34,32 @@ def summary_lines(r: dict) -> list[str]:
     c = r.get("cache", {})
     if c:
         out.append(f"cache {'reused' if c['hit'] else 'written'}: {c['path']}")
+    return out
+
+
+def pii_audit_lines(audit: dict | None, show: int = 5) -> list[str]:
+    """The first replacements of the audit list (type, record, the cleaned text around it), and where the rest are."""
+    if not audit or not audit.get("listed"):
+        return []
+    listed, more = audit["listed"], sum(audit.get("not_listed", {}).values())
+    out = [f"  pii audit: {len(listed)} replacements listed with {audit['context_characters']} characters each side"
+           + (f" ({more} more counted, not listed)" if more else "") + "; first ones (all in report.json `pii_audit`):"]
+    for e in listed[:show]:
+        out.append(f"    {e['type']:<11} {e['record']}: {e['context']!r} (was {e['shape']})")
+    return out
+
+
+def decontamination_lines(d: dict | None, show: int = 5) -> list[str]:
+    """Decontamination: what it ran against, boilerplate ignored, and the n-gram that caused each drop."""
+    if not d or not d.get("enabled") or "ngram" not in d:
+        return []
+    out = [f"decontamination ({d['ngram']}-grams against {d['against']}): {d['dropped']} dropped; "
+           f"{d['boilerplate_ngrams_ignored']} n-grams ignored as boilerplate (in more than {d['boilerplate_records']} records)"]
+    for x in d["drops"][:show]:
+        out.append(f"    {x['record']}: {x['ngram']!r} ({x['overlap']:.0%} of {x['matched']})")
+    rest = len(d["drops"]) - show + d.get("drops_not_listed", 0)
+    if rest > 0:
+        out.append(f"    ... {rest} more (report.json `decontamination.drops`)")
     return out
 
 

@@ -18,14 +18,14 @@ PLANTED = [
     ("Call (555) 123-4567 now.", "phone", "<PHONE>"),
     ("Ring +49 30 12345678 please.", "phone", "<PHONE>"),
     ("Server at 192.168.10.254 is down.", "ip", "<IP_ADDRESS>"),
-    ("IPv6 2001:db8:85a3::8a2e:370:7334 works.", "ip", "<IP_ADDRESS>"),
+    ("IPv6 2a02:8071:85a3::8a2e:370:7334 works.", "ip", "<IP_ADDRESS>"),
     ("Card 4111 1111 1111 1111 expires.", "credit_card", "<CREDIT_CARD>"),
     ("Pay to GB82 WEST 1234 5698 7654 32 now.", "iban", "<IBAN>"),
     ("SSN 123-45-6789 on file.", "ssn", "<SSN>"),
-    ("key AKIAIOSFODNN7EXAMPLE here", "secret", "<SECRET>"),
+    ("key AKIAI44QH8DHBF3KP2XY here", "secret", "<SECRET>"),
     ("token ghp_" + "a1B2" * 9 + " leaked", "secret", "<SECRET>"),
     ("slack xoxb-1234567890-abcdefghij here", "secret", "<SECRET>"),
-    ("openai sk-proj-" + "Ab3" * 10 + " here", "secret", "<SECRET>"),
+    ("openai sk-proj-Ab3x9KqLm2Zt7Yw4Rv8Np1Hs6Jd0Fg5C here", "secret", "<SECRET>"),
     ("-----BEGIN RSA PRIVATE KEY-----\nMIIEow\n-----END RSA PRIVATE KEY-----", "secret", "<SECRET>"),
 ]
 
@@ -103,7 +103,7 @@ def tok(tiny_tokenizer):
 
 def test_prepare_counts_pii_and_filter_reasons(tmp_path, tok):
     recs = [{"instruction": f"Say item {i}.", "output": f"item {i} said"} for i in range(20)]
-    recs[0]["output"] = "mail me at bob@example.com"
+    recs[0]["output"] = "mail me at bob@bobsmail.net"
     recs[1]["input"] = "my card is 4111 1111 1111 1111"
     recs[2]["output"] = "   "
     recs[3]["output"] = "caf\u00c3\u00a9 broken"
@@ -116,7 +116,7 @@ def test_prepare_counts_pii_and_filter_reasons(tmp_path, tok):
     assert r["dropped"] == {"bad_encoding": 1, "empty_response": 1, "repetitive": 1}
     assert r["records_kept"] == 17
     texts = [tok.decode(x["input_ids"]) for x in list(data.train) + data.eval]
-    assert any("<EMAIL>" in t for t in texts) and not any("bob@example.com" in t for t in texts)
+    assert any("<EMAIL>" in t for t in texts) and not any("bob@bobsmail.net" in t for t in texts)
 
 
 def test_dataset_emptied_by_filters_names_the_stage(tmp_path, tok):
