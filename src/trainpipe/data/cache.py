@@ -6,11 +6,17 @@ dedup and decontamination option (benchmark files by content), the tokenizer (it
 ``tokenizer.json`` serialisation and special tokens), the chat template text, max length,
 truncation, packing, label mode, seed, and ``DATA_CODE_VERSION``.
 
-A build is written into ``<key>.tmp-<pid>-<random>/``; every file is fsynced, a
+A build is written into ``<key>.tmp-<pid>-<host>-<random>/`` (``host``: 6 hex digits of the host name's SHA-256),
+registered before it is made as pending in the cache folder's ownership manifest
+(:mod:`trainpipe.ownership`); every file is fsynced, a
 ``COMPLETE`` manifest with each file's size and SHA-256 is written last, then the folder
 is renamed to ``<key>/``. A reader uses an entry only when ``COMPLETE`` is there and every
 size matches, so an interrupted write never leaves a cache that a later run reuses.
 Splits are Arrow IPC streams, memory-mapped on read (``datasets.Dataset.from_file``).
+
+A build killed before its end (SIGKILL, OOM, power) leaves its temporary folder; :func:`clean_stale`, run
+before every build, removes those whose name is trainpipe's, whose host is this one, whose process is no longer
+alive here, and which the manifest proves trainpipe's (pending). Anything else in the cache folder is left alone.
 """
 
 from __future__ import annotations
@@ -18,12 +24,49 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
+import socket
 import uuid
 from pathlib import Path
+
+from trainpipe import ownership
 from trainpipe.hashing import file_sha256
 
-DATA_CODE_VERSION = "4"  # bump when a change to trainpipe/data changes prepared output
+DATA_CODE_VERSION = "5"  # bump when a change to trainpipe/data changes prepared output
+HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:6]
+_TMP = re.compile(r"^[0-9a-f]{32}\.tmp-(\d+)-([0-9a-f]{6})-[0-9a-f]{8}$")
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def clean_stale(root: Path) -> list[str]:
+    """Remove the temporary folders of builds that died (see the module docstring); returns their names. Best effort:
+    a folder that cannot be removed (gone meanwhile, not provably ours) is left, and the prepare goes on."""
+    root = Path(root)
+    removed: list[str] = []
+    if not root.is_dir():
+        return removed
+    for p in sorted(root.iterdir()):
+        m = _TMP.match(p.name)
+        if m is None or m.group(2) != HOST or _alive(int(m.group(1))) or not p.is_dir() or p.is_symlink():
+            continue
+        try:
+            if ownership.is_ours(p) and ownership.remove(p, what="the temporary folder of a data-cache build whose process died"):
+                removed.append(p.name)
+        except (OSError, ownership.OwnershipError):
+            continue
+    return removed
 
 
 def default_dir() -> Path:
@@ -73,7 +116,8 @@ class Writer:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.key = key
-        self.tmp = self.root / f"{key}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.tmp = self.root / f"{key}.tmp-{os.getpid()}-{HOST}-{uuid.uuid4().hex[:8]}"
+        ownership.intend(self.root, self.tmp.name)  # pending before it exists: a kill from here on leaves it provably ours
         self.tmp.mkdir()
         self._writers: dict = {}
 
@@ -117,6 +161,7 @@ class Writer:
         if final.exists():  # a concurrent build won, or a stale partial entry
             shutil.rmtree(final, ignore_errors=True)
         os.replace(self.tmp, final)
+        ownership.forget(self.root, self.tmp.name)
         return final
 
     def abort(self) -> None:
@@ -127,6 +172,7 @@ class Writer:
             except Exception:
                 pass
         shutil.rmtree(self.tmp, ignore_errors=True)
+        ownership.forget(self.root, self.tmp.name)
 
 
 def read_split(entry: Path, name: str):

@@ -9,6 +9,14 @@ index), tokenized rows are appended to Arrow streams, and the result is memory-m
 
 Bad records stop the run under ``on_error: raise`` (file, line or row, the rule, the
 fix) and are counted and written to ``rejected.jsonl`` under ``on_error: skip``.
+
+Resources are bounded per record: a record over ``data.max_record_bytes`` is dropped unparsed
+(``too_big``, whatever ``on_error`` says, as ``too_long`` is: a size policy, written to rejected.jsonl
+with its reason), one nested deeper than ``sources.MAX_DEPTH`` is a bad record (``too_deep``), and an
+example over ``tokenize.max_chars(max_length)`` characters is dropped (``too_long_chars``) or cut
+before the template and the tokenizer see it (``tokenize.bound_example``). Chat templates render in
+a sandbox with a time and a size limit (``tokenize.Template``). Before a build, the temporaries of
+builds whose process died are removed (``cache.clean_stale``).
 """
 
 from __future__ import annotations
@@ -28,12 +36,13 @@ from trainpipe.config import DataConfig
 from trainpipe.data import cache as cache_mod
 from trainpipe.data import clean, formats
 from trainpipe.data.dedup import Decontaminator, NearDedup, Words, exact_key
-from trainpipe.data.sources import Rejected, describe, excerpt, expand, fingerprint, iter_source, read_file, sha256_path
+from trainpipe.data.sources import Limits, Rejected, default_record_bytes, describe, excerpt, expand, fingerprint, iter_source, read_file, sha256_path
 from trainpipe.data.split import split_indices
-from trainpipe.data.tokenize import Template, encode_batch, row_loss_tokens, row_tokens
+from trainpipe.data.tokenize import Template, bound_example, encode_batch, max_chars, row_loss_tokens, row_tokens
 from trainpipe.errors import DataError
 
-REJECT_KINDS = ("invalid_json", "not_an_object", "duplicate_key", "ragged_row", "format_mismatch", "role_order")
+REJECT_KINDS = ("invalid_json", "not_an_object", "duplicate_key", "ragged_row", "format_mismatch", "role_order", "too_deep", "too_big")
+SIZE_KINDS = ("too_big",)  # dropped and counted whatever `on_error` says (a size policy, like `too_long`)
 CHUNK = 2000
 DECON_LISTED = 100  # decontamination drops named in the report (the n-gram and what it matched); the rest counted
 
@@ -63,7 +72,7 @@ class _Rejects:
         self.counts: Counter = Counter()
 
     def add(self, r: Rejected) -> None:
-        if self.on_error == "raise":
+        if self.on_error == "raise" and r.kind not in SIZE_KINDS:
             raise DataError(
                 f"`{r.source}` {_where(r.unit, r.line)}: {r.reason}. It reads: `{r.excerpt}`. Fix it, or set "
                 "`data.on_error: skip` to drop such records (each is counted and written with its reason to rejected.jsonl)."
@@ -146,6 +155,7 @@ def prepare(
     entry = cache_mod.lookup(root, key) if cfg.cache else None
     hit = entry is not None
     if entry is None:
+        cache_mod.clean_stale(root)  # what builds killed before their end left behind
         writer = cache_mod.Writer(root, key)
         try:
             _build(cfg, tokenizer, tpl, writer, parts, train_on=train_on, seed=seed, progress=progress, on_total=on_total, batch_size_hint=batch_size_hint)
@@ -272,6 +282,9 @@ def _build(cfg: DataConfig, tokenizer, tpl: Template, writer, parts: dict, *, tr
     pii_records = 0
     prints = parts["sources"]
     changed: list[str] = []  # files whose content changed between the cache lookup and the read
+    limits = Limits(cfg.max_record_bytes or default_record_bytes(cfg.max_length))
+    chars = max_chars(cfg.max_length)
+    cut_early = 0  # examples cut to `chars` characters before tokenizing (truncation: truncate)
 
     # 1. read, format, sample, clean, dedup: every kept example is spilled with its byte offset
     spill_path = writer.path("examples.spill")
@@ -287,7 +300,7 @@ def _build(cfg: DataConfig, tokenizer, tpl: Template, writer, parts: dict, *, tr
         rng = random.Random(f"{seed}:{si}")
         reservoir: list | None = [] if src.max_records else None
         digests: dict = {}
-        for item in iter_source(src, digests):
+        for item in iter_source(src, digests, limits):
             n_read += 1
             s_read += 1
             if isinstance(item, Rejected):
@@ -310,6 +323,11 @@ def _build(cfg: DataConfig, tokenizer, tpl: Template, writer, parts: dict, *, tr
                         reason += f"; the record looks like {other}, but this source was {why} (one format per source: split the file, or set `format:`)"
                 rejects.add(Rejected(item.source, item.line, reason, excerpt(json.dumps(item.data, default=str)), item.unit, exc.kind))
                 continue
+            ex, cut = bound_example(ex, chars, cfg.truncation)
+            if ex is None:  # far over max_length: never cleaned, deduplicated, rendered or tokenized
+                dropped["too_long_chars"] += 1
+                continue
+            cut_early += cut
             if reservoir is not None:  # max_records: seeded reservoir sample, original order kept
                 if len(reservoir) < src.max_records:
                     reservoir.append((item, ex))
@@ -410,6 +428,7 @@ def _build(cfg: DataConfig, tokenizer, tpl: Template, writer, parts: dict, *, tr
 
     # 4. tokenize (chunks, optionally in worker processes), repeat weighted sources, write the splits
     total = sum(len(v) for v in assign.values())
+    del roles, train_pos, strata  # per-record lists no longer needed (assign holds the indices)
     if on_total:
         on_total(total)
     num_proc = cfg.num_proc or ((os.cpu_count() or 1) if total >= 20_000 else 1)
@@ -510,7 +529,9 @@ def _build(cfg: DataConfig, tokenizer, tpl: Template, writer, parts: dict, *, tr
         "decontamination": decon_report,
         "pii_audit": scrub.audit_report() if scrub is not None else None,
         "length": {"p50": pct(0.5), "p95": pct(0.95), "max": lengths[-1] if lengths else 0, "max_length": cfg.max_length,
-                   "dropped_too_long": dropped.get("too_long", 0), "truncated": truncated, "policy": cfg.truncation},
+                   "dropped_too_long": dropped.get("too_long", 0) + dropped.get("too_long_chars", 0),
+                   "dropped_before_tokenizing": dropped.get("too_long_chars", 0), "cut_before_tokenizing": cut_early,
+                   "max_chars": chars, "max_record_bytes": limits.max_record_bytes, "truncated": truncated, "policy": cfg.truncation},
         "batching": {"mode": cfg.packing, "non_pad_share": round(share, 4),
                      "basis": {"pack": "tokens / (packed rows x max_length)", "padding_free": "no padding at all",
                                "none": f"dynamic padding, batches of {batch_size_hint} in seeded random order"}[cfg.packing],
@@ -543,7 +564,7 @@ def _mark_read_stages(stages: _Stages, n_read: int, rejects: _Rejects, dropped: 
     for stage, removed in (
         ("format", sum(rejects.counts.values())),
         ("sample", dropped["subsampled"] + dropped["max_records"]),
-        ("filters", dropped["identical_pair"] + dropped["empty_response"] + dropped["bad_encoding"] + dropped["repetitive"]),
+        ("filters", dropped["too_long_chars"] + dropped["identical_pair"] + dropped["empty_response"] + dropped["bad_encoding"] + dropped["repetitive"]),
         ("dedup", dropped["exact_duplicate"] + dropped["near_duplicate"]),
     ):
         remaining -= removed

@@ -10,6 +10,12 @@ Every item is either a :class:`Record` or a :class:`Rejected` with a reason; the
 ``line`` of a record is its line number (JSONL, CSV, TXT; of the decompressed text for a compressed file) or its
 1-based row / item index (``unit`` says which), so an error can always name where the record is. A UTF-8 byte-order
 mark at the start of a text file is not part of its first record.
+
+Records are bounded (:class:`Limits`): a JSONL line longer than ``data.max_record_bytes`` is measured while it is
+read, in 1 MiB pieces, and never held, parsed or tokenized whole; a record of any other reader whose text is longer
+is dropped before anything else looks at it. Both are ``too_big`` drops. A record nested deeper than
+:data:`MAX_DEPTH` lists/objects is ``too_deep`` (Python's parser would otherwise raise RecursionError, and every
+later stage walks records recursively).
 """
 
 from __future__ import annotations
@@ -43,6 +49,23 @@ OTHER_COMPRESSIONS = {".zip": "zip", ".7z": "7-Zip", ".rar": "RAR", ".lz4": "LZ4
 _MAGIC = ((b"\x1f\x8b", "gzip"), (b"\xfd7zXZ\x00", "xz"), (b"\x28\xb5\x2f\xfd", "zstd"), (b"PK\x03\x04", "zip"),
           (b"7z\xbc\xaf\x27\x1c", "7-Zip"), (b"\x04\x22\x4d\x18", "LZ4"), (b"Rar!\x1a\x07", "RAR"))
 _BOM = "\ufeff"
+MAX_DEPTH = 100  # lists/objects inside each other in one record; real records (tool calls, JSON schemas) stay far below
+DEFAULT_RECORD_BYTES = 4 << 20
+
+
+def default_record_bytes(max_length: int) -> int:
+    """The rule for ``data.max_record_bytes`` when unset: 4 MiB, or 128 bytes per ``max_length`` token when that is
+    more (a token is rarely over 16 characters, a character at most 4 UTF-8 bytes, JSON escapes up to 6, and a
+    preference record repeats its prompt): far over any example that fits ``max_length``, far under what hurts."""
+    return max(DEFAULT_RECORD_BYTES, 128 * max_length)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-record bounds applied while reading (see the module docstring)."""
+
+    max_record_bytes: int | None = None
+    max_depth: int = MAX_DEPTH
 
 
 def file_kind(p: Path) -> tuple[str | None, str | None]:
@@ -323,31 +346,92 @@ class _decompress_errors:
         return False
 
 
-def iter_source(src, digests: dict | None = None) -> Iterator[Record | Rejected]:
+def iter_source(src, digests: dict | None = None, limits: Limits | None = None) -> Iterator[Record | Rejected]:
     """Every record of one configured source, in order. ``digests`` (when given) receives, per file read,
     ``{"sha256": ..., "exact": bool}``: the hash of the bytes the records came from (``exact``), or, for Parquet
-    and Arrow folders (read by random access), the file's hash once reading ended."""
+    and Arrow folders (read by random access), the file's hash once reading ended. ``limits``: see :class:`Limits`."""
     if src.hub is not None:
-        yield from read_hub(src.hub, src.hub_config, src.hub_split, src.hub_revision)
+        yield from _bounded(read_hub(src.hub, src.hub_config, src.hub_split, src.hub_revision), limits)
         return
     if src.sql is not None:
-        yield from read_sql(src.sql.url, src.sql.query)
+        yield from _bounded(read_sql(src.sql.url, src.sql.query), limits)
         return
     for f in expand(src.path):
-        yield from read_file(f, split=src.hub_split, digests=digests)
+        yield from read_file(f, split=src.hub_split, digests=digests, limits=limits)
 
 
-def read_file(p: Path, split: str = "train", digests: dict | None = None) -> Iterator[Record | Rejected]:
+def read_file(p: Path, split: str = "train", digests: dict | None = None, limits: Limits | None = None) -> Iterator[Record | Rejected]:
     if _is_arrow_dir(p):
-        yield from read_arrow_dir(p, split)
+        yield from _bounded(read_arrow_dir(p, split), limits)
         if digests is not None:
             digests[str(p)] = {"sha256": sha256_path(p), "exact": False}
         return
     kind = file_kind(p)[0] or "jsonl"
     if p.stat().st_size == 0:
         raise DataError(f"Data file `{p}` is empty (0 bytes). Fill it, or remove it from `data.sources`.")
-    reader = {"jsonl": read_jsonl, "json": read_json, "parquet": read_parquet, "csv": read_csv, "tsv": read_csv, "txt": read_txt}[kind]
-    yield from reader(p, digests=digests)
+    if kind == "jsonl":  # measured line by line before parsing
+        yield from read_jsonl(p, digests=digests, limits=limits)
+        return
+    reader = {"json": read_json, "parquet": read_parquet, "csv": read_csv, "tsv": read_csv, "txt": read_txt}[kind]
+    yield from _bounded(reader(p, digests=digests), limits)
+
+
+def _too_big_reason(size: int, cap: int, what: str = "bytes") -> str:
+    return (f"the record is {size:,} {what}, over `data.max_record_bytes` ({cap:,}); it was dropped unparsed and untokenized "
+            "(raise `data.max_record_bytes` if such records are wanted, or split them)")
+
+
+def _too_deep_reason(limit: int) -> str:
+    return (f"the record is nested more than {limit} lists/objects deep, which no training example needs (and which Python's "
+            "JSON parser and every later stage would recurse through); flatten it")
+
+
+def _measure(data, cap: int | None, max_depth: int) -> tuple[int, bool]:
+    """(characters of text in ``data``, keys included, counting stops past ``cap``; whether it nests deeper than
+    ``max_depth``), without recursion."""
+    size, stack = 0, [(data, 1)]
+    while stack:
+        v, d = stack.pop()
+        if d > max_depth:
+            return size, True
+        if isinstance(v, dict):
+            for k, x in v.items():
+                size += len(k) if isinstance(k, str) else 8
+                if isinstance(x, (dict, list, tuple)):
+                    stack.append((x, d + 1))
+                elif isinstance(x, (str, bytes)):
+                    size += len(x)
+                else:
+                    size += 8
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                if isinstance(x, (dict, list, tuple)):
+                    stack.append((x, d + 1))
+                elif isinstance(x, (str, bytes)):
+                    size += len(x)
+                else:
+                    size += 8
+        if cap is not None and size > cap:
+            return size, False
+    return size, False
+
+
+def _bounded(items: Iterator[Record | Rejected], limits: Limits | None) -> Iterator[Record | Rejected]:
+    """Records of a reader that parses before trainpipe sees a record (JSON, Parquet, CSV, TXT, Arrow, hub, SQL):
+    one too long or too deeply nested becomes a counted Rejected before anything else looks at it."""
+    if limits is None:
+        yield from items
+        return
+    cap = limits.max_record_bytes
+    for item in items:
+        if isinstance(item, Record):
+            size, deep = _measure(item.data, cap, limits.max_depth)
+            if deep:
+                item = Rejected(item.source, item.line, _too_deep_reason(limits.max_depth), "(not shown)", item.unit, "too_deep")
+            elif cap is not None and size > cap:
+                head = next((x for x in item.data.values() if isinstance(x, str)), "") if isinstance(item.data, dict) else ""
+                item = Rejected(item.source, item.line, _too_big_reason(size, cap, "characters of text or more"), excerpt(head), item.unit, "too_big")
+        yield item
 
 
 def _utf8_error(p: Path, exc: UnicodeDecodeError, line: int | None, base_offset: int = 0) -> DataError:
@@ -394,17 +478,25 @@ def _dup_reason(keys: list[str]) -> str:
     return f"gives the key {names} more than once (JSON would keep only the last value silently); keep one value per key"
 
 
-def read_jsonl(path: str | Path, digests: dict | None = None) -> Iterator[Record | Rejected]:
-    """Yield a Record for each JSON object line and a Rejected for each bad line (blank lines are skipped)."""
+def read_jsonl(path: str | Path, digests: dict | None = None, limits: Limits | None = None) -> Iterator[Record | Rejected]:
+    """Yield a Record for each JSON object line and a Rejected for each bad line (blank lines are skipped). With
+    ``limits``, a line over ``max_record_bytes`` is measured in pieces and dropped unparsed (``too_big``), and one
+    nested deeper than ``max_depth`` is ``too_deep``."""
     p = Path(path)
     if not p.is_file():
         hint = "it is a folder; name a .jsonl file inside it" if p.is_dir() else "check `data.sources[].path` (relative paths are resolved against the config file's folder)"
         raise DataError(f"Data file `{p}` does not exist: {hint}.")
     offset = 0
+    cap = limits.max_record_bytes if limits is not None else None
+    max_depth = limits.max_depth if limits is not None else None
     with _Opened(p, compression_of(p)) as opened:
-        lines = _lines(opened)
+        lines = _lines(opened, cap)
         for lineno, raw in enumerate(lines, 1):
             start = offset
+            if isinstance(raw, _Long):
+                offset += raw.size
+                yield Rejected(str(p), lineno, _too_big_reason(raw.size, cap), excerpt(raw.head.decode("utf-8", "replace")), kind="too_big")
+                continue
             offset += len(raw)
             try:
                 line = raw.decode("utf-8")
@@ -419,6 +511,12 @@ def read_jsonl(path: str | Path, digests: dict | None = None) -> Iterator[Record
             except json.JSONDecodeError as exc:
                 yield Rejected(str(p), lineno, f"not valid JSON: {exc.msg} at column {exc.colno}", excerpt(line), kind="invalid_json")
                 continue
+            except RecursionError:  # deeper than the C parser's stack allows
+                yield Rejected(str(p), lineno, _too_deep_reason(max_depth or MAX_DEPTH), excerpt(line), kind="too_deep")
+                continue
+            if max_depth is not None and raw.count(b"[") + raw.count(b"{") > max_depth and _measure(obj, None, max_depth)[1]:
+                yield Rejected(str(p), lineno, _too_deep_reason(max_depth), excerpt(line), kind="too_deep")
+                continue
             if not isinstance(obj, dict):
                 yield Rejected(str(p), lineno, f"a JSON {type(obj).__name__}, not an object", excerpt(line), kind="not_an_object")
                 continue
@@ -431,15 +529,35 @@ def read_jsonl(path: str | Path, digests: dict | None = None) -> Iterator[Record
         digests[str(p)] = {"sha256": sha, "exact": True}
 
 
-def _lines(opened: _Opened) -> Iterator[bytes]:
-    """The lines of a (decompressed) file; a broken compressed stream is a DataError naming the line it broke at."""
-    it = iter(opened.fh)
+@dataclass
+class _Long:
+    """A line longer than the cap: its size in bytes and its first bytes; the rest was read and let go."""
+
+    size: int
+    head: bytes
+
+
+def _lines(opened: _Opened, cap: int | None = None) -> Iterator[bytes | _Long]:
+    """The lines of a (decompressed) file; a broken compressed stream is a DataError naming the line it broke at.
+    A line of more than ``cap`` bytes (its newline included) is read in 1 MiB pieces and given as a :class:`_Long`."""
+    fh = opened.fh
     n = 0
     while True:
         with opened.errors(f" (it breaks after line {n})"):
-            line = next(it, None)
-        if line is None:
-            return
+            line = fh.readline(cap + 1) if cap is not None else fh.readline()
+            if not line:
+                return
+            if cap is not None and len(line) > cap and not line.endswith(b"\n"):
+                size, head = len(line), line[:200]
+                line = b""
+                while True:
+                    piece = fh.readline(1 << 20)
+                    size += len(piece)
+                    if not piece or piece.endswith(b"\n"):
+                        break
+                n += 1
+                yield _Long(size, head)
+                continue
         n += 1
         yield line
 
@@ -465,6 +583,12 @@ def read_json(p: Path, digests: dict | None = None) -> Iterator[Record | Rejecte
         obj, dups = _loads(text)
     except json.JSONDecodeError as exc:
         raise DataError(f"`{p}` is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}. Fix it there, or convert the file to JSONL (one object a line).") from None
+    except RecursionError:
+        raise DataError(
+            f"`{p}` nests lists/objects deeper than Python's JSON parser can follow, so no record of it can be read. Flatten "
+            f"the deep record, or convert the file to JSONL (one object a line), where such a record is dropped on its own and counted as `too_deep`."
+        ) from None
+    del raw, text  # the parsed objects are what is kept
     if getattr(obj, "dups", ()):  # the top level: a column or the `data` wrapper named twice
         raise DataError(f"`{p}` {_dup_reason(list(obj.dups))}, at the top level. Remove the repeated key.")
     if isinstance(obj, dict) and obj and all(isinstance(v, list) for v in obj.values()):

@@ -13,12 +13,30 @@ The built-in templates mark assistant replies with ``{% generation %}`` so that 
 Templates are compiled once (transformers' own Jinja environment) and rendered directly,
 which is what makes 100k records a minute's work; the output equals
 ``tokenizer.apply_chat_template`` (tested).
+
+A template is code that came with a model, so it renders in a sandbox with limits
+(:func:`_sandboxed`): transformers' ``ImmutableSandboxedEnvironment`` (no attribute tricks, ranges
+of at most 100,000), plus, per conversation, :data:`TEMPLATE_SECONDS` of time (a periodic SIGALRM
+in the main thread, and a clock check at every call, operator and output piece) and
+:data:`TEMPLATE_MAX_CHARS` characters for the output and for any string or list built on the way
+(``*``, ``+``, ``%``, ``**``, calls, filters, namespaces and block buffers are checked before they
+allocate). A template past a limit stops with one paragraph naming the template and the limit.
+
+Text is bounded before it reaches the template or the tokenizer: an example with more than
+``max_length`` x :data:`CHARS_PER_TOKEN` characters is dropped as ``too_long_chars`` (``truncation:
+drop``), or cut to that many characters (``truncation: truncate``: raw text keeps its start, a
+conversation its end) by :func:`bound_example`.
 """
 
 from __future__ import annotations
 
 import re
+import signal
+import threading
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
+from types import MethodType
 
 import numpy as np
 
@@ -79,6 +97,176 @@ PROBE = [
 
 class TemplateError(ValueError):
     """The chat template cannot be used for label masking with this tokenizer."""
+
+
+# --------------------------------------------------------------------------- the template sandbox
+
+TEMPLATE_SECONDS = 10.0  # one conversation; real templates take microseconds
+TEMPLATE_MAX_CHARS = 64 << 20  # the output of one conversation, and any string or list built while rendering it
+_MAX_POW_BITS = 1 << 16
+_WIDTH = re.compile(r"(\d{9,})")  # a width or precision in a format string of 100,000,000 or more
+
+
+class _Limit(Exception):
+    """A template went past a sandbox limit (internal: turned into a ModelLoadError naming the template)."""
+
+    def __init__(self, what: str):
+        super().__init__(what)
+        self.what = what
+
+
+class _Clock(threading.local):
+    deadline: float | None = None
+    armed: bool = False
+
+
+_CLOCK = _Clock()
+
+
+def _on_alarm(signum, frame) -> None:
+    d = _CLOCK.deadline
+    if d is not None and time.monotonic() > d:
+        _CLOCK.deadline = None
+        raise _Limit("time")
+
+
+def _tick() -> None:
+    d = _CLOCK.deadline
+    if d is not None and time.monotonic() > d:
+        _CLOCK.deadline = None
+        raise _Limit("time")
+
+
+@contextmanager
+def template_watch():
+    """Arm a periodic SIGALRM (main thread only) that stops a render past its deadline even in a loop that calls
+    nothing; nested uses and other threads rely on the checks at every call, operator and output piece."""
+    if _CLOCK.armed or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGALRM, _on_alarm)
+    old_timer = signal.setitimer(signal.ITIMER_REAL, 0.25, 0.25)
+    _CLOCK.armed = True
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+        _CLOCK.armed = False
+        if old_timer[0] > 0:
+            signal.setitimer(signal.ITIMER_REAL, *old_timer)
+
+
+def _size(v) -> int:
+    return len(v) if isinstance(v, (str, bytes, list, tuple)) else 0
+
+
+def _check(v) -> None:
+    if _size(v) > TEMPLATE_MAX_CHARS:
+        raise _Limit("chars")
+
+
+def _check_format(fmt) -> None:
+    if isinstance(fmt, str) and any(int(m) > TEMPLATE_MAX_CHARS for m in _WIDTH.findall(fmt)):
+        raise _Limit("chars")
+
+
+def _joined(items) -> int:
+    return sum(_size(x) for x in items) if isinstance(items, (list, tuple)) else 0
+
+
+def _check_args(args, kwargs, *, ints: bool) -> None:
+    for a in (*args, *kwargs.values()):
+        if _size(a) > TEMPLATE_MAX_CHARS or _joined(a) > TEMPLATE_MAX_CHARS or (ints and isinstance(a, int) and a > TEMPLATE_MAX_CHARS):
+            raise _Limit("chars")
+
+
+def _call_binop(env, context, op, left, right):
+    _tick()
+    if op == "*":
+        for seq, n in ((left, right), (right, left)):
+            if _size(seq) and isinstance(n, int) and len(seq) * n > TEMPLATE_MAX_CHARS:
+                raise _Limit("chars")
+    elif op == "+":
+        if _size(left) + _size(right) > TEMPLATE_MAX_CHARS:
+            raise _Limit("chars")
+    elif op == "%":
+        _check_format(left)
+    elif op == "**":
+        if isinstance(left, int) and isinstance(right, int) and abs(left) > 1 and right * abs(left).bit_length() > _MAX_POW_BITS:
+            raise _Limit("chars")
+    rv = env.binop_table[op](left, right)
+    _check(rv)
+    return rv
+
+
+def _call(env, context, obj, /, *args, **kwargs):
+    from jinja2.sandbox import SandboxedEnvironment
+
+    _tick()
+    owner = getattr(getattr(obj, "__wrapped__", obj), "__self__", None)  # the sandbox wraps str.format
+    if isinstance(owner, (str, bytes, list, tuple)):  # ljust(10**10), zfill, center, "{:>9999999999}".format, join
+        _check_args(args, kwargs, ints=True)
+        if getattr(obj, "__name__", "") in ("format", "format_map"):
+            _check_format(owner)
+    else:  # macros and globals: a string or list argument past the limit (a macro recursing on a doubling string)
+        _check_args(args, kwargs, ints=False)
+    rv = SandboxedEnvironment.call(env, context, obj, *args, **kwargs)
+    _check(rv)
+    return rv
+
+
+def _bounded_filter(name: str, fn):
+    import functools
+
+    first = 1 if hasattr(fn, "jinja_pass_arg") else 0  # a context/environment comes before the filtered value
+
+    @functools.wraps(fn)  # keeps jinja's pass_context/pass_environment marks
+    def run(*args, **kwargs):
+        _tick()
+        if name == "format":  # the value is the format string; the arguments are data (any number)
+            _check_format(args[first] if len(args) > first else None)
+            _check_args(args[first:], kwargs, ints=False)
+        else:  # the filtered value, then widths, indents, counts: a number past the limit is refused before it is used
+            _check_args(args[first : first + 1], {}, ints=False)
+            _check_args(args[first + 1 :], kwargs, ints=True)
+        rv = fn(*args, **kwargs)
+        _check(rv)
+        return rv
+
+    return run
+
+
+def _bounded_concat(pieces) -> str:
+    pieces = list(pieces)
+    if sum(len(x) for x in pieces) > TEMPLATE_MAX_CHARS:
+        raise _Limit("chars")
+    return "".join(pieces)
+
+
+def _sandboxed(source: str):
+    """``source`` compiled in transformers' sandboxed environment (its extensions, filters and globals), overlaid with
+    the size and time checks above; transformers' own cached template is left untouched."""
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    base = _compile_jinja_template("").environment  # not `source`: that environment folds `2 ** (10**9)` while compiling
+    env = base.overlay()
+    env.intercepted_binops = frozenset({"*", "+", "%", "**"})
+    env.call_binop = MethodType(_call_binop, env)
+    env.call = MethodType(_call, env)
+    env.concat = _bounded_concat
+    env.filters = {k: _bounded_filter(k, v) for k, v in base.filters.items()}
+    env.globals = dict(base.globals)
+    ns = base.globals.get("namespace")
+    if isinstance(ns, type):
+
+        class BoundedNamespace(ns):
+            def __setitem__(self, name, value):
+                _check(value)
+                super().__setitem__(name, value)
+
+        env.globals["namespace"] = BoundedNamespace
+    return env.from_string(source)
 
 
 def setup_chat_template(tokenizer, choice: str, model_path: str) -> str:
@@ -168,19 +356,56 @@ class Template:
     """A compiled chat template bound to a tokenizer's special tokens."""
 
     def __init__(self, tokenizer, name: str = "tokenizer"):
-        from transformers.utils.chat_template_utils import _compile_jinja_template
-
         if not tokenizer.chat_template:
             raise TemplateError("the tokenizer has no chat template")
         self.name = name
         self.source = tokenizer.chat_template
-        self._compiled = _compile_jinja_template(tokenizer.chat_template)
+        self.origin = str(getattr(tokenizer, "name_or_path", "") or "the tokenizer")
+        self._compiled = _sandboxed(tokenizer.chat_template)
         self._kwargs = {k: v for k, v in tokenizer.special_tokens_map.items()}
         self.specials = _special_strings(tokenizer)
         self._special_re = re.compile("|".join(re.escape(s) for s in self.specials)) if self.specials else None
 
     def render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
-        return self._compiled.render(messages=messages, tools=None, documents=None, add_generation_prompt=add_generation_prompt, **self._kwargs)
+        """The template's text for ``messages``, within the sandbox's limits (a ModelLoadError past one)."""
+        from jinja2.exceptions import SecurityError
+
+        with template_watch():
+            _CLOCK.deadline = time.monotonic() + TEMPLATE_SECONDS
+            parts, total = [], 0
+            try:
+                for piece in self._compiled.generate(messages=messages, tools=None, documents=None, add_generation_prompt=add_generation_prompt, **self._kwargs):
+                    total += len(piece)
+                    if total > TEMPLATE_MAX_CHARS:
+                        raise _Limit("chars")
+                    _tick()
+                    parts.append(piece)
+            except _Limit as exc:
+                raise self._refused(exc.what) from None
+            except RecursionError:
+                raise self._refused("recursion") from None
+            except MemoryError:
+                raise self._refused("memory") from None
+            except (SecurityError, OverflowError) as exc:
+                raise self._refused(f"sandbox: {exc}") from None
+            finally:
+                _CLOCK.deadline = None
+        return "".join(parts)
+
+    def _refused(self, what: str) -> ModelLoadError:
+        which = "its own chat template" if self.name == "tokenizer" else f"the built-in {self.name} chat template"
+        past = {
+            "time": f"ran longer than {TEMPLATE_SECONDS:g} seconds for one conversation",
+            "chars": f"built a string or list longer than {TEMPLATE_MAX_CHARS:,} characters for one conversation",
+            "recursion": "recursed deeper than Python allows",
+            "memory": "ran out of memory",
+        }.get(what, f"did what the sandbox forbids ({what})")
+        return ModelLoadError(
+            f"The chat template of `{self.origin}` ({which}) {past}, so it was stopped: a chat template is code that came with "
+            "the model, and trainpipe renders it in a sandbox with that limit. A template that loops or grows strings without "
+            "bound is broken or hostile; set `data.chat_template` to a built-in one (chatml, llama-3, mistral, alpaca), or fix "
+            "the template (`chat_template` in the tokenizer's files)."
+        )
 
     def spans(self, messages: list[dict], train_on: str = "assistant") -> tuple[str, list[tuple[int, int]], list[tuple[int, int]]]:
         """(rendered text, character spans that carry loss, spans that never do: tool outputs)."""
@@ -267,6 +492,62 @@ def generation_prompt(tokenizer, messages: list[dict], template: Template | None
     return tpl.render(messages[:last], add_generation_prompt=True), messages[last]["content"]
 
 
+# --------------------------------------------------------------------------- bounded text before tokenizing
+
+CHARS_PER_TOKEN = 16  # no tokenizer averages more characters a token over a whole example
+MIN_CHARS = 1 << 16  # below this, tokenizing costs nothing: the tokens decide (as `too_long`)
+
+
+def max_chars(max_length: int) -> int:
+    """Characters an example may hold before it is tokenized: max_length x CHARS_PER_TOKEN, at least MIN_CHARS."""
+    return max(max_length * CHARS_PER_TOKEN, MIN_CHARS)
+
+
+def _content_len(m) -> int:
+    c = m.get("content") if isinstance(m, dict) else None
+    return len(c) if isinstance(c, str) else 0
+
+
+def _keep_end(messages: list[dict], budget: int) -> list[dict]:
+    """The last messages whose contents fit ``budget`` characters; the earliest one kept is cut from its start."""
+    kept: list[dict] = []
+    for m in reversed(messages):
+        n = _content_len(m)
+        if n <= budget:
+            kept.append(m)
+            budget -= n
+            continue
+        if budget > 0:
+            kept.append({**m, "content": m["content"][-budget:]})
+        break
+    return kept[::-1]
+
+
+def bound_example(ex: dict, limit: int, truncation: str) -> tuple[dict | None, bool]:
+    """(``ex``, False) when its text fits ``limit`` characters; else, before any template or tokenizer sees it,
+    (None, False) under ``truncation: drop`` (counted as ``too_long_chars``) or (the example cut to ``limit``
+    characters, True) under ``truncate``: raw text keeps its start; a conversation keeps its end (the last messages,
+    the earliest one cut from its start, as the token truncation cuts the prompt from the left); a preference or KTO
+    example keeps its replies whole (one longer than ``limit`` alone is dropped) and cuts its prompt the same way."""
+    kind = ex["kind"]
+    if kind == "text":
+        if len(ex["text"]) <= limit:
+            return ex, False
+        return (None, False) if truncation == "drop" else ({**ex, "text": ex["text"][:limit]}, True)
+    if kind == "sft":
+        if sum(_content_len(m) for m in ex["messages"]) <= limit:
+            return ex, False
+        return (None, False) if truncation == "drop" else ({**ex, "messages": _keep_end(ex["messages"], limit)}, True)
+    replies = [ex[k] for k in ("chosen", "rejected", "completion") if k in ex]
+    longest = max((sum(_content_len(m) for m in r) for r in replies), default=0)
+    prompt = sum(_content_len(m) for m in ex["prompt"])
+    if prompt + longest <= limit:
+        return ex, False
+    if truncation == "drop" or longest >= limit:
+        return None, False
+    return {**ex, "prompt": _keep_end(ex["prompt"], limit - longest)}, True
+
+
 # --------------------------------------------------------------------------- batches of examples
 
 
@@ -281,6 +562,13 @@ class Encoded:
 def encode_batch(tokenizer, tpl: Template, examples: list[dict], *, train_on: str, max_length: int, truncation: str,
                  min_tokens: int, max_tokens: int | None, with_generation: bool = False) -> list[Encoded]:
     """Tokenize a batch of examples (any kind) into stored rows, or a drop reason for each."""
+    with template_watch():  # one periodic alarm for the batch, not one per render
+        return _encode_batch(tokenizer, tpl, examples, train_on=train_on, max_length=max_length, truncation=truncation,
+                             min_tokens=min_tokens, max_tokens=max_tokens, with_generation=with_generation)
+
+
+def _encode_batch(tokenizer, tpl: Template, examples: list[dict], *, train_on: str, max_length: int, truncation: str,
+                  min_tokens: int, max_tokens: int | None, with_generation: bool = False) -> list[Encoded]:
     out: list[Encoded | None] = [None] * len(examples)
     sft_i, sft_texts, sft_spans = [], [], []
     pair_i, pair_texts = [], []
