@@ -472,17 +472,30 @@ def report(
     run_dir: Annotated[Path, typer.Argument(help="A run directory (output_dir of a run), finished or failed.", show_default=False)],
 ) -> None:
     """Write RUN_DIR/report.html (self-contained: curves, baseline vs final, forgetting, benchmarks, gates, data, plan, events, manifest); the gates are checked again first (a review recorded since counts)."""
-    from trainpipe.errors import RunDirError
-    from trainpipe.report.html import write_report
+    from trainpipe.errors import ConfigError, RunDirError
+    from trainpipe.report.html import damage_notes, write_report
 
     if not (run_dir / "events.jsonl").exists() and not (run_dir / "summary.json").exists():
         raise RunDirError(f"`{run_dir}` is not a run directory (no events.jsonl or summary.json). Pass the `output_dir` of a run.")
+    damaged = damage_notes(run_dir)  # damaged files: skipped with a counted warning, the report still written
+    for note in damaged:
+        typer.echo(f"warning: {note}", err=True)
     if (run_dir / "summary.json").exists() and (run_dir / "config.resolved.yaml").exists():
         from trainpipe.config import load_config
         from trainpipe.evaluate.gates import apply_gates
 
-        cfg = load_config(run_dir / "config.resolved.yaml")
-        apply_gates(run_dir, cfg.gates, forgetting_threshold=cfg.eval.forgetting_threshold)
+        try:
+            cfg = None if damaged else load_config(run_dir / "config.resolved.yaml")
+        except ConfigError as exc:
+            typer.echo(f"warning: config.resolved.yaml does not load ({exc.message[:300]})", err=True)
+            cfg = None
+        if cfg is not None:
+            try:
+                apply_gates(run_dir, cfg.gates, forgetting_threshold=cfg.eval.forgetting_threshold)
+            except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:  # summary.json etc. of an unexpected shape
+                typer.echo(f"warning: the quality gates were not checked again: a record of an unexpected shape ({type(exc).__name__}: {str(exc)[:200]})", err=True)
+        else:
+            typer.echo("warning: the quality gates were not checked again (damaged files); the report shows the gates.json the run wrote", err=True)
     typer.echo(f"report: {write_report(run_dir)}")
 
 

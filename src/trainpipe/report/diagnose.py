@@ -14,8 +14,6 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from trainpipe.events import read_jsonl as _jsonl
-
 from trainpipe.errors import RunDirError
 
 # What makes a folder a run directory: any of these (the ownership marker is train/checkpoints.RUN_MARKER).
@@ -42,13 +40,9 @@ class Finding:
 
 
 def _config(run: Path) -> dict:
-    import yaml
-
-    p = run / "config.resolved.yaml"
-    try:
-        return yaml.safe_load(p.read_text()) or {} if p.exists() else {}
-    except Exception:  # noqa: BLE001
-        return {}
+    """config.resolved.yaml as a mapping ({} when missing or damaged); a section that is not a mapping is left out."""
+    cfg = read_mapping(run / "config.resolved.yaml") or {}
+    return {k: v for k, v in cfg.items() if k not in SECTIONS or isinstance(v, dict)}
 
 
 def check_run_dir(run: Path) -> None:
@@ -67,19 +61,109 @@ def check_run_dir(run: Path) -> None:
 
 
 def diagnose(run_dir: str | Path) -> list[Finding]:
-    """The findings for a run directory, most important first; RunDirError for a folder that is not one."""
+    """The findings for a run directory, most important first; RunDirError for a folder that is not one. Damaged files
+    (a torn or garbage line, a binary file, JSON of the wrong shape) never stop it: their lines are skipped and counted
+    in a `damaged_log` finding, and the diagnosis is made from what can be read."""
     run = Path(run_dir)
     check_run_dir(run)
-    events = _jsonl(run / "events.jsonl")
-    metrics = _jsonl(run / "metrics.jsonl")
+    events, bad_events = read_log(run / "events.jsonl", "events")
+    metrics, bad_metrics = read_log(run / "metrics.jsonl", "metrics")
     cfg = _config(run)
+    out: list[Finding] = []
+    try:
+        _findings(run, events, metrics, cfg, out)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, ZeroDivisionError) as exc:  # a record of an unexpected shape
+        out.append(Finding("damaged_log", "warning", "a record in the run directory has an unexpected shape; the diagnosis stopped at it",
+                           f"{type(exc).__name__}: {exc}"[:300], DAMAGED_FIX))
+    return out + damage_findings(run, {"events.jsonl": bad_events, "metrics.jsonl": bad_metrics})
+
+
+DAMAGED_FIX = ("Nothing to fix when only the last line is torn (the run was killed mid-write). Otherwise the files were damaged after the "
+               "run: restore them from a copy, or run again; what could be read is used.")
+# values the diagnosis computes with: a metrics record whose value of one of these is not a number is skipped
+NUMERIC = ("step", "loss", "eval_loss", "learning_rate", "grad_norm", "tokens_per_second", "input_share", "epoch", "tokens_seen")
+SECTIONS = ("model", "data", "method", "training", "eval", "distributed", "gates", "tracking", "pipeline", "tune")
+
+
+def _number(v) -> bool:
+    return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
+
+
+def read_log(path: Path, kind: str) -> tuple[list[dict], int]:
+    """(records, lines skipped) of a run's JSON-lines file: a missing file is empty; a line that is not a JSON object
+    (torn, garbage, binary, `[1, 2]`), an event without a name, or a record whose step or metric is not a number is
+    skipped and counted."""
+    try:
+        raw = Path(path).read_bytes()
+    except OSError:  # missing, or a folder where the file belongs
+        return [], 0
+    out, bad = [], 0
+    for line in raw.decode("utf-8", errors="replace").splitlines():
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            bad += 1
+            continue
+        ok = isinstance(rec, dict) and _number(rec.get("step"))
+        if ok and kind == "events":
+            ok = isinstance(rec.get("event"), str)
+        elif ok:
+            ok = all(_number(rec.get(k)) for k in NUMERIC)
+        if ok:
+            out.append(rec)
+        else:
+            bad += 1
+    return out, bad
+
+
+def damaged_files(run: Path, skipped: dict[str, int]) -> list[str]:
+    """What of the run directory could not be read, in words: the lines skipped per log, and the JSON/YAML files that
+    exist but do not hold the mapping they should (summary.json, config.resolved.yaml, ...)."""
+    notes = [f"{n} line(s) of {name} skipped (not a JSON object of the expected shape)" for name, n in skipped.items() if n]
+    for name in ("summary.json", "data_report.json", "config.resolved.yaml", "manifest.json", "gates.json", "forgetting.json",
+                 "lengths.json", "measured_memory.json", "baseline.json"):
+        p = run / name
+        if not p.exists():
+            continue
+        if not isinstance(read_mapping(p), dict):
+            notes.append(f"{name} unreadable (not a {'YAML' if name.endswith('.yaml') else 'JSON'} mapping: damaged, binary or truncated)")
+    return notes
+
+
+def damage_findings(run: Path, skipped: dict[str, int]) -> list[Finding]:
+    notes = damaged_files(run, skipped)
+    if not notes:
+        return []
+    return [Finding("damaged_log", "warning", "parts of the run directory could not be read and were skipped; the findings use the rest",
+                    "; ".join(notes), DAMAGED_FIX)]
+
+
+def read_mapping(path: Path) -> dict | None:
+    """The mapping a JSON or YAML file of the run holds, or None when it is missing, unreadable or not a mapping (YAML
+    through the bounded loader: trainpipe.config.load_yaml_text)."""
+    try:
+        text = Path(path).read_bytes().decode("utf-8")
+        if Path(path).suffix in (".yaml", ".yml"):
+            from trainpipe.config import load_yaml_text
+
+            data = load_yaml_text(text, f"`{path}`")
+        else:
+            data = json.loads(text)
+    except Exception:  # noqa: BLE001 - OSError, UnicodeDecodeError, JSON/YAML errors, an alias bomb (ConfigError): unreadable
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _findings(run: Path, events: list[dict], metrics: list[dict], cfg: dict, out: list[Finding]) -> None:
     names = [e["event"] for e in events]
     by = lambda n: [e for e in events if e["event"] == n]  # noqa: E731
-    out: list[Finding] = []
 
     if not events:
-        return [Finding("never_started", "fatal", "the run never started: there is no event log",
-                        f"{run / 'events.jsonl'} is missing or empty", "Check the config with `trainpipe config validate CONFIG` and run it again.")]
+        out.append(Finding("never_started", "fatal", "the run never started: there is no event log",
+                           f"{run / 'events.jsonl'} is missing or empty", "Check the config with `trainpipe config validate CONFIG` and run it again."))
+        return
 
     failed = by("run_failed")
     if "training_started" not in names:
@@ -175,8 +259,7 @@ def diagnose(run_dir: str | Path) -> list[Finding]:
         else:
             last = events[-1]
             out.append(Finding("interrupted", "warning", "the run stopped without a final event (killed, or still running)",
-                               f"last event {last['event']} at step {last['step']} ({last['time']})", "If it is not running, continue with `trainpipe run CONFIG --resume`."))
-    return out
+                               f"last event {last['event']} at step {last.get('step')} ({last.get('time')})", "If it is not running, continue with `trainpipe run CONFIG --resume`."))
 
 
 # ---------------------------------------------------------------------------------------------------- the curves
@@ -331,7 +414,4 @@ def first_loss_ok(metrics: list[dict]) -> bool:
 
 
 def _jsonl_or_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text()) if path.exists() else {}
-    except (OSError, json.JSONDecodeError):
-        return {}
+    return read_mapping(path) or {}

@@ -16,8 +16,6 @@ import json
 from html import escape
 from pathlib import Path
 
-from trainpipe.events import read_jsonl as _read_jsonl
-
 from trainpipe.report import plots
 
 CSS = """
@@ -75,22 +73,33 @@ RATE_METRICS = {"exact_match", "accuracy", "rouge_l"}
 
 
 def load_run(run_dir: str | Path) -> dict:
-    """Everything the report draws, read from ``run_dir`` (missing files give empty entries)."""
-    import yaml
+    """Everything the report draws, read from ``run_dir`` (missing files give empty entries). Damaged files do not stop
+    the report: a log line that is not a JSON object of the expected shape is skipped, a JSON/YAML file that is not a
+    mapping is left out, and ``damaged`` says what (report/diagnose.py's readers, the same counts `diagnose` gives)."""
+    from trainpipe.report.diagnose import SECTIONS, damaged_files, read_log, read_mapping
 
     run = Path(run_dir).resolve()
+    config = read_mapping(run / "config.resolved.yaml")
     try:
-        config_text = (run / "config.resolved.yaml").read_text(encoding="utf-8")
-        config = yaml.safe_load(config_text) or {}
-    except (OSError, yaml.YAMLError):
-        config_text, config = "", {}
+        config_text = (run / "config.resolved.yaml").read_text(encoding="utf-8") if config is not None else ""
+    except OSError:
+        config_text = ""
+    config = {k: v for k, v in (config or {}).items() if k not in SECTIONS or isinstance(v, dict)}
+    metrics, bad_metrics = read_log(run / "metrics.jsonl", "metrics")
+    events, bad_events = read_log(run / "events.jsonl", "events")
     return {
-        "dir": run, "summary": _read_json(run / "summary.json") or {}, "metrics": _read_jsonl(run / "metrics.jsonl"),
-        "events": _read_jsonl(run / "events.jsonl"), "data": _read_json(run / "data_report.json") or {}, "manifest": _read_json(run / "manifest.json") or {},
-        "forgetting": _read_json(run / "forgetting.json") or {}, "gates": _read_json(run / "gates.json"), "lengths": _read_json(run / "lengths.json") or {},
-        "measured": _read_json(run / "measured_memory.json") or {}, "baseline_file": _read_json(run / "baseline.json") or {},
+        "dir": run, "summary": read_mapping(run / "summary.json") or {}, "metrics": metrics,
+        "events": events, "data": read_mapping(run / "data_report.json") or {}, "manifest": read_mapping(run / "manifest.json") or {},
+        "forgetting": read_mapping(run / "forgetting.json") or {}, "gates": read_mapping(run / "gates.json"), "lengths": read_mapping(run / "lengths.json") or {},
+        "measured": read_mapping(run / "measured_memory.json") or {}, "baseline_file": read_mapping(run / "baseline.json") or {},
         "config": config, "config_text": config_text,
+        "damaged": damaged_files(run, {"events.jsonl": bad_events, "metrics.jsonl": bad_metrics}),
     }
+
+
+def damage_notes(run_dir: str | Path) -> list[str]:
+    """What of ``run_dir`` the report skips as damaged (lines per log, files that are not a mapping); [] when all reads."""
+    return list(load_run(run_dir)["damaged"])
 
 
 def status_of(r: dict) -> tuple[str, str]:
@@ -133,16 +142,20 @@ def build_html(r: dict) -> str:
            f" &middot; run <b class=\"{'pass' if status == 'finished' else 'fail'}\" id=\"status\">{escape(status)}</b>"
            + (f" <small>{escape(detail[:400])}</small>" if detail else "") + "</p>",
            f'<p><span class="verdict {verdict[0]}" id="verdict">{escape(verdict[1])}</span></p>']
-    out += _section_gates(gates)
-    out += _section_results(s)
-    out += _section_curves(r)
-    out += _section_forgetting(r)
-    out += _section_benchmarks(s)
-    out += _section_samples(s)
-    out += _section_data(r)
-    out += _section_plan(r)
-    out += _section_events(r)
-    out += _section_manifest(r)
+    damaged = list(r.get("damaged") or [])
+    for title, section, arg in (("Quality gates", _section_gates, gates), ("Baseline vs final", _section_results, s), ("Training curves", _section_curves, r),
+                                ("Forgetting", _section_forgetting, r), ("Benchmarks", _section_benchmarks, s), ("Sample generations", _section_samples, s),
+                                ("Data", _section_data, r), ("Plan vs measured", _section_plan, r), ("Events", _section_events, r),
+                                ("Manifest", _section_manifest, r)):
+        try:
+            out += section(arg)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError, ZeroDivisionError) as exc:  # a damaged file: the rest still draws
+            damaged.append(f"section {title} skipped: a record of an unexpected shape ({type(exc).__name__}: {exc})"[:300])
+            out.append(f'<h2>{escape(title)}</h2><p class="na">Not drawn: the files it reads hold a record of an unexpected shape.</p>')
+    if damaged:
+        out.insert(3, '<h2 id="damaged">Damaged files</h2><p class="level-warning">Parts of the run directory could not be read and were skipped; '
+                      "the report shows the rest.</p><ul>" + "".join(f"<li>{escape(d)}</li>" for d in damaged) + "</ul>")
+        r["damaged"] = damaged
     out.append(f"<p><small>{escape(str(r['dir']))} &middot; written by trainpipe {escape(str(r['manifest'].get('trainpipe_version', '')))}</small></p></main></body></html>")
     return "\n".join(out)
 
@@ -361,7 +374,8 @@ def run_inputs(run_dir: str | Path) -> list[tuple[Path, str]]:
     the config and data files its manifest names. A report or comparison page is never written onto any of them."""
     run = Path(run_dir).resolve()
     out = [(run / name, f"the run's `{name}`") for name in RUN_INPUTS]
-    m = _read_json(run / "manifest.json") or {}
+    m = _read_json(run / "manifest.json")
+    m = m if isinstance(m, dict) else {}  # a damaged manifest names no inputs
     if isinstance(m.get("config_path"), str) and m["config_path"]:
         out.append((Path(m["config_path"]), "the run's config file"))
     for f in m.get("data_files") or []:
