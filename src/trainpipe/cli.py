@@ -319,6 +319,7 @@ def tune(
     config: ConfigArg,
     set_: SetOpt = None,
     n_trials: Annotated[Optional[int], typer.Option("--n-trials", help="Override `tune.n_trials` (finished trials of the study, all workers).")] = None,
+    new_study: Annotated[bool, typer.Option("--new-study", help="Start a fresh study (the name with -2, -3, ...) instead of joining the config's, e.g. after changing the objective or the space (joining a study of another objective or space is refused).")] = False,
 ) -> None:
     """Search the config's `tune.space` with Optuna: every trial an ordinary run under OUTPUT/trials/, bad trials pruned on
     the objective metric (`tune.objective.metric`, eval loss by default) at the in-training evals; writes best.yaml, leaderboard.csv/.html and best/model. Start the same command on several machines with
@@ -326,7 +327,7 @@ def tune(
     from trainpipe.tune.tune import tune as run_tune
 
     _numbers(("--n-trials", n_trials, "the number of finished trials", 1))
-    run_tune(config, set_ or [], n_trials=n_trials)
+    run_tune(config, set_ or [], n_trials=n_trials, new_study=new_study)
 
 
 @app.command("lr-find")

@@ -37,7 +37,8 @@ def score(cfg, trial):
     if os.environ.get("TUNE_LOG"):
         with open(os.environ["TUNE_LOG"], "a") as fh:  # one line per evaluation: trial number, worker pid, params
             fh.write(f"{trial.number} {os.getpid()} {lr!r} {wd!r}\\n")
-    time.sleep(float(os.environ.get("TUNE_SLEEP", "0")))
+    # TUNE_STAGGER: trials of uneven length (1, 2 or 3 x TUNE_SLEEP), so that one worker finishes while the other runs
+    time.sleep(float(os.environ.get("TUNE_SLEEP", "0")) * (1 + trial.number % 3 if os.environ.get("TUNE_STAGGER") else 1))
     return (math.log10(lr) + 3) ** 2 + (wd - 0.05) ** 2
 '''
 
@@ -146,6 +147,12 @@ def test_automl_rerun_into_its_own_folder_replaces_its_outputs(tmp_path, capsys,
     assert (out / "my-notes.txt").read_text() == "keep me\n"
     assert first["arms"][0]["changes"] != second["arms"][0]["changes"]  # the new search's outputs, not the old ones
     assert (out / "winner" / "model" / "config.json").is_file()
+    from trainpipe import ownership
+
+    # every output is provably trainpipe's (what lets a later search replace it), the user's file is not
+    for name in ("winner", "leaderboard.csv", "automl.json", "events.jsonl", "rungs.csv", "candidates.csv", "leaderboard.html"):
+        assert ownership.is_ours(out / name), name
+    assert not ownership.is_ours(out / "my-notes.txt")
     rung1 = [r for r in second["rows"] if r["rung"] == 1]
     assert rung1 and all(r["continued"] and r["optimizer_steps"] == 4 for r in rung1)
     events = [json.loads(x)["event"] for x in (out / "events.jsonl").read_text().splitlines()]
@@ -207,7 +214,7 @@ def test_two_workers_on_the_default_storage_draw_distinct_trials_and_one_worker_
 def test_two_workers_on_postgres_finish_exactly_n_trials_all_distinct(tmp_path, postgres_url):
     cfg = tune_project(tmp_path, n_trials=8, storage=postgres_url, study_name="shared", heartbeat_seconds=2)
     log = tmp_path / "evaluations.log"
-    procs = [worker(cfg, log, TUNE_SLEEP="0.4") for _ in range(2)]
+    procs = [worker(cfg, log, TUNE_SLEEP="0.3", TUNE_STAGGER="1") for _ in range(2)]
     outs = [p.communicate(timeout=240)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), outs
     evs = evaluations(log)

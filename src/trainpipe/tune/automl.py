@@ -50,7 +50,7 @@ from typing import Any, Callable
 
 import yaml
 
-from trainpipe import ui
+from trainpipe import ownership, ui
 from trainpipe.config import build_config
 from trainpipe.errors import ConfigError, TrainpipeError
 
@@ -303,8 +303,10 @@ def automl(*, task: str, data: Path, models: list[str], out_dir: Path, budget_us
     method, metric, direction = TASKS[task]
     base = base_mapping(task, Path(data), eval_split, max_length, fmt)
     entries, local = parse_models(models, models_dir)
-    cands = candidates(task, entries, local, base, use_catalog=use_catalog, gpu=gpu, gpus=gpus, max_params=max_params, batch=batch_size)
     out_dir = Path(out_dir).resolve()
+    reads = input_paths(Path(data), entries, models_dir)
+    check_outputs(out_dir, reads)  # a file or folder of the user's in the way is refused now, before anything trains
+    cands = candidates(task, entries, local, base, use_catalog=use_catalog, gpu=gpu, gpus=gpus, max_params=max_params, batch=batch_size)
     budget = {"usd": budget_usd, "hours": budget_hours}
     steps_of = [min_steps * eta**k for k in range(rungs)]
 
@@ -345,7 +347,7 @@ def automl(*, task: str, data: Path, models: list[str], out_dir: Path, budget_us
     if builtin and task == "sft":  # the LR range test measures next-token loss: the built-in proposer is for sft searches
         from trainpipe.tune.proposers import PlateauLRSweep
 
-        proposer = PlateauLRSweep(data=Path(data), eval_split=eval_split, out_dir=out_dir, seed=seed, mapping_for=mapping_for)
+        proposer = PlateauLRSweep(data=Path(data), eval_split=eval_split, out_dir=out_dir, seed=seed, mapping_for=mapping_for, reads=reads)
     over = [c for c in cands if c.get("reason", "") and "over --budget-usd" in c["reason"]]
     if not arms and over and budget_usd is not None:
         cheapest = min(over, key=lambda c: c["rung0_usd"])
@@ -363,13 +365,17 @@ def automl(*, task: str, data: Path, models: list[str], out_dir: Path, budget_us
         raise ConfigError(f"`--budget-usd {budget_usd:g}` cannot pay for the first rung: {len(arms)} arms x {steps_of[0]} steps cost ${first:.4g} on "
                           f"{gpus} x {gpu} by the planner (the whole search ${planned:.4g}). Raise the budget, pass fewer `--models`, lower "
                           "`--arms-per-model` or `--min-steps`.")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    events_path = out_dir / "events.jsonl"
-    events_path.unlink(missing_ok=True)
+    ownership.make_dir(out_dir, what="the AutoML output folder", reads=reads)
+    ownership.make_dir(out_dir / "runs", what="the AutoML runs folder", reads=reads)
+    # this search's log starts empty (an earlier search's, trainpipe's own and unchanged, is replaced; anything else refused)
+    events_path = ownership.write_text(out_dir / "events.jsonl", "", what=OUTPUT_FILES["events.jsonl"], reads=reads)
 
-    def log(event: str, **kw) -> None:
+    def log(event: str, **kw) -> None:  # appended lines keep the log provably trainpipe's (its recorded prefix is unchanged)
+        from trainpipe.redact import redact_text
+
         with events_path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps({"time": time.time(), "event": event, **kw}, default=str) + "\n")
+            f.write(redact_text(json.dumps({"time": time.time(), "event": event, **kw}, default=str)) + "\n")
+        ownership.record(events_path)
 
     con = ui.console()
     con.print(f"[bold]trainpipe automl[/] {task}: {sum(c['trained'] for c in cands)} of {len(cands)} candidates trained, {len(arms)} arms; "
@@ -408,7 +414,7 @@ def automl(*, task: str, data: Path, models: list[str], out_dir: Path, budget_us
                 lineage["automl"].update(why=a.get("why"), sweep=a["sweep"])
             try:
                 if resume:
-                    _carry_checkpoints(Path(parent_dir), Path(cfg.output_dir))
+                    _carry_checkpoints(Path(parent_dir), Path(cfg.output_dir), reads)
                 summary = run(cfg, overwrite=not resume, resume=resume, lineage=lineage)
                 value = float(summary["final"][metric])
                 # the eval loss at the start of this rung (the baseline eval, or the previous rung's final) and at its end: the
@@ -442,7 +448,7 @@ def automl(*, task: str, data: Path, models: list[str], out_dir: Path, budget_us
         raise AutoMLError("no AutoML arm finished a run; the errors: " + "; ".join(f"{a['id']}: {a.get('error')}" for a in arms[:4]))
     board = sorted(finished, key=lambda a: (-a["rung"], -a["value"] if direction == "maximize" else a["value"]))
     best = board[0]
-    winner = _export_winner(best, out_dir, mapping_for)
+    winner = _export_winner(best, out_dir, mapping_for, reads)
     result = {"task": task, "metric": metric, "direction": direction, "gpu": gpu, "gpus": gpus, "budget": budget, "planned_usd": planned,
               "spent_usd": spent, "wall_seconds": round(time.time() - t0, 2), "stopped": stop_reason, "rung_steps": steps_of,
               "candidates": cands, "arms": arms, "rows": rows, "refused": refused,
@@ -450,7 +456,7 @@ def automl(*, task: str, data: Path, models: list[str], out_dir: Path, budget_us
                          "model": str(winner / "model"), "report": str(winner / "report.html"), "summary": str(winner / "summary.json")},
               "frozen": list(FROZEN), "proposable": list(PROPOSABLE),
               "proposer": proposer.describe() if hasattr(proposer, "describe") else (None if proposer is None else getattr(proposer, "__name__", str(proposer)))}
-    _write_outputs(out_dir, result, board)
+    _write_outputs(out_dir, result, board, reads)
     _print(board, cands, result)
     return result
 
@@ -499,39 +505,50 @@ def _proposals(proposer: Callable, rung: int, arms: list, alive: list, refused: 
     return new
 
 
-def _carry_checkpoints(parent: Path, child: Path) -> None:
+def _carry_checkpoints(parent: Path, child: Path, reads: list = ()) -> None:
     """The next rung's run directory starts as the parent arm's checkpoints under the same run identity, so `run(resume=True)`
-    continues the same training (optimizer, scheduler, RNG and data position) instead of retraining from step 0."""
+    continues the same training (optimizer, scheduler, RNG and data position) instead of retraining from step 0.
+
+    The folder is built beside its place and swapped in by :func:`ownership.replace_dir`, which fingerprints every entry into
+    the folder's own ownership manifest (recorded for the folder's final path): the run that resumes there finds a folder
+    provably trainpipe's, and a folder of the user's at that path is refused, never replaced."""
     from trainpipe.pipeline import rundir
 
-    if child.exists():
-        shutil.rmtree(child)
-    tmp = child.with_name(child.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    shutil.copytree(parent / "checkpoints", tmp / "checkpoints")
-    shutil.copyfile(parent / rundir.MARKER, tmp / rundir.MARKER)
-    os.replace(tmp, child)
+    def build(tmp: Path) -> None:
+        shutil.copytree(parent / "checkpoints", tmp / "checkpoints", symlinks=True)
+        shutil.copyfile(parent / rundir.MARKER, tmp / rundir.MARKER)  # the run identity the checkpoints carry
+
+    if not child.exists():
+        ownership.replace_dir(child, build, what="the next rung's run folder of an AutoML arm", reads=reads)
+        return
+    # an earlier search into the same -o left a run here: a run folder, cleared by the run-folder rule (a folder of the
+    # user's is refused, nothing deleted), then filled in place and recorded in its manifest
+    rundir.clear(child, overwrite=False, protected=list(reads), why="the next rung of an AutoML arm")
+    ownership.intend(child, "checkpoints")
+    shutil.copytree(parent / "checkpoints", child / "checkpoints", symlinks=True)
+    tmp = child / f"{rundir.MARKER}.tmp-{os.getpid()}"
+    shutil.copyfile(parent / rundir.MARKER, tmp)
+    os.replace(tmp, child / rundir.MARKER)
+    ownership.seal(child, ["checkpoints", rundir.MARKER])
 
 
-def _export_winner(best: dict, out_dir: Path, mapping_for) -> Path:
+def _export_winner(best: dict, out_dir: Path, mapping_for, reads: list = ()) -> Path:
     from trainpipe.report.html import write_report
 
     src = Path(best["run_dir"])
     if not (src / "report.html").is_file():
         write_report(src)
-    winner, tmp = out_dir / "winner", out_dir / "winner.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    shutil.copytree(src / "model", tmp / "model")
-    for name in ("summary.json", "report.html", "manifest.json"):
-        if (src / name).is_file():
-            shutil.copyfile(src / name, tmp / name)
-    (tmp / "config.yaml").write_text(yaml.safe_dump(mapping_for(best, best["rung"]) | {"output_dir": str(winner / "rerun")}, sort_keys=False))
-    if winner.exists():
-        shutil.rmtree(winner)
-    os.replace(tmp, winner)
-    return winner
+    winner = out_dir / "winner"
+    config = yaml.safe_dump(mapping_for(best, best["rung"]) | {"output_dir": str(winner / "rerun")}, sort_keys=False)
+
+    def build(tmp: Path) -> None:
+        shutil.copytree(src / "model", tmp / "model", symlinks=True)
+        for name in ("summary.json", "report.html", "manifest.json"):
+            if (src / name).is_file():
+                shutil.copyfile(src / name, tmp / name)
+        ownership.write_text(tmp / "config.yaml", config, what="the winner's config")  # redacted
+
+    return ownership.replace_dir(winner, build, what="the AutoML winner", reads=reads)
 
 
 def _board_rows(board: list[dict], metric: str) -> list[dict]:
@@ -557,23 +574,42 @@ def _csv(rows: list[dict], cols: list[str] | tuple) -> str:
     return buf.getvalue()
 
 
-def _atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+OUTPUT_FILES = {"events.jsonl": "the AutoML event log", "leaderboard.csv": "the AutoML leaderboard (CSV)", "rungs.csv": "the AutoML rungs table",
+                "candidates.csv": "the AutoML candidates table", "automl.json": "the AutoML summary", "leaderboard.html": "the AutoML leaderboard (HTML)"}
 
 
-def _write_outputs(out_dir: Path, result: dict, board: list[dict]) -> None:
+def input_paths(data: Path, entries: list[tuple[str, str]], models_dir: Path | None) -> list[tuple[Path, str]]:
+    """What the search reads and never writes over: the data, the local model folders, `--models-dir`."""
+    reads = [(Path(data).resolve(), "the training data (`--data`)")]
+    for label, what in entries:
+        if Path(what).exists():
+            reads.append((Path(what).resolve(), f"the model folder `{label}` (`--models`)"))
+    if models_dir is not None:
+        reads.append((Path(models_dir).resolve(), "the `--models-dir` folder"))
+    return reads
+
+
+def check_outputs(out_dir: Path, reads: list) -> None:
+    """Before anything trains: every file the search writes may be written (new, or trainpipe's own and unchanged) and
+    `winner/` may be replaced (absent, or every entry proven trainpipe's)."""
+    for name, what in OUTPUT_FILES.items():
+        ownership.check_writable(out_dir / name, what=what, reads=reads)
+    ownership.check_clearable(out_dir / "winner", what="the AutoML winner", reads=reads)
+
+
+def _write_outputs(out_dir: Path, result: dict, board: list[dict], reads: list = ()) -> None:
     metric = result["metric"]
     brows = _board_rows(board, metric)
-    _atomic(out_dir / "leaderboard.csv", _csv(brows, list(brows[0])))
-    rkeys = list(dict.fromkeys(k for r in result["rows"] for k in r))
-    _atomic(out_dir / "rungs.csv", _csv(result["rows"], rkeys))
-    _atomic(out_dir / "candidates.csv", _csv(result["candidates"], CAND_COLS))
-    from trainpipe.redact import redact_obj
 
-    _atomic(out_dir / "automl.json", json.dumps(redact_obj(json.loads(json.dumps(result, default=str))), indent=2) + "\n")
-    _atomic(out_dir / "leaderboard.html", html_page(result, brows))
+    def write(name: str, text: str) -> None:
+        ownership.write_text(out_dir / name, text, what=OUTPUT_FILES[name], reads=reads)  # redacted on its way out
+
+    write("leaderboard.csv", _csv(brows, list(brows[0])))
+    rkeys = list(dict.fromkeys(k for r in result["rows"] for k in r))
+    write("rungs.csv", _csv(result["rows"], rkeys))
+    write("candidates.csv", _csv(result["candidates"], CAND_COLS))
+    ownership.write_json(out_dir / "automl.json", json.loads(json.dumps(result, default=str)), what=OUTPUT_FILES["automl.json"], reads=reads)
+    write("leaderboard.html", html_page(result, brows))
 
 
 def _table(rows: list[dict], cols: list[str] | tuple) -> str:

@@ -17,13 +17,11 @@ The result is printed as `--set` lines (micro-batch and gradient accumulation) a
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from dataclasses import replace
 from pathlib import Path
 
-from trainpipe import ui
+from trainpipe import ownership, ui
 from trainpipe.config import RunConfig
 from trainpipe.errors import ConfigError
 
@@ -130,10 +128,11 @@ def batch_find(cfg: RunConfig, *, max_memory_gib: float | None = None, max_batch
         "set": [f"--set training.per_device_train_batch_size={good}", f"--set training.gradient_accumulation_steps={accum}"],
     }
     out = Path(out_dir or (Path(cfg.output_dir).parent / f"{Path(cfg.output_dir).name}-batch-find")).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "batch_find.json.tmp"
-    tmp.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, out / "batch_find.json")
+    from trainpipe.tune.lrfind import input_paths
+
+    reads = input_paths(cfg)
+    out = ownership.make_dir(out, what="batch-find's output folder", reads=reads)
+    ownership.write_json(out / "batch_find.json", result, what="batch-find's `batch_find.json`", reads=reads)
     con = ui.console()
     how = "CUDA OOM caught" if on_gpu else "CPU: simulated OOM from the planner's peak estimate against the cap"
     con.print(f"batch-find: largest micro-batch {good} at {seq} tokens ({how}; {len(tries)} tries); accumulation {accum} for an effective batch of {good * accum} (target {target})")

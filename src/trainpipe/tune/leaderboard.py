@@ -7,7 +7,6 @@ import csv
 import html
 import io
 import math
-import os
 from pathlib import Path
 
 COLUMNS = ("rank", "trial", "state", "value", "train_steps", "seconds", "cost_usd", "pruned_at_step", "note", "run_dir")
@@ -50,13 +49,10 @@ def importances(study) -> dict:
         return {}
 
 
-def _atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+def write_all(study_dir: Path, rs: list[dict], out: dict, study, direction: str, metric: str, reads=()) -> None:
+    """leaderboard.csv and leaderboard.html, each by the ownership rule (a new file, or trainpipe's own unchanged one) and redacted."""
+    from trainpipe import ownership
 
-
-def write_all(study_dir: Path, rs: list[dict], out: dict, study, direction: str, metric: str) -> None:
     rs = ranked(rs, direction)
     params = sorted({k for r in rs for k in r["params"]})
     buf = io.StringIO()
@@ -64,8 +60,8 @@ def write_all(study_dir: Path, rs: list[dict], out: dict, study, direction: str,
     w.writerow(list(COLUMNS[:4]) + params + list(COLUMNS[4:]))
     for r in rs:
         w.writerow([r.get("rank"), r["trial"], r["state"], r["value"]] + [r["params"].get(p) for p in params] + [r.get(c) for c in COLUMNS[4:]])
-    _atomic(study_dir / "leaderboard.csv", buf.getvalue())
-    _atomic(study_dir / "leaderboard.html", html_page(rs, out, params, direction, metric))
+    ownership.write_text(study_dir / "leaderboard.csv", buf.getvalue(), what="the study's leaderboard (CSV)", reads=reads)
+    ownership.write_text(study_dir / "leaderboard.html", html_page(rs, out, params, direction, metric), what="the study's leaderboard (HTML)", reads=reads)
 
 
 def print_table(rs: list[dict], out: dict, direction: str) -> None:

@@ -11,12 +11,10 @@ checkpoint is written and the run directory of the config is not touched.
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from pathlib import Path
 
-from trainpipe import ui
+from trainpipe import ownership, ui
 from trainpipe.config import RunConfig
 from trainpipe.errors import ConfigError
 
@@ -69,7 +67,10 @@ def lr_find(cfg: RunConfig, *, start: float = 1e-7, end: float = 10.0, steps: in
     torch.manual_seed(cfg.training.seed)
     cfg, model, tok, data, objective = load_probe(cfg)
     out = Path(out_dir or (Path(cfg.output_dir).parent / f"{Path(cfg.output_dir).name}-lr-find")).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    reads = input_paths(cfg)
+    for name in ("lr_find.json", "lr_find.svg"):  # a file of the user's there is refused before the sweep, not after it
+        ownership.check_writable(out / name, what=f"the range test's `{name}`", reads=reads)
+    out = ownership.make_dir(out, what="the range test's output folder", reads=reads)
     device = next(model.parameters()).device
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=start, weight_decay=cfg.training.weight_decay)
@@ -126,8 +127,8 @@ def lr_find(cfg: RunConfig, *, start: float = 1e-7, end: float = 10.0, steps: in
                     {"points": finite, "color": "#1f77b4", "line": True, "label": "smoothed"}],
                    logx=True, xlabel="learning rate", ylabel="loss", title=f"LR range test: suggested {suggestion:.3g}",
                    marks=[{"x": suggestion, "label": f"{suggestion:.3g}"}])
-    _atomic(out / "lr_find.svg", svg)
-    _atomic(out / "lr_find.json", json.dumps(result, indent=2) + "\n")
+    ownership.write_text(out / "lr_find.svg", svg, what="the range test's `lr_find.svg`", reads=reads)
+    ownership.write_json(out / "lr_find.json", result, what="the range test's `lr_find.json`", reads=reads)
     con = ui.console()
     con.print(f"lr-find: {len(lrs)} steps from {start:g}, {stop}; steepest descent at {suggestion:.3g} (minimum at {f_lrs[i_min]:.3g})")
     con.print(f"  plot: {out / 'lr_find.svg'}")
@@ -135,7 +136,9 @@ def lr_find(cfg: RunConfig, *, start: float = 1e-7, end: float = 10.0, steps: in
     return result | {"out_dir": str(out)}
 
 
-def _atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+def input_paths(cfg: RunConfig) -> list[tuple[Path, str]]:
+    """What a probe of ``cfg`` reads (its data, the model folder): never written over. The working and home directories are
+    not inputs here (output folders usually live below them)."""
+    from trainpipe.pipeline.rundir import protected_paths
+
+    return [(p, w) for p, w in protected_paths(cfg, None) if w not in ("the working directory", "the home directory")]

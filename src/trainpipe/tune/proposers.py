@@ -77,8 +77,9 @@ class PlateauLRSweep:
 
     name = NAME
 
-    def __init__(self, *, data: Path, eval_split: float, out_dir: Path, seed: int, mapping_for: Callable[[dict, int], dict]):
+    def __init__(self, *, data: Path, eval_split: float, out_dir: Path, seed: int, mapping_for: Callable[[dict, int], dict], reads: list = ()):
         self.data, self.eval_split, self.out_dir, self.seed, self.mapping_for = Path(data), eval_split, Path(out_dir), seed, mapping_for
+        self.reads = list(reads)  # the search's inputs (data, model folders): never written over
         self.decisions: list[dict] = []
 
     def describe(self) -> dict:
@@ -124,11 +125,13 @@ class PlateauLRSweep:
 
         if self.data.suffix.lower() != ".jsonl":
             return {"error": f"the built-in sweep samples lines of a JSONL file; `{self.data.name}` is not one (pass --proposer none or a hook)", "records": 0}
-        where = self.out_dir / "sweeps" / f"rung{rung}-{arm['id']}"
-        where.mkdir(parents=True, exist_ok=True)
+        from trainpipe import ownership
+
+        where = ownership.make_dir(self.out_dir / "sweeps" / f"rung{rung}-{arm['id']}", what="an LR sweep's folder", reads=self.reads)
         lines, n, n_train = sample_records(self.data, self.eval_split, f"{self.seed}:{arm['id']}")
         sample = where / f"sample{self.data.suffix or '.jsonl'}"
-        sample.write_text("\n".join(lines + lines[:1]) + "\n", encoding="utf-8")  # + one record for the (required) eval split of 1
+        # + one record for the (required) eval split of 1; a verbatim sample of the user's own data (not redacted: it is trained on)
+        ownership.write_text(sample, "\n".join(lines + lines[:1]) + "\n", what="an LR sweep's data sample", reads=self.reads, redact=False)
         m = self.mapping_for({"id": arm["id"], "changes": arm["changes"]}, 0)
         m["data"]["sources"] = [dict(m["data"]["sources"][0], path=str(sample))]
         m["data"]["eval_split"] = 1

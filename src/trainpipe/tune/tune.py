@@ -31,12 +31,13 @@ import math
 import os
 import shutil
 import time
+import zlib
 from pathlib import Path
 from typing import Any, Callable
 
 import yaml
 
-from trainpipe import ui
+from trainpipe import ownership, ui
 from trainpipe.config import RunConfig, TuneConfig, apply_overrides, build_config, read_yaml
 from trainpipe.errors import ConfigError, TrainpipeError
 from trainpipe.redact import redact_url
@@ -376,6 +377,106 @@ def create_study(t: TuneConfig, name: str, storage, sampler, pruner, direction: 
     return optuna.load_study(study_name=name, storage=storage, sampler=sampler, pruner=pruner)
 
 
+OBJECTIVE_ATTR, SPACE_ATTR = "trainpipe_objective", "trainpipe_space"
+
+
+def study_identity(t: TuneConfig, direction: str) -> tuple[dict, dict]:
+    """(the objective, the search space) a study is for, as stored in its user attrs: trials of one study are comparable only
+    when they measured the same quantity in the same direction over the same space."""
+    objective = {"metric": None if t.objective.function and "metric" not in t.objective.model_fields_set else t.objective.metric,
+                 "function": t.objective.function, "direction": direction}
+    return objective, json.loads(json.dumps(t.space, default=str))
+
+
+def _shown_objective(o: dict) -> str:
+    what = f"function `{o['function']}`" if o.get("function") else f"metric `{o.get('metric')}`"
+    if o.get("function") and o.get("metric"):
+        what += f" (metric `{o['metric']}`)"
+    return f"{o.get('direction')} {what}"
+
+
+def _space_changes(old: dict, new: dict) -> list[str]:
+    out = []
+    for k in sorted(set(old) | set(new)):
+        if old.get(k) != new.get(k):
+            out.append(f"`{k}`: {json.dumps(old[k]) if k in old else '(absent)'} -> {json.dumps(new[k]) if k in new else '(absent)'}")
+    return out
+
+
+def check_study(storage, name: str, objective: dict, space: dict, *, where: str) -> bool:
+    """Refuse to join an existing study whose objective or search space differs from this config's (its trials measured
+    another quantity, or sampled another space: their scores are not comparable with this config's). Returns whether the
+    study exists. A study made before trainpipe stored these is checked on its direction and adopted."""
+    import optuna
+
+    try:
+        sid = storage.get_study_id_from_name(name)
+    except KeyError:
+        return False
+    attrs = storage.get_study_user_attrs(sid)
+    old_obj, old_space = attrs.get(OBJECTIVE_ATTR), attrs.get(SPACE_ATTR)
+    if old_obj is None:
+        dirs = storage.get_study_directions(sid)
+        old_dir = dirs[0].name.lower() if dirs else None
+        if old_dir and old_dir != objective["direction"]:
+            old_obj = {"metric": "(not recorded)", "function": None, "direction": old_dir}
+    problems = []
+    if old_obj is not None and any(old_obj.get(k) != objective.get(k) for k in ("metric", "function", "direction")):
+        problems.append(f"its objective is {_shown_objective(old_obj)}, this config's is {_shown_objective(objective)}")
+    if old_space is not None and old_space != space:
+        problems.append("its search space differs: " + "; ".join(_space_changes(old_space, space)) + " (study -> this config)")
+    if problems:
+        raise TuneError(
+            f"The study `{name}` in {where} was started for another search: {' and '.join(problems)}. Its trials' scores are not "
+            "comparable with this config's, so trainpipe does not add trials to it. Nothing was run. Pass `--new-study` to start a "
+            "fresh study (a new name, in the same storage), set `tune.study_name` to another name, or restore the study's "
+            f"objective and space. (optuna {optuna.__version__})"
+        )
+    return True
+
+
+def fresh_study_name(storage, name: str) -> str:
+    """NAME itself when no study has it yet, else `NAME-2`, `NAME-3`, ...: the first name no study in the storage has."""
+    import optuna
+
+    taken = set(optuna.get_all_study_names(storage=storage))
+    if name not in taken:
+        return name
+    k = 2
+    while f"{name}-{k}" in taken:
+        k += 1
+    return f"{name}-{k}"
+
+
+def distinct_per_trial(sampler, seed: int | None):
+    """Reseed the sampler's random streams from (seed, trial number) before every trial: each trial of a study draws from its
+    own stream, so workers sharing a study (on any storage) never replay one another's draws, and a single worker with a fixed
+    seed draws the same trials every time (trial numbers are the study's, handed out one by one by the storage)."""
+    if seed is None:
+        return sampler
+    inner = sampler.before_trial
+
+    def before_trial(study, trial) -> None:
+        _reseed(sampler, seed, trial.number, set())
+        inner(study, trial)
+
+    sampler.before_trial = before_trial
+    return sampler
+
+
+def _reseed(obj, seed: int, number: int, seen: set, path: str = "") -> None:
+    from optuna.samplers import BaseSampler
+
+    if id(obj) in seen:
+        return
+    seen.add(id(obj))
+    for attr, value in sorted(vars(obj).items()):
+        if type(value).__name__ == "LazyRandomState":
+            value.rng.seed(zlib.crc32(f"{seed}:{number}:{path}{attr}".encode()))
+        elif isinstance(value, BaseSampler):
+            _reseed(value, seed, number, seen, f"{path}{attr}.")
+
+
 # --------------------------------------------------------------------------- 3. one trial
 
 
@@ -410,8 +511,10 @@ def _count_records(src: dict) -> int | None:
 class Objective:
     """Optuna's objective: one trial = sample -> config -> plan check -> run (or the surrogate function) -> final metric."""
 
-    def __init__(self, cfg: RunConfig, raw: dict, base_dir: Path, study_dir: Path, params: list[S.Param], direction: str):
+    def __init__(self, cfg: RunConfig, raw: dict, base_dir: Path, study_dir: Path, params: list[S.Param], direction: str, reads: list = ()):
         self.cfg, self.raw, self.base_dir, self.study_dir, self.params, self.direction = cfg, raw, base_dir, study_dir, params, direction
+        self.reads = list(reads)
+        self.trials_rel = "trials"  # `trials/NAME` for a study started with --new-study: the earlier study's trial folders stay
         self.t: TuneConfig = cfg.tune
         self.fn = load_function(self.t.objective.function, base_dir) if self.t.objective.function else None
 
@@ -421,8 +524,14 @@ class Objective:
         from trainpipe.pipeline.run import run
         from trainpipe.train import loop as L
 
+        over = over_budget(trial, self.t.n_trials)
+        if over:  # other workers' trials already make up n_trials: this one is not run (no parameters drawn, nothing written)
+            trial.set_user_attr("over_budget", True)
+            trial.study.stop()
+            raise OverBudget(over)
         values = S.sample(trial, self.params, self.cfg.model_dump(mode="json"))  # `when` reads the config's values, defaults included
-        run_dir = self.study_dir / "trials" / f"trial-{trial.number:04d}"
+        trials_dir = ownership.make_dir(self.study_dir / self.trials_rel, what="the study's trials folder", reads=self.reads)
+        run_dir = trials_dir / f"trial-{trial.number:04d}"
         trial.set_user_attr("run_dir", str(run_dir))
         trial.set_user_attr("host", os.uname().nodename)
         mapping = trial_mapping(self.raw, values, self.t, run_dir)
@@ -431,10 +540,11 @@ class Objective:
         con.print(f"[bold]trial {trial.number}[/] " + ", ".join(f"{k}={_fmt(v)}" for k, v in values.items()), markup=True, highlight=False)
         t0 = time.time()
         if self.fn is not None:  # a surrogate objective: a function of the trial's config
-            run_dir.mkdir(parents=True, exist_ok=True)
-            (run_dir / "config.yaml").write_text(yaml.safe_dump(mapping, sort_keys=False), encoding="utf-8")
+            ownership.make_dir(run_dir, what=f"trial {trial.number}'s folder", reads=self.reads)
+            ownership.write_text(run_dir / "config.yaml", yaml.safe_dump(mapping, sort_keys=False), what=f"trial {trial.number}'s config", reads=self.reads)
             value = float(self.fn(mapping, trial))
-            _write_json(run_dir / "result.json", {"trial": trial.number, "params": values, "value": value, "seconds": round(time.time() - t0, 3)})
+            ownership.write_json(run_dir / "result.json", {"trial": trial.number, "params": values, "value": value, "seconds": round(time.time() - t0, 3)},
+                                 what=f"trial {trial.number}'s result", reads=self.reads)
             trial.set_user_attr("seconds", round(time.time() - t0, 3))
             return value
 
@@ -492,6 +602,43 @@ class Objective:
         return float(final[metric])
 
 
+class OverBudget(TuneError):
+    """A trial created when the study's other trials already made up `n_trials` (workers asking at the same moment): not run."""
+
+
+def _retried(trials) -> set[int]:
+    return {tr.system_attrs["failed_trial"] for tr in trials if tr.system_attrs.get("failed_trial") is not None}
+
+
+def counts_toward_budget(tr, retried: set[int]) -> bool:
+    """Whether a trial takes a place of `n_trials` (all workers together): one that ran or runs (complete, pruned at an eval,
+    failed, running); not one the plan skipped (never started), nor a failed one retried as a later trial, nor one not run
+    because the budget was already taken, nor one waiting in the queue (enqueued, or a retry: it counts once it runs)."""
+    from optuna.trial import TrialState
+
+    ua = tr.user_attrs
+    if ua.get("over_budget"):
+        return False
+    if tr.state == TrialState.PRUNED:
+        return "skipped" not in ua
+    if tr.state == TrialState.FAIL:
+        return tr.number not in retried
+    return tr.state in (TrialState.COMPLETE, TrialState.RUNNING)
+
+
+def over_budget(trial, n_trials: int | None) -> str | None:
+    """Why ``trial`` must not run (the trials numbered before it already make up `n_trials`), or None."""
+    if not n_trials:
+        return None
+    trials = trial.study.get_trials(deepcopy=False)
+    retried = _retried(trials)
+    before = [tr for tr in trials if tr.number < trial.number and counts_toward_budget(tr, retried)]
+    if len(before) < n_trials:
+        return None
+    return (f"trial {trial.number} not run: the study already has {len(before)} trials that ran or run (`tune.n_trials: {n_trials}`, "
+            "all workers together); this worker stops.")
+
+
 def _steps_done(run_dir: Path) -> int | None:
     from trainpipe.events import read_events
 
@@ -507,17 +654,33 @@ def _fmt(v) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
-def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-
-
 # --------------------------------------------------------------------------- the command
 
 
-def tune(config: str | Path, overrides: list[str] | None = None, *, n_trials: int | None = None) -> dict:
-    """Run (or join) the study of CONFIG's `tune:` section; returns what `tune.json` holds."""
+OUTPUT_FILES = {"best.yaml": "the best trial's config", "leaderboard.csv": "the study's leaderboard (CSV)",
+                "leaderboard.html": "the study's leaderboard (HTML)", "tune.json": "the study's summary"}
+
+
+def input_paths(cfg: RunConfig, config: str | Path) -> list[tuple[Path, str]]:
+    """What the study reads (the config, its data, the model folder): never written over. The working and home directories
+    are not inputs here: the study folder usually lives below them."""
+    from trainpipe.pipeline.rundir import protected_paths
+
+    return [(p, w) for p, w in protected_paths(cfg, str(config)) if w not in ("the working directory", "the home directory")]
+
+
+def check_outputs(study_dir: Path, t: TuneConfig, reads: list) -> None:
+    """Before any trial: every file the study writes at the end may be written (new, or trainpipe's own and unchanged), and
+    `best/model` may be replaced; a user's file or folder in the way is refused now, not after hours of trials."""
+    for name, what in OUTPUT_FILES.items():
+        ownership.check_writable(study_dir / name, what=what, reads=reads)
+    if t.export_best:
+        ownership.check_clearable(study_dir / "best" / "model", what="the best trial's model", reads=reads)
+
+
+def tune(config: str | Path, overrides: list[str] | None = None, *, n_trials: int | None = None, new_study: bool = False) -> dict:
+    """Run (or join) the study of CONFIG's `tune:` section; returns what `tune.json` holds. ``new_study``: start a fresh study
+    (a new name) instead of joining the config's, e.g. after changing the objective or the space."""
     import logging
 
     import optuna
@@ -535,7 +698,8 @@ def tune(config: str | Path, overrides: list[str] | None = None, *, n_trials: in
     if note:
         ui.console().print(f"note: {note}", highlight=False)
     study_dir = Path(cfg.output_dir or f"runs/{cfg.name}").resolve()
-    study_dir.mkdir(parents=True, exist_ok=True)
+    reads = input_paths(cfg, config)
+    check_outputs(study_dir, t, reads)
     fn = t.objective.function
 
     # the budget pays for at least one trial (the base config at the fidelity, priced by the planner)
@@ -554,21 +718,35 @@ def tune(config: str | Path, overrides: list[str] | None = None, *, n_trials: in
                 f"for {t.n_trials} trials, or make trials cheaper (`tune.fidelity.steps`, `tune.fidelity.data_fraction`)."
             )
     optuna.logging.set_verbosity(logging.WARNING)
+    ownership.make_dir(study_dir, what="the study's output folder", reads=reads)  # the default SQLite storage lives in it
     storage = open_storage(t, study_dir)
-    shared = t.storage not in (None, "memory")
-    seed = None if t.seed is None else t.seed + (os.getpid() % 100003 if shared else 0)  # workers of one study sample differently
-    sampler = make_sampler(t, params, seed)
+    # every trial draws from its own stream, seeded by (tune.seed, trial number): workers of one study never replay one
+    # another's draws, on any storage, and one worker with a fixed seed is reproducible
+    sampler = distinct_per_trial(make_sampler(t, params, t.seed), t.seed)
     pruner = make_pruner(t, t.fidelity.steps or (cfg.training.max_steps if cfg.training.max_steps > 0 else None))
     name = t.study_name or cfg.name or "study"
+    where = f"`tune.storage` {redact_url(storage_url(t, study_dir))}"
+    objective_id, space_id = study_identity(t, direction)
+    if new_study and t.storage != "memory":
+        name = fresh_study_name(storage, name)
+        ui.console().print(f"--new-study: a fresh study `{name}`; other workers join it with `--set tune.study_name={name}`", highlight=False)
+    elif t.storage != "memory":
+        check_study(storage, name, objective_id, space_id, where=where)
     study = create_study(t, name, storage, sampler, pruner, direction)
+    if OBJECTIVE_ATTR not in study.user_attrs:  # what later workers and re-runs are checked against
+        study.set_user_attr(OBJECTIVE_ATTR, objective_id)
+        study.set_user_attr(SPACE_ATTR, space_id)
     ui.console().print(f"[bold]trainpipe tune[/] study `{name}` ({direction} {t.objective.metric}; {t.sampler} + {t.pruner}) on {redact_url(storage_url(t, study_dir))}", markup=True, highlight=False)
 
     callbacks = []
     if t.n_trials:
-        def enough(study, trial) -> None:  # n_trials counts trials that ran (complete or pruned at an eval), all workers together
+        def enough(study, trial) -> None:
+            # n_trials counts the trials that ran or run (all workers together, other workers' running ones included), so a
+            # worker stops asking once the study is full; a trial created at the same moment by two workers is not run (OverBudget)
             trials = study.get_trials(deepcopy=False)
-            ran = sum(1 for tr in trials if tr.state == TrialState.COMPLETE or (tr.state == TrialState.PRUNED and "skipped" not in tr.user_attrs))
-            if ran >= t.n_trials or len(trials) >= 10 * t.n_trials:  # the second: a space where almost nothing fits
+            retried = _retried(trials)
+            taken = sum(1 for tr in trials if counts_toward_budget(tr, retried))
+            if taken >= t.n_trials or len(trials) >= 10 * t.n_trials:  # the second: a space where almost nothing fits
                 study.stop()
         callbacks.append(enough)
     if t.budget_usd is not None and per_trial is not None:
@@ -579,10 +757,28 @@ def tune(config: str | Path, overrides: list[str] | None = None, *, n_trials: in
                 study.stop()
         callbacks.append(budget)
 
-    objective = Objective(cfg, raw, base_dir, study_dir, params, direction)
+    objective = Objective(cfg, raw, base_dir, study_dir, params, direction, reads)
+    if name != (t.study_name or cfg.name or "study"):
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name).lstrip(".") or "study"
+        objective.trials_rel = f"trials/{safe}"
+    if t.n_trials:
+        from optuna.storages import fail_stale_trials
+        from optuna.storages._heartbeat import is_heartbeat_enabled
+
+        if is_heartbeat_enabled(study._storage):  # a dead worker's RUNNING trial is failed (and retried) before it is counted
+            import warnings
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                fail_stale_trials(study)
+        trials = study.get_trials(deepcopy=False)
+        retried = _retried(trials)
+        if sum(1 for tr in trials if counts_toward_budget(tr, retried)) >= t.n_trials:
+            ui.console().print(f"the study already has `tune.n_trials: {t.n_trials}` trials: no new trial (raise `tune.n_trials` or `--n-trials` to add some)", highlight=False)
+            return finish(study, cfg, raw, base_dir, study_dir, direction, reads)
     study.optimize(objective, n_trials=None, timeout=t.timeout_hours * 3600 if t.timeout_hours else None, callbacks=callbacks,
                    catch=(TrainpipeError,), gc_after_trial=True)
-    return finish(study, cfg, raw, base_dir, study_dir, direction)
+    return finish(study, cfg, raw, base_dir, study_dir, direction, reads)
 
 
 def _this_gpu() -> str | None:
@@ -596,18 +792,20 @@ def _this_gpu() -> str | None:
 # --------------------------------------------------------------------------- 4. outputs
 
 
-def finish(study, cfg: RunConfig, raw: dict, base_dir: Path, study_dir: Path, direction: str) -> dict:
+def finish(study, cfg: RunConfig, raw: dict, base_dir: Path, study_dir: Path, direction: str, reads: list = ()) -> dict:
     from optuna.trial import TrialState
 
     from trainpipe.tune import leaderboard as LB
 
     t = cfg.tune
-    trials = study.get_trials(deepcopy=False)
+    everything = study.get_trials(deepcopy=False)
+    trials = [tr for tr in everything if not tr.user_attrs.get("over_budget")]  # created at the same moment as the last one: never run
     rows = LB.rows(trials)
     complete = [tr for tr in trials if tr.state == TrialState.COMPLETE]
     out: dict = {"study": study.study_name, "direction": direction, "metric": t.objective.metric, "sampler": t.sampler, "pruner": t.pruner,
                  "storage": redact_url(storage_url(t, study_dir)), "trials": len(trials),
                  "states": {s.name.lower(): sum(1 for tr in trials if tr.state == s) for s in TrialState}, "best": None,
+                 "not_run_over_budget": len(everything) - len(trials),
                  "train_steps": sum(int(r.get("train_steps") or 0) for r in rows)}
     importances = LB.importances(study)
     out["importances"] = importances
@@ -616,28 +814,47 @@ def finish(study, cfg: RunConfig, raw: dict, base_dir: Path, study_dir: Path, di
         values = dict(best.params)
         mapping = trial_mapping(raw, values, t, Path(cfg.output_dir or f"runs/{cfg.name}") / "best-run", fidelity=False)
         _absolute_paths(mapping, base_dir)
+        body = yaml.safe_dump(mapping, sort_keys=False)
+        build_config(yaml.safe_load(body), source="best.yaml")  # ready to run: it validates
         text = (f"# best trial of study `{study.study_name}`: trial {best.number}, {t.objective.metric} = {best.value:.6g} ({direction})\n"
-                f"# run it: trainpipe run best.yaml\n" + yaml.safe_dump(mapping, sort_keys=False))
-        build_config(yaml.safe_load(text), source="best.yaml")  # ready to run: it validates
-        tmp = study_dir / "best.yaml.tmp"
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, study_dir / "best.yaml")
+                f"# run it: trainpipe run best.yaml\n" + "".join(f"# {n}\n" for n in secret_notes(mapping)) + body)
+        ownership.write_text(study_dir / "best.yaml", text, what=OUTPUT_FILES["best.yaml"], reads=reads)  # redacted on its way out
         out["best"] = {"trial": best.number, "value": best.value, "params": values, "run_dir": best.user_attrs.get("run_dir"), "config": str(study_dir / "best.yaml")}
         model = best.user_attrs.get("model")
         if t.export_best and model and Path(model).is_dir():
-            dest = study_dir / "best" / "model"
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            tmpd = study_dir / "best" / "model.tmp"
-            shutil.rmtree(tmpd, ignore_errors=True)
-            shutil.copytree(model, tmpd)
-            if dest.exists():
-                shutil.rmtree(dest)
-            os.replace(tmpd, dest)
+            best_dir = ownership.make_dir(study_dir / "best", what="the best trial's folder", reads=reads)
+            dest = ownership.replace_dir(best_dir / "model", lambda tmp: shutil.copytree(model, tmp, dirs_exist_ok=True, symlinks=True),
+                                         what="the best trial's model", reads=reads)
             out["best"]["model"] = str(dest)
-    LB.write_all(study_dir, rows, out, study, direction, t.objective.metric)
-    _write_json(study_dir / "tune.json", out)
+    LB.write_all(study_dir, rows, out, study, direction, t.objective.metric, reads=reads)
+    ownership.write_json(study_dir / "tune.json", out, what=OUTPUT_FILES["tune.json"], reads=reads)
     LB.print_table(rows, out, direction)
     return out
+
+
+def secret_notes(mapping: dict) -> list[str]:
+    """One comment line per config key whose value loses a secret on its way into best.yaml (a URL's password, a token in a
+    query, a secret environment value): the key to set again before running it. The secret itself is never written."""
+    from trainpipe.redact import MASK, redact_obj
+
+    notes: list[str] = []
+
+    def walk(a, b, path: str) -> None:
+        if isinstance(a, dict):
+            for k, v in a.items():
+                walk(v, b.get(k) if isinstance(b, dict) else None, f"{path}.{k}" if path else str(k))
+        elif isinstance(a, list):
+            for i, v in enumerate(a):
+                walk(v, b[i] if isinstance(b, list) and i < len(b) else None, f"{path}[{i}]")
+        elif isinstance(a, str) and a != b:
+            how = ("or leave the password out of the URL and give it through the database's own means, e.g. PGPASSWORD or ~/.pgpass "
+                   "for PostgreSQL" if path.endswith("sql.url") or "://" in a and "@" in a else
+                   "or leave it out and give the credential through the environment the library reads (e.g. AWS_SECRET_ACCESS_KEY for s3://)")
+            notes.append(f"`{path}`: a secret (password, token or secret environment value) was left out of this file and reads `{MASK}`; "
+                         f"set it in this key again before `trainpipe run best.yaml`, {how}")
+
+    walk(mapping, redact_obj(mapping), "")
+    return notes
 
 
 def _absolute_paths(m: dict, base_dir: Path) -> None:
