@@ -256,3 +256,37 @@ def test_a_changed_objective_or_space_is_refused_unless_new_study(tmp_path, caps
     old = optuna.load_study(study_name="s", storage=f"sqlite:///{study / 'study.db'}")
     assert len(old.get_trials()) == 2  # the old study got no trial of the other objective
     assert json.loads((study / "tune.json").read_text())["study"] == fresh  # trainpipe's own outputs replaced
+
+
+def test_a_worker_does_not_start_a_trial_once_running_ones_fill_n_trials(tmp_path, capsys, monkeypatch):
+    """Another worker holds the study's last places with RUNNING trials: a worker that joins now starts no trial (main ran
+    one more: it counted finished trials only), and the study's outputs still come out."""
+    cfg = tune_project(tmp_path, n_trials=3)
+    (tmp_path / "study").mkdir()
+    storage = f"sqlite:///{tmp_path / 'study' / 'study.db'}"
+    other = optuna.create_study(study_name="s", storage=storage, direction="minimize")
+    done = other.ask()
+    other.tell(done, 1.0)
+    running = [other.ask(), other.ask()]  # another worker's trials, mid-run
+    log = tmp_path / "evaluations.log"
+    monkeypatch.setenv("TUNE_LOG", str(log))
+    assert main(["tune", str(cfg)]) == 0, capsys.readouterr().out
+    assert not log.exists(), "a trial past n_trials was run"
+    trials = optuna.load_study(study_name="s", storage=storage).get_trials()
+    assert len(trials) == 3 and [t.number for t in trials if t.state.name == "RUNNING"] == [r.number for r in running]
+    assert (tmp_path / "study" / "leaderboard.csv").is_file()
+
+
+def test_of_two_trials_created_at_the_same_moment_for_the_last_place_only_the_first_runs(tmp_path):
+    """Two workers that finish at the same moment both ask for a trial while the study has one place left: the trial with the
+    lower number runs, the other is refused before it draws parameters (the objective's first check)."""
+    from trainpipe.tune.tune import over_budget
+
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.db'}")
+    first = study.ask()
+    study.tell(first, 1.0)
+    a, b = study.ask(), study.ask()
+    assert over_budget(a, 2) is None
+    why = over_budget(b, 2)
+    assert why and f"trial {b.number} not run" in why and "n_trials: 2" in why
+    assert over_budget(b, 3) is None
