@@ -173,6 +173,19 @@ class Writer:
                 pass
         shutil.rmtree(self.tmp, ignore_errors=True)
         ownership.forget(self.root, self.tmp.name)
+        _drop_empty_manifest(self.root)  # a failed first build leaves the cache folder as it found it
+
+
+def _drop_empty_manifest(root: Path) -> None:
+    """Remove the cache folder's ownership manifest when it lists nothing (no entry, no pending build). A build that
+    registers meanwhile loses only its pending mark: if it is then killed, its temporary is left, never wrongly removed."""
+    m = Path(root) / ownership.MANIFEST
+    data = ownership.read_manifest(Path(root)) if m.is_file() else None
+    if data is not None and not data["entries"] and not data["pending"]:
+        try:
+            m.unlink()
+        except OSError:
+            pass
 
 
 def read_split(entry: Path, name: str):

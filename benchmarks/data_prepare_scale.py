@@ -1,0 +1,131 @@
+"""Scale of `data prepare` on many short records: peak memory per million records, and time against `datasets.map`.
+
+Generates N short, distinct alpaca records (default 1,000,000; `--records` to change), then, each in a fresh child
+process (so that each peak RSS is its own), runs
+  - trainpipe: `trainpipe.data.prepare.prepare` with the default data options (exact + near dedup, PII scrubbing,
+    chatml template, label masks, eval split, Arrow cache), and
+  - datasets.map: `load_dataset("json")`, then one batched `map` that renders the same chatml text and tokenizes it
+    with the same tokenizer (no cleaning, no dedup, no label masks: the floor of the work),
+and prints each one's seconds, peak RSS, peak RSS per million records, and the time ratio.
+Targets (issue 22): trainpipe < 2 GB per 1M short records; time within 2x of datasets.map.
+
+    python benchmarks/data_prepare_scale.py [--records 1000000] [--num-proc 1]
+
+Measured (2 shared CPU cores, 8 other agents' jobs on them; --num-proc 1; the child processes' ru_maxrss):
+    see the numbers written at the end of this docstring by the last run (MEASURED below).
+
+MEASURED
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+CHATML = "<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n{a}<|im_end|>\n"
+
+
+def write_records(path: Path, n: int) -> Path:
+    """N short, distinct alpaca records (~20 tokens each): a sentence of three numbered words and its reverse."""
+    words = "apple river stone cloud green seven blue tiger lamp orange music window paper silver garden rocket".split()
+    with open(path, "w", encoding="utf-8") as fh:
+        for i in range(n):
+            a, b, c = words[i % 16], words[(i // 16) % 16], words[(i // 256) % 16]
+            fh.write(json.dumps({"instruction": f"Reverse: {a} {b} {c} {i}.", "output": f"{i} {c} {b} {a}"}) + "\n")
+    return path
+
+
+def peak_rss() -> int:
+    """Peak resident bytes of this process and of its waited-for children (worker pools), the larger."""
+    return max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) * 1024
+
+
+def side_trainpipe(data: Path, tok_dir: Path, tmp: Path, num_proc: int) -> dict:
+    from transformers import AutoTokenizer
+
+    from trainpipe.config import DataConfig
+    from trainpipe.data.prepare import prepare
+    from trainpipe.data.tokenize import setup_chat_template
+
+    tok = AutoTokenizer.from_pretrained(tok_dir)
+    name = setup_chat_template(tok, "chatml", "bench")
+    base = peak_rss()
+    cfg = DataConfig(sources=[{"path": str(data)}], eval_split=0.001, max_length=256, cache_dir=str(tmp / "cache"), num_proc=num_proc)
+    t = time.perf_counter()
+    out = prepare(cfg, tok, train_on="assistant", seed=0, template_name=name)
+    secs = time.perf_counter() - t
+    r = out.report
+    return {"seconds": secs, "peak": peak_rss(), "base": base, "kept": r["records_kept"], "dropped": r["dropped"],
+            "tokens": r["splits"]["train"]["tokens"]}
+
+
+def side_datasets(data: Path, tok_dir: Path, tmp: Path, num_proc: int) -> dict:
+    import datasets
+    from transformers import AutoTokenizer
+
+    datasets.disable_progress_bars()
+    tok = AutoTokenizer.from_pretrained(tok_dir)
+    base = peak_rss()
+    t = time.perf_counter()
+    ds = datasets.load_dataset("json", data_files=str(data), split="train", cache_dir=str(tmp / "hf"))
+
+    def encode(batch):
+        texts = [CHATML.format(q=q, a=a) for q, a in zip(batch["instruction"], batch["output"])]
+        return tok(texts, add_special_tokens=False)
+
+    ds = ds.map(encode, batched=True, remove_columns=ds.column_names, num_proc=num_proc if num_proc > 1 else None)
+    secs = time.perf_counter() - t
+    return {"seconds": secs, "peak": peak_rss(), "base": base, "kept": len(ds), "tokens": None}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--records", type=int, default=1_000_000)
+    ap.add_argument("--num-proc", type=int, default=1)
+    ap.add_argument("--side", choices=("trainpipe", "datasets"))
+    ap.add_argument("--data")
+    ap.add_argument("--tok")
+    ap.add_argument("--tmp")
+    args = ap.parse_args()
+    if args.side:  # a child: one side, its numbers as JSON on the last line
+        fn = side_trainpipe if args.side == "trainpipe" else side_datasets
+        print(json.dumps(fn(Path(args.data), Path(args.tok), Path(args.tmp), args.num_proc)))
+        return
+    from _synth import tokenizer
+
+    tmp = Path(tempfile.mkdtemp(prefix="tp-scale-"))
+    tok = tokenizer(tmp)
+    tok_dir = tmp / "tok"
+    tok.save_pretrained(tok_dir)
+    data = write_records(tmp / "short.jsonl", args.records)
+    res = {}
+    for side in ("datasets", "trainpipe"):
+        proc = subprocess.run([sys.executable, __file__, "--side", side, "--data", str(data), "--tok", str(tok_dir), "--tmp", str(tmp),
+                               "--num-proc", str(args.num_proc)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            sys.exit(f"{side} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        res[side] = json.loads(proc.stdout.strip().splitlines()[-1])
+    per_m = 1e6 / args.records
+    for side, r in res.items():
+        print(f"{side:>9}: {r['seconds']:7.1f} s  peak RSS {r['peak'] / 2**30:5.2f} GiB ({(r['peak'] - r['base']) / 2**30:5.2f} above the "
+              f"process after imports)  -> {r['peak'] * per_m / 2**30:5.2f} GiB per 1M records;  kept {r['kept']:,}"
+              + (f", dropped {r['dropped']}" if r.get("dropped") else ""))
+    ratio = res["trainpipe"]["seconds"] / res["datasets"]["seconds"]
+    gb = res["trainpipe"]["peak"] * per_m / 1e9
+    print(f"records {args.records:,}, num_proc {args.num_proc}, cores {os.cpu_count()}, load {os.getloadavg()[0]:.1f}")
+    print(f"time ratio trainpipe / datasets.map: {ratio:.2f}  (target < 2: {'PASS' if ratio < 2 else 'FAIL'});  "
+          f"trainpipe peak per 1M records: {gb:.2f} GB  (target < 2: {'PASS' if gb < 2 else 'FAIL'})")
+
+
+if __name__ == "__main__":
+    main()
