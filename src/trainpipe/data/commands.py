@@ -51,7 +51,8 @@ def run_prepare(cfg: RunConfig, tokenizer, *, quiet: bool = False):
         data = prepare(
             cfg.data, tokenizer, train_on=cfg.method.train_on, seed=cfg.training.seed, rejected_path=out / "rejected.jsonl",
             report_path=out / "report.json", progress=lambda n: bar.advance(task, n), on_total=lambda n: bar.update(task, total=n),
-            template_name=template, batch_size_hint=cfg.training.per_device_train_batch_size,
+            template_name=template,  # `auto` is the planner's choice at `run`; the report's padding estimate then assumes 8 (as pipeline/dag.py)
+            batch_size_hint=cfg.training.per_device_train_batch_size if isinstance(cfg.training.per_device_train_batch_size, int) else 8,
         )
     dups = data.cache_path / "duplicates.jsonl"
     if dups.exists():
