@@ -30,7 +30,7 @@ RECS = [{"instruction": "Reverse the order of the words.", "input": f"apple rive
 
 
 def test_prepare_writes_and_prints_the_report(tmp_path, base, capsys):
-    recs = RECS + [RECS[0], {"instruction": "Mail me.", "output": "write to ann@example.org"}]
+    recs = RECS + [RECS[0], {"instruction": "Mail me.", "output": "write to ann@annmail.net"}]
     cfg = make(tmp_path, base, recs)
     assert main(["prepare", str(cfg)]) == 0
     out = capsys.readouterr().out
