@@ -56,6 +56,10 @@ def test_a_response_copied_from_an_eval_response_is_dropped_and_named(tmp_path, 
     words = drop["ngram"].split()
     assert len(words) == 13 and drop["ngram"] in " ".join(Words().ids(ev[3]["chosen"]["value"])[0])
     assert "step by step and justify" not in drop["ngram"]  # not the shared opening, which is boilerplate
+    from trainpipe.data.report import summary_lines
+
+    shown = "\n".join(summary_lines(r))
+    assert "1 dropped" in shown and repr(drop["ngram"]) in shown and f"eval split {pe}:4" in shown
 
 
 def test_shared_prompts_of_the_eval_split_are_not_contamination(tmp_path, tok):

@@ -143,3 +143,7 @@ def test_data_report_lists_each_replacement_with_record_and_context(tmp_path, to
     assert entry["type"] == "email" and entry["record"] == f"{p}:4"
     assert entry["context"] == "Sure, write to <EMAIL> or user@example.com."
     assert "carla" not in json.dumps(r)
+    from trainpipe.data.report import summary_lines
+
+    shown = "\n".join(summary_lines(r))
+    assert f"email       {p}:4: 'Sure, write to <EMAIL> or user@example.com.'" in shown and "carla" not in shown
