@@ -209,6 +209,15 @@ def pii_items() -> list[dict]:
         "Scale is 1:25000; the score was 21-17 and the ratio 3:2.",
         "Chapter 12, page 345, line 6. Room 101 on floor 3.",
         "Flight LH 400 departs at 13:05 from gate B 22.",
+        "If you are in crisis, call 1-800-273-8255 or the helpline at (888) 628-9454.",
+        "The SSN printed on the sample card in wallets was 078-05-1120, which thousands of people then used.",
+        "Q: What is 9876543210123 * 2? A: 19753086420246",
+        "Let n = 4532015112830366; then n mod 9 = 3.",
+        "Answer: $$\\frac{4532015112830366}{2} = 2266007556415183$$",
+        "pip install torch==2.1.0 numpy==1.26.4",
+        "Timestamp 2023-10-05T14:48:00.000Z, id 550e8400-e29b-41d4-a716-446655440000",
+        "ISBN-13: 978-3-16-148410-0; DOI 10.1000/182; coordinates 40.7128, -74.0060",
+        "self.password = password\nsecret = b'\\x00\\x01'\npassword: ${{ secrets.DB_PASSWORD }}",
     ]
     for t in chat_neg:
         out.append(("chat", t))
@@ -234,6 +243,9 @@ def pii_items() -> list[dict]:
                     r.choice([".", " yesterday.", " please.", ""])))
     out.append(("chat", "My home router shows ", ("ip", "2a02:8071:" + g.s("0123456789abcdef", 4) + ":" + g.s("0123456789abcdef", 4) + "::" + g.s("0123456789abcdef", 3)), "."))
     out.append(("chat", "Server at ", ("ip", "192.168.10.254"), " is down."))
+    out.append(("chat", "Call me on ", ("phone", "1-415-867-5309"), " tonight."))
+    out.append(("code", "const apiKey = '", ("secret", "AIza" + g.s(L + U + D, 35)), "';"))
+    out.append(("code", "client_secret=", ("secret", "GOCSPX-" + g.s(L + U + D, 22)), "\n"))
     out.append(("chat", "Wire it to IBAN ", ("iban", "GB82 WEST 1234 5698 7654 32"), " please."))
     out.append(("chat", "Username: priya_p\nPassword: ", ("secret", g.s(L + U + D, 10) + "$"), "\nDon't share it."))
 

@@ -6,7 +6,7 @@ PII types (each replaced by its placeholder, counted per type, and listed for au
                                 *.example, *.test, *.invalid, *.localhost), ``git@github.com``-style
                                 remotes and ``icon@2x.png`` file names are left alone
     phone        <PHONE>        international (+CC ...) and national formats, 7-15 digits; the fictional
-                                NANP range 555-0100..0199 is left alone
+                                NANP range 555-0100..0199 and toll-free business lines (1-800-...) are left alone
     ip           <IP_ADDRESS>   IPv4 and IPv6 (validated with ``ipaddress``); documentation ranges
                                 (192.0.2.0/24, 198.51.100.0/24, 203.0.113.0/24, 2001:db8::/32), loopback,
                                 unspecified, link-local, multicast, reserved, netmasks, public DNS
@@ -15,7 +15,7 @@ PII types (each replaced by its placeholder, counted per type, and listed for au
                                 visa, ...) or written in card groups (``4111 1111 1111 1111``) with a card
                                 network prefix: a long number alone is not a card (one in ten passes Luhn)
     iban         <IBAN>         ISO 13616, mod-97-checked
-    ssn          <SSN>          US ``123-45-6789`` (invalid area/group/serial excluded)
+    ssn          <SSN>          US ``123-45-6789`` (invalid area/group/serial and published examples excluded)
     secret       <SECRET>       known key shapes (AWS ``AKIA...``, GitHub ``ghp_``/``github_pat_``, Slack
                                 ``xox?-``, OpenAI ``sk-...``, Hugging Face ``hf_...``, Google ``AIza...``,
                                 JWTs, ``Bearer`` tokens, private-key blocks, URL passwords) and ``password=`` /
@@ -95,7 +95,7 @@ _PHONE = re.compile(
     r"(?<![\w+])(?:"
     r"\+\d{1,3}[ .-]?(?:\(\d{1,4}\)[ .-]?)?\d{1,4}(?:[ .-]?\d{2,4}){1,4}"  # +CC ...
     r"|\(\d{3}\)[ .-]?\d{3}[ .-]\d{4}"  # (555) 123-4567
-    r"|\d{3}[.-]\d{3}[.-]\d{4}"  # 555-123-4567
+    r"|(?:1[ .-])?\d{3}[.-]\d{3}[.-]\d{4}"  # 555-123-4567, 1-800-273-8255
     r"|0\d{1,4}[ /.-]\d{2,4}(?:[ .-]\d{2,4}){1,3}"  # 030 1234 5678, 020 7946 0958
     r")(?![\w])"
 )
@@ -216,7 +216,8 @@ class Scrubber:
             if "credit_card" in t:
                 cands += [(m.start(), m.end(), "credit_card") for m in _CARD.finditer(text) if _card_ok(text, m.start(), m.end())]
             if "ssn" in t and "-" in text:
-                cands += [(m.start(), m.end(), "ssn") for m in _SSN.finditer(text) if _number_ok(text, m.start(), m.end(), "ssn")]
+                cands += [(m.start(), m.end(), "ssn") for m in _SSN.finditer(text)
+                          if m.group(0) not in _EXAMPLE_SSNS and _number_ok(text, m.start(), m.end(), "ssn")]
             if "ip" in t and "." in text:
                 cands += [(m.start(), m.end(), "ip") for m in _IPV4.finditer(text) if _ip_ok(m.group(0), text, m.start())]
             if "phone" in t:
@@ -415,9 +416,17 @@ def _phones(text: str) -> list[tuple[int, int, str]]:
                 continue
         if re.search(r"(?<!\d)555[ .-]?01\d\d$", text[s:end]):
             continue  # NANP 555-0100..0199: reserved for fiction
+        if re.fullmatch(r"\d{3}-\d{2}-\d{4}", text[s:end]):
+            continue  # SSN-shaped: the SSN check decides
+        if _TOLL_FREE.match(text[s:end]):
+            continue  # a business's toll-free line (1-800-...), not a person's
         if _number_ok(text, s, end, "phone"):
             out.append((s, end, "phone"))
     return out
+
+
+_TOLL_FREE = re.compile(r"^(?:\+?1[ .-]?)?\(?8(?:00|33|44|55|66|77|88)\)?[ .-]")
+_EXAMPLE_SSNS = {"078-05-1120", "219-09-9999", "457-55-5462"}  # printed in advertising and wallets: published examples
 
 
 def _phone_ok(s: str) -> bool:
