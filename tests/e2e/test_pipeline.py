@@ -117,7 +117,10 @@ def test_bad_checksum_is_ignored_and_rebuilt(pipe, capsys):
     assert st["evaluate"] == "ran" and st["train"] == "reused" and st["prepare"] == "reused"
     assert "warning" in out and "sha256" in out and "runs again" in out
     assert next(s for s in rec["steps"] if s["id"] == "evaluate")["warning"]
-    assert json.loads(f.read_text())["baseline"] == json.loads(good)["baseline"]  # rebuilt: same content again
+    # rebuilt: the same content again, beside the changed copy, which trainpipe cannot prove its own and so never replaces (issue 22)
+    rebuilt = Path(next(s for s in rec["steps"] if s["id"] == "evaluate")["outputs"]["metrics"]["uri"].removeprefix("file://"))
+    assert rebuilt != f and json.loads(rebuilt.read_text())["baseline"] == json.loads(good)["baseline"]
+    assert f.read_text() == good.replace("baseline", "basel1ne")
     # the same result, so everything after it is reused
     assert st["export"] == "reused" and st["report"] == "reused"
 

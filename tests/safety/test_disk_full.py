@@ -202,7 +202,8 @@ def test_write_json_on_a_full_disk_leaves_the_old_file_and_no_tmp_real_tmpfs(tmp
     with pytest.raises(OSError) as exc:
         write_json(target, {"big": "x" * 200_000})
     assert exc.value.errno == 28
-    assert target.read_bytes() == before and sorted(p.name for p in disk.iterdir()) == ["summary.json"]
+    # the file as it was, no temporary; `.trainpipe-owned.json` is the ownership manifest that recorded the first write (issue 22)
+    assert target.read_bytes() == before and sorted(p.name for p in disk.iterdir()) == [".trainpipe-owned.json", "summary.json"]
 
 
 def test_data_cache_entry_on_a_full_disk_leaves_no_tmp_real_tmpfs(tmpfs):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,10 +115,15 @@ class StepCache:
 
     def save(self, step: str, key: str, parts: dict, outputs: dict[str, Path], *, types: dict[str, str], lineage: dict, seconds: float,
              exclude: tuple[str, ...] = ()) -> dict:
-        """Upload `outputs` (name -> local file or folder) and write the entry last."""
+        """Upload `outputs` (name -> local file or folder) and write the entry last. Where the output's usual key holds
+        something the ownership rule does not prove trainpipe's (an earlier copy changed since it was written: the entry
+        that listed it failed verification), the rebuilt output goes beside it under a new name, and the changed copy is
+        left as it is (`cache gc` reports it, never deletes it)."""
         recorded = {}
         for name, local in outputs.items():
             ak = self.artifact_key(step, key, name)
+            if not self.store.replaceable(ak):
+                ak = f"{ak}.rebuilt-{uuid.uuid4().hex[:8]}"
             files = self.store.put_path(Path(local), ak, exclude=exclude)
             recorded[name] = {"key": ak, "uri": self.store.uri(ak), "type": types.get(name), "files": files, "digest": digest_of(files),
                               "kind": "file" if list(files) == [""] else "folder"}
@@ -155,7 +161,7 @@ class StepCache:
         for name, o in e["outputs"].items():
             if not (isinstance(o, dict) and isinstance(o.get("key"), str) and isinstance(o.get("files"), dict)):
                 continue
-            if o["key"] != self.artifact_key(e["step"], e["key"], name):
+            if not o["key"].startswith(f"artifacts/{e['step']}/{e['key']}/") or ".." in o["key"].split("/"):
                 continue  # an entry never lists anything outside its own artefact folder
             if everything_proven and self.store.owned(o["key"]):
                 removed.append(o["key"])

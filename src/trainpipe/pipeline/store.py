@@ -214,8 +214,14 @@ class ArtifactStore:
         return h.hexdigest()
 
     def materialize(self, key: str, dest: Path) -> Path:
-        """Copy a stored folder (or file) to the local `dest`, through `dest.tmp-*` and a rename."""
+        """Copy a stored folder (or file) to the local `dest`, through `dest.tmp-*` and a rename. An existing `dest` is
+        replaced only when the ownership rule proves every entry of it trainpipe's (OwnershipError, nothing copied or
+        deleted, otherwise)."""
         dest = Path(dest)
+        if dest.is_dir() and not dest.is_symlink():
+            ownership.check_clearable(dest, what=f"the local copy of the artefact `{key}`")
+        elif dest.exists() or dest.is_symlink():
+            ownership.check_writable(dest, what=f"the local copy of the artefact `{key}`")
         tmp = dest.with_name(f"{dest.name}.tmp-{uuid.uuid4().hex[:8]}")
         try:
             src = self.path(key)
@@ -351,6 +357,14 @@ class ArtifactStore:
                 self._prune(p.rsplit("/", 1)[0])
         elif self.fs.exists(p):
             self.fs.rm(p, recursive=True)
+
+    def replaceable(self, key: str) -> bool:
+        """Whether writing `key` may replace what is there: nothing there, or (a local store) what the ownership rule proves
+        trainpipe's; a remote store (no manifest) always."""
+        if not self.local:
+            return True
+        p = Path(self.path(key))
+        return not (p.exists() or p.is_symlink()) or ownership.is_ours(p)
 
     def owned(self, key: str) -> bool:
         """Whether the ownership manifest proves `key` trainpipe's (a local store; a remote one has no manifest: False)."""
