@@ -121,6 +121,13 @@ def test_other_numeric_option_out_of_range(proj, capsys, argv, expect):
     refused([str(proj) if a == "{cfg}" else a for a in argv], capsys, proj.parent, expect=expect)
 
 
+@pytest.mark.parametrize("flag", ["--gpu-file", "--data"])
+def test_plan_binary_file_option(tmp_path, monkeypatch, capsys, flag):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "blob.jsonl").write_bytes(bytes(range(128, 256)) * 40)
+    refused(["plan", "--model", MODEL, "--gpu", "H100", flag, "blob.jsonl"], capsys, tmp_path, expect="UTF-8")
+
+
 # --------------------------------------------------------------------------- cron
 
 

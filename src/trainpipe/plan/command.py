@@ -668,6 +668,7 @@ def plan_command(*, config=None, overrides=(), model=None, as_json=False, gpu=No
     `trace`: also run the chosen setup's training step on fake tensors (plan/trace.py, imported only then: the default path
     stays fast) and show its exact peak next to the estimate."""
     check_flags(num_gpus=num_gpus, nodes=nodes, **flags)
+    check_files(gpu_file=flags.get("gpu_file"), data=flags.get("data"))
     if config is None and model is None:
         raise PlanError("`trainpipe plan` needs a run config (`trainpipe plan run.yaml`) or `--model NAME_OR_PATH` (a catalog hub id or a folder with config.json).")
     if config is not None:
@@ -712,6 +713,35 @@ def check_flags(**flags) -> None:
                              "fix": "Give a share such as `--mfu 0.35` (35 %), or leave it out for the default by GPU, method and size."}),
         ("--host-ram-gib", f("host_ram_gib"), {**POSITIVE, "what": "the host RAM per GPU in GiB"}),
     )
+
+
+def check_files(*, gpu_file=None, data=None) -> None:
+    """`--gpu-file` and the files `--data` names are text (UTF-8) before anything reads them: a binary file ended in a
+    raw UnicodeDecodeError (issue 22). OptionError (exit 2) names the file."""
+    import codecs
+
+    from trainpipe.cli_numbers import OptionError
+
+    named = [("--gpu-file", gpu_file, "a GPU catalog JSON in the format of plan/data/gpus.json")] if gpu_file else []
+    for d in data or ():
+        p = Path(d)
+        if p.is_dir():  # objective.kind_of_file reads the folder's first data file
+            first = (sorted(p.glob("*.jsonl")) + sorted(p.glob("*.json")) + sorted(p.glob("*.txt")))[:1]
+            named += [("--data", f, "a data file (JSONL, JSON or text)") for f in first]
+        elif p.is_file():
+            named.append(("--data", p, "a data file (JSONL, JSON or text)"))
+    for flag, path, what in named:
+        if Path(path).is_dir():
+            raise OptionError(f"`{flag} {path}` is a folder; {flag} takes {what}.")
+        try:
+            with open(path, "rb") as fh:
+                head = fh.read(1 << 16)
+            codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
+        except UnicodeDecodeError as exc:
+            raise OptionError(f"`{flag} {path}` is not UTF-8 text (byte 0x{head[exc.start]:02x} at offset {exc.start}): is it a binary file? "
+                              f"{flag} takes {what}.") from None
+        except OSError as exc:
+            raise OptionError(f"`{flag} {path}` cannot be read ({exc.strerror or exc}); {flag} takes {what}.") from None
 
 
 def _show_trace(t: dict) -> None:
