@@ -94,3 +94,30 @@ def test_decontaminator_ignores_ngrams_in_many_records():
     assert hits[3] == ("one two three four", "eval 2", 0.5)  # half of the reference's n-grams
     assert hits[4] is None  # 1 of the 5 n-grams of "eval 3": a phrase in common, not a copy
     assert isinstance(arrays[0][1], np.ndarray)
+
+
+TOOLS_SYSTEM = ("You are a helpful assistant with access to the following functions. Use them if required. "
+                '[{"name": "get_weather", "description": "Get the current weather in a given city", "parameters": {"type": "object", '
+                '"properties": {"city": {"type": "string", "description": "The city name"}}, "required": ["city"]}}, '
+                '{"name": "convert_currency", "description": "Convert an amount from one currency to another", "parameters": '
+                '{"type": "object", "properties": {"amount": {"type": "number"}, "from": {"type": "string"}, "to": {"type": "string"}}}}]')
+
+
+def test_tool_call_dialogues_sharing_a_system_prompt_lose_nothing(tmp_path, tok):
+    cities = ["Paris", "Lagos", "Lima", "Oslo", "Hanoi", "Quito", "Perth", "Cairo", "Dhaka", "Riga"]
+    rows = []
+    for i in range(60):
+        c = cities[i % 10]
+        rows.append({"messages": [
+            {"role": "system", "content": TOOLS_SYSTEM},
+            {"role": "user", "content": f"Ticket {i}: " + " ".join(f"note{i}x{k}" for k in range(12)) + f". What's the weather like in {c} right now?"},
+            {"role": "assistant", "content": f'{{"name": "get_weather", "arguments": {{"city": "{c}"}}}}'},
+            {"role": "tool", "content": f'{{"temperature": {10 + i % 17}, "condition": "clear", "ticket": {i}}}'},
+            {"role": "assistant", "content": f"The current weather in {c} is {10 + i % 17} degrees Celsius and the sky is clear. "
+                                             "Let me know if there is anything else I can help you with today."},
+        ]})
+    p = tmp_path / "tools.jsonl"
+    p.write_text("".join(json.dumps(x) + "\n" for x in rows))
+    r = prepare(_cfg(tmp_path, [{"path": str(p)}], eval_split=6, max_length=1024), tok, train_on="assistant", seed=0).report
+    assert r["dropped"] == {}, (r["dropped"], r["decontamination"]["drops"][:3])
+    assert r["splits"]["train"]["records"] == 54 and r["decontamination"]["boilerplate_ngrams_ignored"] > 0
