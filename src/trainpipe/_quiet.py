@@ -19,12 +19,26 @@
   whenever the old property is read; peft and transformers' own code still read it. Only that FutureWarning, raised
   from transformers' modeling_utils, is ignored.
 
-Nothing here imports bitsandbytes, kernels, deepspeed, torch or transformers: logging filters and a warnings filter only.
+- Optuna warns `ExperimentalWarning` for the experimental features trainpipe chose on purpose (samplers' options, the
+  grid sampler's options ...) and logs an INFO line for each study and trial, which `trainpipe tune` / `automl` already
+  report in their own words. Once optuna is imported (by whoever), its `ExperimentalWarning` category is ignored and
+  its logger set to WARNING: its warnings and errors still show.
+- Progress bars of datasets, transformers and huggingface_hub (tqdm: "Loading weights", "Map", "Writing model shards")
+  when stderr is not a terminal (a log file, a CI job, a pipe) are a wall of carriage returns in the log: turned off
+  there (HF_DATASETS_DISABLE_PROGRESS_BARS / HF_HUB_DISABLE_PROGRESS_BARS, the libraries' own switches, unless the
+  user set them). In a terminal they stay.
+
+Nothing here imports bitsandbytes, kernels, deepspeed, torch, transformers or optuna: logging filters, warnings filters,
+environment defaults, and a hook that runs once optuna itself is imported.
 """
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
 import logging
+import os
+import sys
 import warnings
 
 BNB_LOGGER = "bitsandbytes.backends.cpu.ops"
@@ -104,8 +118,95 @@ def _add(logger_name: str, cls: type[logging.Filter]) -> None:
         logger.addFilter(cls())
 
 
+PROGRESS_SWITCHES = ("HF_DATASETS_DISABLE_PROGRESS_BARS", "HF_HUB_DISABLE_PROGRESS_BARS")
+
+
+def _stderr_is_terminal() -> bool:
+    try:
+        return sys.stderr is not None and sys.stderr.isatty()
+    except (AttributeError, ValueError):  # a closed or replaced stream
+        return False
+
+
+def _no_progress_bars_off_terminal() -> None:
+    """The libraries' own switches, set before they are imported (a user's explicit setting wins); for one already
+    imported (a script that imported transformers first), its switch function."""
+    if _stderr_is_terminal():
+        return
+    for var in PROGRESS_SWITCHES:
+        os.environ.setdefault(var, "1")
+    if os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS") != "1":
+        return
+    if "huggingface_hub" in sys.modules:
+        sys.modules["huggingface_hub"].utils.disable_progress_bars()
+    if "transformers.utils.logging" in sys.modules:
+        sys.modules["transformers.utils.logging"].disable_progress_bar()
+    if "datasets" in sys.modules and os.environ.get("HF_DATASETS_DISABLE_PROGRESS_BARS") == "1":
+        sys.modules["datasets"].disable_progress_bars()
+
+
+def _quiet_optuna_exceptions(module) -> None:
+    warnings.filterwarnings("ignore", category=module.ExperimentalWarning)
+
+
+def _quiet_optuna_logging(module) -> None:
+    module.set_verbosity(logging.WARNING)
+
+
+def _fold_typer_help(module) -> None:
+    from trainpipe.ui import fold_help_text
+
+    fold_help_text(module)
+
+
+# not noise but the same hook: typer's help cut a long word with "…" (trainpipe.ui.fold_help_text)
+AFTER_IMPORT = {"optuna.exceptions": _quiet_optuna_exceptions, "optuna.logging": _quiet_optuna_logging, "typer.rich_utils": _fold_typer_help}
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``AFTER_IMPORT[name](module)`` right after the module ``name`` is imported (by anyone): the module is found
+    by the finders that come after this one and loaded by its own loader; only its ``exec_module`` is followed."""
+
+    def find_spec(self, fullname, path, target=None):
+        then = AFTER_IMPORT.get(fullname)
+        if then is None:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+
+        class _Then(type(loader)):
+            def exec_module(self, module):
+                super().exec_module(module)
+                then(module)
+
+        try:
+            loader.__class__ = _Then
+        except TypeError:  # a loader whose class cannot change: the module loads as it is, unfiltered
+            pass
+        return spec
+
+
+def _follow_imports() -> None:
+    for name, then in AFTER_IMPORT.items():
+        if name in sys.modules:
+            then(sys.modules[name])
+    if not any(isinstance(f, _AfterImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport())
+
+
 def install() -> None:
     _add(BNB_LOGGER, _KernelUnavailable)
     _add(KERNELS_HUB_LOGGER, _OfflineTrustSkip)
     _add(DEEPSPEED_LOGGER, _NoGpuToDetect)
     warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning, module=r"transformers\.modeling_utils")
+    _no_progress_bars_off_terminal()
+    _follow_imports()

@@ -88,3 +88,22 @@ def _fmt(v) -> str:
 
 def is_tty() -> bool:
     return sys.stdout.isatty()
+
+
+def fold_help_text(rich_utils) -> None:
+    """Typer's help (`--help`) puts each option's help in a column of what the terminal leaves; a word wider than that
+    (a list of choices `auto|full|freeze|lora|qlora`, `--set training.learning_rate=1e-4`) was cut with "…". Every
+    help text typer builds folds instead: the whole word shows, over two lines. Applied once typer's ``rich_utils`` is
+    imported (trainpipe._quiet follows that import), so a command that prints no help imports no rich."""
+    make = rich_utils._make_rich_text
+    if getattr(make, "trainpipe_fold", False):
+        return
+
+    def _make_rich_text(*args, **kwargs):
+        out = make(*args, **kwargs)
+        if isinstance(out, Text):
+            out.overflow = "fold"
+        return out
+
+    _make_rich_text.trainpipe_fold = True
+    rich_utils._make_rich_text = _make_rich_text

@@ -15,6 +15,11 @@ and then only that file's functions are resolved (by lm-eval's own loader). The 
 not the folder, so it scans nothing. Without `allow_task_code` the task's Jinja templates (`doc_to_text`, ...) are
 rendered in Jinja's sandbox: lm-eval's own environment is not sandboxed, and a template could reach `os.system`.
 
+What the harness prints that says nothing to a trainpipe user is silenced at its source while it runs (see
+:func:`_quiet_harness`): its two warnings that a model object was passed (trainpipe does so on purpose), its tqdm bars
+when stderr is not a terminal, and git's "fatal: not a git repository" from the version lookup it records in its
+results (trainpipe keeps none of that record). Its other warnings and errors still show.
+
 Results: ``{task: {"metric": name, "value": x, "metrics": {...}, "samples": n}}``; the recipe stores baseline and
 final side by side in summary.json (`benchmarks`).
 """
@@ -154,6 +159,73 @@ def _local_task_config(task: str, include_path: str, *, allow_code: bool = False
     return cfg
 
 
+HARNESS_MODEL_LOGGER = "lm_eval.models.huggingface"
+# lm-eval warns these whenever it is handed a model object rather than a name: trainpipe always hands it the model it trains
+HARNESS_MODEL_OBJECT_WARNINGS = ("`pretrained` model kwarg is not of type `str`.", "Passed an already-initialized model through `pretrained`")
+HARNESS_TQDM_MODULES = ("lm_eval.api.task", "lm_eval.api.model", "lm_eval.models.huggingface")
+
+
+class _ModelObjectWarning:
+    """Drops lm-eval's two records about receiving a model object (nothing else of its model module)."""
+
+    def filter(self, record) -> bool:
+        return not str(record.msg).startswith(HARNESS_MODEL_OBJECT_WARNINGS)
+
+
+def _git_hash_quietly():
+    """lm-eval's ``get_git_commit_hash`` without git's own stderr ("fatal: not a git repository" outside a checkout):
+    the same lookup, `git describe --always` in the working directory, then the `.git` folder read directly."""
+    import os
+    import subprocess
+
+    from lm_eval.loggers.utils import get_commit_from_path
+
+    try:
+        return subprocess.check_output(["git", "describe", "--always"], stderr=subprocess.DEVNULL).strip().decode()  # noqa: S607
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        return get_commit_from_path(os.getcwd())
+
+
+def _no_bar(tqdm_cls):
+    def tqdm(*args, **kwargs):
+        kwargs["disable"] = True
+        return tqdm_cls(*args, **kwargs)
+
+    return tqdm
+
+
+@contextlib.contextmanager
+def _quiet_harness():
+    """While the harness runs: its git lookup without git's stderr, and no tqdm bars where stderr is not a terminal.
+    The module attributes are put back afterwards."""
+    import importlib
+    import logging
+    import sys
+
+    import lm_eval.evaluator as lm_evaluator
+
+    log = logging.getLogger(HARNESS_MODEL_LOGGER)
+    if not any(isinstance(f, _ModelObjectWarning) for f in log.filters):
+        log.addFilter(_ModelObjectWarning())
+    saved = [(lm_evaluator, "get_git_commit_hash", lm_evaluator.get_git_commit_hash)]
+    lm_evaluator.get_git_commit_hash = _git_hash_quietly
+    try:
+        terminal = sys.stderr is not None and sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        terminal = False
+    if not terminal:
+        for name in HARNESS_TQDM_MODULES:
+            mod = importlib.import_module(name)
+            if hasattr(mod, "tqdm"):
+                saved.append((mod, "tqdm", mod.tqdm))
+                mod.tqdm = _no_bar(mod.tqdm)
+    try:
+        yield
+    finally:
+        for mod, attr, old in reversed(saved):
+            setattr(mod, attr, old)
+
+
 @contextlib.contextmanager
 def _sandboxed_templates(on: bool):
     """lm-eval renders every task template through ``lm_eval.utils.env``, a plain Jinja Environment; while ``on``, it is
@@ -206,9 +278,11 @@ def run_benchmarks(model, tokenizer, specs, *, batch_size: int = 8, phase: str =
     model.eval()
     device = str(next(model.parameters()).device)
     side = tokenizer.padding_side
-    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=device, trust_remote_code=False)
     out: dict = {}
+    quiet = _quiet_harness()
+    quiet.__enter__()
     try:
+        lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=device, trust_remote_code=False)
         for spec, task, sandbox in tasks:
             # a local task is handed over loaded: the harness indexes no folder (include_path=None), nor its own thousands of YAMLs
             tm = TaskManager(include_path=None, include_defaults=isinstance(task, str))
@@ -237,6 +311,7 @@ def run_benchmarks(model, tokenizer, specs, *, batch_size: int = 8, phase: str =
             n = (res.get("n-samples") or {}).get(spec.task, {})
             out[spec.task] = {"metric": metric, "value": metrics[metric], "metrics": metrics, "samples": n.get("effective", n.get("original"))}
     finally:
+        quiet.__exit__(None, None, None)
         tokenizer.padding_side = side
         model.train(was_training)
     return out

@@ -1,8 +1,25 @@
-"""The plan as tables: decisions with their rules, the memory breakdown, compute and cost."""
+"""The plan as tables: decisions with their rules, the memory breakdown, compute and cost.
+
+The tables fit the console (COLUMNS, 80 when piped) without cutting anything: the short columns (a setting's name, its
+value, where it came from, the figures) keep their whole width and never wrap, the prose columns (rule, what to watch)
+wrap at spaces, and nothing is ever cut off with "…": a cell too wide for what is left folds onto the next line."""
 
 from __future__ import annotations
 
 GIB = 1024**3
+PROSE_MIN = 14  # the narrowest a rule / what-to-watch column may get before the table gives way to a list
+
+
+def _whole_width(heads, columns) -> int:
+    """The width of a table whose every word (of a header or a cell) stays whole: 3 per column of borders and padding."""
+    return sum(max([*(len(w) for w in h.split()), *(len(c) for c in cells)]) for h, cells in zip(heads, columns)) + 3 * len(heads) + 1
+
+
+def _indented(text: str):
+    from rich.padding import Padding
+    from rich.text import Text
+
+    return Padding(Text(text), (0, 0, 0, 4))
 
 
 def _gib(x) -> str:
@@ -26,18 +43,34 @@ def print_plan(plan: dict) -> None:
         con.print(f"note: {n}", markup=False, soft_wrap=True)
     with_source = any("source" in d for d in plan["decision"])
     t = Table(title="plan (what `trainpipe run` executes)" if with_source else "decisions")
-    for c in ("choice", "value", *(("from",) if with_source else ()), "rule", "what to watch"):
-        t.add_column(c, overflow="fold")
-    for d in plan["decision"]:
-        t.add_row(d["key"], str(d["value"]), *((d.get("source", ""),) if with_source else ()), d["rule"], d.get("watch", ""))
-    con.print(t)
+    short = [[d["key"] for d in plan["decision"]], [str(d["value"]) for d in plan["decision"]]]
+    if with_source:
+        short.append([d.get("source", "") for d in plan["decision"]])
+    heads = ("choice", "value", "from")[:len(short)]
+    # the short columns whole (never wrapped), the prose folded into what is left; 3 per column of borders and padding
+    if _whole_width(heads, short) + 2 * (PROSE_MIN + 3) <= con.width:
+        for h in heads:
+            t.add_column(h, no_wrap=True)
+        for c in ("rule", "what to watch"):
+            t.add_column(c, overflow="fold")
+        for d in plan["decision"]:
+            t.add_row(d["key"], str(d["value"]), *((d.get("source", ""),) if with_source else ()), d["rule"], d.get("watch", ""))
+        con.print(t)
+    else:  # too narrow for a table that cuts nothing: one entry per choice, wrapped at spaces
+        con.print(t.title, markup=False, soft_wrap=False, style="italic")
+        for d in plan["decision"]:
+            src = f" (from {d['source']})" if with_source and d.get("source") else ""
+            con.print(f"{d['key']} = {d['value']}{src}", markup=False, highlight=False, style="bold")
+            con.print(_indented(f"rule: {d['rule']}"))
+            if d.get("watch"):
+                con.print(_indented(f"watch: {d['watch']}"))
     pd = plan["memory"]["per_device"]
     if pd is None:
         pd = {}
     if pd:
         mt = Table(title="memory per device (GiB)")
-        mt.add_column("piece")
-        mt.add_column("GiB", justify="right")
+        mt.add_column("piece", overflow="fold")
+        mt.add_column("GiB", justify="right", overflow="fold")
         for k in ("weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes", "overhead_bytes", "total_bytes"):
             mt.add_row(k.replace("_bytes", ""), _gib(pd[k]))
         if pd.get("cpu_offload_bytes"):
@@ -68,8 +101,16 @@ def print_plan(plan: dict) -> None:
     if plan.get("ranking"):
         by_time = (plan.get("headline") or {}).get("objective") == "time"
         rt = Table(title="fastest setups that fit" if by_time else "cheapest setups that fit")
-        for col in ("gpu", "n", "method", "strategy", "hours", "on-demand $", "spot $", "memory margin GiB"):
-            rt.add_column(col)
-        for row in plan["ranking"]:
-            rt.add_row(row["gpu"], str(row["num_gpus"]), row["method"], row["strategy"], f"{row['hours']:.2f}", f"{row['on_demand_usd']:,.2f}", f"{row['spot_usd']:,.2f}", f"{row['memory_margin_gib']:.1f}")
-        con.print(rt)
+        rows = [(row["gpu"], str(row["num_gpus"]), row["method"], row["strategy"], f"{row['hours']:.2f}", f"{row['on_demand_usd']:,.2f}",
+                 f"{row['spot_usd']:,.2f}", f"{row['memory_margin_gib']:.1f}") for row in plan["ranking"]]
+        heads = ("gpu", "n", "method", "strategy", "hours", "on-demand $", "spot $", "memory margin GiB")
+        for i, col in enumerate(heads):  # a header wraps at its spaces; a cell (a GPU name, a figure) is one word
+            rt.add_column(col, overflow="fold", justify="left" if i in (0, 2, 3) else "right")
+        for r in rows:
+            rt.add_row(*r)
+        if _whole_width(heads, list(zip(*rows)) if rows else [()] * len(heads)) <= con.width:
+            con.print(rt)
+        else:  # too narrow: one line per setup, wrapped at spaces
+            con.print(rt.title, markup=False, style="italic")
+            for i, r in enumerate(rows, 1):
+                con.print(f"{i}. {r[0]} x {r[1]}, {r[2]}, {r[3]}: {r[4]} h, on-demand ${r[5]}, spot ${r[6]}, memory margin {r[7]} GiB", markup=False, highlight=False)
