@@ -46,7 +46,7 @@ from pathlib import Path
 
 from trainpipe import ownership as owned
 from trainpipe.errors import RunDirError
-from trainpipe.train.checkpoints import RUN_MARKER as MARKER
+from trainpipe.train.checkpoints import RUN_MARKER as MARKER, drop_manifest_tmp
 LOCK = ".trainpipe.lock"
 MANIFEST = owned.MANIFEST
 # every name trainpipe writes at the top of a run folder (run.py's contract, stages/adapters roots, export, report)
@@ -129,7 +129,11 @@ def seal(folder: Path, parts: Iterable[str] = ()) -> None:
     folder = Path(folder)
     if folder.is_dir():
         parts = list(parts)
-        owned.seal(folder, lambda p: is_artefact(p, parts))
+        try:
+            owned.seal(folder, lambda p: is_artefact(p, parts))
+        except OSError:  # a full disk: no half-written manifest left beside the old one
+            drop_manifest_tmp(folder)
+            raise
 
 
 def begin(folder: Path, parts: Iterable[str] = ()) -> None:
@@ -139,9 +143,13 @@ def begin(folder: Path, parts: Iterable[str] = ()) -> None:
     parts = list(parts)
     seal(folder, parts)
     pending = set(owned.read_manifest(folder)["pending"])
-    for name in sorted(ARTEFACTS | set(parts)):
-        if name not in pending:
-            owned.intend(folder, name)
+    try:
+        for name in sorted(ARTEFACTS | set(parts)):
+            if name not in pending:
+                owned.intend(folder, name)
+    except OSError:
+        drop_manifest_tmp(folder)
+        raise
 
 
 # ----------------------------------------------------------------------------- protected paths

@@ -83,6 +83,18 @@ def write_error(exc: BaseException, where: Path | None = None) -> OSError | None
 
 
 
+def drop_manifest_tmp(folder: Path) -> None:
+    """Remove this process's half-written manifest temporaries in ``folder`` (ownership.py leaves one when its write of
+    `.trainpipe-owned.json` fails, e.g. on a full disk)."""
+    from trainpipe import ownership
+
+    for p in Path(folder).glob(f"{ownership.MANIFEST}.tmp-{os.getpid()}-*"):
+        try:
+            p.unlink()
+        except OSError:
+            pass
+
+
 def _fsync_file(path: Path) -> None:
     with open(path, "rb") as fh:
         os.fsync(fh.fileno())
@@ -208,8 +220,8 @@ class CheckpointManager:
 
         final = self.root / f"step-{step}"
         tmp = self.root / f".tmp-step-{step}-{os.getpid()}"
-        self._intend(tmp.name)
         try:
+            self._intend(tmp.name)  # a full disk here is a failed write like any other (CheckpointWriteError)
             if tmp.exists():
                 shutil.rmtree(tmp)
             tmp.mkdir(parents=True)
@@ -237,13 +249,14 @@ class CheckpointManager:
                 shutil.rmtree(final)
             os.rename(tmp, final)
             _fsync_dir(self.root)
-            self._seal()
         except Exception as exc:  # OSError, or torch's RuntimeError / safetensors' SafetensorError around one
             shutil.rmtree(tmp, ignore_errors=True)
+            drop_manifest_tmp(self.root.parent)
             err = write_error(exc, self.root)
             if err is None:
                 raise
             raise CheckpointWriteError(err.errno, f"could not write checkpoint step-{step}: {err.strerror or err}") from exc
+        self._seal()
         return CheckpointInfo(final, step, metric, self.run_id, **{k: labels.get(k) for k in ("metric_name", "metric_value", "eval_loss")})
 
     def rotate(self) -> list[Path]:
@@ -280,11 +293,16 @@ class CheckpointManager:
         ownership.intend(top, f"{self.root.name}/{name}" if listed else self.root.name)
 
     def _seal(self) -> None:
-        """Fingerprint ``checkpoints/`` as it is now (after a save's rename, after a rotation) into the run's manifest."""
+        """Fingerprint ``checkpoints/`` as it is now (after a save's rename, after a rotation) into the run's manifest. A
+        manifest that cannot be rewritten (a full disk) leaves the checkpoint complete and its entry pending: still
+        provably the run's; the run's own seal at its end tries again."""
         from trainpipe import ownership
 
         if self._owned() and self.root.is_dir():
-            ownership.record(self.root)
+            try:
+                ownership.record(self.root)
+            except OSError:
+                drop_manifest_tmp(self.root.parent)
 
     # ----------------------------------------------------------------- reading
     @staticmethod
