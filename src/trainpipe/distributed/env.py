@@ -17,6 +17,8 @@ import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from trainpipe.errors import TrainpipeError
+
 
 @dataclass(frozen=True)
 class DistEnv:
@@ -141,11 +143,37 @@ def fit_accumulation(micro_batch: int, target_effective: int, world: int) -> int
 # ------------------------------------------------------------------------------ collectives (no-ops for one process)
 
 
+# what gloo / NCCL / the TCP store say on the ranks still waiting when another rank's process has ended
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator was aborted")
+
+
+def _peer_left(exc: BaseException) -> bool:
+    return isinstance(exc, RuntimeError) and any(p in str(exc) for p in PEER_GONE)
+
+
+class PeerLeft(TrainpipeError):
+    """This rank waited for the others and one of them had ended (it printed why). Not the run's own error: the CLI
+    reports it as one line on this rank's stderr, and `trainpipe run --nproc-per-node` not at all when the rank that
+    left said why (distributed/launch.py)."""
+
+    exit_code = 5
+    title = "another rank left the run"
+
+    def __init__(self, rank: int, cause: BaseException):
+        super().__init__(f"rank {rank} was waiting at a barrier when another rank's process ended "
+                         f"({' '.join(str(cause).split())[:200]}); that rank's own error says why.")
+
+
 def barrier() -> None:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
-        dist.barrier()
+        try:
+            dist.barrier()
+        except RuntimeError as exc:  # torch's DistBackendError too
+            if not _peer_left(exc):
+                raise
+            raise PeerLeft(dist.get_rank(), exc) from exc
 
 
 def broadcast_object(obj, src: int = 0):

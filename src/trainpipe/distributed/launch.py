@@ -4,18 +4,35 @@
   starts N workers (``python -m trainpipe.cli run CONFIG ...``) through torch's elastic agent, exactly as torchrun
   would (the same argument parser and launcher), waits for them and returns one exit code for the run.
 - :func:`torchrun_argv`: the torchrun command line for the same run (``trainpipe launch --emit torchrun``).
+
+A refusal is said once (issue 24). Each worker that stops on a trainpipe error (one paragraph, an exit code of its own)
+leaves that paragraph in the error file torch's agent gives it (``TORCHELASTIC_ERROR_FILE``; :func:`report_error`):
+rank 0 prints its own on the console as a single process would, the other ranks print nothing, and the launcher
+prints, once each, the paragraphs rank 0 did not (a rank that merely saw another one leave, `PeerLeft`, says nothing
+new). The agent's own lines about such a failure ("Sending process N closing signal SIGTERM", "failed (exitcode: 2)
+local_rank: 0 ...") are dropped; for a worker that crashed (a traceback, exit 1, a signal) they still show.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import os
 import re
 import shlex
 import sys
+import time
 import uuid
 
 from trainpipe.errors import TrainpipeError
 
 EXIT_PREEMPTED = 75
+# exit codes of a worker that printed its own paragraph: bad input 2, diverged 3, out of memory 4, a rank stopped
+# answering (or left) 5, a quality gate 6, a failed write 74, preempted 75, Ctrl-C 130
+EXPLAINED_EXIT_CODES = frozenset({2, 3, 4, 5, 6, 74, 75, 130})
+ELASTIC_API_LOGGER = "torch.distributed.elastic.multiprocessing.api"
+REPORTS_ENV = "TRAINPIPE_LAUNCHER_REPORTS"  # set by spawn() for its workers: the launcher says what rank 0 did not
+_REPORT_PREFIX = "trainpipe-error:"
 
 
 def torchrun_options(*, nproc: int, nnodes: int = 1, node_rank: int | None = None, rdzv_endpoint: str | None = None, run_id: str = "trainpipe") -> list[str]:
@@ -60,23 +77,125 @@ def spawn(worker_args: list[str], *, nproc: int, nnodes: int = 1, node_rank: int
     if args.master_port is None:
         args.master_port = 29500
     config, cmd, cmd_args = config_from_args(args)
+    agent_log = logging.getLogger(ELASTIC_API_LOGGER)
+    quiet = _ExplainedFailure()
+    agent_log.addFilter(quiet)
+    before = os.environ.get(REPORTS_ENV)
+    os.environ[REPORTS_ENV] = "1"  # the workers inherit the agent's environment
     try:
         elastic_launch(config, cmd)(*cmd_args)
         return 0
     except ChildFailedError as exc:
+        say_failures(exc)
         return exit_code(exc)
+    finally:
+        quiet.release()
+        agent_log.removeFilter(quiet)
+        if before is None:
+            os.environ.pop(REPORTS_ENV, None)
+        else:
+            os.environ[REPORTS_ENV] = before
+
+
+class _ExplainedFailure(logging.Filter):
+    """torch's agent logs "Sending process N closing signal SIGTERM" (stopping the other workers) and then "failed
+    (exitcode: C) local_rank: ..." for the first failure. The first kind is held until the second tells C: a code in
+    EXPLAINED_EXIT_CODES (the worker printed its paragraph) drops both; any other releases them, in order."""
+
+    def __init__(self):
+        super().__init__()
+        self.held: list[logging.LogRecord] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "trainpipe_released", False):
+            return True
+        msg = str(record.msg)
+        if msg.startswith("Sending process %s closing signal"):
+            self.held.append(record)
+            return False
+        if msg.startswith("failed (exitcode: %s)"):
+            code = record.args[0] if isinstance(record.args, tuple) and record.args else None
+            if code in EXPLAINED_EXIT_CODES:
+                self.held.clear()
+                return False
+            self.release()
+        return True
+
+    def release(self) -> None:
+        held, self.held = self.held, []
+        for record in held:
+            record.trainpipe_released = True
+            logging.getLogger(record.name).handle(record)
+
+
+def report_error(exc, *, main_rank: bool) -> None:
+    """A worker's trainpipe error, after rank 0 printed it on the console (the CLI does): under :func:`spawn`, left in
+    torch's error file for the launcher; under another launcher (torchrun, accelerate), a rank other than 0 prints it
+    on its stderr, one line."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if os.environ.get(REPORTS_ENV) == "1" and path:
+        from trainpipe.distributed.env import PeerLeft
+
+        note = {"title": exc.title, "message": exc.message, "exit_code": exc.exit_code, "printed": main_rank, "peer_left": isinstance(exc, PeerLeft)}
+        try:
+            from trainpipe import ownership
+
+            ownership.write_json(path, {"message": {"message": _REPORT_PREFIX + json.dumps(note),
+                                                    "extraInfo": {"py_callstack": "", "timestamp": str(int(time.time()))}}},
+                                 what="the worker's error report for its launcher")
+            return
+        except (OSError, TrainpipeError):  # no report: say it here, as under any launcher
+            pass
+    if not main_rank:
+        print(f"[rank {os.environ.get('RANK')}] {exc.title}: {exc.message}", file=sys.stderr, flush=True)
+
+
+def _report(failure) -> dict | None:
+    msg = getattr(failure, "message", None)
+    if isinstance(msg, str) and msg.startswith(_REPORT_PREFIX):
+        try:
+            return json.loads(msg[len(_REPORT_PREFIX):])
+        except ValueError:
+            return None
+    return None
+
+
+def say_failures(exc) -> None:
+    """Print, once each, the workers' paragraphs that rank 0 did not print itself; a rank that only saw another leave
+    is said only when no rank said more."""
+    from rich.markup import escape
+
+    from trainpipe import ui
+
+    reports = [(rank, r) for rank, f in sorted(exc.failures.items()) if (r := _report(f))]
+    printed = {(r["title"], r["message"]) for _, r in reports if r["printed"]}
+    said = [(rank, r) for rank, r in reports if not r["peer_left"]] or reports[:1]
+    for rank, r in said:
+        if (r["title"], r["message"]) in printed:
+            continue
+        printed.add((r["title"], r["message"]))
+        ui.console().print(f"[bold red]{escape(r['title'])} (rank {rank}):[/] {escape(r['message'])}", markup=True, highlight=False, soft_wrap=True)
 
 
 def exit_code(exc) -> int:
-    """One exit code for a failed set of workers (see :func:`spawn`)."""
-    _, first = exc.get_first_failure()
-    codes = [f.exitcode for f in exc.failures.values()]
+    """One exit code for a failed set of workers (see :func:`spawn`); a rank that only saw another leave does not count
+    while another rank failed."""
+    failures = exc.failures
+    if len(failures) > 1 and any(_peer(f) for f in failures.values()) and not all(_peer(f) for f in failures.values()):
+        failures = {k: f for k, f in failures.items() if not _peer(f)}
+    first = min(failures.values(), key=lambda f: f.timestamp)
+    codes = [f.exitcode for f in failures.values()]
     if first.exitcode > 0:
         return first.exitcode
     if EXIT_PREEMPTED in codes:
         return EXIT_PREEMPTED
     positive = [c for c in codes if c > 0]
     return positive[0] if positive else 128 + abs(first.exitcode) if first.exitcode < 0 else 1
+
+
+def _peer(failure) -> bool:
+    r = _report(failure)
+    return bool(r and r["peer_left"])
 
 
 def worker_args(config: str, sets: list[str], *, overwrite: bool, resume: bool) -> list[str]:
