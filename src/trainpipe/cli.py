@@ -829,8 +829,9 @@ def main(argv: list[str] | None = None) -> int:
         from trainpipe import ui
 
         ui.console().print(f"[bold red]{exc.title}:[/] {escape(exc.message)}", markup=True, highlight=False, soft_wrap=True)
-        if not _is_main_rank():  # ranks other than 0 print nothing on the console; their errors go to stderr
-            print(f"[rank {os.environ.get('RANK')}] {exc.title}: {exc.message}", file=sys.stderr, flush=True)
+        from trainpipe.distributed.launch import report_error  # a worker: its launcher says it once, or (rank > 0) its stderr
+
+        report_error(exc, main_rank=_is_main_rank())
         if exc.exit_code == 75 and argv is None:
             # preempted: the checkpoint is on disk; leave at once, skipping interpreter teardown (which can
             # abort in native thread pools while a signal-driven stop is in flight) so the exit code is ours
