@@ -182,7 +182,6 @@ def _check_args(args, kwargs, *, ints: bool) -> None:
 
 
 def _call_binop(env, context, op, left, right):
-    _tick()
     if op == "*":
         for seq, n in ((left, right), (right, left)):
             if _size(seq) and isinstance(n, int) and len(seq) * n > TEMPLATE_MAX_CHARS:
@@ -362,24 +361,34 @@ class Template:
         self.source = tokenizer.chat_template
         self.origin = str(getattr(tokenizer, "name_or_path", "") or "the tokenizer")
         self._compiled = _sandboxed(tokenizer.chat_template)
+        self._one_pass = name in BUILTIN and tokenizer.chat_template == BUILTIN[name][0]
         self._kwargs = {k: v for k, v in tokenizer.special_tokens_map.items()}
         self.specials = _special_strings(tokenizer)
         self._special_re = re.compile("|".join(re.escape(s) for s in self.specials)) if self.specials else None
 
     def render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
         """The template's text for ``messages``, within the sandbox's limits (a ModelLoadError past one)."""
+        return self._render(messages, add_generation_prompt)
+
+    def _render(self, messages: list[dict], add_generation_prompt: bool = False, generation: list | None = None) -> str:
+        """``render``; with ``generation`` (a list), the character spans of the template's ``{% generation %}`` blocks
+        are appended to it (transformers' AssistantTracker)."""
+        import contextlib
+
         from jinja2.exceptions import SecurityError
 
         with template_watch():
             _CLOCK.deadline = time.monotonic() + TEMPLATE_SECONDS
             parts, total = [], 0
+            track = self._compiled.environment.activate_tracker(parts, generation) if generation is not None else contextlib.nullcontext()
             try:
-                for piece in self._compiled.generate(messages=messages, tools=None, documents=None, add_generation_prompt=add_generation_prompt, **self._kwargs):
-                    total += len(piece)
-                    if total > TEMPLATE_MAX_CHARS:
-                        raise _Limit("chars")
-                    _tick()
-                    parts.append(piece)
+                with track:
+                    for piece in self._compiled.generate(messages=messages, tools=None, documents=None, add_generation_prompt=add_generation_prompt, **self._kwargs):
+                        total += len(piece)
+                        if total > TEMPLATE_MAX_CHARS:
+                            raise _Limit("chars")
+                        _tick()
+                        parts.append(piece)
             except _Limit as exc:
                 raise self._refused(exc.what) from None
             except RecursionError:
@@ -409,6 +418,14 @@ class Template:
 
     def spans(self, messages: list[dict], train_on: str = "assistant") -> tuple[str, list[tuple[int, int]], list[tuple[int, int]]]:
         """(rendered text, character spans that carry loss, spans that never do: tool outputs)."""
+        if self._one_pass and train_on != "all":
+            # a built-in template marks each reply and its end-of-turn token with {% generation %}: one render gives the
+            # spans the prefix renders below would (tests/unit/test_labels.py), at half the cost
+            gens: list = []
+            text = self._render(messages, generation=gens)
+            n = sum(1 for m in messages if m["role"] == "assistant")
+            if len(gens) == n:
+                return text, [tuple(g) for g in (gens[-1:] if train_on == "last_assistant" else gens)], []
         text = self.render(messages)
         masked = []
         if train_on == "all":
