@@ -478,6 +478,11 @@ def report(
 
     if not (run_dir / "events.jsonl").exists() and not (run_dir / "summary.json").exists():
         raise RunDirError(f"`{run_dir}` is not a run directory (no events.jsonl or summary.json). Pass the `output_dir` of a run.")
+    from trainpipe import ownership
+    from trainpipe.report.html import run_inputs
+
+    # before the gates write gates.json: a report.html trainpipe did not write (or an input of the page) is refused, nothing written
+    ownership.check_writable(run_dir / "report.html", what="the run's report page (report.html)", reads=run_inputs(run_dir))
     damaged = damage_notes(run_dir)  # damaged files: skipped with a counted warning, the report still written
     for note in damaged:
         typer.echo(f"warning: {note}", err=True)

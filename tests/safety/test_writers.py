@@ -183,8 +183,9 @@ def _run_dir(folder: Path, name: str = "r1") -> Path:
     return folder
 
 
-def test_report_never_replaces_a_users_report_html(tmp_path, capsys):
+def test_report_never_replaces_a_users_report_html(tmp_path, base, capsys):
     run = _run_dir(tmp_path / "run")
+    (run / "config.resolved.yaml").write_bytes(project(tmp_path / "p", base).read_bytes())  # the gates would be checked (gates.json)
     (run / "report.html").write_text("<p>my own hand-written report</p>\n")
     before = snapshot(run)
     rc, out = _run(capsys, ["report", str(run)])

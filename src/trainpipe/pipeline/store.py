@@ -135,7 +135,10 @@ class ArtifactStore:
             try:
                 os.link(tmp, marker)  # atomic, and never over a marker another process made at the same moment
             except FileExistsError:
-                pass
+                pass  # another process made the store at the same moment: its marker stands
+            except OSError:  # a file system without hard links
+                if not marker.exists():
+                    os.replace(tmp, marker)
             finally:
                 tmp.unlink(missing_ok=True)
             ownership.record(marker)
