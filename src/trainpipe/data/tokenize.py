@@ -181,14 +181,17 @@ def _check_args(args, kwargs, *, ints: bool) -> None:
             raise _Limit("chars")
 
 
+_SIZED = (str, list, tuple, bytes)
+
+
 def _call_binop(env, context, op, left, right):
-    if op == "*":
+    if op == "+":  # the common one: string concatenation
+        if isinstance(left, _SIZED) and isinstance(right, _SIZED) and len(left) + len(right) > TEMPLATE_MAX_CHARS:
+            raise _Limit("chars")
+    elif op == "*":
         for seq, n in ((left, right), (right, left)):
             if _size(seq) and isinstance(n, int) and len(seq) * n > TEMPLATE_MAX_CHARS:
                 raise _Limit("chars")
-    elif op == "+":
-        if _size(left) + _size(right) > TEMPLATE_MAX_CHARS:
-            raise _Limit("chars")
     elif op == "%":
         _check_format(left)
     elif op == "**":
@@ -200,8 +203,6 @@ def _call_binop(env, context, op, left, right):
 
 
 def _call(env, context, obj, /, *args, **kwargs):
-    from jinja2.sandbox import SandboxedEnvironment
-
     _tick()
     owner = getattr(getattr(obj, "__wrapped__", obj), "__self__", None)  # the sandbox wraps str.format
     if isinstance(owner, (str, bytes, list, tuple)):  # ljust(10**10), zfill, center, "{:>9999999999}".format, join
@@ -210,7 +211,7 @@ def _call(env, context, obj, /, *args, **kwargs):
             _check_format(owner)
     else:  # macros and globals: a string or list argument past the limit (a macro recursing on a doubling string)
         _check_args(args, kwargs, ints=False)
-    rv = SandboxedEnvironment.call(env, context, obj, *args, **kwargs)
+    rv = _SANDBOX_CALL(env, context, obj, *args, **kwargs)
     _check(rv)
     return rv
 
@@ -236,6 +237,9 @@ def _bounded_filter(name: str, fn):
     return run
 
 
+_SANDBOX_CALL = None  # jinja2's SandboxedEnvironment.call, set by _sandboxed (jinja2 is imported lazily)
+
+
 def _bounded_concat(pieces) -> str:
     pieces = list(pieces)
     if sum(len(x) for x in pieces) > TEMPLATE_MAX_CHARS:
@@ -248,6 +252,10 @@ def _sandboxed(source: str):
     the size and time checks above; transformers' own cached template is left untouched."""
     from transformers.utils.chat_template_utils import _compile_jinja_template
 
+    global _SANDBOX_CALL
+    from jinja2.sandbox import SandboxedEnvironment
+
+    _SANDBOX_CALL = SandboxedEnvironment.call
     base = _compile_jinja_template("").environment  # not `source`: that environment folds `2 ** (10**9)` while compiling
     env = base.overlay()
     env.intercepted_binops = frozenset({"*", "+", "%", "**"})
