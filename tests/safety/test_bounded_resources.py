@@ -158,3 +158,30 @@ def test_stale_cache_temporaries_are_cleaned_live_and_foreign_ones_kept(tmp_path
     finally:
         live.stdin.close()
         live.wait(60)
+
+
+def test_oversized_csv_field_and_json_array_item_are_counted_too_big(tmp_path, base, capsys):
+    """A CSV field over the cap is refused by the csv parser itself (before: `_csv.Error` traceback at 128 KiB); a JSON
+    array item over it is dropped before cleaning and tokenizing (before: tokenized whole, then `too_long`)."""
+    import csv as _csv
+
+    big = "stone lamp " * 120_000  # 1.3 MB, over a 1 MiB cap
+    with open(tmp_path / "rows.csv", "w", newline="", encoding="utf-8") as fh:
+        w = _csv.writer(fh)
+        w.writerow(["instruction", "output"])
+        for i, r in enumerate(RECS[:12]):
+            w.writerow([r["instruction"] + " " + r["input"], r["output"]])
+            if i == 5:
+                w.writerow(["Summarise.", big])
+    items = [{"instruction": r["instruction"], "input": r["input"], "output": r["output"] + " x"} for r in RECS[12:]]
+    (tmp_path / "items.json").write_text(json.dumps(items[:4] + [{"instruction": "Summarise.", "output": big}] + items[4:]))
+    cfg = {"model": {"name_or_path": str(base)},
+           "data": {"sources": [{"path": "rows.csv"}, {"path": "items.json"}], "eval_split": 3, "max_length": 96,
+                    "max_record_bytes": 1 << 20, "cache_dir": str(tmp_path / "cache")},
+           "output_dir": str(tmp_path / "out-run")}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg))
+    assert main(["data", "prepare", str(tmp_path / "run.yaml")]) == 0, capsys.readouterr().out[-2000:]
+    rep = report(tmp_path)
+    assert rep["dropped"] == {"too_big": 2} and rep["records_read"] == 32 and rep["records_kept"] == 30, rep["dropped"]
+    rejected = [json.loads(x) for x in (tmp_path / "out-run" / "data" / "rejected.jsonl").read_text().splitlines()]
+    assert sorted((Path(r["source"]).name, r["line"], r["kind"]) for r in rejected) == [("items.json", 5, "too_big"), ("rows.csv", 8, "too_big")]

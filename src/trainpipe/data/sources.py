@@ -372,7 +372,10 @@ def read_file(p: Path, split: str = "train", digests: dict | None = None, limits
     if kind == "jsonl":  # measured line by line before parsing
         yield from read_jsonl(p, digests=digests, limits=limits)
         return
-    reader = {"json": read_json, "parquet": read_parquet, "csv": read_csv, "tsv": read_csv, "txt": read_txt}[kind]
+    if kind in ("csv", "tsv"):  # a field over the cap is dropped by the csv parser itself (it never builds it)
+        yield from _bounded(read_csv(p, digests=digests, max_field=limits.max_record_bytes if limits else None), limits)
+        return
+    reader = {"json": read_json, "parquet": read_parquet, "txt": read_txt}[kind]
     yield from _bounded(reader(p, digests=digests), limits)
 
 
@@ -643,8 +646,20 @@ def read_parquet(p: Path, batch_size: int = 4096, digests: dict | None = None) -
             digests[str(p)] = {"sha256": h.hexdigest(), "exact": False}
 
 
-def read_csv(p: Path, digests: dict | None = None) -> Iterator[Record | Rejected]:
+def read_csv(p: Path, digests: dict | None = None, max_field: int | None = None) -> Iterator[Record | Rejected]:
+    """Rows of a CSV/TSV file with a header. A field longer than ``max_field`` characters (the csv module's
+    `field_size_limit`, set for this read) drops its row as ``too_big``; without ``max_field`` the module's limit
+    (128 KiB unless changed) holds and a longer field is one DataError."""
     delim = "\t" if file_kind(p)[0] == "tsv" else ","
+    old_limit = csv.field_size_limit(max_field) if max_field else None
+    try:
+        yield from _read_csv(p, delim, digests, max_field)
+    finally:
+        if old_limit is not None:
+            csv.field_size_limit(old_limit)
+
+
+def _read_csv(p: Path, delim: str, digests: dict | None, max_field: int | None) -> Iterator[Record | Rejected]:
     with _Opened(p, compression_of(p)) as opened, opened.errors():
         fh = io.TextIOWrapper(opened.fh, encoding="utf-8-sig", newline="")  # -sig: a leading byte-order mark is not the first column's name
         reader = None
@@ -656,7 +671,21 @@ def read_csv(p: Path, digests: dict | None = None) -> Iterator[Record | Rejected
             twice = sorted({c for c in header if header.count(c) > 1})
             if twice:
                 raise DataError(f"`{p}` header names the column {', '.join(f'`{c}`' for c in twice)} more than once; each record would keep only the last. Rename or remove the repeated column.")
-            for row in reader:
+            while True:
+                try:
+                    row = next(reader)
+                except StopIteration:
+                    break
+                except csv.Error as exc:
+                    if "field larger than field limit" not in str(exc):
+                        raise DataError(f"`{p}` line {reader.line_num} is not valid CSV ({exc}). Fix that line, or export the file again.") from None
+                    if not max_field:
+                        raise DataError(
+                            f"`{p}` line {reader.line_num} holds a field longer than the csv module's limit ({csv.field_size_limit():,} characters). "
+                            "Shorten it, or read the file through `data.sources` (where `data.max_record_bytes` sets the limit)."
+                        ) from None
+                    yield Rejected(str(p), reader.line_num, _too_big_reason(max_field + 1, max_field, "characters or more in one field"), "(not shown)", kind="too_big")
+                    continue
                 lineno = reader.line_num
                 if not row or all(not c.strip() for c in row):
                     continue
