@@ -216,3 +216,133 @@ logger.warning("another DeepSpeed warning")
     p = _python(code)
     assert p.returncode == 0, p.stderr
     assert p.stdout.count(DEEPSPEED_LINE) == 1 and "(second)" not in p.stdout and "another DeepSpeed warning" in p.stdout
+
+
+# ------------------------------------------------------------------------------ issue 24: noise a user reads as failure
+
+_OPTUNA = """
+import sys, warnings
+if sys.argv[1] == "trainpipe":
+    import trainpipe
+import optuna
+study = optuna.create_study(sampler=optuna.samplers.QMCSampler(seed=0, warn_independent_sampling=False))  # experimental in optuna
+study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
+optuna.logging.get_logger("optuna.study").warning("a real optuna warning")
+optuna.logging.get_logger("optuna.study").error("a real optuna error")
+warnings.warn("a warning of someone else", UserWarning)
+"""
+
+
+@pytest.mark.parametrize("with_trainpipe", [False, True])
+def test_optunas_experimental_warning_and_info_chatter_are_gone_its_warnings_stay(with_trainpipe):
+    """`trainpipe tune`/`automl` choose optuna's experimental samplers on purpose: its ExperimentalWarning and its INFO
+    line per study and trial are noise once trainpipe is imported (by whichever module imports optuna); its own warnings
+    and errors, and every other warning, still show. Without trainpipe, real optuna prints both (the test can fail)."""
+    p = _python(_OPTUNA, "trainpipe" if with_trainpipe else "bare")
+    assert p.returncode == 0, p.stderr
+    assert "a real optuna warning" in p.stderr and "a real optuna error" in p.stderr and "a warning of someone else" in p.stderr
+    noise = ("ExperimentalWarning" in p.stderr, "Trial 0 finished" in p.stderr, "A new study created" in p.stderr)
+    assert noise == ((False,) * 3 if with_trainpipe else (True,) * 3), p.stderr
+
+
+_HF_BARS = """
+import sys
+if sys.argv[1] == "trainpipe":
+    import trainpipe
+sys.path.insert(0, sys.argv[2])
+from pathlib import Path
+from tiny import build_tiny_model
+import datasets
+from transformers import AutoModelForCausalLM
+path = build_tiny_model(Path(sys.argv[3]) / "m")  # save_pretrained: "Writing model shards"
+AutoModelForCausalLM.from_pretrained(path)  # "Loading weights"
+datasets.Dataset.from_dict({"x": list(range(50))}).map(lambda r: r)  # "Map"
+import logging; logging.getLogger("transformers").warning("a real transformers warning")
+"""
+
+
+@pytest.mark.parametrize("with_trainpipe", [False, True])
+def test_hf_progress_bars_are_off_when_stderr_is_not_a_terminal(with_trainpipe, tmp_path):
+    """Piped (a log file, CI), the tqdm bars of transformers, datasets and huggingface_hub are carriage-return walls;
+    with trainpipe imported they are off, the libraries' warnings still show. Without it they print (the test can fail)."""
+    p = _python(_HF_BARS, "trainpipe" if with_trainpipe else "bare", str(REPO / "tests"), str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    assert "a real transformers warning" in p.stderr
+    bars = [b for b in ("Writing model shards", "Loading weights", "Map") if f"{b}: 100%" in p.stderr or f"{b}:   0%" in p.stderr]
+    assert bars == ([] if with_trainpipe else ["Writing model shards", "Loading weights", "Map"]), p.stderr[-2000:]
+
+
+def test_a_users_own_progress_bar_setting_wins(tmp_path):
+    env = {**_env(), "HF_HUB_DISABLE_PROGRESS_BARS": "0", "HF_DATASETS_DISABLE_PROGRESS_BARS": "0"}
+    p = subprocess.run([sys.executable, "-c", _HF_BARS, "trainpipe", str(REPO / "tests"), str(tmp_path)], capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert "Loading weights: 100%" in p.stderr and "Map: 100%" in p.stderr
+
+
+_ALL_HELP = """
+import contextlib, io, json, sys
+from trainpipe.cli import app, main
+import typer
+cmd = typer.main.get_command(app)
+paths = [[]]
+for name, sub in cmd.commands.items():
+    paths.append([name])
+    for name2 in getattr(sub, "commands", {}):
+        paths.append([name, name2])
+out = {}
+for path in paths:
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        main([*path, "--help"])
+    out[" ".join(path)] = buf.getvalue()
+print(json.dumps(out))
+"""
+
+
+def test_every_help_at_80_columns_cuts_no_word():
+    """`--help` of every command at COLUMNS=80 (and when piped): a choice list (`auto|full|freeze|lora|dora|qlora`) or
+    `--set training.learning_rate=1e-4` folds onto the next line instead of ending in "…"."""
+    env = {**_env(), "COLUMNS": "80"}
+    p = subprocess.run([sys.executable, "-c", _ALL_HELP], capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    assert p.returncode == 0, p.stderr
+    helps = json.loads(p.stdout.strip().splitlines()[-1])
+    assert len(helps) > 10 and "plan" in helps
+    cut = {k: [ln for ln in v.splitlines() if "…" in ln] for k, v in helps.items()}
+    assert not any(cut.values()), {k: v for k, v in cut.items() if v}
+    assert all(max(len(ln) for ln in v.splitlines()) <= 80 for v in helps.values())
+    flat = "".join(ch for ch in helps["plan"] if ch not in " │\n")
+    assert "auto|full|freeze|lora|dora|qlora" in flat and "training.learning_rate=1e-4" in flat
+
+
+_PLAN_JSON: dict = {}
+
+
+def _plan_lines(*args, columns: int) -> tuple[str, dict]:
+    env = {**_env(), "COLUMNS": str(columns)}
+    text = subprocess.run([sys.executable, "-m", "trainpipe.cli", "plan", *args], capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    assert text.returncode == 0, text.stderr
+    if args not in _PLAN_JSON:
+        js = subprocess.run([sys.executable, "-m", "trainpipe.cli", "plan", *args, "--json"], capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+        assert js.returncode == 0, js.stderr
+        _PLAN_JSON[args] = json.loads(js.stdout)
+    return text.stdout, _PLAN_JSON[args]
+
+
+@pytest.mark.parametrize("columns", [80, 60])
+@pytest.mark.parametrize("args", [(str(QUICKSTART),), ("--model", "meta-llama/Llama-3.1-8B", "--tokens", "1000000000", "--gpu", "H100-80GB", "--budget-usd", "1000")],
+                         ids=["config", "ranking"])
+def test_plan_tables_fit_the_console_and_cut_no_name_or_value(args, columns):
+    """The plan at 80 columns (what a pipe gets) and at 60: no table line is wider, nothing ends in "…", and every choice's name,
+    value, and every ranking figure, appears whole on a line (a table when it fits, else one entry a line)."""
+    out, plan = _plan_lines(*args, columns=columns)
+    lines = out.splitlines()
+    assert "…" not in out
+    # the tables and the one-entry-a-line layout fit; the prose lines are soft-wrapped (whole, for copying) as before
+    assert max(len(ln) for ln in lines if set(ln) & set("┃│┏└") or ln.startswith("    ")) <= columns
+    for d in plan["decision"]:
+        assert any(d["key"] in ln and str(d["value"]) in ln for ln in lines), (d["key"], out)
+    for row in plan.get("ranking") or ():
+        figures = (f"{row['hours']:.2f}", f"{row['on_demand_usd']:,.2f}", f"{row['spot_usd']:,.2f}", f"{row['memory_margin_gib']:.1f}")
+        assert any(all(f in ln for f in figures) for ln in lines), (figures, out)
+        assert any(row["gpu"] in ln and row["strategy"] in ln for ln in lines), (row, out)
+    assert bool(plan.get("ranking")) == ("--budget-usd" in args)

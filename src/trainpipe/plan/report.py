@@ -113,4 +113,5 @@ def print_plan(plan: dict) -> None:
         else:  # too narrow: one line per setup, wrapped at spaces
             con.print(rt.title, markup=False, style="italic")
             for i, r in enumerate(rows, 1):
-                con.print(f"{i}. {r[0]} x {r[1]}, {r[2]}, {r[3]}: {r[4]} h, on-demand ${r[5]}, spot ${r[6]}, memory margin {r[7]} GiB", markup=False, highlight=False)
+                con.print(f"{i}. {r[0]} x {r[1]}, {r[2]}, {r[3]}", markup=False, highlight=False)
+                con.print(_indented(f"{r[4]} h, ${r[5]} on-demand, ${r[6]} spot, {r[7]} GiB spare"))
