@@ -160,7 +160,7 @@ def test_changing_stage_2_reruns_only_stage_2(staged):
 def test_overwrite_clears_the_store_and_runs_every_step(staged):
     tmp, cfg, _ = staged
     root = tmp / "run"
-    old_entries = sorted(p.name for p in (root / ".trainpipe-store" / "cache" / "train").iterdir())
+    old_entries = sorted(p.name for p in (root / ".trainpipe-store" / "cache" / "train").iterdir() if not p.name.startswith("."))
     (root / "notes.txt").write_text("written by hand\n")  # a file trainpipe did not write in a folder it made: cleared with it
     assert main(["run", str(cfg), "--overwrite"]) == 0
     rec = _record(root)
@@ -168,7 +168,7 @@ def test_overwrite_clears_the_store_and_runs_every_step(staged):
     assert not (root / "notes.txt").exists()
     # the store was cleared with OUTPUT_DIR: it holds only this run's two train entries, not the three before (the third:
     # stage 2 at the learning rate it had before the last change)
-    now = sorted(p.name for p in (root / ".trainpipe-store" / "cache" / "train").iterdir())
+    now = sorted(p.name for p in (root / ".trainpipe-store" / "cache" / "train").iterdir() if not p.name.startswith("."))
     assert now == sorted(f"{s['key']}.json" for s in rec["steps"] if s["kind"] == "train") and len(now) == 2 and len(old_entries) == 3
     assert not any(s["kept_from_earlier_run"] for s in json.loads((root / "summary.json").read_text())["stages"])
 
