@@ -356,6 +356,7 @@ def _build(cfg: DataConfig, tokenizer, tpl: Template, writer, parts: dict, *, tr
             info["sha256"] = hashlib.sha256(json.dumps(prints[si], sort_keys=True).encode()).hexdigest()
         sources_info.append(info)
     spill.close()
+    del near, seen  # the dedup indexes (the near-dedup LSH is most of the read stage's memory) are done with
     if scrub is not None:
         pii_records = scrub.counts
     _mark_read_stages(stages, n_read, rejects, dropped, len(offsets))
