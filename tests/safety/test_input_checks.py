@@ -310,3 +310,22 @@ def test_damaged_log_warning_counts_the_lines(finished_run, tmp_path, capsys):
     f = [x for x in json.loads(capsys.readouterr().out) if x["kind"] == "damaged_log"]
     assert len(f) == 1
     assert "6 line(s) of events.jsonl" in f[0]["evidence"] and "3 line(s) of metrics.jsonl" in f[0]["evidence"]
+
+
+@pytest.mark.parametrize("kind,expect", [("config binary", "UTF-8"), ("other files wrong types", "gates.json")])
+def test_export_damaged_run_dir_is_refused_before_writing(finished_run, tmp_path, capsys, kind, expect):
+    run = damaged(finished_run, tmp_path, kind)
+    refused(["export", str(run), "--out", str(tmp_path / "exported")], capsys, tmp_path, expect=expect)
+    assert not (tmp_path / "exported").exists()
+
+
+def test_export_with_a_damaged_summary_still_exports(finished_run, tmp_path, capsys):
+    run = damaged(finished_run, tmp_path, "summary a list")
+    assert main(["export", str(run), "--out", str(tmp_path / "exported")]) == 0, capsys.readouterr().out
+    assert (tmp_path / "exported" / "config.json").exists()
+
+
+def test_lineage_with_a_damaged_manifest(finished_run, tmp_path, capsys):
+    run = damaged(finished_run, tmp_path, "other files wrong types")
+    assert main(["lineage", str(run), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["run_dir"] == str(run)

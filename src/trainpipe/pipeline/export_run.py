@@ -18,7 +18,6 @@ import tempfile
 import warnings
 from pathlib import Path
 
-import yaml
 
 from trainpipe.config import RunConfig, build_config
 from trainpipe.errors import RunDirError, TrainpipeError
@@ -31,7 +30,25 @@ def _resolved_config(run_dir: Path) -> RunConfig:
     path = run_dir / "config.resolved.yaml"
     if not path.is_file():
         raise RunDirError(f"`{run_dir}` is not a trainpipe run directory (no config.resolved.yaml). Give the `output_dir` of a run.")
-    return build_config(yaml.safe_load(path.read_text(encoding="utf-8")), source=f"`{path}`")
+    from trainpipe.config import read_yaml
+
+    return build_config(read_yaml(path), source=f"`{path}`")  # bounded YAML; a damaged file is one paragraph (issue 22)
+
+
+def _gates_block(run_dir: Path) -> dict | None:
+    """The run's gates.json (None when the run has none); RunDirError when it is damaged: an export must not lose the
+    mark of a failed gate."""
+    from trainpipe.report.diagnose import read_mapping
+
+    gates = run_dir / "gates.json"
+    if not gates.exists():
+        return None
+    block = read_mapping(gates)
+    if block is None or not isinstance(block.get("passed"), bool) or not isinstance(block.get("failed", []), list):
+        raise RunDirError(f"`{gates}` is damaged (not the JSON object the gates write: `passed`, `failed`, `results`), so the export could not "
+                          f"carry the run's quality gates. Nothing was written. Delete it and check the gates again with `trainpipe report {run_dir}` "
+                          "(which writes it anew), then export.")
+    return block
 
 
 def _generation_stop_ids(model_dir: Path) -> list[int]:
@@ -48,7 +65,7 @@ def protected_paths(run_dir: Path, cfg: RunConfig) -> list[tuple[str, Path]]:
     manifest = run_dir / "manifest.json"
     try:
         config_path = json.loads(manifest.read_text(encoding="utf-8")).get("config_path") if manifest.is_file() else None
-    except (OSError, ValueError):
+    except (OSError, ValueError, AttributeError):  # damaged, or not a mapping
         config_path = None
     if config_path:
         out.append(("the run's config", Path(config_path)))
@@ -104,6 +121,7 @@ def export_single(run_dir: Path, *, out: str | Path | None = None, checkpoint: s
     from trainpipe.train.model import build_model, load_tokenizer
 
     cfg = _resolved_config(run_dir)
+    gates_block = _gates_block(run_dir) if not checkpoint else None  # a damaged gates.json stops before anything is written
     if cfg.method.name not in EXPORTABLE or cfg.method.pretrain.new_tokens:
         raise TrainpipeError(f"`trainpipe export` re-exports causal-LM runs ({', '.join(EXPORTABLE)}, without new tokens); this run is `{cfg.method.name}`. "
                              "Its `model/` was written by `trainpipe run`; rerun with `--resume` to write it again.")
@@ -122,18 +140,19 @@ def export_single(run_dir: Path, *, out: str | Path | None = None, checkpoint: s
     model = build_model(cfg.model, cfg.method, tokenizer=tok)
     weights, _ = CheckpointManager.load(info.path)
     model.load_state_dict(weights, strict=False)
-    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
+    from trainpipe.report.diagnose import read_mapping
+
+    summary = read_mapping(run_dir / "summary.json") or {}  # damaged: the card has no figures (issue 22)
     card = {"name": cfg.name, "base_model": cfg.model.name_or_path, "method": f"{cfg.method.name} / {cfg.method.peft}", "config_hash": cfg.hash(),
             "baseline": summary.get("baseline", {}), "final": summary.get("final", {}), "config": cfg.model_dump(mode="json"),
             "checkpoint": str(info.path), "trainpipe_version": __import__("trainpipe").__version__}
     path = export_model(run_dir=run_dir, model=model, tokenizer=tok, base=cfg.model, peft=cfg.method.peft, stop_ids=stop_ids, card=card,
                         dest=Path(out) if out else None, protect=protected_paths(run_dir, cfg))
-    gates = run_dir / "gates.json"
-    if gates.exists() and not checkpoint:  # the run's model again: it carries the run's quality gates (a failed gate marks it as not passing)
+    if gates_block is not None:  # the run's model again: it carries the run's quality gates (a failed gate marks it as not passing)
         from trainpipe.evaluate.gates import mark_model
         from trainpipe.export import recorded
 
-        mark_model(path, json.loads(gates.read_text()))
+        mark_model(path, gates_block)
         recorded(path, run_dir, names=("quality_gates.json", "README.md"))  # its manifest proves the marked export trainpipe's
     return path
 

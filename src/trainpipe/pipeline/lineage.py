@@ -14,10 +14,12 @@ from trainpipe.errors import RunDirError
 
 
 def _json(p: Path) -> dict:
+    """The mapping a JSON file holds; {} when it is missing, damaged or not a mapping (a damaged manifest: issue 22)."""
     try:
-        return json.loads(p.read_text(encoding="utf-8"))
+        data = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _weights(model: Path) -> dict[str, str]:
