@@ -140,8 +140,7 @@ def report_error(exc, *, main_rank: bool) -> None:
         try:
             from trainpipe import ownership
 
-            ownership.write_json(path, {"message": {"message": _REPORT_PREFIX + json.dumps(note),
-                                                    "extraInfo": {"py_callstack": "", "timestamp": str(int(time.time()))}}},
+            ownership.write_json(path, {"message": _REPORT_PREFIX + json.dumps(note), "timestamp": int(time.time())},
                                  what="the worker's error report for its launcher")
             return
         except (OSError, TrainpipeError):  # no report: say it here, as under any launcher
@@ -152,6 +151,8 @@ def report_error(exc, *, main_rank: bool) -> None:
 
 def _report(failure) -> dict | None:
     msg = getattr(failure, "message", None)
+    if isinstance(msg, dict):
+        msg = msg.get("message")
     if isinstance(msg, str) and msg.startswith(_REPORT_PREFIX):
         try:
             return json.loads(msg[len(_REPORT_PREFIX):])
