@@ -161,11 +161,15 @@ def test_overwrite_clears_the_store_and_runs_every_step(staged):
     tmp, cfg, _ = staged
     root = tmp / "run"
     old_entries = sorted(p.name for p in (root / ".trainpipe-store" / "cache" / "train").iterdir() if not p.name.startswith("."))
-    (root / "notes.txt").write_text("written by hand\n")  # a file trainpipe did not write in a folder it made: cleared with it
+    (root / "notes.txt").write_text("written by hand\n")  # a file trainpipe did not write in a folder it made: it stops the
+    # overwrite (issue 22: only what the folder's manifest proves trainpipe's is ever deleted), and nothing is deleted
+    assert main(["run", str(cfg), "--overwrite"]) == 2
+    assert (root / "notes.txt").read_text() == "written by hand\n"
+    assert sorted(p.name for p in (root / ".trainpipe-store" / "cache" / "train").iterdir() if not p.name.startswith(".")) == old_entries
+    (root / "notes.txt").unlink()
     assert main(["run", str(cfg), "--overwrite"]) == 0
     rec = _record(root)
     assert set(_status(rec).values()) == {"ran"} and all(s["why"] == "--no-cache" for s in rec["steps"])
-    assert not (root / "notes.txt").exists()
     # the store was cleared with OUTPUT_DIR: it holds only this run's two train entries, not the three before (the third:
     # stage 2 at the learning rate it had before the last change)
     now = sorted(p.name for p in (root / ".trainpipe-store" / "cache" / "train").iterdir() if not p.name.startswith("."))
