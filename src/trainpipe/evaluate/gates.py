@@ -166,11 +166,10 @@ def _gate_no_forgetting(run_dir, summary, thr, *, forgetting_threshold, **_) -> 
 
 
 def _gate_dedup_ran(run_dir, summary, thr, **_) -> GateResult:
-    import yaml
-
     report = _read_json(run_dir / "data_report.json")
     try:
-        cfg = yaml.safe_load((run_dir / "config.resolved.yaml").read_text()) or {}
+        from trainpipe.config import load_yaml_text  # bounded: an alias bomb is refused (issue 22)
+        cfg = load_yaml_text((run_dir / "config.resolved.yaml").read_text(), "config.resolved.yaml") or {}
     except OSError:
         cfg = {}
     dd = ((cfg.get("data") or {}).get("dedup")) or {}

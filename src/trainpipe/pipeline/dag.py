@@ -410,9 +410,8 @@ def execute_step(step: Step, entries: dict[str, dict], cache: StepCache, *, use_
 def run_step_in_store(config_yaml: str, step_id: str, store: str, upstream: dict[str, str], *, use_cache: bool = True) -> str:
     """One step of the DAG on its own (a Kubeflow component, kfp_compile.py): the config as YAML, the entries of the steps
     it reads as `kind:key` (what their components returned), the shared artefact store. Returns its own `kind:key`."""
-    import yaml
-
-    cfg = RunConfig.model_validate(yaml.safe_load(config_yaml))
+    from trainpipe.config import load_yaml_text  # bounded: an alias bomb is refused (issue 22)
+    cfg = RunConfig.model_validate(load_yaml_text(config_yaml, "the step's config_yaml"))
     steps = {s.id: s for s in build_dag(cfg)}
     if step_id not in steps:
         raise PipelineError(f"The config's DAG has no step `{step_id}`; it has {', '.join(steps)}.")

@@ -318,8 +318,6 @@ def config_changes(old: dict, new: dict) -> tuple[list[str], list[str]]:
 
 def find_resume_point(cfg: RunConfig, want: bool, *, explicit: bool, overwrite: bool):
     """The newest valid checkpoint of this run's output_dir to resume from, or None to start fresh."""
-    import yaml
-
     from trainpipe.errors import ConfigError
     from trainpipe.train.checkpoints import CheckpointManager
 
@@ -340,7 +338,8 @@ def find_resume_point(cfg: RunConfig, want: bool, *, explicit: bool, overwrite: 
                 "Run without `--resume` (add `--overwrite` to clear the directory) to start from scratch."
             )
         return None, skipped
-    old = yaml.safe_load((info.path / "config.resolved.yaml").read_text())
+    from trainpipe.config import load_yaml_text  # bounded: an alias bomb is refused (issue 22)
+    old = load_yaml_text((info.path / "config.resolved.yaml").read_text(), f"`{info.path / 'config.resolved.yaml'}`")
     new = redact_obj(cfg.model_dump(mode="json"))  # the checkpoint's copy is redacted (config.dump_yaml): compare like with like
     unsafe, safe = config_changes(old, new)
     if "training.gradient_accumulation_steps" in unsafe and dist_env.same_effective_batch(info.path, cfg.training):

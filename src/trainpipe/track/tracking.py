@@ -303,12 +303,11 @@ def make_backend(settings: dict, run_dir: Path) -> Backend:
 
 def run_params(run_dir: Path) -> dict:
     """The resolved config, flattened to dotted keys and redacted."""
-    import yaml
-
     p = Path(run_dir) / "config.resolved.yaml"
     if not p.exists():
         return {}
-    cfg = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    from trainpipe.config import load_yaml_text  # bounded: an alias bomb is refused (issue 22)
+    cfg = load_yaml_text(p.read_text(encoding="utf-8"), f"`{p}`") or {}
     return {k: (json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in redact_obj(flatten(cfg)).items()}
 
 
@@ -328,9 +327,8 @@ def lineage_tags(run_dir: Path) -> dict[str, str]:
     if m.get("lineage"):
         tags["trainpipe.parent"] = json.dumps(m["lineage"], sort_keys=True, default=str)
     try:
-        import yaml
-
-        cfg = yaml.safe_load((run_dir / "config.resolved.yaml").read_text(encoding="utf-8")) or {}
+        from trainpipe.config import load_yaml_text  # bounded: an alias bomb is refused (issue 22)
+        cfg = load_yaml_text((run_dir / "config.resolved.yaml").read_text(encoding="utf-8"), "config.resolved.yaml") or {}
         tags["trainpipe.base_model"] = (cfg.get("model") or {}).get("name_or_path")
     except (OSError, ValueError):
         pass
@@ -464,13 +462,12 @@ def sync_run(run_dir: str | Path, *, status: str | None = None, backend: Backend
              register: bool = True) -> dict:
     """Log everything of `run_dir` that has not reached the tracker yet: params, the metrics after the last one logged, event
     tags, the artefacts, the model (registered with its lineage). Idempotent: `tracking.json` records what was logged."""
-    import yaml
-
     run_dir = Path(run_dir).resolve()
     if not (run_dir / "config.resolved.yaml").exists():
         raise TrackingError(f"`{run_dir}` is not a trainpipe run directory (no config.resolved.yaml); give the `output_dir` of a run.")
     state = read_state(run_dir)
-    cfg = yaml.safe_load((run_dir / "config.resolved.yaml").read_text(encoding="utf-8")) or {}
+    from trainpipe.config import load_yaml_text  # bounded: an alias bomb is refused (issue 22)
+    cfg = load_yaml_text((run_dir / "config.resolved.yaml").read_text(encoding="utf-8"), "config.resolved.yaml") or {}
     tracking = dict(cfg.get("tracking") or {})
     if state.get("backend") and tracking.get("backend", "auto") == "auto":
         tracking["backend"] = state["backend"]
@@ -558,11 +555,10 @@ def _real_uri(stored: str | None, run_dir: Path) -> str | None:
         return stored
     candidates = []
     try:
-        import yaml
-
         config_path = json.loads((run_dir / "manifest.json").read_text(encoding="utf-8")).get("config_path")
         if config_path and Path(config_path).is_file():
-            given = yaml.safe_load(Path(config_path).read_text(encoding="utf-8")) or {}
+            from trainpipe.config import load_yaml_text  # bounded: an alias bomb is refused (issue 22)
+            given = load_yaml_text(Path(config_path).read_text(encoding="utf-8"), f"`{config_path}`") or {}
             candidates.append((given.get("tracking") or {}).get("uri"))
     except (OSError, ValueError, AttributeError):
         pass
@@ -596,9 +592,8 @@ def log_artifact(run_dir: str | Path, path: str | Path) -> bool:
     state = read_state(run_dir)
     if state.get("backend") != "mlflow" or not state.get("run_id"):
         return False
-    import yaml
-
-    cfg = yaml.safe_load((run_dir / "config.resolved.yaml").read_text(encoding="utf-8")) or {}
+    from trainpipe.config import load_yaml_text  # bounded: an alias bomb is refused (issue 22)
+    cfg = load_yaml_text((run_dir / "config.resolved.yaml").read_text(encoding="utf-8"), "config.resolved.yaml") or {}
     try:
         settings = resolve_settings(cfg.get("tracking") or {}, run_dir, cfg.get("name"))
         settings["uri"] = _real_uri(settings["uri"], run_dir)  # the credential as given, never the run directory's mask
@@ -616,9 +611,8 @@ def register_model(run_dir: str | Path, *, name: str | None = None, tags: dict |
     state = read_state(run_dir)
     if state.get("backend") != "mlflow" or not state.get("run_id") or not state.get("model_logged"):
         return None
-    import yaml
-
-    cfg = yaml.safe_load((run_dir / "config.resolved.yaml").read_text(encoding="utf-8")) or {}
+    from trainpipe.config import load_yaml_text  # bounded: an alias bomb is refused (issue 22)
+    cfg = load_yaml_text((run_dir / "config.resolved.yaml").read_text(encoding="utf-8"), "config.resolved.yaml") or {}
     settings = resolve_settings(cfg.get("tracking") or {}, run_dir, cfg.get("name"))
     settings["uri"] = _real_uri(settings["uri"], run_dir)  # the credential as given, never the run directory's mask
     b = MlflowBackend(settings)
