@@ -187,8 +187,12 @@ def _write_manifest(folder: Path, data: dict) -> None:
     data["path"] = str(folder)
     data["updated"] = time.time()
     tmp = folder / f"{MANIFEST}.tmp-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True), encoding="utf-8")
-    os.replace(tmp, _manifest_path(folder))
+    try:
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True), encoding="utf-8")
+        os.replace(tmp, _manifest_path(folder))
+    finally:
+        if tmp.exists():  # a full disk: no half-written temporary left behind, the old manifest stays
+            tmp.unlink()
 
 
 @contextlib.contextmanager
@@ -209,6 +213,11 @@ def _update(folder: Path, fn: Callable[[dict], None]) -> None:
         data = read_manifest(folder)
         fn(data)
         _write_manifest(folder, data)
+
+
+def internal(name: str) -> bool:
+    """Whether ``name`` is one of the ownership rule's own files (the manifest, its temporaries, a run's lock)."""
+    return _internal(name)
 
 
 def _internal(name: str) -> bool:
@@ -417,7 +426,7 @@ def _check_not_input(folder: Path, what: str, reads: Iterable[Any], *, deleting:
 
 
 def make_dir(folder: str | Path, *, what: str, reads: Iterable[Any] = ()) -> Path:
-    """An output folder trainpipe writes files into: created (and recorded in its parent's manifest) when absent; an
+    """An output folder trainpipe writes files into: created (with an empty manifest inside) when absent; an
     existing one is used as it is (each file written inside still goes through :func:`write_text` and friends)."""
     folder = Path(folder).expanduser().resolve()
     _check_not_input(folder, what, reads, deleting=False)
