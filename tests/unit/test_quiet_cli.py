@@ -20,7 +20,8 @@ KERNELS_LINE = "Failed to load CPU gemm_4bit_forward from kernels-community"
 
 
 def _env() -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+    # trainpipe, imported by this test process, set the progress-bar switches (its stderr is no terminal): not inherited
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONWARNINGS", "HF_DATASETS_DISABLE_PROGRESS_BARS", "HF_HUB_DISABLE_PROGRESS_BARS")}
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", NO_COLOR="1", COLUMNS="120")
     return env
 
