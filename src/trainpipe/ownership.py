@@ -163,6 +163,11 @@ def _is_pending(rel: str, pending: list[str]) -> bool:
     return any(rel == p or rel.startswith(p + "/") for p in pending)
 
 
+def _leads_to_pending(name: str, pending: list[str]) -> bool:
+    """An unlisted folder on the way to a registered path (``checkpoints`` for ``checkpoints/step-4.tmp``)."""
+    return any(p.startswith(name + "/") for p in pending)
+
+
 # ----------------------------------------------------------------------------- the manifest
 def _manifest_path(folder: Path) -> Path:
     return Path(folder) / MANIFEST
@@ -238,8 +243,13 @@ def foreign(folder: Path) -> list[str]:
             continue
         fp = entries.get(p.name)
         if fp is None:
-            if not _is_pending(p.name, pending):
-                bad.append(p.name)
+            if _is_pending(p.name, pending):
+                continue
+            if _leads_to_pending(p.name, pending) and p.is_dir() and not p.is_symlink():
+                below = [f"{p.name}/{f.relative_to(p).as_posix()}" for f in _walk(p)]
+                bad += [b for b in below if not _is_pending(b, pending)]
+                continue
+            bad.append(p.name)
             continue
         bad += _mismatches(p, fp, pending, p.name)
     return bad
@@ -365,14 +375,17 @@ def record(path: str | Path, *, grows: bool | None = None) -> None:
     _update(parent, fn)
 
 
-def intend(folder: str | Path, rel: str) -> None:
-    """Register ``folder/rel`` as about to be written by trainpipe (accepted unverified until :func:`seal` fingerprints it)."""
+def intend(folder: str | Path, rel: str | Iterable[str]) -> None:
+    """Register ``folder/rel`` (one relative path, or several) as about to be written by trainpipe (accepted unverified
+    until :func:`seal` fingerprints it)."""
     folder = Path(folder).resolve()
     folder.mkdir(parents=True, exist_ok=True)
+    rels = [rel] if isinstance(rel, str) else list(rel)
 
     def fn(data: dict) -> None:
-        if rel not in data["pending"]:
-            data["pending"].append(rel)
+        for r in rels:
+            if r not in data["pending"]:
+                data["pending"].append(r)
 
     _update(folder, fn)
 
