@@ -66,6 +66,7 @@ def test_lr_find_stops_at_divergence_and_suggests_the_steepest_point(project, ca
 
 
 def test_batch_find_under_a_memory_cap(project, capsys):
+    """The largest micro-batch that fits (13) does not divide the target effective batch 32: the proposal is 8 x 4 = 32."""
     from trainpipe.config import load_config
     from trainpipe.tune.batchfind import _planner_bytes
 
@@ -76,10 +77,50 @@ def test_batch_find_under_a_memory_cap(project, capsys):
     assert main(["batch-find", str(cfg), "--max-memory-gib", repr(cap_gib), "-o", str(tmp / "bf")]) == 0
     out = capsys.readouterr().out
     r = json.loads((tmp / "bf" / "batch_find.json").read_text())
-    assert r["simulated"] and r["micro_batch"] == 13 and r["limited_by"] == "memory"
-    assert r["gradient_accumulation_steps"] == math.ceil(32 / 13) and r["effective_batch"] >= 32
+    assert r["simulated"] and r["largest_fitting_micro_batch"] == 13 and r["limited_by"] == "memory"
+    assert r["micro_batch"] == 8 and r["gradient_accumulation_steps"] == 4 and r["effective_batch"] == 32 == r["target_effective_batch"]
     ran = [t["micro_batch"] for t in r["tries"] if t.get("fits")]
     refused = [t for t in r["tries"] if t.get("fits") is False]
     assert 13 in ran and max(ran) == 13 and all(t["why"].startswith("simulated OOM") for t in refused)
     assert {t["micro_batch"] for t in refused} >= {14, 16}
-    assert "--set training.per_device_train_batch_size=13" in out and "--set training.gradient_accumulation_steps=3" in out
+    assert "--set training.per_device_train_batch_size=8" in out and "--set training.gradient_accumulation_steps=4" in out
+    assert "keeping the effective batch 32: micro-batch 8 x accumulation 4 = 32" in out
+
+
+def test_batch_find_keeps_the_effective_batch_when_more_than_the_target_fits(project, capsys):
+    """Issue 24: with room for 85 sequences and a target effective batch of 32, batch-find proposed micro-batch 85 (an
+    effective batch of 85). It must keep the target: micro-batch 32, accumulation 1, and say that 85 fits."""
+    from trainpipe.config import load_config
+    from trainpipe.tune.batchfind import _planner_bytes
+
+    tmp, cfg = project
+    rc = load_config(cfg)
+    cap_gib = (_planner_bytes(rc, 85) + _planner_bytes(rc, 86)) / 2 / 1024**3
+    assert main(["batch-find", str(cfg), "--max-memory-gib", repr(cap_gib), "-o", str(tmp / "bf85")]) == 0
+    out = capsys.readouterr().out
+    r = json.loads((tmp / "bf85" / "batch_find.json").read_text())
+    assert r["largest_fitting_micro_batch"] == 85 and 85 in [t["micro_batch"] for t in r["tries"] if t.get("fits")]
+    assert (r["micro_batch"], r["gradient_accumulation_steps"], r["effective_batch"]) == (32, 1, 32)
+    assert "--set training.per_device_train_batch_size=32" in out and "--set training.gradient_accumulation_steps=1" in out
+    assert "85 fits but would change the effective batch" in out
+    # a target of 24 with room for 85: 24 x 1
+    assert main(["batch-find", str(cfg), "--max-memory-gib", repr(cap_gib), "--set", "training.target_effective_batch_size=24", "-o", str(tmp / "bf24")]) == 0
+    r = json.loads((tmp / "bf24" / "batch_find.json").read_text())
+    assert (r["micro_batch"], r["gradient_accumulation_steps"], r["effective_batch"]) == (24, 1, 24)
+
+
+def test_keep_effective_batch_splits_the_target_exactly():
+    from trainpipe.errors import ConfigError
+    from trainpipe.tune.batchfind import keep_effective_batch
+
+    assert keep_effective_batch(85, 32) == (32, 1)
+    assert keep_effective_batch(13, 32) == (8, 4)
+    assert keep_effective_batch(13, 36) == (12, 3)
+    assert keep_effective_batch(7, 13) == (1, 13)  # a prime target: only 1 divides it below 13
+    assert keep_effective_batch(85, 32, world=4) == (8, 1) and keep_effective_batch(3, 32, world=4) == (2, 4)
+    for largest in range(1, 100):
+        for target, world in ((32, 1), (48, 2), (30, 3), (64, 8)):
+            mb, accum = keep_effective_batch(largest, target, world)
+            assert mb <= largest and mb * accum * world == target
+    with pytest.raises(ConfigError, match="not a multiple of the 3 processes"):
+        keep_effective_batch(8, 32, world=3)

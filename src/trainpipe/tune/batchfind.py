@@ -12,12 +12,16 @@ What "does not fit" means:
   exceeds `--max-memory-gib` (default: the CPU share of the RAM the planner uses). The step is still run for every
   micro-batch that passes, so the answer is one that trains.
 
+The proposal keeps the effective batch: micro-batch x accumulation x world size = `training.target_effective_batch_size`
+exactly. The proposed micro-batch is the largest one that both fits and divides the target per process (target / world
+size); the accumulation is what makes up the rest. (A micro-batch of 85 that fits is no answer for a target of 32: it
+would train with an effective batch of 85.) The largest micro-batch that merely fits is reported beside it.
+
 The result is printed as `--set` lines (micro-batch and gradient accumulation) and written to `batch_find.json`.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -43,6 +47,34 @@ def _planner_bytes(cfg: RunConfig, mb: int) -> int | None:
     return int(estimate(spec, s).total_bytes)
 
 
+def _world_size(cfg: RunConfig) -> int:
+    """The processes the run will train on (`distributed.nproc_per_node` x `distributed.nnodes`; `auto`: this launch's WORLD_SIZE, else 1)."""
+    import os
+
+    d = cfg.distributed
+    if isinstance(d.nproc_per_node, int):
+        return max(1, d.nproc_per_node * d.nnodes)
+    try:
+        return max(1, int(os.environ.get("WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
+def keep_effective_batch(largest: int, target: int, world: int = 1) -> tuple[int, int]:
+    """(micro-batch, accumulation) with micro-batch x accumulation x world = target: the largest micro-batch <= ``largest``
+    that divides the per-process target, and the accumulation that makes up the rest. ConfigError when the target is not a
+    multiple of the world size (no micro-batch can keep it)."""
+    if target % world:
+        raise ConfigError(
+            f"`training.target_effective_batch_size` {target} is not a multiple of the {world} processes the run trains on "
+            f"(`distributed.nproc_per_node` x `distributed.nnodes`), so no micro-batch and accumulation keep it. Set it to a "
+            f"multiple of {world} (e.g. {max(world, target - target % world)}), or change the number of processes."
+        )
+    per = target // world
+    mb = max(d for d in range(1, min(largest, per) + 1) if per % d == 0)
+    return mb, per // mb
+
+
 def batch_find(cfg: RunConfig, *, max_memory_gib: float | None = None, max_batch: int = 256, out_dir: str | Path | None = None) -> dict:
     import torch
 
@@ -51,6 +83,7 @@ def batch_find(cfg: RunConfig, *, max_memory_gib: float | None = None, max_batch
 
     if max_batch < 1:
         raise ConfigError(f"`--max-batch {max_batch}` must be at least 1.")
+    keep_effective_batch(1, cfg.training.target_effective_batch_size, _world_size(cfg))  # a target no split can keep: refused before the model loads
     cfg, model, tok, data, objective = load_probe(cfg)
     device = next(model.parameters()).device
     on_gpu = device.type == "cuda"
@@ -118,14 +151,16 @@ def batch_find(cfg: RunConfig, *, max_memory_gib: float | None = None, max_batch
             else:
                 hi = mid
         good = lo
-    good = min(good, max_batch)
+    largest = min(good, max_batch)
     target = cfg.training.target_effective_batch_size
-    accum = max(1, math.ceil(target / good))
+    world = _world_size(cfg)
+    mb, accum = keep_effective_batch(largest, target, world)
     result = {
-        "micro_batch": good, "gradient_accumulation_steps": accum, "effective_batch": good * accum, "target_effective_batch": target,
+        "micro_batch": mb, "gradient_accumulation_steps": accum, "world_size": world, "effective_batch": mb * accum * world,
+        "target_effective_batch": target, "largest_fitting_micro_batch": largest,
         "seq_len": seq, "device": device.type, "cap_bytes": int(cap) if cap else None, "limited_by": "memory" if bad is not None else f"--max-batch {max_batch}",
         "simulated": not on_gpu, "tries": tries,
-        "set": [f"--set training.per_device_train_batch_size={good}", f"--set training.gradient_accumulation_steps={accum}"],
+        "set": [f"--set training.per_device_train_batch_size={mb}", f"--set training.gradient_accumulation_steps={accum}"],
     }
     out = Path(out_dir or (Path(cfg.output_dir).parent / f"{Path(cfg.output_dir).name}-batch-find")).resolve()
     from trainpipe.tune.lrfind import input_paths
@@ -135,7 +170,11 @@ def batch_find(cfg: RunConfig, *, max_memory_gib: float | None = None, max_batch
     ownership.write_json(out / "batch_find.json", result, what="batch-find's `batch_find.json`", reads=reads)
     con = ui.console()
     how = "CUDA OOM caught" if on_gpu else "CPU: simulated OOM from the planner's peak estimate against the cap"
-    con.print(f"batch-find: largest micro-batch {good} at {seq} tokens ({how}; {len(tries)} tries); accumulation {accum} for an effective batch of {good * accum} (target {target})")
+    con.print(f"batch-find: the largest micro-batch that fits is {largest} at {seq} tokens ({how}; {len(tries)} tries)", markup=False, highlight=False)
+    world_part = f" x {world} processes" if world > 1 else ""
+    con.print(f"batch-find: keeping the effective batch {target}: micro-batch {mb} x accumulation {accum}{world_part} = {mb * accum * world}"
+              + (f" (the largest that fits and divides {target // world}; {largest} fits but would change the effective batch)" if mb != largest else ""),
+              markup=False, highlight=False)
     for line in result["set"]:
         con.print(line, markup=False, highlight=False)
     return result | {"out_dir": str(out)}
