@@ -30,6 +30,7 @@ conversation its end) by :func:`bound_example`.
 
 from __future__ import annotations
 
+import functools
 import re
 import signal
 import threading
@@ -217,8 +218,6 @@ def _call(env, context, obj, /, *args, **kwargs):
 
 
 def _bounded_filter(name: str, fn):
-    import functools
-
     first = 1 if hasattr(fn, "jinja_pass_arg") else 0  # a context/environment comes before the filtered value
 
     @functools.wraps(fn)  # keeps jinja's pass_context/pass_environment marks
@@ -247,6 +246,7 @@ def _bounded_concat(pieces) -> str:
     return "".join(pieces)
 
 
+@functools.lru_cache(maxsize=16)  # Template() is built per call in places (reward, rl): compile each template once
 def _sandboxed(source: str):
     """``source`` compiled in transformers' sandboxed environment (its extensions, filters and globals), overlaid with
     the size and time checks above; transformers' own cached template is left untouched."""
