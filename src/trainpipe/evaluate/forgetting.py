@@ -88,9 +88,12 @@ class ForgettingMonitor:
         out = {}
         shard, env._eval_shard = env._eval_shard, None
         try:
-            for s in self.sets:
-                r = eval_loss(model, s.rows, batch_size=self.batch_size, pad_id=self.pad_id)
-                out[s.name] = {"loss": r["loss"], "perplexity": r["perplexity"]}
+            for s in self.sets:  # every record of the set, in batches; the loss is the token-weighted mean over the whole set
+                r = eval_loss(model, s.rows, batch_size=max(1, int(self.batch_size)), pad_id=self.pad_id)
+                expected = sum(sum(1 for x in row["labels"][1:] if x != -100) for row in s.rows)
+                if r["loss_tokens"] != expected:  # a set scored in part would be a wrong figure, never a quiet one
+                    raise RuntimeError(f"forgetting set `{s.name}`: {r['loss_tokens']} loss tokens scored of the set's {expected}")
+                out[s.name] = {"loss": r["loss"], "perplexity": r["perplexity"], "examples": len(s.rows), "loss_tokens": r["loss_tokens"]}
         finally:
             env._eval_shard = shard
         return out
