@@ -9,12 +9,28 @@ process (so that each peak RSS is its own), runs
 and prints each one's seconds, peak RSS, peak RSS per million records, and the time ratio.
 Targets (issue 22): trainpipe < 2 GB per 1M short records; time within 2x of datasets.map.
 
-    python benchmarks/data_prepare_scale.py [--records 1000000] [--num-proc 1]
+    python benchmarks/data_prepare_scale.py [--records 1000000] [--num-proc 1] [--near on|off|both]
 
-Measured (2 shared CPU cores, 8 other agents' jobs on them; --num-proc 1; the child processes' ru_maxrss):
-    see the numbers written at the end of this docstring by the last run (MEASURED below).
+`--near` runs trainpipe with `data.dedup.near` on (the default), off, or both. "peak at 1M" scales the growth over the
+process after its imports to 1M records and adds the process itself.
 
-MEASURED
+Measured 2026-12-04 (2 CPU cores shared with 8 other agents' jobs, load 3-5, so times vary by ~1.5x between runs;
+--num-proc 1; tiny BPE tokenizer of benchmarks/_synth.py; peak RSS = ru_maxrss of each child process):
+
+    records  side                 seconds  peak RSS  growth   time ratio to datasets.map
+    1,000,000 datasets.map         263.3   0.52 GiB  0.18 GiB
+    1,000,000 trainpipe, near off  551.5   0.81 GiB  0.55 GiB  2.09  (tests ran on the same cores meanwhile)
+      200,000 datasets.map          81.3   0.44 GiB  0.10 GiB
+      200,000 trainpipe, near off  119.6   0.46 GiB  0.19 GiB  1.47
+      200,000 datasets.map          56.0   0.44 GiB  0.10 GiB
+      200,000 trainpipe (default)  188.2   1.87 GiB  1.60 GiB  3.36  -> ~8 GiB at 1M records
+      100,000 trainpipe (default)   78.7   1.14 GiB  0.87 GiB  3.20  (before the one-render spans: 2x renders)
+
+So trainpipe's own per-record state (read, format, PII, exact dedup, spill, split, template, tokenize, Arrow) meets the
+target (0.81 GiB peak for 1M short records, < 2 GB) and runs within ~1.5-2x of the bare `datasets.map`. With the
+default near-dedup on, the datasketch MinHashLSH index (trainpipe/data/dedup.py: per record ~b band keys as bytes in
+dict-of-sets plus a 512-byte signature array object, ~8 KB a record) is most of the memory (~8 GiB per 1M) and about
+half the time; that module belongs to another area of the work (see the issue-22 report).
 """
 
 from __future__ import annotations
