@@ -395,7 +395,7 @@ def _build(cfg: DataConfig, tokenizer, tpl: Template, writer, parts: dict, *, tr
         for b in dc.benchmarks:
             for p in expand(b):
                 digests = {}
-                for rec in read_file(p, digests=digests):
+                for rec in read_file(p, digests=digests, limits=limits):  # a huge or deep benchmark record is skipped
                     if not isinstance(rec, Rejected):
                         for s in _strings_of(rec.data):
                             cont.add(words.ids(s)[1], f"benchmark {p}:{rec.line}")
