@@ -253,10 +253,33 @@ def _run_in(cfg: RunConfig, plan, hw, run_dir: Path, config_path: str | None, t_
         if main:  # report.html after every run, also after a failure (with what exists); then the folder is sealed
             _write_report(run_dir)
             _seal(run_dir)
+            _print_outcome(run_dir)  # the gates' verdicts and where report.html is, however the run ended (exit 6 included)
         if tracker is not None:
             from trainpipe.track import tracking
 
             tracker.finish(status, register=tracking.REGISTER_AT_END)
+
+
+def _print_outcome(run_dir: Path) -> None:
+    """The end of the run on the console: one line per failed quality gate with its evidence, how many passed (from
+    gates.json), and the path of report.html. Never hides the run's own outcome."""
+    try:
+        from trainpipe.track.tracking import read_gates
+
+        con = ui.console()
+        block = read_gates(run_dir)
+        if block is not None:
+            results = [r for r in block["results"] if isinstance(r, dict)]
+            n = {st: sum(1 for r in results if r.get("status") == st) for st in ("pass", "fail", "n/a")}
+            con.print(f"quality gates: {'passed' if block.get('passed') else 'NOT PASSED'} ({n['pass']} passed, {n['fail']} failed, "
+                      f"{n['n/a']} not applicable; gates.on_fail: {block.get('on_fail')})", markup=False, highlight=False, soft_wrap=True)
+            for r in results:
+                if r.get("status") == "fail":
+                    con.print(f"  FAILED {r.get('name')}: {r.get('evidence')}", markup=False, highlight=False, soft_wrap=True)
+        if (run_dir / "report.html").is_file():
+            con.print(f"report: {run_dir / 'report.html'}", markup=False, highlight=False, soft_wrap=True)
+    except Exception as exc:  # noqa: BLE001 - a summary that cannot be printed never hides the run's result
+        ui.console().print(f"warning: the end-of-run summary could not be printed: {type(exc).__name__}: {exc}", markup=False, soft_wrap=True)
 
 
 def _seal(run_dir: Path) -> None:

@@ -6,6 +6,12 @@ When the run ends, `finish` logs what the run directory holds (the resolved conf
 plan, the summary, the report page, the exported model as artefacts) and registers the model in MLflow's registry
 with its lineage. Both go through one idempotent function, `sync_run`, that `trainpipe track sync RUN_DIR` also calls.
 
+The quality gates' verdicts (RUN_DIR/gates.json) travel with the run: tags `trainpipe.gates.passed` (true/false),
+`trainpipe.gates.failed` and `trainpipe.gate.<name>` (pass | fail | n/a) on the run and on the registered model
+version, whose description says whether it passed. A model that failed a gate under `gates.on_fail: fail` is not
+registered at all (tracking.json's `not_registered` says why). A run started by `trainpipe tune` is a child run
+(`mlflow.parentRunId`) of its study's run (`PARENT_RUN`, set by tune/tune.py).
+
 What has reached the tracker is recorded in `RUN_DIR/tracking.json` (backend, URI, run id, how many lines of
 `metrics.jsonl` were logged, whether params, artefacts and the model were logged). A tracker that cannot be reached
 does not lose the run: the first failure emits one `tracking_unavailable` warning, the run goes on with its metrics
@@ -198,7 +204,7 @@ class MlflowBackend(Backend):
             self.client.log_artifacts(self.run_id, str(model_dir), artifact_path="model")
             self.model_uri = f"runs:/{self.run_id}/model"
 
-    def register(self, name: str, tags: dict[str, str]) -> dict | None:
+    def register(self, name: str, tags: dict[str, str], description: str | None = None) -> dict | None:
         from mlflow.exceptions import MlflowException
 
         if self.model_uri is None:
@@ -206,9 +212,11 @@ class MlflowBackend(Backend):
         try:
             self.client.get_registered_model(name)
         except MlflowException:
-            self.client.create_registered_model(name, tags={"trainpipe": "1"}, description="Registered by trainpipe; see each version's lineage tags.")
+            self.client.create_registered_model(name, tags={"trainpipe": "1"}, description="Registered by trainpipe; see each version's lineage "
+                                                "and quality-gate tags (`trainpipe.gates.passed`).")
         source = self.client.get_run(self.run_id).info.artifact_uri.rstrip("/") + "/model"
-        mv = self.client.create_model_version(name, source=source, run_id=self.run_id, tags={k[:250]: str(v)[:5000] for k, v in tags.items()})
+        mv = self.client.create_model_version(name, source=source, run_id=self.run_id, tags={k[:250]: str(v)[:5000] for k, v in tags.items()},
+                                              description=description)
         return {"name": name, "version": str(mv.version), "source": source}
 
     def close(self, status: str) -> None:
@@ -336,6 +344,51 @@ def lineage_tags(run_dir: Path) -> dict[str, str]:
     return {k: redact_text(str(v)) for k, v in tags.items() if v is not None}
 
 
+def read_gates(run_dir: Path) -> dict | None:
+    """The run's quality-gate verdicts (`gates.json`, evaluate/gates.py), or None when the gates were not checked."""
+    try:
+        block = json.loads((Path(run_dir) / "gates.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return block if isinstance(block, dict) and isinstance(block.get("results"), list) else None
+
+
+def gate_tags(run_dir: Path) -> dict[str, str]:
+    """The gate verdicts as tags: `trainpipe.gates.passed` true/false, `trainpipe.gates.failed` (names), and one
+    `trainpipe.gate.<name>` = pass | fail | n/a per gate. Empty when the run has no gates.json."""
+    block = read_gates(run_dir)
+    if block is None:
+        return {}
+    tags = {"trainpipe.gates.passed": "true" if block.get("passed") else "false", "trainpipe.gates.on_fail": str(block.get("on_fail") or "warn"),
+            "trainpipe.gates.failed": ",".join(str(n) for n in block.get("failed") or [])}
+    for r in block["results"]:
+        if isinstance(r, dict) and r.get("name"):
+            tags[f"trainpipe.gate.{r['name']}"] = str(r.get("status"))
+    return {k: redact_text(v) for k, v in tags.items()}
+
+
+def gates_description(run_dir: Path) -> str | None:
+    """A registered version's description: whether its run passed the quality gates (and which failed, with evidence)."""
+    block = read_gates(run_dir)
+    if block is None:
+        return None
+    if block.get("passed"):
+        return "Quality gates: passed (see the `trainpipe.gate.*` tags and the run's report.html)."
+    failed = [r for r in block["results"] if isinstance(r, dict) and r.get("status") == "fail"]
+    return redact_text("Quality gates: NOT PASSED. Do not ship this model as is. Failed: "
+                       + "; ".join(f"{r.get('name')}: {r.get('evidence')}" for r in failed)[:4000]
+                       + ". See the `trainpipe.gate.*` tags, model/quality_gates.json and the run's report.html.")
+
+
+def gates_block_registration(run_dir: Path) -> str | None:
+    """Why the model must not be registered at all (`gates.on_fail: fail` and a gate failed), else None."""
+    block = read_gates(run_dir)
+    if block is None or block.get("passed") or block.get("on_fail") != "fail":
+        return None
+    return (f"not registered: quality gate(s) {', '.join(str(n) for n in block.get('failed') or [])} failed under `gates.on_fail: fail` "
+            f"(see {Path(run_dir) / 'report.html'})")
+
+
 def event_tags(events: list[dict]) -> dict[str, str]:
     """One tag per event name: how often it happened and its last occurrence (the full log is the `events.jsonl` artefact)."""
     out: dict[str, str] = {}
@@ -383,6 +436,9 @@ class Tracker:
     def _open(self, run_name: str | None) -> None:
         self.backend = make_backend(self.settings, self.run_dir)
         tags = {"mlflow.runName": run_name or self.run_dir.name, "trainpipe.run_dir": str(self.run_dir)}
+        parent = PARENT_RUN.get("run_id") if PARENT_RUN.get("uri") == self.settings["uri"] and self.settings["backend"] == "mlflow" else None
+        if parent and not self.state.get("run_id"):  # a tune trial: a child run of its study's run (MLflow's nested runs)
+            tags |= {"mlflow.parentRunId": parent, **PARENT_RUN.get("tags", {})}
         self.state["run_id"] = self.backend.open(self.state, {}, redact_obj(tags))
 
     def on_record(self, kind: str, run_dir: Path, record: dict) -> None:
@@ -443,6 +499,9 @@ def _safe_uri(uri: str | None) -> str | None:
 
 # `trainpipe pipeline run` registers the model in its own `register` step; a plain `trainpipe run` registers at its end
 REGISTER_AT_END = True
+# the MLflow run a run started in this process is a child of (`trainpipe tune`: the study's run; {"run_id", "uri", "tags"}),
+# set by tune/tune.py around each trial; empty otherwise
+PARENT_RUN: dict = {}
 
 
 def start(cfg, run_dir: Path, events=None) -> Tracker | None:
@@ -508,7 +567,7 @@ def sync_run(run_dir: str | Path, *, status: str | None = None, backend: Backend
     finals = {f"{phase}.{k}": v for phase in ("baseline", "final") for k, v in (summary.get(phase) or {}).items()}
     if finals:
         backend.log_metrics(metric_values(finals), int((summary.get("train") or {}).get("global_step", 0)), time.time())
-    backend.set_tags(event_tags(_jsonl(run_dir / "events.jsonl")) | lineage_tags(run_dir))
+    backend.set_tags(event_tags(_jsonl(run_dir / "events.jsonl")) | lineage_tags(run_dir) | gate_tags(run_dir))
     finished = (run_dir / "summary.json").exists()
     if finished and not state.get("artifacts_logged"):
         files = [run_dir / f for f in ARTIFACT_FILES if (run_dir / f).is_file()]
@@ -529,11 +588,16 @@ def sync_run(run_dir: str | Path, *, status: str | None = None, backend: Backend
         state["model_logged"] = model_dir is not None
         write_state(run_dir, state)
     if finished and register and settings["register_model"] and not state.get("registered") and isinstance(backend, MlflowBackend):
-        if backend.model_uri is None and state.get("model_logged"):
-            backend.model_uri = f"runs:/{state['run_id']}/model"
-        reg = backend.register(settings["model_name"], lineage_tags(run_dir))
-        if reg:
-            state["registered"] = reg
+        refused = gates_block_registration(run_dir)  # `gates.on_fail: fail` and a gate failed: never in the registry
+        if refused:
+            state["not_registered"] = refused
+        else:  # registered with its gate verdicts (a model failing its gates under `on_fail: warn` says so in its tags and description)
+            if backend.model_uri is None and state.get("model_logged"):
+                backend.model_uri = f"runs:/{state['run_id']}/model"
+            reg = backend.register(settings["model_name"], lineage_tags(run_dir) | gate_tags(run_dir), gates_description(run_dir))
+            if reg:
+                state["registered"] = reg
+                state.pop("not_registered", None)
     state["pending"] = False
     state.pop("error", None)
     backend.close(status or ("FINISHED" if finished else "FAILED"))
@@ -613,12 +677,17 @@ def register_model(run_dir: str | Path, *, name: str | None = None, tags: dict |
         return None
     from trainpipe.config import load_yaml_text  # bounded: an alias bomb is refused (issue 22)
     cfg = load_yaml_text((run_dir / "config.resolved.yaml").read_text(encoding="utf-8"), "config.resolved.yaml") or {}
+    refused = gates_block_registration(run_dir)
+    if refused:
+        raise TrackingError(f"`{run_dir}`'s model is {refused}. Fix the cause, or set `gates.on_fail: warn` to register it tagged "
+                            "`trainpipe.gates.passed=false`.")
     settings = resolve_settings(cfg.get("tracking") or {}, run_dir, cfg.get("name"))
     settings["uri"] = _real_uri(settings["uri"], run_dir)  # the credential as given, never the run directory's mask
     b = MlflowBackend(settings)
     b.run_id = state["run_id"]
     b.model_uri = f"runs:/{b.run_id}/model"
-    reg = b.register(name or settings["model_name"], lineage_tags(run_dir) | {k: redact_text(str(v)) for k, v in (tags or {}).items()})
+    reg = b.register(name or settings["model_name"], lineage_tags(run_dir) | gate_tags(run_dir) | {k: redact_text(str(v)) for k, v in (tags or {}).items()},
+                     gates_description(run_dir))
     state["registered"] = reg
     write_state(run_dir, state)
     return reg

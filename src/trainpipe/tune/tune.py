@@ -517,6 +517,7 @@ class Objective:
         self.trials_rel = "trials"  # `trials/NAME` for a study started with --new-study: the earlier study's trial folders stay
         self.t: TuneConfig = cfg.tune
         self.fn = load_function(self.t.objective.function, base_dir) if self.t.objective.function else None
+        self.study_run: StudyRun | None = None  # the study's MLflow run; each trial's run is its child
 
     def __call__(self, trial) -> float:
         import optuna
@@ -548,6 +549,9 @@ class Objective:
             trial.set_user_attr("seconds", round(time.time() - t0, 3))
             return value
 
+        if self.study_run is not None and self.study_run.active:  # every trial in the study's experiment, not one experiment per trial
+            tr = mapping.get("tracking") if isinstance(mapping.get("tracking"), dict) else {}
+            mapping["tracking"] = {**tr, "experiment": tr.get("experiment") or self.study_run.experiment}
         cfg = build_config(mapping, source=f"trial {trial.number}", base_dir=self.base_dir)
         cfg.name = f"{self.cfg.name}-trial-{trial.number:04d}"
         price = price_trial(cfg, self.t.gpu)
@@ -579,6 +583,11 @@ class Objective:
                 raise L.StopTrial()
 
         L.EVAL_HOOKS.append(report)
+        from trainpipe.track import tracking
+
+        if self.study_run is not None and self.study_run.active:
+            tracking.PARENT_RUN.update(run_id=self.study_run.run_id, uri=self.study_run.uri,
+                                       tags={"trainpipe.tune.study": self.study_run.study, "trainpipe.tune.trial": str(trial.number)})
         try:
             summary = run(cfg, overwrite=True)
         except L.StopTrial:
@@ -591,6 +600,7 @@ class Objective:
             raise
         finally:
             L.EVAL_HOOKS.remove(report)
+            tracking.PARENT_RUN.clear()
         final = summary.get("final") or {}
         if metric not in final:
             raise TuneError(f"trial {trial.number}'s summary has no final `{metric}` (it has {', '.join(final)}); set `tune.objective.metric` to one of those.")
@@ -761,6 +771,8 @@ def tune(config: str | Path, overrides: list[str] | None = None, *, n_trials: in
     if name != (t.study_name or cfg.name or "study"):
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name).lstrip(".") or "study"
         objective.trials_rel = f"trials/{safe}"
+    if not fn:  # real trials: one MLflow run for the study, each trial's run its child, all in the study's experiment
+        objective.study_run = StudyRun.open(cfg, study, study_dir / objective.trials_rel / "trial-0000")
     if t.n_trials:
         from optuna.storages import fail_stale_trials
         from optuna.storages._heartbeat import is_heartbeat_enabled
@@ -775,10 +787,94 @@ def tune(config: str | Path, overrides: list[str] | None = None, *, n_trials: in
         retried = _retried(trials)
         if sum(1 for tr in trials if counts_toward_budget(tr, retried)) >= t.n_trials:
             ui.console().print(f"the study already has `tune.n_trials: {t.n_trials}` trials: no new trial (raise `tune.n_trials` or `--n-trials` to add some)", highlight=False)
-            return finish(study, cfg, raw, base_dir, study_dir, direction, reads)
-    study.optimize(objective, n_trials=None, timeout=t.timeout_hours * 3600 if t.timeout_hours else None, callbacks=callbacks,
-                   catch=(TrainpipeError,), gc_after_trial=True)
-    return finish(study, cfg, raw, base_dir, study_dir, direction, reads)
+            out = finish(study, cfg, raw, base_dir, study_dir, direction, reads)
+            if objective.study_run is not None:
+                objective.study_run.close(out)
+            return out
+    try:
+        study.optimize(objective, n_trials=None, timeout=t.timeout_hours * 3600 if t.timeout_hours else None, callbacks=callbacks,
+                       catch=(TrainpipeError,), gc_after_trial=True)
+        out = finish(study, cfg, raw, base_dir, study_dir, direction, reads)
+    except BaseException:
+        if objective.study_run is not None:
+            objective.study_run.close(None, status="FAILED")
+        raise
+    if objective.study_run is not None:
+        objective.study_run.close(out)
+    return out
+
+
+class StudyRun:
+    """The study's run in MLflow (`tracking.backend` mlflow): one parent run per study in the study's experiment
+    (`tracking.experiment`, else the study config's `name`), its id kept in the study's storage (`mlflow_parent_run_id`)
+    so every worker and every later `trainpipe tune` of the study nests its trials under the same run. Each trial's run
+    is created as its child (`mlflow.parentRunId`, track/tracking.py `PARENT_RUN`). An unreachable tracker warns once
+    and the study goes on (the trials' own runs keep their metrics for `trainpipe track sync`)."""
+
+    ATTR = "mlflow_parent_run_id"
+
+    def __init__(self, settings: dict, study_name: str):
+        self.settings, self.study, self.uri, self.experiment = settings, study_name, settings["uri"], settings["experiment"]
+        self.run_id: str | None = None
+        self.active = False
+        self.client = None
+
+    @classmethod
+    def open(cls, cfg: RunConfig, study, trial_dir: Path) -> "StudyRun | None":
+        from trainpipe.track import tracking
+
+        settings = tracking.resolve_settings(cfg.tracking, trial_dir, cfg.name)  # the store the trials' runs use (beside their folders)
+        if settings["backend"] != "mlflow":
+            return None
+        me = cls(settings, study.study_name)
+        try:
+            backend = tracking.MlflowBackend(settings)
+            me.client = backend.client
+            known = study.user_attrs.get(cls.ATTR)
+            if isinstance(known, dict) and known.get("uri") == tracking._safe_uri(me.uri) and known.get("run_id"):
+                from mlflow.exceptions import MlflowException
+
+                try:  # the study's run from an earlier `trainpipe tune` or another worker: reopened
+                    run = me.client.get_run(known["run_id"])
+                    me.run_id = run.info.run_id
+                    if run.info.status != "RUNNING":
+                        me.client.update_run(me.run_id, status="RUNNING")
+                except MlflowException:
+                    me.run_id = None
+            if me.run_id is None:
+                me.run_id = backend.open({}, {}, {"mlflow.runName": f"study {study.study_name}", "trainpipe.tune.study": study.study_name,
+                                                   "trainpipe.tune.role": "study"})
+            study.set_user_attr(cls.ATTR, {"run_id": me.run_id, "uri": tracking._safe_uri(me.uri)})
+            me.active = True
+            ui.console().print(f"  tracking: study run {me.run_id} in experiment {me.experiment} (each trial a child run)", markup=False, highlight=False)
+        except Exception as exc:  # noqa: BLE001 - the study goes on without its parent run
+            ui.console().print(f"warning: the study's MLflow run could not be opened ({type(exc).__name__}: {str(exc)[:200]}); trials are tracked on their own",
+                               markup=False, highlight=False)
+        return me
+
+    def close(self, out: dict | None, status: str = "FINISHED") -> None:
+        """The study's result on its run (best value, trial counts, tune.json), then the run ended."""
+        if not self.active:
+            return
+        from mlflow.entities import Metric, Param, RunTag
+
+        from trainpipe.redact import redact_text
+
+        try:
+            if out:
+                best = out.get("best") or {}
+                tags = [RunTag("trainpipe.tune.trials", str(out.get("trials"))), RunTag("trainpipe.tune.direction", str(out.get("direction")))]
+                metrics, params = [], []
+                if best:
+                    tags += [RunTag("trainpipe.tune.best_trial", str(best.get("trial")))]
+                    metrics.append(Metric(f"best_{out.get('metric')}", float(best["value"]), int(time.time() * 1000), 0))
+                    params = [Param(f"best.{k}"[:250], redact_text(str(v))[:6000]) for k, v in (best.get("params") or {}).items()]
+                existing = set(self.client.get_run(self.run_id).data.params)
+                params = [p for p in params if p.key not in existing]  # params are write-once in MLflow: a later worker's best stays in the tags
+                self.client.log_batch(self.run_id, metrics=metrics, params=params, tags=tags, synchronous=True)
+            self.client.set_terminated(self.run_id, status=status)
+        except Exception as exc:  # noqa: BLE001
+            ui.console().print(f"warning: the study's MLflow run was not updated ({type(exc).__name__}: {str(exc)[:200]})", markup=False, highlight=False)
 
 
 def _this_gpu() -> str | None:
