@@ -172,7 +172,13 @@ class Writer:
             except Exception:
                 pass
         shutil.rmtree(self.tmp, ignore_errors=True)
-        ownership.forget(self.root, self.tmp.name)
+        try:
+            ownership.forget(self.root, self.tmp.name)
+        except OSError:  # a full disk: the manifest cannot be rewritten; a pending mark of a folder now gone is harmless
+            data = ownership.read_manifest(Path(self.root))
+            if not data["entries"] and set(data["pending"]) <= {self.tmp.name}:
+                (Path(self.root) / ownership.MANIFEST).unlink(missing_ok=True)
+            return
         _drop_empty_manifest(self.root)  # a failed first build leaves the cache folder as it found it
 
 
