@@ -177,6 +177,8 @@ class DataConfig(_Section):
     """`tokenizer`: the tokenizer's own template (error if it has none); a built-in name: that template (its special tokens must be in the vocabulary); `auto`: the tokenizer's, else ChatML."""
     system_prompt: str | None = None
     """System message added to every conversation that has none."""
+    reasoning: Literal["train", "mask", "drop"] = "train"
+    """Reasoning of assistant turns (`reasoning_content`, or `<think>...</think>` leading the content): `train` (default) renders the last assistant turn's reasoning and trains it, `mask` renders it without loss, `drop` leaves it out. Earlier turns are always rendered without their reasoning (as Qwen3-style templates do)."""
     on_error: Literal["raise", "skip"] = "raise"
     """What to do with a record that is not valid or lacks its format's fields: `raise` stops the run naming the file and line; `skip` drops it, counts it and writes it to rejected.jsonl."""
     pii: PiiConfig = Field(default_factory=PiiConfig)

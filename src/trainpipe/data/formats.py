@@ -8,20 +8,42 @@
   from ``prompt``/``chosen``/``rejected`` as strings or conversations (with or without a
   separate prompt: the shared prefix of the two conversations is the prompt), and
   ShareGPT-style ``conversations`` + ``chosen``/``rejected`` turns.
-- ``kto``: ``{"kind": "kto", "prompt": [msgs], "completion": [msgs], "label": bool}``.
+- ``kto``: ``{"kind": "kto", "prompt": [msgs], "completion": [msgs], "label": bool}`` from ``prompt``/``completion``/
+  ``label``, or as LLaMA-Factory writes it (``kto_en_demo``): ``messages`` (or ``conversations``) + a boolean ``label``,
+  the last assistant turn being the completion.
 - ``text``: ``{"kind": "text", "text": str}`` for continued pretraining (``text`` field, .txt files).
 
 ``columns`` (``{format_field: source_field}``) renames a source's fields first.
+
+What real chat data carries besides role and content:
+
+- content-part lists (``"content": [{"type": "text", "text": ...}]``, OpenAI / HF multimodal chat): the text parts
+  are joined with a newline; any other part (image, audio, ...) is refused as ``non_text_content`` naming the part's
+  type (trainpipe trains text models), or counted and skipped under ``on_error: skip``;
+- ``tools`` (a list of function schemas, or a JSON string of one, as in glaive / LLaMA-Factory ``glaive_toolcall_en_demo``):
+  kept on the example (``"tools": [...]``) and given to the chat template (tokenize.py);
+- tool calls: assistant ``tool_calls`` (OpenAI/HF: ``{"type": "function", "function": {"name", "arguments"}}``), or
+  ShareGPT ``function_call`` turns (a JSON ``{"name", "arguments"}`` or a list of them) -> an assistant turn with
+  ``tool_calls`` (arguments as an object) and empty content; tool results: role ``tool`` / ShareGPT ``observation``;
+- reasoning: an assistant ``reasoning_content`` field, or a leading ``<think>...</think>`` in its content, is kept as
+  the message's ``reasoning_content`` (the content without it); ``data.reasoning`` decides at tokenizing time.
 """
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
 from typing import Literal
 
 Format = Literal["alpaca", "chat", "sharegpt", "preference", "kto", "text", "classification"]
 ROLES = ("system", "user", "assistant", "tool")
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system",
                   "function_call": "assistant", "observation": "tool", "tool": "tool", "function": "tool"}
+
+
+_THINK = re.compile(r"\A\s*<think>(.*?)</think>\s*", re.S)
+TEXT_PART_TYPES = ("text", "input_text", "output_text")
 
 
 class FormatError(ValueError):
@@ -93,6 +115,9 @@ def missing(record: dict, key: str) -> FormatError:
 def detect(record: dict) -> tuple[Format, str]:
     """(format, why) from the record's fields; FormatError when none fits."""
     keys = set(record)
+    if keys & {"messages", "conversations"} and "label" in keys and not {"chosen", "rejected"} <= keys and _is_bool(record["label"]):
+        field = "messages" if "messages" in keys else "conversations"
+        return "kto", f"it has `{field}` and a true/false `label` (LLaMA-Factory KTO)"
     if "messages" in keys:
         return "chat", "it has a `messages` field"
     if "conversations" in keys and {"chosen", "rejected"} <= keys:
@@ -112,9 +137,146 @@ def detect(record: dict) -> tuple[Format, str]:
     mapped = ("; `columns:` maps " + ", ".join(f"`{k}` to `{v}`" for k, v in unmapped.items()) + ", which this record does not have") if unmapped else ""
     raise FormatError(
         f"fits no known format (fields: {fields}{mapped}); alpaca needs `instruction` and `output`, chat needs `messages`, "
-        "ShareGPT `conversations`, preference `chosen` and `rejected`, KTO `completion` and `label`, raw text `text` "
+        "ShareGPT `conversations`, preference `chosen` and `rejected`, KTO `completion` (or `messages`) and a true/false `label`, raw text `text` "
         "(map other names with `columns:`)"
     )
+
+
+def _is_bool(label) -> bool:
+    return isinstance(label, bool) or label in (0, 1) or (isinstance(label, str) and label.lower() in ("true", "false"))
+
+
+def detect_file(path: str | Path) -> tuple[Format, str] | None:
+    """(format, why) of a local data file from its first record, read by the reader `prepare` uses (JSONL, a JSON
+    array, CSV, Parquet, text, compressed or not) and told by :func:`detect`: the one detector of `prepare` and
+    `plan --data FILE`. None when it cannot be told here (no readable record, or none that fits a format)."""
+    from trainpipe.data.sources import Record, Rejected, is_data_file, read_file
+
+    p = Path(path)
+    if p.is_dir():
+        files = sorted(f for f in p.iterdir() if f.is_file() and is_data_file(f))
+        if not files:
+            return None
+        p = files[0]
+    if not p.is_file():
+        return None
+    try:
+        for item in read_file(p):
+            if isinstance(item, Rejected):
+                return None
+            if isinstance(item, Record) and isinstance(item.data, dict):
+                return detect(item.data)
+            return None
+    except Exception:  # noqa: BLE001 - an unreadable file: the reader reports it (file, line, fix) when the data loads
+        return None
+    return None
+
+
+def _content(value, where: str, *, allow_none: bool = False) -> str:
+    """A message's content: a string, or a list of content parts whose text parts are joined (a non-text part is
+    refused as ``non_text_content``)."""
+    if isinstance(value, str):
+        return value
+    if value is None and allow_none:
+        return ""
+    if isinstance(value, list):
+        texts = []
+        for j, part in enumerate(value):
+            if isinstance(part, str):
+                texts.append(part)
+                continue
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind in TEXT_PART_TYPES or (kind is None and isinstance(part, dict) and isinstance(part.get("text"), str)):
+                text = part.get("text")
+                if not isinstance(text, str):
+                    raise FormatError(f"{where}[{j}] is a `{kind}` part without a string `text`")
+                texts.append(text)
+                continue
+            shown = kind if isinstance(kind, str) else (sorted(part)[0] if isinstance(part, dict) and part else type(part).__name__)
+            raise FormatError(
+                f"{where}[{j}] is a `{shown}` content part: trainpipe trains text models, so only text parts "
+                "(`{\"type\": \"text\", \"text\": ...}`) can be read; remove the non-text parts (or the record), or set "
+                "`data.on_error: skip` to drop such records with the reason counted",
+                kind="non_text_content",
+            )
+        return "\n".join(texts)
+    raise FormatError(f"{where} must be a string or a list of content parts, got {type(value).__name__}")
+
+
+def _arguments(value, where: str) -> dict:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else {}
+        except json.JSONDecodeError as exc:
+            raise FormatError(f"{where} is not valid JSON ({exc.msg} at character {exc.pos}); give the arguments as an object or a JSON string of one") from None
+    if not isinstance(value, dict):
+        raise FormatError(f"{where} must be an object (or a JSON string of one), got {type(value).__name__}")
+    return value
+
+
+def _tool_calls(value, where: str) -> list[dict]:
+    """Tool calls as ``[{"type": "function", "function": {"name", "arguments": {...}}}]`` from the OpenAI/HF form or
+    a bare ``{"name", "arguments"}`` (one or a list)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise FormatError(f"{where} is not valid JSON ({exc.msg} at character {exc.pos}); a function call is "
+                              "`{\"name\": ..., \"arguments\": {...}}` (or a list of them)") from None
+    if isinstance(value, dict):
+        value = [value]
+    if not isinstance(value, list) or not value:
+        raise FormatError(f"{where} must be a function call `{{\"name\": ..., \"arguments\": {{...}}}}` or a non-empty list of them")
+    out = []
+    for k, call in enumerate(value):
+        fn = call.get("function", call) if isinstance(call, dict) else None
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if not isinstance(name, str) or not name.strip():
+            raise FormatError(f"{where}[{k}] has no function `name`")
+        out.append({"type": "function", "function": {"name": name, "arguments": _arguments(fn.get("arguments", {}), f"{where}[{k}].arguments")}})
+    return out
+
+
+def tools_of(record: dict) -> list[dict] | None:
+    """The record's ``tools`` (function schemas) as a list, or None when it has none; a JSON string is parsed."""
+    value = record.get("tools")
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise FormatError(f"field `tools` is not valid JSON ({exc.msg} at character {exc.pos}); give a list of function "
+                              "schemas (`[{\"name\": ..., \"description\": ..., \"parameters\": {...}}]`) or a JSON string of one") from None
+    if isinstance(value, dict):
+        value = [value]
+    if not isinstance(value, list):
+        raise FormatError(f"field `tools` must be a list of function schemas, got {type(value).__name__}")
+    for k, tool in enumerate(value):
+        fn = tool.get("function", tool) if isinstance(tool, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"].strip():
+            raise FormatError(f"`tools[{k}]` has no function `name` (a schema is `{{\"name\": ..., \"description\": ..., \"parameters\": {{...}}}}`)")
+    return value or None
+
+
+def tool_names(tools: list[dict] | None) -> list[str]:
+    return [t.get("function", t)["name"] for t in tools or []]
+
+
+def _assistant(msg: dict, m: dict, where: str) -> dict:
+    """Reasoning (``reasoning_content``, or a leading ``<think>...</think>`` in the content) and tool calls of an assistant turn."""
+    reasoning = m.get("reasoning_content", m.get("reasoning"))
+    if reasoning is not None and not isinstance(reasoning, str):
+        raise FormatError(f"{where}.reasoning_content must be a string, got {type(reasoning).__name__}")
+    think = _THINK.match(msg["content"])
+    if think:
+        reasoning = ((reasoning + "\n") if reasoning else "") + think.group(1).strip()
+        msg["content"] = msg["content"][think.end():]
+    if reasoning and reasoning.strip():
+        msg["reasoning_content"] = reasoning.strip()
+    if m.get("tool_calls"):
+        msg["tool_calls"] = _tool_calls(m["tool_calls"], f"{where}.tool_calls")
+    return msg
 
 
 def _require_str(record: dict, key: str, *, optional: bool = False) -> str:
@@ -135,12 +297,16 @@ def _chat(messages, field: str = "messages", *, need_assistant: bool = True) -> 
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise FormatError(f"{field}[{i}] must be an object with `role` and `content`")
-        role, content = m.get("role"), m.get("content")
+        role = m.get("role")
         if role not in ROLES:
             raise FormatError(f"{field}[{i}].role must be one of {', '.join(ROLES)}, got {role!r}")
-        if not isinstance(content, str):
-            raise FormatError(f"{field}[{i}].content must be a string, got {type(content).__name__}")
-        out.append({"role": role, "content": content})
+        calls = role == "assistant" and bool(m.get("tool_calls"))
+        msg = {"role": role, "content": _content(m.get("content"), f"{field}[{i}].content", allow_none=calls)}
+        if role == "assistant":
+            msg = _assistant(msg, m, f"{field}[{i}]")
+        elif role == "tool" and isinstance(m.get("name"), str):
+            msg["name"] = m["name"]
+        out.append(msg)
     if need_assistant and not any(m["role"] == "assistant" for m in out):
         raise FormatError(f"`{field}` has no assistant turn to train on")
     return out
@@ -158,9 +324,12 @@ def _sharegpt(turns, field: str = "conversations", *, need_assistant: bool = Tru
         frm, value = t.get("from", t.get("role")), t.get("value", t.get("content"))
         if frm not in SHAREGPT_ROLES:
             raise FormatError(f"{field}[{i}].from must be one of {', '.join(SHAREGPT_ROLES)}, got {frm!r}")
-        if not isinstance(value, str):
-            raise FormatError(f"{field}[{i}].value must be a string, got {type(value).__name__}")
-        out.append({"role": SHAREGPT_ROLES[frm], "content": value})
+        if frm == "function_call":  # LLaMA-Factory: the call as JSON in `value`
+            out.append({"role": "assistant", "content": "", "tool_calls": _tool_calls(value, f"{field}[{i}].value")})
+            continue
+        role = SHAREGPT_ROLES[frm]
+        msg = {"role": role, "content": _content(value, f"{field}[{i}].value")}
+        out.append(_assistant(msg, t, f"{field}[{i}]") if role == "assistant" else msg)
     if need_assistant and not any(m["role"] == "assistant" for m in out):
         raise FormatError(f"`{field}` has no assistant (gpt) turn to train on")
     return out
@@ -194,13 +363,13 @@ def to_example(record: dict, fmt: Format, system_prompt: str | None = None) -> d
             raise missing(record, "messages")
         msgs = _chat(record.get("messages"))
         check_order([(f"messages[{i}]", m) for i, m in enumerate(msgs)])
-        return {"kind": "sft", "messages": _with_system(msgs, system_prompt)}
+        return _tooled({"kind": "sft", "messages": _with_system(msgs, system_prompt)}, record)
     if fmt == "sharegpt":
         if "conversations" not in record:
             raise missing(record, "conversations")
         msgs = _sharegpt(record["conversations"])
         check_order([(f"conversations[{i}]", m) for i, m in enumerate(msgs)])
-        return {"kind": "sft", "messages": _with_system(msgs, system_prompt)}
+        return _tooled({"kind": "sft", "messages": _with_system(msgs, _own_system(record) or system_prompt)}, record)
     if fmt == "text":
         return {"kind": "text", "text": _require_str(record, "text")}
     if fmt == "classification":  # text + a class label (`method.name: classification`); a text example that carries its label
@@ -209,6 +378,8 @@ def to_example(record: dict, fmt: Format, system_prompt: str | None = None) -> d
             raise FormatError("classification records need a `label` (a string, number or bool; map another field with `columns: {label: FIELD}`)", kind="missing_label")
         return {"kind": "text", "text": _require_str(record, "text"), "label": str(label)}
     if fmt == "kto":
+        if "completion" not in record and ("messages" in record or "conversations" in record):
+            return _kto_conversation(record, system_prompt)
         if "completion" not in record:
             raise missing(record, "completion")
         label = record.get("label")
@@ -219,7 +390,7 @@ def to_example(record: dict, fmt: Format, system_prompt: str | None = None) -> d
         prompt = _turns(record.get("prompt", ""), "prompt", default_role="user")
         completion = _turns(record["completion"], "completion", default_role="assistant")
         check_order(_named("prompt", prompt) + _named("completion", completion))
-        return {"kind": "kto", "prompt": _with_system(prompt, system_prompt), "completion": completion, "label": bool(label)}
+        return _tooled({"kind": "kto", "prompt": _with_system(prompt, system_prompt), "completion": completion, "label": bool(label)}, record)
     if fmt == "preference":
         for k in ("chosen", "rejected"):
             if k not in record:
@@ -243,8 +414,48 @@ def to_example(record: dict, fmt: Format, system_prompt: str | None = None) -> d
             if not any(m["role"] == "assistant" for m in turns):
                 raise FormatError(f"`{name}` has no assistant turn")
             check_order(_named("prompt", prompt) + _named(name, turns))
-        return {"kind": "preference", "prompt": _with_system(prompt, system_prompt), "chosen": chosen, "rejected": rejected}
+        sys_ = _own_system(record) if "conversations" in record else None
+        return _tooled({"kind": "preference", "prompt": _with_system(prompt, sys_ or system_prompt), "chosen": chosen, "rejected": rejected}, record)
     raise FormatError(f"unknown format {fmt!r}")
+
+
+def _label(record: dict) -> bool:
+    if "label" not in record:
+        raise missing(record, "label")
+    label = record["label"]
+    if not _is_bool(label):
+        raise FormatError(f"field `label` must be true or false, got {label!r}")
+    return label.lower() in ("true", "1") if isinstance(label, str) else bool(label)
+
+
+def _kto_conversation(record: dict, system_prompt: str | None) -> dict:
+    """LLaMA-Factory's KTO layout: a conversation + `label`; its last assistant turn is the completion."""
+    if "messages" in record:
+        msgs, field = _chat(record["messages"]), "messages"
+    else:
+        msgs, field = _sharegpt(record["conversations"]), "conversations"
+    check_order(_named(field, msgs))
+    label = _label(record)
+    if msgs[-1]["role"] != "assistant":
+        raise FormatError(f"`{field}` ends with a `{msgs[-1]['role']}` turn: a KTO record's last turn is the assistant reply the `label` judges")
+    prompt = msgs[:-1]
+    if not any(m["role"] == "user" for m in prompt):
+        raise FormatError(f"`{field}` has no user turn before the judged reply")
+    own = _own_system(record) if field == "conversations" else None
+    return _tooled({"kind": "kto", "prompt": _with_system(prompt, own or system_prompt), "completion": msgs[-1:], "label": label}, record)
+
+
+def _own_system(record: dict) -> str | None:
+    """A ShareGPT record's own `system` field (LLaMA-Factory)."""
+    s = record.get("system")
+    return s if isinstance(s, str) and s.strip() else None
+
+
+def _tooled(ex: dict, record: dict) -> dict:
+    tools = tools_of(record)
+    if tools:
+        ex["tools"] = tools
+    return ex
 
 
 def _named(field: str, turns: list[dict]) -> list[tuple[str, dict]]:
@@ -266,24 +477,32 @@ def to_messages(record: dict, fmt: Format, system_prompt: str | None = None) -> 
     return to_example(record, fmt, system_prompt)["messages"]
 
 
+def said(m: dict) -> str:
+    """All a message says: its reasoning, its content and its tool calls (as JSON)."""
+    parts = [m["reasoning_content"]] if m.get("reasoning_content") else []
+    parts.append(m["content"])
+    parts += [json.dumps(c["function"], ensure_ascii=False, sort_keys=True) for c in m.get("tool_calls") or []]
+    return "\n".join(p for p in parts if p) if len(parts) > 1 else parts[0]
+
+
 def strings(ex: dict) -> list[str]:
     """Every text of an example, in order (for PII, dedup and n-gram checks)."""
     if ex["kind"] == "text":
         return [ex["text"]]
     if ex["kind"] == "sft":
-        return [m["content"] for m in ex["messages"]]
+        return [said(m) for m in ex["messages"]]
     keys = ("prompt", "chosen", "rejected") if ex["kind"] == "preference" else ("prompt", "completion")
-    return [m["content"] for k in keys for m in ex[k]]
+    return [said(m) for k in keys for m in ex[k]]
 
 
 def responses(ex: dict) -> list[str]:
-    """The texts a model is trained to produce (for the empty-response and repetition filters)."""
+    """The texts a model is trained to produce (for the empty-response and repetition filters): a tool call counts."""
     if ex["kind"] == "text":
         return [ex["text"]]
     if ex["kind"] == "sft":
-        return [m["content"] for m in ex["messages"] if m["role"] == "assistant"]
+        return [said(m) for m in ex["messages"] if m["role"] == "assistant"]
     keys = ("chosen", "rejected") if ex["kind"] == "preference" else ("completion",)
-    return [m["content"] for k in keys for m in ex[k] if m["role"] == "assistant"]
+    return [said(m) for k in keys for m in ex[k] if m["role"] == "assistant"]
 
 
 def map_strings(ex: dict, fn) -> dict:
@@ -293,5 +512,24 @@ def map_strings(ex: dict, fn) -> dict:
     out = dict(ex)
     for k in ("messages", "prompt", "chosen", "rejected", "completion"):
         if k in ex:
-            out[k] = [{**m, "content": fn(m["content"])} for m in ex[k]]
+            out[k] = [_map_message(m, fn) for m in ex[k]]
     return out
+
+
+def _map_message(m: dict, fn) -> dict:
+    out = {**m, "content": fn(m["content"])}
+    if m.get("reasoning_content"):
+        out["reasoning_content"] = fn(m["reasoning_content"])
+    if m.get("tool_calls"):
+        out["tool_calls"] = [{**c, "function": {**c["function"], "arguments": _map_json(c["function"]["arguments"], fn)}} for c in m["tool_calls"]]
+    return out
+
+
+def _map_json(value, fn):
+    if isinstance(value, str):
+        return fn(value)
+    if isinstance(value, dict):
+        return {k: _map_json(v, fn) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_map_json(v, fn) for v in value]
+    return value

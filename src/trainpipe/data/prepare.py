@@ -147,7 +147,7 @@ def prepare(
         from trainpipe.data.tokenize import setup_chat_template
 
         template_name = setup_chat_template(tokenizer, cfg.chat_template, getattr(tokenizer, "name_or_path", "tokenizer"))
-    tpl = Template(tokenizer, template_name)
+    tpl = Template(tokenizer, template_name, reasoning=cfg.reasoning)
     parts = key_parts(cfg, tokenizer, tpl, train_on=train_on, seed=seed)
     key = cache_mod.make_key(parts)
     root = Path(cfg.cache_dir) if cfg.cache_dir else cache_mod.default_dir()

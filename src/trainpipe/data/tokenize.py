@@ -22,6 +22,22 @@ in the main thread, and a clock check at every call, operator and output piece) 
 (``*``, ``+``, ``%``, ``**``, calls, filters, namespaces and block buffers are checked before they
 allocate). A template past a limit stops with one paragraph naming the template and the limit.
 
+Tools, tool calls and reasoning (data/formats.py keeps them on the example):
+
+- ``tools`` (function schemas) are given to the template as ``tools=`` (as ``apply_chat_template(messages, tools=...)``
+  does) and the rendered text must name each tool (else one paragraph). A template that ignores ``tools`` (a probe
+  render does not show a probe tool's name; the built-in ones all do) gets the documented fallback instead: the schemas
+  as a Hermes-style ``<tools>`` block (one JSON schema a line) at the end of the system message (one is added when
+  there is none), said once on the console.
+- assistant ``tool_calls`` are rendered by the template; one that does not render them (probe) gets each call written
+  into the assistant content as ``<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`` (Hermes), said once.
+  The call is part of the assistant span (trained); tool results (role ``tool``) never carry loss.
+- reasoning (``reasoning_content``): ``data.reasoning`` = ``train`` (default: the reasoning of the LAST assistant turn is
+  rendered and trained), ``mask`` (rendered, no loss), ``drop`` (not rendered). Earlier assistant turns are rendered
+  without their reasoning, as Qwen3-style templates do and the thinking model families are trained. A template that
+  knows ``reasoning_content`` (its source names it) renders it itself; for any other one it is written into the content
+  as ``<think>\n...\n</think>\n\n`` before the answer.
+
 Text is bounded before it reaches the template or the tokenizer: an example with more than
 ``max_length`` x :data:`CHARS_PER_TOKEN` characters is dropped as ``too_long_chars`` (``truncation:
 drop``), or cut to that many characters (``truncation: truncate``: raw text keeps its start, a
@@ -31,6 +47,7 @@ conversation its end) by :func:`bound_example`.
 from __future__ import annotations
 
 import functools
+import json
 import re
 import signal
 import threading
@@ -362,7 +379,7 @@ def _special_strings(tokenizer) -> list[str]:
 class Template:
     """A compiled chat template bound to a tokenizer's special tokens."""
 
-    def __init__(self, tokenizer, name: str = "tokenizer"):
+    def __init__(self, tokenizer, name: str = "tokenizer", reasoning: str = "train"):
         if not tokenizer.chat_template:
             raise TemplateError("the tokenizer has no chat template")
         self.name = name
@@ -373,12 +390,88 @@ class Template:
         self._kwargs = {k: v for k, v in tokenizer.special_tokens_map.items()}
         self.specials = _special_strings(tokenizer)
         self._special_re = re.compile("|".join(re.escape(s) for s in self.specials)) if self.specials else None
+        self.reasoning = reasoning
+        self._knows: dict[str, bool] = {}
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
-        """The template's text for ``messages``, within the sandbox's limits (a ModelLoadError past one)."""
-        return self._render(messages, add_generation_prompt)
+    def render(self, messages: list[dict], add_generation_prompt: bool = False, tools: list | None = None) -> str:
+        """The template's text for ``messages`` (and ``tools``), within the sandbox's limits (a ModelLoadError past one)."""
+        msgs, _ = self.prepare(messages)
+        return self._raw(msgs, tools, add_generation_prompt)
 
-    def _render(self, messages: list[dict], add_generation_prompt: bool = False, generation: list | None = None) -> str:
+    # ----------------------------------------------------------------- tools, tool calls, reasoning
+    def knows(self, what: str) -> bool:
+        """Whether the template renders ``tools``, ``tool_calls`` or ``reasoning_content`` (probed once, lazily)."""
+        if what not in self._knows:
+            if what == "reasoning_content":
+                self._knows[what] = "reasoning_content" in self.source
+            else:
+                probe = [{"role": "user", "content": "q"}]
+                tools = None
+                if what == "tools":
+                    tools = [_schema({"name": "trainpipe_probe_tool", "description": "probe", "parameters": {"type": "object", "properties": {}}})]
+                else:
+                    probe.append({"role": "assistant", "content": "", "tool_calls": [
+                        {"type": "function", "function": {"name": "trainpipe_probe_call", "arguments": {"x": 1}}}]})
+                try:
+                    text = self._render(probe, tools=tools)
+                except ModelLoadError:
+                    raise
+                except Exception:  # noqa: BLE001 - a template that fails on the probe does not render it
+                    text = ""
+                self._knows[what] = ("trainpipe_probe_tool" if what == "tools" else "trainpipe_probe_call") in text
+        return self._knows[what]
+
+    def prepare(self, messages: list[dict]) -> tuple[list[dict], dict[int, tuple[str, str]]]:
+        """(messages as the template gets them, {index: (reasoning kept on that turn, its answer)}): reasoning kept only on the
+        last assistant turn (``data.reasoning`` train/mask) and written into the content where the template does not
+        know ``reasoning_content``; tool calls written into the content where the template does not render them."""
+        if not any(m.get("reasoning_content") or m.get("tool_calls") for m in messages):
+            return messages, {}
+        last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=-1)
+        out, kept = [], {}
+        for i, m in enumerate(messages):
+            if not (m.get("reasoning_content") or m.get("tool_calls")):
+                out.append(m)
+                continue
+            m = dict(m)
+            r = m.pop("reasoning_content", None)
+            if r and i == last and self.reasoning != "drop":
+                kept[i] = (r, m["content"])
+                if self.knows("reasoning_content"):
+                    m["reasoning_content"] = r
+                else:
+                    m["content"] = f"<think>\n{r}\n</think>\n\n" + m["content"]
+            if m.get("tool_calls") and not self.knows("tool_calls"):
+                _say_once(self.source, "tool_calls", f"The chat template of `{self.origin}` does not render assistant `tool_calls`; trainpipe writes "
+                          "each call into the assistant's content as `<tool_call>\\n{\"name\": ..., \"arguments\": ...}\\n</tool_call>` (Hermes style) and trains it.")
+                calls = "".join(f"<tool_call>\n{json.dumps({'name': c['function']['name'], 'arguments': c['function']['arguments']}, ensure_ascii=False)}\n</tool_call>"
+                                for c in m.pop("tool_calls"))
+                m["content"] = (m["content"] + "\n" if m["content"] else "") + calls
+            out.append(m)
+        return out, kept
+
+    def _raw(self, msgs: list[dict], tools: list | None, add_generation_prompt: bool = False, generation: list | None = None) -> str:
+        if tools:
+            tools = [_schema(t) for t in tools]
+            if not self.knows("tools"):
+                _say_once(self.source, "tools", f"The chat template of `{self.origin}` ignores `tools`; trainpipe puts the tool schemas in the system "
+                          "message instead (a `<tools>` block, one JSON schema a line), as Hermes/Qwen-style templates do.")
+                msgs, tools = _tools_in_system(msgs, tools), None
+        return self._render(msgs, add_generation_prompt, generation, tools=tools)
+
+    def _check_tools(self, text: str, tools: list | None) -> None:
+        """The round trip: the rendered text names every tool."""
+        from trainpipe.data.formats import tool_names
+
+        lost = [n for n in tool_names(tools) if n not in text]
+        if lost:
+            raise ModelLoadError(
+                f"The chat template of `{self.origin}` was given the tools {', '.join(f'`{n}`' for n in lost)} but its text does not name "
+                "them, so the model would learn calls to functions it never saw described. Use a template that renders `tools` "
+                "(e.g. Qwen2.5's or Hermes'), or `data.chat_template: chatml` (the schemas then go in the system message)."
+            )
+
+    def _render(self, messages: list[dict], add_generation_prompt: bool = False, generation: list | None = None, tools: list | None = None) -> str:
         """``render``; with ``generation`` (a list), the character spans of the template's ``{% generation %}`` blocks
         are appended to it (transformers' AssistantTracker)."""
         import contextlib
@@ -391,7 +484,7 @@ class Template:
             track = self._compiled.environment.activate_tracker(parts, generation) if generation is not None else contextlib.nullcontext()
             try:
                 with track:
-                    for piece in self._compiled.generate(messages=messages, tools=None, documents=None, add_generation_prompt=add_generation_prompt, **self._kwargs):
+                    for piece in self._compiled.generate(messages=messages, tools=tools, documents=None, add_generation_prompt=add_generation_prompt, **self._kwargs):
                         total += len(piece)
                         if total > TEMPLATE_MAX_CHARS:
                             raise _Limit("chars")
@@ -424,36 +517,51 @@ class Template:
             "the template (`chat_template` in the tokenizer's files)."
         )
 
-    def spans(self, messages: list[dict], train_on: str = "assistant") -> tuple[str, list[tuple[int, int]], list[tuple[int, int]]]:
-        """(rendered text, character spans that carry loss, spans that never do: tool outputs)."""
-        if self._one_pass and train_on != "all":
+    def spans(self, messages: list[dict], train_on: str = "assistant", tools: list | None = None) -> tuple[str, list[tuple[int, int]], list[tuple[int, int]]]:
+        """(rendered text, character spans that carry loss, spans that never do: tool outputs, masked reasoning)."""
+        messages, kept = self.prepare(messages)
+        think_masked = self.reasoning == "mask" and bool(kept)
+        if self._one_pass and train_on != "all" and not think_masked:
             # a built-in template marks each reply and its end-of-turn token with {% generation %}: one render gives the
             # spans the prefix renders below would (tests/unit/test_labels.py), at half the cost
             gens: list = []
-            text = self._render(messages, generation=gens)
+            text = self._raw(messages, tools, generation=gens)
+            self._check_tools(text, tools)
             n = sum(1 for m in messages if m["role"] == "assistant")
             if len(gens) == n:
                 return text, [tuple(g) for g in (gens[-1:] if train_on == "last_assistant" else gens)], []
-        text = self.render(messages)
+        text = self._raw(messages, tools)
+        self._check_tools(text, tools)
         masked = []
         if train_on == "all":
             for i, m in enumerate(messages):
                 if m["role"] == "tool":
-                    masked.append((len(self.render(messages[:i])), len(self.render(messages[: i + 1]))))
+                    masked.append((len(self._raw(messages[:i], tools)), len(self._raw(messages[: i + 1], tools))))
+            if think_masked:
+                for i, (r, answer) in kept.items():
+                    start = len(self._raw(messages[:i], tools, add_generation_prompt=True))
+                    masked.append(_think_span(text, start, r, answer.strip()))
             return text, [(0, len(text))], masked
         idx = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
         if train_on == "last_assistant":
             idx = idx[-1:]
         spans = []
         for i in idx:
-            prefix = self.render(messages[:i], add_generation_prompt=True)
+            prefix = self._raw(messages[:i], tools, add_generation_prompt=True)
             if not text.startswith(prefix):
                 raise TemplateError(
                     "the chat template does not render a conversation as a prefix of its continuation, "
                     "so the assistant turns cannot be located for label masking; use `data.chat_template: chatml`"
                 )
             content = messages[i]["content"].strip()
-            pos = text.find(content, len(prefix)) if content else len(prefix)
+            start = len(prefix)
+            if i in kept:  # the answer comes after the reasoning (which may quote it)
+                content = kept[i][1].strip()
+                a, b = _think_span(text, start, kept[i][0], content)
+                if think_masked:
+                    masked.append((a, b))
+                start = b
+            pos = text.find(content, start) if content else start
             if pos < 0:
                 raise TemplateError("the chat template changes the assistant content, so its tokens cannot be located")
             m = self._special_re.search(text, pos + len(content)) if self._special_re else None
@@ -464,6 +572,62 @@ class Template:
                 )
             spans.append((len(prefix), m.end()))
         return text, spans, masked
+
+    def render_pair(self, prompt: list[dict], reply: list[dict], tools: list | None = None) -> tuple[str, str]:
+        """(prompt text with the generation prompt, the reply's text after it) for preference/KTO rows; the reasoning
+        and tool-call preparation is done on the whole conversation, so the prompt renders as the full one starts."""
+        msgs, _ = self.prepare(prompt + reply)
+        head = self._raw(msgs[: len(prompt)], tools, add_generation_prompt=True)
+        full = self._raw(msgs, tools)
+        self._check_tools(full, tools)
+        if not full.startswith(head):
+            raise TemplateError("the chat template does not render the prompt as a prefix of the prompt with its reply")
+        return head, full[len(head):]
+
+
+_SAID: set = set()
+
+
+def _say_once(source: str, what: str, text: str) -> None:
+    """A fallback said once per template and kind on the console (not per example)."""
+    key = (hash(source), what)
+    if key in _SAID:
+        return
+    _SAID.add(key)
+    from rich.markup import escape
+
+    from trainpipe.ui import console
+
+    console().print(escape(text))
+
+
+def _schema(tool: dict) -> dict:
+    """A tool in the form ``apply_chat_template(tools=...)`` gives templates: ``{"type": "function", "function": {...}}``."""
+    return tool if isinstance(tool.get("function"), dict) else {"type": "function", "function": tool}
+
+
+def _tools_in_system(msgs: list[dict], tools: list[dict]) -> list[dict]:
+    block = ("You may call one or more functions. The function signatures are in the <tools></tools> block:\n<tools>\n"
+             + "\n".join(json.dumps(t, ensure_ascii=False) for t in tools) + "\n</tools>")
+    if msgs and msgs[0]["role"] == "system":
+        return [{**msgs[0], "content": msgs[0]["content"] + "\n\n" + block}] + msgs[1:]
+    return [{"role": "system", "content": block}] + msgs
+
+
+def _think_span(text: str, start: int, reasoning: str, content: str) -> tuple[int, int]:
+    """(start, end) of the rendered reasoning of a turn whose reply starts at ``start``: from the reply's start to the
+    end of the reasoning text plus what follows it up to the answer (the closing tag and blank line)."""
+    r = reasoning.strip()
+    at = text.find(r, start)
+    if at < 0:
+        return start, start
+    end = at + len(r)
+    close = text.find("</think>", end)
+    if close >= 0 and (not content or close < text.find(content, end)):
+        end = close + len("</think>")
+    while end < len(text) and text[end] in " \n":
+        end += 1
+    return start, end
 
 
 def _labels(ids: list[int], offsets, spans, masked) -> list[int]:
@@ -498,10 +662,11 @@ def _encode(tokenizer, texts: list[str]):
     return backend.encode_batch(texts, add_special_tokens=False)
 
 
-def tokenize_conversation(tokenizer, messages: list[dict], train_on: str = "assistant", template: Template | None = None) -> Tokenized:
+def tokenize_conversation(tokenizer, messages: list[dict], train_on: str = "assistant", template: Template | None = None,
+                          tools: list | None = None) -> Tokenized:
     """Tokenize a conversation with labels masked to the assistant spans (IGNORE_INDEX elsewhere)."""
     tpl = template or Template(tokenizer)
-    text, spans, masked = tpl.spans(messages, train_on)
+    text, spans, masked = tpl.spans(messages, train_on, tools)
     (enc,) = _encode(tokenizer, [text])
     return Tokenized(list(enc.ids), _labels(enc.ids, enc.offsets, spans, masked))
 
@@ -510,11 +675,11 @@ def assistant_spans(tokenizer, messages: list[dict], train_on: str = "assistant"
     return Template(tokenizer).spans(messages, train_on)
 
 
-def generation_prompt(tokenizer, messages: list[dict], template: Template | None = None) -> tuple[str, str]:
+def generation_prompt(tokenizer, messages: list[dict], template: Template | None = None, tools: list | None = None) -> tuple[str, str]:
     """(prompt text ending with the generation prompt, reference reply) for the last assistant turn."""
     tpl = template or Template(tokenizer)
     last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
-    return tpl.render(messages[:last], add_generation_prompt=True), messages[last]["content"]
+    return tpl.render(messages[:last], add_generation_prompt=True, tools=tools), messages[last]["content"]
 
 
 # --------------------------------------------------------------------------- bounded text before tokenizing
@@ -602,7 +767,7 @@ def _encode_batch(tokenizer, tpl: Template, examples: list[dict], *, train_on: s
         kind = ex["kind"]
         try:
             if kind == "sft":
-                text, spans, masked = tpl.spans(ex["messages"], train_on)
+                text, spans, masked = tpl.spans(ex["messages"], train_on, ex.get("tools"))
                 sft_i.append(i)
                 sft_texts.append(text)
                 sft_spans.append((spans, masked))
@@ -612,13 +777,12 @@ def _encode_batch(tokenizer, tpl: Template, examples: list[dict], *, train_on: s
                 sft_texts.append(text)
                 sft_spans.append(([(0, len(text))], []))
             else:
-                prompt = tpl.render(ex["prompt"], add_generation_prompt=True)
-                parts = [prompt]
+                parts = []
                 for key in ("chosen", "rejected") if kind == "preference" else ("completion",):
-                    full = tpl.render(ex["prompt"] + ex[key])
-                    if not full.startswith(prompt):
-                        raise TemplateError("the chat template does not render the prompt as a prefix of the prompt with its reply")
-                    parts.append(full[len(prompt):])
+                    prompt, reply = tpl.render_pair(ex["prompt"], ex[key], ex.get("tools"))
+                    if not parts:
+                        parts.append(prompt)
+                    parts.append(reply)
                 pair_i.append(i)
                 pair_texts.append(parts)
         except TemplateError as exc:
@@ -646,7 +810,7 @@ def _encode_batch(tokenizer, tpl: Template, examples: list[dict], *, train_on: s
                 continue
             gen = None
             if with_generation and examples[i]["kind"] == "sft":
-                p, ref = generation_prompt(tokenizer, examples[i]["messages"], tpl)
+                p, ref = generation_prompt(tokenizer, examples[i]["messages"], tpl, examples[i].get("tools"))
                 gen = {"prompt": p, "reference": ref}
             row = {"input_ids": ids, "labels": labels}
             if "label" in examples[i]:  # `format: classification`: the class label rides with the text's tokens

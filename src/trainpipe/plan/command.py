@@ -454,17 +454,19 @@ def plan_3d(spec: ModelSpec, req: PlanRequest, gpu: GPU) -> dict:
 
 
 def _objective_rows(req: PlanRequest):
-    from trainpipe.plan.objective import DATA_KINDS, choose_objective, kind_of_file
+    from trainpipe.data.formats import detect_file
+    from trainpipe.plan.objective import DATA_KINDS, KIND_OF_FORMAT, choose_objective
 
     kinds, assumed = set(), not req.data
     for d in req.data:
         if d in DATA_KINDS:
             kinds.add(d)
             continue
-        k = kind_of_file(d)
+        found = detect_file(d)  # the detector `prepare` uses, on the first record its reader gives
+        k = KIND_OF_FORMAT.get(found[0]) if found else None
         if k is None:
-            raise PlanError(f"`--data {d}` is neither a data kind ({', '.join(DATA_KINDS)}) nor a local JSONL/JSON/TXT file whose first record "
-                            "names its format. Give the kind, or the path of the training data.")
+            raise PlanError(f"`--data {d}` is neither a data kind ({', '.join(DATA_KINDS)}) nor a local data file (JSONL, JSON, CSV, "
+                            "Parquet, text) whose first record names its format. Give the kind, or the path of the training data.")
         kinds.add(k)
     c = choose_objective(goal=req.goal, data=kinds or {"instruction"}, kl_control=req.kl_control, continued=req.continued, tasks=req.tasks)
     if assumed:
