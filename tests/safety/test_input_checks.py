@@ -226,6 +226,11 @@ def test_data_prepare_with_auto_batch_size(proj, capsys, tmp_path, monkeypatch):
     assert "Traceback" not in capsys.readouterr().out
 
 
+def test_output_dir_is_a_file(proj, capsys):
+    (proj.parent / "notes.txt").write_text("mine\n")
+    refused(["run", str(proj), "--set", "output_dir=notes.txt"], capsys, proj.parent, expect="notes.txt")
+
+
 def test_config_schema_into_a_directory(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "schema").mkdir()

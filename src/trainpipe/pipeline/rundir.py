@@ -283,6 +283,9 @@ class RunLock:
     def acquire(self) -> None:
         if int(os.environ.get("RANK", "0") or 0) > 0:  # torchrun: rank 0 holds the lock for the whole job
             return
+        if self.folder.exists() and not self.folder.is_dir():  # `output_dir` names a file: one paragraph, not NotADirectoryError (issue 22)
+            raise RunDirError(f"`output_dir` `{self.folder}` is a file, not a folder. Nothing was written. Choose a folder for the run's "
+                              "output (`--set output_dir=runs/NAME`); trainpipe creates it when missing.")
         if not self.folder.exists():
             self.folder.mkdir(parents=True)
             self.created_folder = True
