@@ -694,8 +694,14 @@ def max_chars(max_length: int) -> int:
 
 
 def _content_len(m) -> int:
-    c = m.get("content") if isinstance(m, dict) else None
-    return len(c) if isinstance(c, str) else 0
+    """Characters a message brings to the template: content, reasoning and tool calls."""
+    if not isinstance(m, dict):
+        return 0
+    c, r = m.get("content"), m.get("reasoning_content")
+    n = (len(c) if isinstance(c, str) else 0) + (len(r) if isinstance(r, str) else 0)
+    if m.get("tool_calls"):
+        n += len(json.dumps(m["tool_calls"], ensure_ascii=False))
+    return n
 
 
 def _keep_end(messages: list[dict], budget: int) -> list[dict]:
@@ -707,8 +713,8 @@ def _keep_end(messages: list[dict], budget: int) -> list[dict]:
             kept.append(m)
             budget -= n
             continue
-        if budget > 0:
-            kept.append({**m, "content": m["content"][-budget:]})
+        if budget > 0 and not m.get("tool_calls"):  # a call is kept whole or not at all; reasoning goes first
+            kept.append({k: v for k, v in m.items() if k != "reasoning_content"} | {"content": m["content"][-budget:]})
         break
     return kept[::-1]
 
@@ -724,18 +730,21 @@ def bound_example(ex: dict, limit: int, truncation: str) -> tuple[dict | None, b
         if len(ex["text"]) <= limit:
             return ex, False
         return (None, False) if truncation == "drop" else ({**ex, "text": ex["text"][:limit]}, True)
+    tools = len(json.dumps(ex["tools"], ensure_ascii=False)) if ex.get("tools") else 0  # the schemas are rendered too
     if kind == "sft":
-        if sum(_content_len(m) for m in ex["messages"]) <= limit:
+        if tools + sum(_content_len(m) for m in ex["messages"]) <= limit:
             return ex, False
-        return (None, False) if truncation == "drop" else ({**ex, "messages": _keep_end(ex["messages"], limit)}, True)
+        if truncation == "drop" or tools >= limit:
+            return None, False
+        return {**ex, "messages": _keep_end(ex["messages"], limit - tools)}, True
     replies = [ex[k] for k in ("chosen", "rejected", "completion") if k in ex]
     longest = max((sum(_content_len(m) for m in r) for r in replies), default=0)
-    prompt = sum(_content_len(m) for m in ex["prompt"])
+    prompt = tools + sum(_content_len(m) for m in ex["prompt"])
     if prompt + longest <= limit:
         return ex, False
-    if truncation == "drop" or longest >= limit:
+    if truncation == "drop" or longest + tools >= limit:
         return None, False
-    return {**ex, "prompt": _keep_end(ex["prompt"], limit - longest)}, True
+    return {**ex, "prompt": _keep_end(ex["prompt"], limit - longest - tools)}, True
 
 
 # --------------------------------------------------------------------------- batches of examples

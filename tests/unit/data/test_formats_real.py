@@ -198,6 +198,18 @@ def test_reasoning_option_reaches_prepare(tmp_path, tok):
     assert loss["train"][1] > loss["mask"][1]  # and only train puts loss on it
 
 
+def test_reasoning_tool_calls_and_schemas_count_toward_the_character_bound():
+    from trainpipe.data.tokenize import bound_example
+
+    think = {"kind": "sft", "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "reasoning_content": "x" * 500}]}
+    assert bound_example(think, 400, "drop") == (None, False)  # the reasoning is rendered: it counts
+    cut, was_cut = bound_example(think, 400, "truncate")
+    assert was_cut and "reasoning_content" not in cut["messages"][-1] and cut["messages"][-1]["content"] == "a"
+    tooled = {"kind": "sft", "tools": [{"name": "f", "description": "d" * 500}], "messages": think["messages"][:1] + [{"role": "assistant", "content": "a"}]}
+    assert bound_example(tooled, 400, "drop") == (None, False)
+    assert bound_example(tooled, 4000, "drop") == (tooled, False)
+
+
 # ----------------------------------------------------------------------------------------------- plan --data
 def test_plan_data_file_uses_the_prepare_detector(capsys):
     from trainpipe.cli import main
