@@ -146,10 +146,11 @@ def _is_bool(label) -> bool:
     return isinstance(label, bool) or label in (0, 1) or (isinstance(label, str) and label.lower() in ("true", "false"))
 
 
-def detect_file(path: str | Path) -> tuple[Format, str] | None:
+def detect_file(path: str | Path, columns: dict[str, str] | None = None) -> tuple[Format, str] | None:
     """(format, why) of a local data file from its first record, read by the reader `prepare` uses (JSONL, a JSON
     array, CSV, Parquet, text, compressed or not) and told by :func:`detect`: the one detector of `prepare` and
-    `plan --data FILE`. None when it cannot be told here (no readable record, or none that fits a format)."""
+    `plan --data FILE` (and of `method.name: auto`), after the source's ``columns`` as `prepare` applies them. None
+    when it cannot be told here (no readable record, or none that fits a format)."""
     from trainpipe.data.sources import Record, Rejected, is_data_file, read_file
 
     p = Path(path)
@@ -165,7 +166,7 @@ def detect_file(path: str | Path) -> tuple[Format, str] | None:
             if isinstance(item, Rejected):
                 return None
             if isinstance(item, Record) and isinstance(item.data, dict):
-                return detect(item.data)
+                return detect(apply_columns(item.data, columns or {}))
             return None
     except Exception:  # noqa: BLE001 - an unreadable file: the reader reports it (file, line, fix) when the data loads
         return None

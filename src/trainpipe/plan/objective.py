@@ -20,7 +20,6 @@ The inputs: `goal` (task | knowledge | vocabulary | alignment | multitask | auto
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -124,36 +123,14 @@ def choose_objective(*, goal: str = "auto", data: set[str] | frozenset[str] | li
 
 
 # --------------------------------------------------------------------------- data kinds
-def kind_of_file(path: str | Path) -> str | None:
-    """The data kind of a local file from its first record (None when it cannot be read here)."""
-    from trainpipe.data.formats import detect
+def kind_of_file(path: str | Path, columns: dict | None = None) -> str | None:
+    """The data kind of a local file (or folder) from its first record, told by the detector `prepare` uses
+    (data/formats.py ``detect_file``: the same reader, so a JSON array, CSV or Parquet file is read as `prepare` reads
+    it); None when it cannot be told here."""
+    from trainpipe.data.formats import detect_file
 
-    p = Path(path)
-    if p.is_dir():
-        files = sorted(p.glob("*.jsonl")) + sorted(p.glob("*.json")) + sorted(p.glob("*.txt"))
-        if not files:
-            return None
-        p = files[0]
-    if not p.is_file():
-        return None
-    if p.suffix == ".txt":
-        return "text"
-    if p.suffix not in (".jsonl", ".json"):
-        return None
-    with p.open(encoding="utf-8-sig") as fh:
-        for line in fh:
-            if line.strip():
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:
-                    return None
-                if not isinstance(rec, dict):
-                    return None
-                try:
-                    return KIND_OF_FORMAT.get(detect(rec)[0])
-                except Exception:  # noqa: BLE001 - an unrecognised record: the reader reports it when the data loads
-                    return None
-    return None
+    found = detect_file(path, columns)
+    return KIND_OF_FORMAT.get(found[0]) if found else None
 
 
 def kind_of_source(src, base: Path | None = None) -> str | None:
@@ -167,7 +144,7 @@ def kind_of_source(src, base: Path | None = None) -> str | None:
     p = Path(path)
     if base is not None and not p.is_absolute():
         p = base / p
-    return kind_of_file(p)
+    return kind_of_file(p, getattr(src, "columns", None))
 
 
 def data_kinds(cfg) -> dict[str, list[int]]:

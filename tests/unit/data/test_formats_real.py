@@ -217,3 +217,13 @@ def test_plan_data_file_uses_the_prepare_detector(capsys):
     for name, stages in (("dpo_en_demo.json", ["dpo"]), ("kto_en_demo.json", ["dpo"]), ("glaive_toolcall_en_demo.json", ["sft"])):
         assert main(["plan", "--model", "Qwen/Qwen2.5-0.5B", "--gpu", "A100-80GB", "--data", str(FMT / name), "--json"]) == 0, name
         assert json.loads(capsys.readouterr().out)["objective"]["stages"] == stages, name
+
+
+def test_method_auto_reads_the_data_kind_with_the_same_detector(tmp_path):
+    from trainpipe.config import build_config
+    from trainpipe.plan.objective import expand_auto
+
+    for src, method in (({"path": str(FMT / "dpo_en_demo.json")}, "dpo"),  # a JSON array, as LLaMA-Factory ships it
+                        ({"path": str(ASSETS / "data" / "columns.csv"), "columns": {"instruction": "question", "output": "answer"}}, "sft")):
+        cfg = build_config({"model": {"name_or_path": "m"}, "data": {"sources": [src]}, "method": {"name": "auto"}}, base_dir=tmp_path)
+        assert expand_auto(cfg)[0].method.name == method
