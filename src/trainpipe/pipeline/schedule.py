@@ -37,6 +37,7 @@ from typing import Callable
 from trainpipe.errors import ConfigError
 
 FIELDS = ("minute", "hour", "day of month", "month", "day of week")
+BOUNDS = {"minute": (0, 59), "hour": (0, 23), "day of month": (1, 31), "month": (1, 12), "day of week": (0, 7)}
 _FIELD = re.compile(r"[0-9*,/-]+", re.ASCII)  # digits 0-9 only: `int()` also reads Arabic-Indic and other Unicode digits
 NEVER_AFTER = timedelta(days=366 * 5)  # an expression with no time within five years is refused (`0 0 31 2 *`)
 
@@ -75,7 +76,7 @@ class Cron:
 
 def _cron_error(expr: str, why: str, where: str) -> ConfigError:
     return ConfigError(
-        f"`--cron {expr!r}` {why}. A cron expression has five fields of ASCII digits, `*`, `,`, `-` and `/` (minute 0-59, hour 0-23, "
+        f"`--cron {expr!r}`{'' if why.startswith(':') else ' '}{why}. A cron expression has five fields of ASCII digits, `*`, `,`, `-` and `/` (minute 0-59, hour 0-23, "
         "day of month 1-31, month 1-12, day of week 0-7 with 0 and 7 Sunday), e.g. `0 3 * * *` (03:00 UTC every day) or `*/15 * * * 1-5` "
         "(every 15 minutes on weekdays).", [f"--cron {expr}: {where}"])
 
@@ -93,6 +94,13 @@ def parse_cron(expr: str) -> Cron:
         if not _FIELD.fullmatch(text):
             what = "names (MON, JAN) are not supported" if any(c.isalpha() for c in text) else "only digits, `*`, `,`, `-` and `/` are allowed"
             raise _cron_error(expr, f"has `{text}` as its {name} field: {what}", name)
+        lo, hi = BOUNDS[name]
+        for item in text.split(","):
+            rng, _, step = item.partition("/")
+            if any(not lo <= int(v) <= hi for v in re.findall(r"[0-9]+", rng)):
+                raise _cron_error(expr, f": the {name} field `{text}` is outside {lo}-{hi}", name)
+            if step and not (step.isdigit() and int(step) >= 1):
+                raise _cron_error(expr, f": the {name} field `{text}` has a step below 1", name)
     from cronsim import CronSimError
 
     cron = Cron(" ".join(parts))
