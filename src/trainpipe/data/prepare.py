@@ -620,7 +620,7 @@ def _keep(item, ex, data, si, src, cfg: DataConfig, scrub, words: Words, near, s
 
 
 def _texts(turns: list[dict]) -> list[tuple[str, str]]:
-    return [(m["role"], m["content"].strip()) for m in turns]
+    return [(m["role"], formats.said(m).strip()) for m in turns]  # tool calls and reasoning too: two calls differ
 
 
 def _loc(meta, gid: int, cfg) -> str:

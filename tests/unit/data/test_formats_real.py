@@ -160,6 +160,18 @@ def test_template_that_names_tools_only_partly_is_refused(tok):
         Template(t2).spans(ex["messages"], "assistant", ex["tools"])
 
 
+def test_preference_pairs_that_differ_only_in_their_tool_call_are_kept(tmp_path, tok):
+    call = lambda city: {"role": "assistant", "content": "", "tool_calls": [  # noqa: E731
+        {"type": "function", "function": {"name": "get_current_weather", "arguments": {"city": city}}}]}
+    p = tmp_path / "pairs.jsonl"
+    recs = [{"prompt": [{"role": "user", "content": f"Weather in {c}?"}], "chosen": [call(c)], "rejected": [call("Paris")]}
+            for c in ("Oslo", "Rome", "Lima")]
+    p.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    data = prepare(_cfg(tmp_path, p), tok, train_on="assistant", seed=0)
+    assert "identical_pair" not in data.report["dropped"] and "empty_response" not in data.report["dropped"]
+    assert data.report["records_kept"] == 3
+
+
 # ----------------------------------------------------------------------------------------------- reasoning
 @pytest.mark.parametrize("template", ["qwen", "chatml"])
 def test_reasoning_train_mask_drop_last_turn_only(tok, template):
