@@ -3,6 +3,7 @@
 lists, tools and tool calls through a real tool-aware chat template (a Qwen2.5/Hermes-style Jinja template written
 here: no hub access), reasoning kept, masked or dropped, and `plan --data FILE` with the detector `prepare` uses."""
 
+import copy
 import json
 import sys
 from pathlib import Path
@@ -134,8 +135,6 @@ def test_openai_tool_calls_render_and_prepare(tmp_path, tok):
 
 
 def test_template_that_ignores_tools_gets_them_in_the_system_message_said_once(tok, capsys):
-    import copy
-
     t2 = copy.deepcopy(tok)
     t2.chat_template = CHATML_TEMPLATE
     tpl = Template(t2, "chatml")
@@ -150,8 +149,6 @@ def test_template_that_ignores_tools_gets_them_in_the_system_message_said_once(t
 
 def test_template_that_names_tools_only_partly_is_refused(tok):
     from trainpipe.errors import ModelLoadError
-
-    import copy
 
     t2 = copy.deepcopy(tok)  # renders the first tool only: the second would be trained without its schema
     t2.chat_template = QWEN_TOOLS.replace("{% for tool in tools %}\n{{ tool | tojson }}{% endfor %}", "\n{{ tools[0] | tojson }}")
@@ -175,8 +172,6 @@ def test_preference_pairs_that_differ_only_in_their_tool_call_are_kept(tmp_path,
 # ----------------------------------------------------------------------------------------------- reasoning
 @pytest.mark.parametrize("template", ["qwen", "chatml"])
 def test_reasoning_train_mask_drop_last_turn_only(tok, template):
-    import copy
-
     t2 = copy.deepcopy(tok)
     if template == "chatml":
         t2.chat_template = CHATML_TEMPLATE
