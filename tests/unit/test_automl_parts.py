@@ -64,7 +64,7 @@ def test_bad_input_is_one_paragraph(tmp_path, tiny_model_dir, capsys):
         (["--task", "sft", "--data", str(data)], "needs candidate base models"),
         (["--task", "sft", "--data", str(data), "--models", f"x={tmp_path}"], "not a model folder"),
         (["--task", "sft", "--data", str(data), "--models", str(tiny_model_dir), "--lr-range", "1e-3:1e-4"], "LOW:HIGH"),
-        (["--task", "sft", "--data", str(data), "--models", str(tiny_model_dir), "--eta", "1"], "must be at least 2"),
+        (["--task", "sft", "--data", str(data), "--models", str(tiny_model_dir), "--eta", "1"], "at least 2"),
         (["--task", "sft", "--data", str(data), "--models", str(tiny_model_dir), "--budget-usd", "1"], "add `--gpu"),
         (["--task", "sft", "--data", str(data), "--catalog"], "bound it with `--max-params`"),
     ]
