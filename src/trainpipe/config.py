@@ -214,8 +214,8 @@ class DataConfig(_Section):
 
 
 class LoraConfig(_Section):
-    r: int = Field(default=16, ge=1)
-    """LoRA rank."""
+    r: int = Field(default=16, ge=1, le=4096)
+    """LoRA rank (at most 4096: a rank at the layer's width is already a full-rank update; 8-64 is usual)."""
     alpha: int = Field(default=32, ge=1)
     """LoRA scaling numerator (scale = alpha / r)."""
     dropout: float = Field(default=0.05, ge=0.0, lt=1.0)
@@ -350,7 +350,7 @@ class MethodConfig(_Section):
 class TrainingConfig(_Section):
     learning_rate: float | None = Field(default=None, gt=0)
     """Peak learning rate. Default by method: 2e-4 with LoRA, 5e-5 for a full fine-tune."""
-    num_train_epochs: float = Field(default=3.0, gt=0)
+    num_train_epochs: float = Field(default=3.0, gt=0, le=100000)
     """Passes over the training data (ignored when `max_steps` > 0)."""
     max_steps: int = -1
     """Total optimizer steps (>= 1); -1 trains for `num_train_epochs`."""
@@ -434,6 +434,8 @@ class TrainingConfig(_Section):
     def _max_steps_range(cls, v: int) -> int:
         if v == 0 or v < -1:
             raise ValueError("must be -1 (train for `num_train_epochs`) or a number of optimizer steps >= 1; 0 would train nothing (delete the key to train for the epochs)")
+        if v > 10**10:
+            raise ValueError(f"{v} optimizer steps is beyond any real run (at most 10^10); give the number of steps you mean, or -1 to train for `num_train_epochs`")
         return v
 
     @model_validator(mode="after")

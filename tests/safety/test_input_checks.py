@@ -334,3 +334,20 @@ def test_lineage_with_a_damaged_manifest(finished_run, tmp_path, capsys):
     run = damaged(finished_run, tmp_path, "other files wrong types")
     assert main(["lineage", str(run), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["run_dir"] == str(run)
+
+
+@pytest.mark.parametrize("setting", ["training.max_steps=1e26", "method.lora.r=100000", "training.num_train_epochs=1e9"])
+def test_figures_beyond_any_real_run_are_refused_by_validate(tmp_path, setting):
+    """A step count of 1e26, a LoRA rank of 100,000 or a billion epochs: refused with the key named, not a hang."""
+    from trainpipe.cli import main
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("model: {name_or_path: m}\ndata: {sources: [{path: d.jsonl}]}\n")
+    key = setting.split("=")[0]
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = main(["config", "validate", str(cfg), "--set", setting])
+    assert rc == 2 and key.split(".")[-1] in buf.getvalue() and "Traceback" not in buf.getvalue()
