@@ -117,3 +117,24 @@ def test_tune_trials_are_child_runs_of_the_study_run(tmp_path, tiny_model_dir):
     result = json.loads((tmp_path / "study" / "tune.json").read_text())
     assert parent.info.status == "FINISHED" and parent.data.tags["trainpipe.tune.best_trial"] == str(result["best"]["trial"])
     assert parent.data.metrics["best_loss"] == pytest.approx(result["best"]["value"])
+
+
+def test_tune_default_store_beside_the_trials_holds_the_study_and_its_children(tmp_path, tiny_model_dir, monkeypatch):
+    """No `tracking.uri`: the trials' runs and the study's run share the default store `<study>/trials/mlflow.db`."""
+    from mlflow import MlflowClient
+
+    monkeypatch.setenv("TRAINPIPE_TRACKING", "mlflow")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    tune = {"space": {"training.learning_rate": {"choice": [1.0e-3]}}, "objective": {"metric": "loss"}, "n_trials": 1,
+            "sampler": "grid", "pruner": "none", "seed": 0, "fidelity": {"steps": 2}}
+    cfg = _config(tmp_path, tiny_model_dir, "study", "", {"on_fail": "warn"}, tune=tune)
+    raw = yaml.safe_load(cfg.read_text())
+    raw["tracking"] = {"backend": "auto"}
+    cfg.write_text(yaml.safe_dump(raw))
+    assert main(["tune", str(cfg)]) == 0
+    uri = f"sqlite:///{tmp_path / 'study' / 'trials' / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("travel")
+    runs = client.search_runs([exp.experiment_id])
+    parent = next(r for r in runs if r.data.tags.get("trainpipe.tune.role") == "study")
+    assert [r.data.tags.get("mlflow.parentRunId") for r in runs if r is not parent] == [parent.info.run_id]

@@ -772,7 +772,12 @@ def tune(config: str | Path, overrides: list[str] | None = None, *, n_trials: in
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name).lstrip(".") or "study"
         objective.trials_rel = f"trials/{safe}"
     if not fn:  # real trials: one MLflow run for the study, each trial's run its child, all in the study's experiment
-        objective.study_run = StudyRun.open(cfg, study, study_dir / objective.trials_rel / "trial-0000")
+        from trainpipe.track.tracking import resolve_settings
+
+        if resolve_settings(cfg.tracking, study_dir / objective.trials_rel / "trial-0000", cfg.name)["backend"] == "mlflow":
+            # the trials' default MLflow store lives in the trials folder (`<trials>/mlflow.db`): the folder first
+            ownership.make_dir(study_dir / objective.trials_rel, what="the study's trials folder", reads=reads)
+            objective.study_run = StudyRun.open(cfg, study, study_dir / objective.trials_rel / "trial-0000")
     if t.n_trials:
         from optuna.storages import fail_stale_trials
         from optuna.storages._heartbeat import is_heartbeat_enabled
