@@ -42,3 +42,38 @@ def test_a_run_that_wrote_its_folder_but_no_event_never_started(tmp_path, capsys
     assert main(["diagnose", str(tmp_path), "--json"]) == 0
     (f,) = json.loads(capsys.readouterr().out)
     assert f["kind"] == "never_started" and f["severity"] == "fatal"
+
+
+def _finished_run(tmp_path, grad_norms, eval_losses, lr=1.0, slope=0.01):
+    import yaml
+
+    ev = [{"event": "run_started", "step": 0, "level": "info", "time": 0}, {"event": "training_started", "step": 0, "level": "info", "time": 1}]
+    ev.append({"event": "run_finished", "step": len(grad_norms), "level": "info", "time": 2, "wall_seconds": 60})
+    (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in ev))
+    rows = [{"step": i + 1, "loss": 2.0 - slope * i + 0.05 * (i % 2), "grad_norm": g} for i, g in enumerate(grad_norms)]
+    every = max(1, len(grad_norms) // len(eval_losses))
+    rows += [{"step": every * (i + 1), "eval_loss": v} for i, v in enumerate(eval_losses)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in sorted(rows, key=lambda r: r["step"])))
+    (tmp_path / "config.resolved.yaml").write_text(yaml.safe_dump({"training": {"learning_rate": lr, "max_grad_norm": 1.0}}))
+    return tmp_path
+
+
+def test_pre_clip_gradient_norms_far_above_the_clip_are_instability_not_ok(tmp_path):
+    """Issue 24's LoRA run at lr 1.0: clipping kept it finite (no spike, no NaN) while pre-clip norms reached 6117 and the
+    eval loss rose; it was "ok - finished normally". Read over the whole run it is unstable."""
+    norms = [0.9, 1.4, 35.0, 6117.0, 480.0, 220.0, 95.0, 60.0, 140.0, 75.0, 55.0, 40.0]
+    found = diagnose(_finished_run(tmp_path, norms, [1.91, 2.35, 2.31, 2.28]))
+    (f,) = [f for f in found if f.kind == "gradient_instability"]
+    assert "6117" in f.evidence and "step 4" in f.evidence and "1.9100" in f.evidence and "ok" not in [x.kind for x in found]
+    assert f.settings == ["training.learning_rate"]
+
+
+def test_an_eval_loss_that_ends_above_its_start_is_said(tmp_path):
+    found = diagnose(_finished_run(tmp_path, [0.9] * 12, [1.90, 2.40, 2.30, 2.20], lr=2e-4, slope=-0.03))  # train loss rising a little too: not overfitting
+    (f,) = [f for f in found if f.kind == "eval_rising"]
+    assert "1.9000" in f.evidence and "2.2000" in f.evidence and "ok" not in [x.kind for x in found]
+
+
+def test_a_healthy_run_is_still_ok(tmp_path):
+    found = diagnose(_finished_run(tmp_path, [2.5, 1.8, 1.2, 0.9, 0.8, 0.7, 0.6, 0.6, 0.5, 0.5, 0.5, 0.4], [2.0, 1.8, 1.7, 1.65], lr=2e-4, slope=0.1))
+    assert [f.kind for f in found] == ["ok"]

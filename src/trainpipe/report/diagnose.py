@@ -263,6 +263,39 @@ def _findings(run: Path, events: list[dict], metrics: list[dict], cfg: dict, out
 
 
 # ---------------------------------------------------------------------------------------------------- the curves
+GRAD_NORM_ALARM = 100.0  # pre-clip gradient norms this many times `max_grad_norm`: the clip hides an update far too large
+
+
+def _whole_run_findings(metrics: list[dict], evals: list[tuple[int, float]], t: dict) -> list[Finding]:
+    """Instability read over the whole run, not its last points: pre-clip gradient norms far above the clip (clipping
+    keeps such a run finite, so no loss spike or NaN fires), and an eval loss that ended above where it started."""
+    out: list[Finding] = []
+    clip = float(t.get("max_grad_norm") or 1.0)
+    norms = [(m.get("step"), float(m["grad_norm"])) for m in metrics
+             if isinstance(m.get("grad_norm"), (int, float)) and not isinstance(m["grad_norm"], bool) and math.isfinite(float(m["grad_norm"]))]
+    eval_rose = len(evals) >= 2 and evals[-1][1] > evals[0][1] * 1.02
+    if norms:
+        step, worst = max(norms, key=lambda x: x[1])
+        if worst >= GRAD_NORM_ALARM * clip:
+            lr = t.get("learning_rate")
+            trend = f"; eval loss {evals[0][1]:.4f} (step {evals[0][0]}) -> {evals[-1][1]:.4f} (step {evals[-1][0]})" if len(evals) >= 2 else ""
+            out.append(Finding(
+                "gradient_instability", "warning",
+                "training is unstable: gradient norms before clipping reached far above the clip, so every update was cut to the clip's size" + (" and the eval loss rose" if eval_rose else ""),
+                f"largest pre-clip gradient norm {worst:.4g} at step {step} ({worst / clip:.0f} x `training.max_grad_norm` {clip:g}), "
+                f"{sum(n >= 10 * clip for _, n in norms)} of {len(norms)} logged steps above 10 x{trend}; learning rate {lr}",
+                f"Lower `training.learning_rate` (now {lr}) 10x or more and rerun; a healthy run's pre-clip norms stay within a few times the clip.",
+            ))
+            return out
+    if eval_rose and len(evals) >= 3:
+        (s0, v0), (s1, v1) = evals[0], evals[-1]
+        out.append(Finding(
+            "eval_rising", "warning", "the eval loss ended above where it started: the run made the model worse on held-out data",
+            f"eval loss {v0:.4f} at step {s0} -> {v1:.4f} at step {s1} ({100 * (v1 / v0 - 1):+.1f} %) over {len(evals)} evals",
+            "Lower `training.learning_rate`, train fewer steps, or check the eval split matches the training data's task "
+            "(`trainpipe data inspect CONFIG`); the best checkpoint is the one exported.",
+        ))
+    return out
 def _smooth(xs: list[float], k: int) -> list[float]:
     """Trailing moving average over ``k`` points (shorter at the start)."""
     out = []
@@ -295,10 +328,13 @@ def _curve_findings(run: Path, metrics: list[dict], cfg: dict, names: list[str],
     out: list[Finding] = []
     train = [(m["step"], float(m["loss"])) for m in metrics if m.get("loss") is not None and math.isfinite(float(m["loss"]))]
     evals = [(m["step"], float(m["eval_loss"])) for m in metrics if m.get("eval_loss") is not None and math.isfinite(float(m["eval_loss"]))]
-    if "training_started" not in names or diverged or len(train) < 6:  # too few points to tell a shape from noise
+    if "training_started" not in names or diverged:
         return out
     t = cfg.get("training", {}) or {}
     lr = t.get("learning_rate")
+    out += _whole_run_findings(metrics, evals, t)
+    if len(train) < 6:  # too few points to tell a shape from noise
+        return out
     shape = train_curve([x for _, x in train])
     low_step = train[shape["low_index"]][0]
     if shape["rising"]:
@@ -341,6 +377,8 @@ def _curve_findings(run: Path, metrics: list[dict], cfg: dict, names: list[str],
                 "Train fewer epochs (`training.num_train_epochs`; `training.early_stopping_patience` stops at the best eval and the best "
                 "checkpoint is exported), add data, or regularise more (`method.lora.dropout`, `training.weight_decay`).",
             ))
+    if any(f.kind == "overfitting" for f in out):  # the same rise, with its cause named
+        out = [f for f in out if f.kind != "eval_rising"]
     return out
 
 
