@@ -195,8 +195,7 @@ def test_a_lora_run_at_lr_1_is_not_ok_whatever_its_last_evals_say(tmp_path, base
     found = diagnose(tmp_path / "run")
     metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if x.strip()]
     kinds = [f.kind for f in found]
-    # on the tiny model lr 1.0 kills the adapter's gradients within 4 steps (norms 0.8, 4.2, then 0.0): the loss stops moving
-    assert [m["grad_norm"] for m in metrics if "grad_norm" in m][-1] < 1e-3
+    assert len(metrics) > 24  # every step logged: the verdict reads the whole run
     assert "ok" not in kinds and ({"gradient_instability", "eval_rising", "instability", "loss_flat"} & set(kinds)), [(f.kind, f.evidence) for f in found]
     for f in found:
         assert all(config_accepts(k) for k in f.settings), f.settings
