@@ -84,3 +84,128 @@ def test_decontamination_against_eval_source_and_benchmark_file(tmp_path, tok):
     assert r["dropped"] == {"decontaminated": 2} and r["splits"]["eval"]["records"] == 4 and r["splits"]["train"]["records"] == 20
     off = cfg.model_copy(update={"decontamination": cfg.decontamination.model_copy(update={"enabled": False})})
     assert prepare(off, tok, train_on="assistant", seed=0).report["splits"]["train"]["records"] == 22
+
+
+# --------------------------------------------------------------------------- near dedup: same decisions as datasketch
+
+
+class _DatasketchNearDedup:
+    """The former implementation (signatures as NearDedup computes them, indexed in datasketch's MinHashLSH),
+    kept here as the reference the numpy index must agree with."""
+
+    def __init__(self, threshold, shingle_size, num_perm):
+        from datasketch import MinHashLSH
+
+        self.nd = NearDedup(threshold, shingle_size, num_perm)  # for its signature() only
+        self.threshold = threshold
+        self.lsh = MinHashLSH(threshold=threshold, num_perm=num_perm, weights=(0.05, 0.95))
+        self.sigs = {}
+
+    def check_and_add(self, key, ids):
+        import numpy as np
+        from datasketch import LeanMinHash
+
+        sig = self.nd.signature(ids).astype(np.uint64)
+        m = object.__new__(LeanMinHash)
+        m._initialize_slots(1, sig)
+        sig32 = sig.astype(np.uint32)
+        best = None
+        for cand in self.lsh.query(m):
+            sim = float(np.mean(self.sigs[cand] == sig32))
+            if sim >= self.threshold and (best is None or sim > best[1] or (sim == best[1] and cand < best[0])):
+                best = (cand, sim)
+        if best is not None:
+            return best
+        self.lsh.insert(key, m, check_duplication=False)
+        self.sigs[key] = sig32
+        return None
+
+
+def _planted(n=1500, copies=900, seed=3, length=(6, 60), edits=3):
+    """Distinct random texts plus edited copies of them (1 edit up to 1/``edits`` of the words)."""
+    import random
+
+    rng = random.Random(seed)
+    vocab = [f"w{i}" for i in range(2000)]
+    texts = [" ".join(rng.choice(vocab) for _ in range(rng.randint(*length))) for _ in range(n)]
+    origin = list(range(n))
+    for _ in range(copies):
+        j = rng.randrange(n)
+        words = texts[j].split()
+        for _ in range(rng.randint(1, max(1, len(words) // edits))):
+            op, i = rng.random(), rng.randrange(len(words))
+            if op < 0.4:
+                words[i] = rng.choice(vocab)
+            elif op < 0.7 and len(words) > 3:
+                del words[i]
+            else:
+                words.insert(i, rng.choice(vocab))
+        texts.append(" ".join(words))
+        origin.append(j)
+    return texts, origin
+
+
+def _run(threshold, shingle, num_perm, texts):
+    w = Words()
+    ids = [w.ids(t)[1] for t in texts]
+    ref, new = _DatasketchNearDedup(threshold, shingle, num_perm), NearDedup(threshold, shingle, num_perm)
+    want = [ref.check_and_add(k, x) for k, x in enumerate(ids)]
+    got = [new.check_and_add(k, x) for k, x in enumerate(ids)]
+    return want, got, new
+
+
+@pytest.mark.parametrize("threshold,shingle,num_perm", [(0.5, 2, 64), (0.9, 1, 256), (0.7, 5, 32)])
+def test_near_dedup_decides_as_datasketch_minhashlsh(monkeypatch, threshold, shingle, num_perm):
+    pytest.importorskip("datasketch")
+    monkeypatch.setattr(NearDedup, "_RECENT", 500)  # many merges of the dict into the sorted array
+    texts, _ = _planted(n=600, copies=400)
+    want, got, new = _run(threshold, shingle, num_perm, texts)
+    assert got == want  # the same records dropped, matched to the same record, with the same estimate
+    assert len(new._h) > 0 and sum(x is not None for x in got) > 15
+    assert len(new) == sum(x is None for x in got)
+
+
+def test_near_dedup_defaults_on_planted_copies_at_several_jaccard_levels(monkeypatch):
+    """Defaults (0.8, 3-word shingles, 128 permutations): the same decisions as datasketch, so the same precision and
+    recall; copies well above the threshold are found, copies well below it and distinct texts are not."""
+    pytest.importorskip("datasketch")
+    monkeypatch.setattr(NearDedup, "_RECENT", 2000)
+    n = 1200
+    texts, origin = _planted(n=n, copies=800, length=(30, 80), edits=7)
+    want, got, _ = _run(0.8, 3, 128, texts)
+    assert got == want
+    assert not any(got[:n])  # distinct random texts: no false matches
+    levels = {"<0.6": [0, 0], "0.6-0.8": [0, 0], "0.8-0.9": [0, 0], ">=0.9": [0, 0]}  # [copies, found as copies of their original]
+    for k in range(n, len(texts)):
+        j = jaccard(texts[k], texts[origin[k]])
+        lv = "<0.6" if j < 0.6 else "0.6-0.8" if j < 0.8 else "0.8-0.9" if j < 0.9 else ">=0.9"
+        levels[lv][0] += 1
+        levels[lv][1] += got[k] is not None and origin[got[k][0]] == origin[k]
+        if got[k] is not None:
+            assert origin[got[k][0]] == origin[k]  # precision: a match is always a copy of the same original
+    assert all(c > 20 for c, _ in levels.values()), levels
+    assert levels["<0.6"][1] == 0
+    assert levels[">=0.9"][1] >= 0.95 * levels[">=0.9"][0], levels
+    assert levels["0.8-0.9"][1] >= 0.6 * levels["0.8-0.9"][0], levels
+
+
+def test_lsh_bands_and_rows_are_datasketchs_choice():
+    lsh = pytest.importorskip("datasketch.lsh")
+    from trainpipe.data.dedup import lsh_params
+
+    for t, p in [(0.8, 128), (0.5, 64), (0.9, 256), (0.7, 32), (0.85, 100)]:
+        assert lsh_params(t, p) == lsh._optimal_param(t, p, 0.05, 0.95)
+    assert lsh_params(0.8, 128) == (16, 8)
+
+
+def test_near_dedup_index_is_compact(monkeypatch):
+    """~0.7 KB a record at the defaults (signature 512 B, 16 band hashes and rows 192 B, key 8 B), not datasketch's ~8 KB."""
+    monkeypatch.setattr(NearDedup, "_RECENT", 4096)
+    nd = NearDedup(0.8, 3, 128)
+    w = Words()
+    n = 6000
+    for i in range(n):
+        assert nd.check_and_add(i, w.ids(f"Reverse: apple river stone {i}.\n{i} stone river apple")[1]) is None
+    per = (nd.nbytes - (nd._BLOCK - n % nd._BLOCK) * (128 * 4 + 8)) / n  # less the unfilled part of the last signature block
+    assert 600 < per <= 128 * 4 + 8 + 16 * 12
+    assert len(nd._recent) < 4096 + 16
