@@ -165,6 +165,8 @@ class DataConfig(_Section):
     """Held-out evaluation share: a fraction in (0, 1) of the records, or a whole number >= 1 of records (ignored when a source has `role: eval`)."""
     test_split: float = 0.0
     """Held-out test share: 0, a fraction in (0, 1), or a whole number >= 1 of records."""
+    min_eval_records: int | None = Field(default=None, ge=1)
+    """Eval and test are drawn (seeded) from the records that pass cleaning, dedup and the length rules, so the sizes asked for are met; when fewer survive than asked, the run goes on with at least this many eval records and stops below it (default: 20, or the asked size when smaller)."""
     stratify_by: str | None = None
     """Split so each value of this record field has the same share in every split."""
     max_length: int = Field(default=1024, ge=8)

@@ -37,7 +37,7 @@ from trainpipe.data import cache as cache_mod
 from trainpipe.data import clean, formats
 from trainpipe.data.dedup import Decontaminator, NearDedup, Words, exact_key
 from trainpipe.data.sources import Limits, Rejected, default_record_bytes, describe, excerpt, expand, fingerprint, iter_source, read_file, sha256_path
-from trainpipe.data.split import split_indices
+from trainpipe.data.split import split_surviving
 from trainpipe.data.tokenize import Template, bound_example, encode_batch, max_chars, row_loss_tokens, row_tokens
 from trainpipe.errors import DataError
 
@@ -369,18 +369,34 @@ def _build(cfg: DataConfig, tokenizer, tpl: Template, writer, parts: dict, *, tr
     strata = None
     if cfg.stratify_by:
         strata = [meta[i][3] for i in train_pos]
-    tr, ev, te = split_indices(len(train_pos), 0 if has_eval_src else cfg.eval_split, 0 if has_test_src else cfg.test_split, seed, strata)
-    assign = {"train": [train_pos[i] for i in tr], "eval": sorted([train_pos[i] for i in ev] + [i for i, r in enumerate(roles) if r == "eval"]),
-              "test": sorted([train_pos[i] for i in te] + [i for i, r in enumerate(roles) if r == "test"])}
-    if not assign["eval"]:
-        raise DataError("There is no evaluation data: a source has `role: eval` but no records of it survived cleaning. Check that source.")
-
-    # 3. decontaminate the training split against eval/test and the benchmark files
     fh = open(spill_path, "rb")
 
     def load(i: int) -> dict:
         fh.seek(offsets[i])
         return json.loads(fh.readline())
+
+    opts = dict(train_on=train_on, max_length=cfg.max_length, truncation=cfg.truncation, min_tokens=cfg.filters.min_tokens, max_tokens=cfg.filters.max_tokens)
+    held_out_dropped: Counter = Counter()  # why eval/test candidates failed the length rules (they stay in train)
+
+    def survives(pos: list[int]) -> list[bool]:
+        encs = encode_batch(tokenizer, tpl, [load(train_pos[i]) for i in pos], **opts)
+        for e in encs:
+            if e.row is None:
+                held_out_dropped[e.reason] += 1
+        return [e.row is not None for e in encs]
+
+    # eval/test are drawn from the records that pass cleaning, dedup and the length rules (tokenized), in a seeded order
+    tr, ev, te, split_info = split_surviving(len(train_pos), 0 if has_eval_src else cfg.eval_split, 0 if has_test_src else cfg.test_split,
+                                             seed, survives, strata)
+    assign = {"train": [train_pos[i] for i in tr], "eval": sorted([train_pos[i] for i in ev] + [i for i, r in enumerate(roles) if r == "eval"]),
+              "test": sorted([train_pos[i] for i in te] + [i for i, r in enumerate(roles) if r == "test"])}
+    if not assign["eval"]:
+        raise DataError("There is no evaluation data: a source has `role: eval` but no records of it survived cleaning. Check that source.")
+    eval_asked = len(assign["eval"]) if has_eval_src else split_info["eval_asked"]
+    if not has_eval_src and len(ev) < eval_asked:
+        _check_eval_size(cfg, eval_asked, len(ev), held_out_dropped, dropped, "of the training records")
+
+    # 3. decontaminate the training split against eval/test and the benchmark files
 
     decon_report: dict = {"enabled": cfg.decontamination.enabled}
     if cfg.decontamination.enabled:  # against benchmark files and eval/test responses; boilerplate n-grams ignored
@@ -433,7 +449,6 @@ def _build(cfg: DataConfig, tokenizer, tpl: Template, writer, parts: dict, *, tr
     if on_total:
         on_total(total)
     num_proc = cfg.num_proc or ((os.cpu_count() or 1) if total >= 20_000 else 1)
-    opts = dict(train_on=train_on, max_length=cfg.max_length, truncation=cfg.truncation, min_tokens=cfg.filters.min_tokens, max_tokens=cfg.filters.max_tokens)
     split_stats: dict[str, dict] = {}
     truncated = 0
     train_lengths: list[int] = []
@@ -481,11 +496,8 @@ def _build(cfg: DataConfig, tokenizer, tpl: Template, writer, parts: dict, *, tr
             split_stats[name] = st
             if name == "train":
                 stages.mark("tokenize", len(idx) - st["records"], st["records"])
-            if name == "eval" and st["records"] == 0:
-                raise DataError(
-                    f"Every evaluation example was dropped ({dict(dropped)}); `data.max_length` is {cfg.max_length}. "
-                    "Raise `data.max_length`, set `data.truncation: truncate`, or shorten the examples."
-                )
+            if name == "eval" and st["records"] < eval_asked:  # an eval source's records failed the length rules
+                _check_eval_size(cfg, eval_asked, st["records"], Counter(dropped), Counter(), "of the `role: eval` source")
     finally:
         if pool is not None:
             pool.close()
@@ -521,6 +533,11 @@ def _build(cfg: DataConfig, tokenizer, tpl: Template, writer, parts: dict, *, tr
         "dropped": dict(sorted(all_dropped.items())),
         "pii": dict(sorted(pii_records.items())) if scrub is not None else {},
         "splits": {k: v for k, v in split_stats.items() if v["records"] or k != "test"},
+        "held_out": {"eval_asked": eval_asked, "eval_records": split_stats["eval"]["records"],
+                     "test_asked": split_info["test_asked"] if not has_test_src else split_stats["test"]["records"],
+                     "test_records": split_stats["test"]["records"], "min_eval_records": _min_eval(cfg, eval_asked),
+                     "drawn_from": "records that passed cleaning, dedup and the length rules (seeded order)",
+                     "candidates_failed_length_rules": dict(held_out_dropped)},
         "invariant": {"rule": "records_read == records_kept + sum(dropped)", "holds": invariant},
         "sources": sources_info,
         "rejected": dict(rejects.counts),
@@ -557,6 +574,27 @@ def _build(cfg: DataConfig, tokenizer, tpl: Template, writer, parts: dict, *, tr
     with open(writer.path("duplicates.jsonl"), "w", encoding="utf-8") as out:
         for d in duplicates:
             out.write(json.dumps(d) + "\n")
+
+
+MIN_EVAL_FLOOR = 20  # `data.min_eval_records` default: this many, or the asked size when smaller
+
+
+def _min_eval(cfg: DataConfig, asked: int) -> int:
+    return cfg.min_eval_records if cfg.min_eval_records is not None else min(MIN_EVAL_FLOOR, asked)
+
+
+def _check_eval_size(cfg: DataConfig, asked: int, got: int, failed: Counter, dropped: Counter, where: str) -> None:
+    """Fewer eval records survived than asked: go on with them when at least `data.min_eval_records` did, else stop."""
+    floor = _min_eval(cfg, asked)
+    if got >= floor:
+        return
+    why = ", ".join(f"{k}: {v}" for k, v in sorted((failed + dropped).items()) if v) or "none recorded"
+    raise DataError(
+        f"The evaluation split asked for {asked} records, but only {got} {where} pass cleaning, dedup and the length rules "
+        f"(`data.max_length` {cfg.max_length}, `data.truncation: {cfg.truncation}`), below `data.min_eval_records` ({floor}); "
+        f"records were dropped for: {why}. Raise `data.max_length`, set `data.truncation: truncate`, add data, "
+        "lower `data.eval_split`, or lower `data.min_eval_records`."
+    )
 
 
 def _mark_read_stages(stages: _Stages, n_read: int, rejects: _Rejects, dropped: Counter, kept: int) -> None:
