@@ -174,7 +174,7 @@ class DataConfig(_Section):
     max_record_bytes: int | None = Field(default=None, ge=1024)
     """Largest record read, in bytes (a JSONL line, or the text of a JSON/Parquet/CSV/hub/SQL record), measured before it is parsed or tokenized; a larger record is dropped and counted as `too_big` (never held whole in memory). Default: the larger of 4 MiB and 128 bytes per `max_length` token."""
     truncation: Literal["drop", "truncate"] = "drop"
-    """Over-long examples: `drop` (default) or `truncate` (cut the prompt from the left, keeping the response; the response itself is cut only when it alone is too long)."""
+    """Over-long examples: `drop` (default) or `truncate` (cut the prompt from the left, keeping the response; the response itself is cut only when it alone is too long; preference/KTO pairs follow TRL's DPO rule: the prompt keeps its start within a budget of half `max_length`, then the replies keep their start to fit, dropped only when no reply token fits or chosen and rejected become the same)."""
     chat_template: Literal["auto", "tokenizer", "chatml", "llama-3", "mistral", "alpaca"] = "auto"
     """`tokenizer`: the tokenizer's own template (error if it has none); a built-in name: that template (its special tokens must be in the vocabulary); `auto`: the tokenizer's, else ChatML."""
     system_prompt: str | None = None

@@ -836,10 +836,13 @@ def _encode_batch(tokenizer, tpl: Template, examples: list[dict], *, train_on: s
             truncated = False
             longest = max(len(r) for r in replies)
             if len(prompt) + longest > max_length:
-                if truncation == "drop" or longest >= max_length:
+                if truncation == "drop":
                     out[i] = Encoded(None, "too_long")
                     continue
-                prompt = prompt[-(max_length - longest):]
+                prompt, replies = truncate_pair(prompt, replies, max_length)
+                if prompt is None:
+                    out[i] = Encoded(None, "too_long")
+                    continue
                 truncated = True
             if min(len(r) for r in replies) < max(1, min_tokens):
                 out[i] = Encoded(None, "too_short")
@@ -850,6 +853,21 @@ def _encode_batch(tokenizer, tpl: Template, examples: list[dict], *, train_on: s
                 row = {"prompt_input_ids": prompt, "completion_input_ids": replies[0], "label": examples[i]["label"]}
             out[i] = Encoded(row, None, truncated)
     return out  # type: ignore[return-value]
+
+
+def truncate_pair(prompt: list[int], replies: list[list[int]], max_length: int) -> tuple[list[int] | None, list[list[int]]]:
+    """TRL's DPO rule (`truncation_mode: keep_start`, with `max_prompt_length` half of `max_length`): the prompt keeps
+    what the longest reply leaves, but at least its budget of half `max_length`, cut keeping its start; then each
+    reply keeps its start up to what is left. (None, replies) when even that cannot train: no room for a reply, or
+    chosen and rejected become the same tokens (nothing left to prefer)."""
+    longest = max(len(r) for r in replies)
+    budget = max(max_length - longest, max_length // 2)
+    prompt = prompt[:budget]
+    room = max_length - len(prompt)
+    replies = [r[:room] for r in replies]
+    if room < 1 or (len(replies) == 2 and replies[0] == replies[1]):
+        return None, replies
+    return prompt, replies
 
 
 def row_tokens(row: dict) -> int:
