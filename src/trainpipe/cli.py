@@ -203,7 +203,8 @@ def plan(
     """Plan a run before spending anything: method, strategy, memory per GPU, time and cost, each choice with its rule.
 
     With a run config this is the plan `trainpipe run` executes (the same resolver), for this machine or the one
-    `--gpu NAME --num-gpus N --nodes M` describes.
+    `--gpu NAME --num-gpus N --nodes M` describes. With `--model`, each `--set KEY=VALUE` changes the default run config
+    the plan is built from (data.max_length, training.*, method.lora.*, ...); a key it cannot honour is refused.
 
     Exit codes: 0 a plan, also one that does not fit (`fits: false` and the reason, with what would fit); 2 bad input."""
     from trainpipe.plan.command import plan_command

@@ -70,6 +70,7 @@ class PlanRequest:
     objective: str | None = None
     host_ram_gib: float | None = None  # host RAM per GPU for offload plans (default: the GPU catalog's, else 64 GiB)
     framework: str = "trainpipe"  # whose training code runs (memory.FRAMEWORKS): trainpipe's own unless a published row is re-planned
+    learning_rate: float | None = None  # `--set training.learning_rate=X` with --model: the planner's default otherwise
 
 
 def _check(req: PlanRequest) -> None:
@@ -155,7 +156,7 @@ def _plan_on_rules(spec: ModelSpec, req: PlanRequest, gpu: GPU | None, examples:
         s = replace(_setup(req, method, "fp32", 1), micro_batch=req.micro_batch or 4, grad_ckpt=bool(req.grad_ckpt))
         decisions.append(Decision("strategy", "single", "CPU: one process", ""))
         decisions += D.decide_batch(requested_micro_batch=s.micro_batch, requested_ckpt=s.grad_ckpt, world=1, fits=lambda mb, ck: True, target_effective=req.target_effective_batch)
-        decisions.append(D.decide_learning_rate(method))
+        decisions.append(_learning_rate(req, method))
         return {"decisions": decisions, "setup": s, "memory": estimate(spec, s), "fits": True}
     base_prec = precision.value
 
@@ -185,10 +186,17 @@ def _plan_on_rules(spec: ModelSpec, req: PlanRequest, gpu: GPU | None, examples:
 
     bdec = D.decide_batch(requested_micro_batch=req.micro_batch, requested_ckpt=req.grad_ckpt, world=world, fits=fits_batch, target_effective=req.target_effective_batch)
     decisions += bdec
-    decisions.append(D.decide_learning_rate(method))
+    decisions.append(_learning_rate(req, method))
     s = replace(base, micro_batch=bdec[0].value, grad_ckpt=bdec[1].value)
     b = estimate(spec, s)
     return {"decisions": decisions, "setup": s, "memory": b, "fits": _runs(b, gpu), "within_headroom": _fits(b, gpu)}
+
+
+def _learning_rate(req: PlanRequest, method: str) -> Decision:
+    """The learning-rate decision: the planner's default, or the one `--set training.learning_rate=X` gave."""
+    if req.learning_rate is None:
+        return D.decide_learning_rate(method)
+    return Decision("learning_rate", req.learning_rate, "as set (`--set training.learning_rate`)", D._watch_method(method))
 
 
 # --------------------------------------------------------------------------- one resolver for `plan --model` too
@@ -211,7 +219,7 @@ def config_for_request(req: PlanRequest, method: str, objective: str = "sft"):
     It does not depend on the GPU type or count (the resolver takes those as the machine), so a ranking over GPUs builds
     it once (`resolve` copies it before filling anything in)."""
     key = (req.model, req.lora_targets, req.micro_batch, req.grad_ckpt, req.optimizer, req.target_effective_batch, req.epochs, req.precision,
-           req.strategy, req.offload, req.seq_len, req.lora_r, req.lora_dropout, method, objective)
+           req.strategy, req.offload, req.seq_len, req.lora_r, req.lora_dropout, req.learning_rate, method, objective)
     if key not in _CONFIGS:
         if len(_CONFIGS) > 256:
             _CONFIGS.clear()
@@ -231,6 +239,8 @@ def _config_for_request(req: PlanRequest, method: str, objective: str):
                       "optim": _OPTIM_OF[req.optimizer], "target_effective_batch_size": req.target_effective_batch, "num_train_epochs": req.epochs}
     if req.precision != "auto":
         training |= {"bf16": req.precision == "bf16", "fp16": req.precision == "fp16"}
+    if req.learning_rate is not None:
+        training["learning_rate"] = req.learning_rate
     dist: dict = {"strategy": req.strategy}
     if req.offload != "none":
         dist["offload"] = _OFFLOAD_KEY[req.offload]
@@ -447,7 +457,7 @@ def plan_3d(spec: ModelSpec, req: PlanRequest, gpu: GPU) -> dict:
                  Decision("micro_batch", 1, "1 per pipeline micro-batch (checkpointed)", ""),
                  Decision("gradient_checkpointing", True, "on: activations dominate at this scale", ""),
                  Decision("gradient_accumulation", acc, acc_rule + " (pipeline micro-batches)", ""),
-                 D.decide_learning_rate(method)]
+                 _learning_rate(req, method)]
     setup = replace(s, strategy="single", num_gpus=max(world, need))
     return {"decisions": decisions, "setup": setup, "memory": b, "fits": fits, "why_not": None if fits else rule,
             "parallel": {"tensor": tp, "pipeline": pp, "data": dp, "gpus_needed": need, "frameworks": ["Megatron-LM", "torchtitan"]}}
@@ -551,6 +561,10 @@ def make_plan(req: PlanRequest) -> dict:
                 r = replace(req, gpu=top["gpu"], num_gpus=top["num_gpus"], nodes=1, method=top["method"])
                 g = find_gpu(top["gpu"], req.gpu_file)
                 p = plan_on(spec, r, g, examples, obj_stage)
+                if req.method == "auto":  # the ranking chose the method, not the user: say by which rule
+                    p["decisions"] = [replace(d, rule=f"--method auto: the {'cheapest' if objective == 'cost' else 'fastest'} of full, LoRA and QLoRA "
+                                              f"that fits within {limits} (row 1 of the ranking: {top['num_gpus']} x {top['gpu']}, {top['method']})")
+                                      if d.key == "method" else d for d in p["decisions"]]
                 out = _assemble(spec, r, g, p, {g.name: p["fits"]}, tokens) | {"ranking": ranking}
                 why_not = None
                 rule = (f"the {'cheapest' if objective == 'cost' else 'fastest'} setup within {limits}: row 1 of the ranking "
@@ -679,6 +693,7 @@ def plan_command(*, config=None, overrides=(), model=None, as_json=False, gpu=No
         kw = {k: v for k, v in flags.items() if k in PlanRequest.__dataclass_fields__ and v is not None}
         if "data" in kw:
             kw["data"] = tuple(kw["data"])
+        kw |= request_overrides(model, list(overrides))
         out = make_plan(PlanRequest(model=model, gpu=gpu, num_gpus=num_gpus or 1, nodes=nodes or 1, **kw))
     if trace:
         from trainpipe.plan.trace import trace_plan
@@ -687,6 +702,52 @@ def plan_command(*, config=None, overrides=(), model=None, as_json=False, gpu=No
     _show(out, as_json)
     if trace and not as_json:
         _show_trace(out["trace"])
+    return out
+
+
+# `--set KEY=VALUE` with `--model`: the run-config keys the what-if request stands for (config_for_request), each
+# with the PlanRequest field it sets and how to read it off the validated default config (None: no plan equivalent)
+_SET_FIELDS = {
+    "data.max_length": ("seq_len", lambda c: c.first_data().max_length),
+    "training.per_device_train_batch_size": ("micro_batch", lambda c: None if c.training.per_device_train_batch_size == "auto" else c.training.per_device_train_batch_size),
+    "training.gradient_checkpointing": ("grad_ckpt", lambda c: None if c.training.gradient_checkpointing == "auto" else c.training.gradient_checkpointing),
+    "training.learning_rate": ("learning_rate", lambda c: c.training.learning_rate),
+    "training.num_train_epochs": ("epochs", lambda c: c.training.num_train_epochs),
+    "training.target_effective_batch_size": ("target_effective_batch", lambda c: c.training.target_effective_batch_size),
+    "training.optim": ("optimizer", lambda c: {v: k for k, v in _OPTIM_OF.items()}.get(c.training.optim)),
+    "method.peft": ("method", lambda c: "auto" if c.method.peft == "auto" else {v: k for k, v in _PEFT_KEY.items()}.get(c.method.peft)),
+    "method.lora.r": ("lora_r", lambda c: c.method.lora.r),
+    "method.lora.dropout": ("lora_dropout", lambda c: c.method.lora.dropout),
+    "method.lora.target_modules": ("lora_targets", lambda c: c.method.lora.target_modules if isinstance(c.method.lora.target_modules, str)
+                                   else ",".join(c.method.lora.target_modules)),
+    "distributed.strategy": ("strategy", lambda c: c.distributed.strategy),
+    "distributed.offload": ("offload", lambda c: {v: k for k, v in _OFFLOAD_KEY.items()}.get(c.distributed.offload)),
+}
+
+
+def request_overrides(model: str, overrides: list[str]) -> dict:
+    """`trainpipe plan --model NAME --set KEY=VALUE`: each override applied to the default run config the plan is built
+    from (validated as `run` validates it: a bad key or value is the config's one-paragraph error), and returned as the
+    PlanRequest fields it sets. A key this what-if path has no input for is refused (PlanError, exit 2), never ignored."""
+    if not overrides:
+        return {}
+    from trainpipe.config import build_config, parse_override
+
+    cfg = build_config({"model": {"name_or_path": model}, "data": {"sources": [{"path": "planned.jsonl"}]}},
+                       source="the default run config of `trainpipe plan --model`", overrides=overrides)
+    out: dict = {}
+    for text in overrides:
+        path, _ = parse_override(text)
+        key = ".".join(path)
+        field = _SET_FIELDS.get(key)
+        value = field[1](cfg) if field else None
+        if value is None and not (field and field[0] in ("micro_batch", "grad_ckpt")):
+            takes = ", ".join(f"`{k}`" for k in _SET_FIELDS)
+            why = (f"`{key}` is not an input of that plan (it takes {takes})" if field is None
+                   else f"its value has no what-if equivalent")
+            raise PlanError(f"`--set {text}`: `trainpipe plan --model` plans from a default run config and cannot honour this override: {why}. "
+                            f"Write a run config with `model.name_or_path: {model}` and plan it with the override: `trainpipe plan CONFIG --set {text}`.")
+        out[field[0]] = value
     return out
 
 
