@@ -451,6 +451,7 @@ def _build(cfg: DataConfig, tokenizer, tpl: Template, writer, parts: dict, *, tr
     num_proc = cfg.num_proc or ((os.cpu_count() or 1) if total >= 20_000 else 1)
     split_stats: dict[str, dict] = {}
     truncated = 0
+    chunked = blocks = 0  # raw-text documents over max_length, and the max_length blocks they became
     train_lengths: list[int] = []
     gens: list[dict] = []
     repeat_rng = random.Random(f"{seed}:repeat")
@@ -471,23 +472,27 @@ def _build(cfg: DataConfig, tokenizer, tpl: Template, writer, parts: dict, *, tr
                         continue
                     truncated += enc.truncated
                     st["records"] += 1
-                    n_tok, n_loss = row_tokens(enc.row), row_loss_tokens(enc.row)
                     copies = 1
                     w = cfg.sources[meta[i][0]].weight
                     if name == "train" and w is not None and w > 1:
                         copies = int(w) + (1 if repeat_rng.random() < w - int(w) else 0)
                         repeated += copies - 1
-                    row = {**enc.row, "padding_free": 1} if (name == "train" and cfg.packing == "padding_free") else enc.row
-                    for _ in range(copies):
-                        rows.append(row)
-                        if name == "train":
-                            train_lengths.append(n_tok)
-                        if len(rows) >= CHUNK:  # repeated copies are streamed out, never all held at once
-                            writer.write_rows(f"{name}.arrow.tmp" if (name == "train" and cfg.packing == "pack") else f"{name}.arrow", rows)
-                            rows = []
-                    st["rows"] += copies
-                    st["tokens"] += n_tok * copies
-                    st["loss_tokens"] += n_loss * copies
+                    if enc.more:  # a raw-text document longer than max_length, cut into blocks
+                        chunked += 1
+                        blocks += 1 + len(enc.more)
+                    for block in [enc.row, *enc.more]:
+                        n_tok, n_loss = row_tokens(block), row_loss_tokens(block)
+                        row = {**block, "padding_free": 1} if (name == "train" and cfg.packing == "padding_free") else block
+                        for _ in range(copies):
+                            rows.append(row)
+                            if name == "train":
+                                train_lengths.append(n_tok)
+                            if len(rows) >= CHUNK:  # repeated copies are streamed out, never all held at once
+                                writer.write_rows(f"{name}.arrow.tmp" if (name == "train" and cfg.packing == "pack") else f"{name}.arrow", rows)
+                                rows = []
+                        st["rows"] += copies
+                        st["tokens"] += n_tok * copies
+                        st["loss_tokens"] += n_loss * copies
                     if enc.generation is not None:
                         gens.append(enc.generation)
                 writer.write_rows(f"{name}.arrow.tmp" if (name == "train" and cfg.packing == "pack") else f"{name}.arrow", rows)
@@ -549,7 +554,8 @@ def _build(cfg: DataConfig, tokenizer, tpl: Template, writer, parts: dict, *, tr
         "length": {"p50": pct(0.5), "p95": pct(0.95), "max": lengths[-1] if lengths else 0, "max_length": cfg.max_length,
                    "dropped_too_long": dropped.get("too_long", 0) + dropped.get("too_long_chars", 0),
                    "dropped_before_tokenizing": dropped.get("too_long_chars", 0), "cut_before_tokenizing": cut_early,
-                   "max_chars": chars, "max_record_bytes": limits.max_record_bytes, "truncated": truncated, "policy": cfg.truncation},
+                   "max_chars": chars, "max_record_bytes": limits.max_record_bytes, "truncated": truncated, "policy": cfg.truncation,
+                   "chunked_documents": chunked, "chunk_blocks": blocks},
         "batching": {"mode": cfg.packing, "non_pad_share": round(share, 4),
                      "basis": {"pack": "tokens / (packed rows x max_length)", "padding_free": "no padding at all",
                                "none": f"dynamic padding, batches of {batch_size_hint} in seeded random order"}[cfg.packing],

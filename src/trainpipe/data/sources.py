@@ -357,10 +357,11 @@ def iter_source(src, digests: dict | None = None, limits: Limits | None = None) 
         yield from _bounded(read_sql(src.sql.url, src.sql.query), limits)
         return
     for f in expand(src.path):
-        yield from read_file(f, split=src.hub_split, digests=digests, limits=limits)
+        yield from read_file(f, split=src.hub_split, digests=digests, limits=limits, split_by=getattr(src, "split_by", "document"))
 
 
-def read_file(p: Path, split: str = "train", digests: dict | None = None, limits: Limits | None = None) -> Iterator[Record | Rejected]:
+def read_file(p: Path, split: str = "train", digests: dict | None = None, limits: Limits | None = None,
+              split_by: str = "document") -> Iterator[Record | Rejected]:
     if _is_arrow_dir(p):
         yield from _bounded(read_arrow_dir(p, split), limits)
         if digests is not None:
@@ -375,7 +376,10 @@ def read_file(p: Path, split: str = "train", digests: dict | None = None, limits
     if kind in ("csv", "tsv"):  # a field over the cap is dropped by the csv parser itself (it never builds it)
         yield from _bounded(read_csv(p, digests=digests, max_field=limits.max_record_bytes if limits else None), limits)
         return
-    reader = {"json": read_json, "parquet": read_parquet, "txt": read_txt}[kind]
+    if kind == "txt":
+        yield from _bounded(read_txt(p, digests=digests, split_by=split_by), limits)
+        return
+    reader = {"json": read_json, "parquet": read_parquet}[kind]
     yield from _bounded(reader(p, digests=digests), limits)
 
 
@@ -704,14 +708,34 @@ def _read_csv(p: Path, delim: str, digests: dict | None, max_field: int | None) 
         digests[str(p)] = {"sha256": sha, "exact": True}
 
 
-def read_txt(p: Path, digests: dict | None = None) -> Iterator[Record]:
-    """A .txt file is one raw-text record (for continued pretraining)."""
+def read_txt(p: Path, digests: dict | None = None, split_by: str = "document") -> Iterator[Record]:
+    """Raw-text records of a .txt file (for continued pretraining): the whole file (``split_by: document``), each
+    non-blank line (``line``), or each block of lines between blank lines (``paragraph``); a record's ``line`` is the
+    line it starts on."""
     raw = _read_bytes(p, digests)
     try:
         text = raw.decode("utf-8").removeprefix(_BOM)
     except UnicodeDecodeError as exc:
         raise _utf8_error(p, exc, None) from None
-    yield Record(str(p), 1, {"text": text}, unit="file")
+    if split_by == "document":
+        yield Record(str(p), 1, {"text": text}, unit="file")
+        return
+    block: list[str] = []
+    start = 0
+    for n, line in enumerate(text.splitlines(), 1):
+        if split_by == "line":
+            if line.strip():
+                yield Record(str(p), n, {"text": line}, unit="line")
+            continue
+        if line.strip():
+            if not block:
+                start = n
+            block.append(line)
+        elif block:
+            yield Record(str(p), start, {"text": "\n".join(block)}, unit="line")
+            block = []
+    if block:
+        yield Record(str(p), start, {"text": "\n".join(block)}, unit="line")
 
 
 def read_arrow_dir(p: Path, split: str = "train") -> Iterator[Record]:

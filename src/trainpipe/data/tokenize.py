@@ -53,7 +53,7 @@ import signal
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MethodType
 
 import numpy as np
@@ -726,6 +726,8 @@ def bound_example(ex: dict, limit: int, truncation: str) -> tuple[dict | None, b
     the earliest one cut from its start, as the token truncation cuts the prompt from the left); a preference or KTO
     example keeps its replies whole (one longer than ``limit`` alone is dropped) and cuts its prompt the same way."""
     kind = ex["kind"]
+    if kind == "text" and "label" not in ex:  # raw text is cut into max_length blocks after tokenizing, never dropped
+        return ex, False
     if kind == "text":
         if len(ex["text"]) <= limit:
             return ex, False
@@ -756,6 +758,7 @@ class Encoded:
     reason: str | None = None
     truncated: bool = False
     generation: dict | None = None
+    more: list = field(default_factory=list)  # raw text longer than max_length: the blocks after ``row``
 
 
 def encode_batch(tokenizer, tpl: Template, examples: list[dict], *, train_on: str, max_length: int, truncation: str,
@@ -801,6 +804,15 @@ def _encode_batch(tokenizer, tpl: Template, examples: list[dict], *, train_on: s
             ids = list(enc.ids)
             labels = _labels(ids, enc.offsets, spans, masked)
             truncated = False
+            if len(ids) > max_length and examples[i]["kind"] == "text" and "label" not in examples[i]:
+                # raw text (continued pretraining): every token kept, in blocks of max_length (as HF's run_clm
+                # group_texts, per document: the EOS ends it; `packing: pack` joins the short last blocks, positions reset)
+                if len(ids) < max(1, min_tokens):
+                    out[i] = Encoded(None, "too_short")
+                    continue
+                blocks = [{"input_ids": ids[k : k + max_length], "labels": labels[k : k + max_length]} for k in range(0, len(ids), max_length)]
+                out[i] = Encoded(blocks[0], None, False, None, blocks[1:])
+                continue
             if len(ids) > max_length:
                 if truncation == "drop":
                     out[i] = Encoded(None, "too_long")
