@@ -14,9 +14,10 @@ Targets (issue 22): trainpipe < 2 GB per 1M short records; time within 2x of dat
 `--near` runs trainpipe with `data.dedup.near` on (the default), off, or both. "peak at 1M" scales the growth over the
 process after its imports to 1M records and adds the process itself.
 
-Measured 2026-12-04 (2 CPU cores shared with 8 other agents' jobs, load 3-5, so times vary by ~1.5x between runs;
+Measured 2026-12-04 (2 CPU cores shared with 8 other agents' jobs, load 3-5, so times vary by ~1.5-3x between runs;
 --num-proc 1; tiny BPE tokenizer of benchmarks/_synth.py; peak RSS = ru_maxrss of each child process):
 
+  Before (near-dedup = datasketch MinHashLSH, ~8 KB a record):
     records  side                 seconds  peak RSS  growth   time ratio to datasets.map
     1,000,000 datasets.map         263.3   0.52 GiB  0.18 GiB
     1,000,000 trainpipe, near off  551.5   0.81 GiB  0.55 GiB  2.09  (tests ran on the same cores meanwhile)
@@ -24,13 +25,23 @@ Measured 2026-12-04 (2 CPU cores shared with 8 other agents' jobs, load 3-5, so 
       200,000 trainpipe, near off  119.6   0.46 GiB  0.19 GiB  1.47
       200,000 datasets.map          56.0   0.44 GiB  0.10 GiB
       200,000 trainpipe (default)  188.2   1.87 GiB  1.60 GiB  3.36  -> ~8 GiB at 1M records
-      100,000 trainpipe (default)   78.7   1.14 GiB  0.87 GiB  3.20  (before the one-render spans: 2x renders)
 
-So trainpipe's own per-record state (read, format, PII, exact dedup, spill, split, template, tokenize, Arrow) meets the
-target (0.81 GiB peak for 1M short records, < 2 GB) and runs within ~1.5-2x of the bare `datasets.map`. With the
-default near-dedup on, the datasketch MinHashLSH index (trainpipe/data/dedup.py: per record ~b band keys as bytes in
-dict-of-sets plus a 512-byte signature array object, ~8 KB a record) is most of the memory (~8 GiB per 1M) and about
-half the time; that module belongs to another area of the work (see the issue-22 report).
+  After (trainpipe/data/dedup.py NearDedup: numpy signatures in uint32 blocks, one 64-bit hash per band in a sorted
+  array; ~0.7 KB a record; the same decisions as datasketch's MinHashLSH):
+    records  side                 seconds  peak RSS  growth   time ratio to datasets.map
+    1,000,000 datasets.map         167.0   0.52 GiB  0.18 GiB
+    1,000,000 trainpipe (default)  537.2   1.56 GiB  1.29 GiB  3.22  (load 5.2)  -> 1.67 GB peak: target met
+      200,000 datasets.map          16.2   0.44 GiB  0.10 GiB        (load 1.7-3.3, one run with --near both)
+      200,000 trainpipe (default)   66.0   0.55 GiB  0.29 GiB  4.07
+      200,000 trainpipe, near off   50.8   0.46 GiB  0.19 GiB  3.13
+
+So with near-dedup on (the default) 1M short records now prepare in 1.56 GiB peak (was ~8 GiB extrapolated): the near
+index adds ~0.1 GiB per 200k records (~0.5-0.7 GiB per 1M: 512-byte signature + 16 x 12-byte band entries a record)
+and ~75 us a record (15 s of 66 s at 200k; the datasketch index cost ~340 us a record). The 1M run with near-dedup on
+(537 s) is faster than the earlier 1M run with it off (551 s). The time target (< 2x datasets.map) is NOT met: the
+ratio swings with the load of the shared cores (near off: 1.47x in one 200k run, 3.13x in another), and the rest of
+trainpipe's per-record work (read, format, PII, spill, split, render, tokenize, Arrow) is most of the gap: at 200k the
+near-on minus near-off time is now 15 s (was 68 s).
 """
 
 from __future__ import annotations
