@@ -2,7 +2,7 @@
 
 Plants edited copies (word substitutions, deletions, insertions and punctuation changes)
 whose exact word-3-shingle Jaccard with their original is >= 0.85 among distinct
-synthetic records, runs trainpipe's MinHash LSH near dedup (datasketch), and prints:
+synthetic records, runs trainpipe's MinHash LSH near dedup (its own numpy index), and prints:
     recall on the planted copies (target >= 0.9), false matches on distinct records (target <= 1 %),
 and the same figures for the baseline measured in the same run: exact dedup on
 normalised text, which is what most fine-tuning tools offer.

@@ -134,7 +134,7 @@ class DedupConfig(_Section):
     exact: bool = True
     """Drop records whose text equals an earlier one after normalising case, whitespace and punctuation."""
     near: bool = True
-    """Drop near-duplicates with MinHash LSH (datasketch), keeping the first occurrence."""
+    """Drop near-duplicates with MinHash LSH (trainpipe's own numpy index, the same decisions as datasketch's MinHashLSH), keeping the first occurrence."""
     threshold: float = Field(default=0.8, gt=0, lt=1)
     """Estimated Jaccard similarity of word shingles above which two records are near-duplicates."""
     shingle_size: int = Field(default=3, ge=1)

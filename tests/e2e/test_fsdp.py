@@ -232,10 +232,11 @@ def test_four_bit_storage_is_viewed_as_floats_with_the_same_bytes(base):  # noqa
 
     q = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32)
     m = AutoModelForCausalLM.from_pretrained(str(base), quantization_config=q, dtype=torch.float32)
-    before = {n: p.data.clone() for n, p in m.named_parameters() if type(p).__name__ == "Params4bit"}
     ids = torch.randint(5, 100, (2, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         ref = m(input_ids=ids).logits
+    # bitsandbytes 0.50 repacks the 4-bit bytes for its CPU kernel on the first forward: the bytes are read after it
+    before = {n: p.data.clone() for n, p in m.named_parameters() if type(p).__name__ == "Params4bit"}
     assert four_bit_storage_as_float(m) == len(before) > 0
     after = dict(m.named_parameters())
     assert all(after[n].dtype == torch.float32 and type(after[n]).__name__ == "Params4bit" for n in before)
