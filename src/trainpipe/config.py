@@ -1090,15 +1090,15 @@ def build_config(data: dict, *, source: str = "config", base_dir: Path | None = 
 
 
 def _check_metric_for_best(cfg: RunConfig, source: str) -> None:
-    """Refuse a `training.metric_for_best` the recipe's in-training eval never measures (tune/tune.py knows what each
+    """Refuse a `training.metric_for_best` the recipe's in-training eval never measures (trainpipe/metrics.py knows what each
     measures), before anything trains. A config whose method is `auto` or that holds stages/adapters is checked per stage / adapter
     while its DAG is built (pipeline/stages.py `check_branch`)."""
     if cfg.training.metric_for_best == "loss" or cfg.stages or cfg.method.adapters or cfg.method.name == "auto":
         return
-    from trainpipe.tune.tune import in_training_metrics, metric_key
+    from trainpipe.metrics import in_training_metrics, metric_key
 
     name = cfg.training.metric_for_best
-    during = in_training_metrics(cfg)
+    during = in_training_metrics(cfg.method.name, cfg.eval.metrics, cfg.eval.generate_in_training)
     if metric_key(name) not in during:
         raise ConfigError(
             f"{source}: `training.metric_for_best: {name}` is not measured by the in-training evals of a `{cfg.method.name}` run with this "
@@ -1108,7 +1108,7 @@ def _check_metric_for_best(cfg: RunConfig, source: str) -> None:
             [f"training.metric_for_best: {name}"],
         )
     if cfg.training.greater_is_better is None:  # the direction from tune's one table; a metric without one is refused, not guessed
-        from trainpipe.tune.tune import metric_direction
+        from trainpipe.metrics import metric_direction
 
         try:
             metric_direction(name, key="training.greater_is_better", field="training.metric_for_best")

@@ -29,3 +29,19 @@ def test_quickstart_fine_tune_beats_base(tmp_path, capsys):
     assert final["exact_match"] - base["exact_match"] >= 0.30
     assert "baseline vs final" in out and "exact_match" in out
     assert (tmp_path / "quickstart" / "model" / "model.safetensors").exists()
+    assert_same_as_before_the_redesign(tmp_path / "quickstart")
+
+
+def assert_same_as_before_the_redesign(run: Path) -> None:
+    """The adapter and every logged loss bit-identical to the quickstart recorded before the redesign
+    (tests/assets/quickstart_before/README.md): reorganising the code must not change one bit of what a run computes."""
+    import torch
+    from safetensors.torch import load_file
+
+    before = REPO / "tests" / "assets" / "quickstart_before"
+    want, got = load_file(before / "adapter_model.safetensors"), load_file(run / "model" / "adapter" / "adapter_model.safetensors")
+    assert sorted(want) == sorted(got)
+    assert [k for k in want if not torch.equal(want[k], got[k])] == []
+    keys = ("step", "loss", "eval_loss", "grad_norm", "learning_rate")
+    rows = [{k: v for k, v in json.loads(line).items() if k in keys} for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert rows == [json.loads(line) for line in (before / "losses.jsonl").read_text().splitlines()]

@@ -111,3 +111,11 @@ def test_cli_tune_refuses_before_any_trial_or_folder(tmp_path, capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "`tune.objective.metric: completion_length` has no direction" in out and "`tune.objective.direction`" in out
     assert not (tmp_path / "study").exists()
+
+
+def test_the_core_table_names_every_generated_metric_evaluate_computes():
+    """trainpipe.metrics (core) lists the generated metrics by name; evaluate/metrics.py holds their functions: one list."""
+    from trainpipe.evaluate.metrics import GENERATED
+    from trainpipe.metrics import GENERATED_METRICS
+
+    assert set(GENERATED) == set(GENERATED_METRICS)

@@ -40,7 +40,7 @@ def bleu(predictions: list[str], references: list[str]) -> float:
     return float(sacrebleu.corpus_bleu(list(predictions), [list(references)]).score)
 
 
-GENERATED = {"accuracy": accuracy, "rouge_l": rouge_l, "bleu": bleu}
+GENERATED = {"accuracy": accuracy, "rouge_l": rouge_l, "bleu": bleu}  # names: trainpipe.metrics.GENERATED_METRICS
 """Metrics computed from greedy generations (with `exact_match`, which lives in evaluator.py)."""
 
 HIGHER_IS_BETTER = {"loss": False, "perplexity": False, "exact_match": True, "accuracy": True, "rouge_l": True, "bleu": True}

@@ -210,7 +210,7 @@ def best_ranking(tr: dict) -> str:
     name = tr.get("best_metric_name") or "loss"
     greater = tr.get("best_metric_greater_is_better")
     if greater is None:
-        from trainpipe.tune.tune import DIRECTIONS, metric_key
+        from trainpipe.metrics import DIRECTIONS, metric_key
 
         known = DIRECTIONS.get(metric_key(name))
         greater = None if known is None else known == "maximize"

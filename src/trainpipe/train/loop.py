@@ -118,9 +118,9 @@ def eval_metrics(out) -> dict:
 
 def best_metric_of(t) -> tuple[str, bool]:
     """(the eval metric that ranks checkpoints, whether greater is better) from `training.metric_for_best` /
-    `greater_is_better`; a null direction is read from tune's one table (`tune.tune.DIRECTIONS`: loss, perplexity, KL lower;
+    `greater_is_better`; a null direction is read from the one table (`trainpipe.metrics.DIRECTIONS`: loss, perplexity, KL lower;
     accuracies, margins, rewards higher), and a metric it has no direction for is refused (ConfigError), never guessed."""
-    from trainpipe.tune.tune import metric_direction, metric_key
+    from trainpipe.metrics import metric_direction, metric_key
 
     raw = getattr(t, "metric_for_best", None) or "loss"
     name = metric_key(raw)  # HF's / TRL's names too: `eval_loss`, `eval_accuracy`, `rewards/accuracies`
