@@ -101,7 +101,7 @@ def unproven(final: Path, run_dir: Path) -> list[str]:
     final, run_dir = Path(final).resolve(), Path(run_dir).resolve()
     if not _within(final, run_dir):
         return ownership.foreign(final)
-    from trainpipe.pipeline.rundir import unproven as run_unproven
+    from trainpipe.rundir import unproven as run_unproven
 
     rel = final.relative_to(run_dir).as_posix()
     return [n for n in run_unproven(run_dir) if n == rel or n.startswith(rel + "/") or rel.startswith(n + "/")]
@@ -215,7 +215,7 @@ def export_folder(final: Path, *, run_dir: Path, card: dict, protect: list[tuple
     Refuses (RunDirError) a destination that is not ours to replace (:func:`check_destination`); a failed write
     (a full disk) removes the temporary folder, leaves ``final`` as it was and raises ExportWriteError."""
     from trainpipe import ownership
-    from trainpipe.train import faults
+    from trainpipe import faults
     from trainpipe.train.checkpoints import write_error
 
     final = Path(os.path.abspath(final))

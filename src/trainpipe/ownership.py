@@ -48,7 +48,7 @@ from typing import Any
 from trainpipe.errors import TrainpipeError
 
 MANIFEST = ".trainpipe-owned.json"
-LOCK = ".trainpipe.lock"  # a run's lock (pipeline/rundir.py): transient, trainpipe's by name, never deleted here
+LOCK = ".trainpipe.lock"  # a run's lock (rundir.py): transient, trainpipe's by name, never deleted here
 BIG = 64 << 20
 SAMPLE = 1 << 20
 GROWS_SUFFIXES = (".jsonl", ".log")

@@ -116,7 +116,7 @@ def test_resume_keeps_the_ranking_and_the_early_stopping_count(tmp_path, tiny_mo
     # the run stops in the evaluation after step 20 (a TEST-ONLY injected out-of-memory, exit 4; step-15 is saved), then
     # `--resume` continues from step 15: early stopping by accuracy (patience 2) counts across the resume, which it can only
     # do when the best-so-far (value, step, evals without improvement) came back from the checkpoint
-    from trainpipe.train import faults
+    from trainpipe import faults
 
     write_jsonl(tmp_path / "data" / "train.jsonl", classification_records(200, seed=5))
     p = tmp_path / "run.yaml"

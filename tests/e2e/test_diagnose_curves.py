@@ -2,7 +2,7 @@
 
 Rows: loss rising after its best point (instability, a learning rate far too high), loss flat (a learning rate far too
 low), overfitting (many epochs on a few records whose answers cannot be generalised), NaN (injected), OOM in a
-training step and OOM in evaluation (injected through the TEST-ONLY hooks in trainpipe.train.faults), slow training
+training step and OOM in evaluation (injected through the TEST-ONLY hooks in trainpipe.faults), slow training
 (an injected slow input pipeline; and a hand-written FAKE GPU record for tokens/s against the plan) and catastrophic
 forgetting (a forgetting set whose loss rises). Each asserts the diagnosis and that every setting the fix names is a
 key the config accepts.

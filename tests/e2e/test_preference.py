@@ -150,7 +150,7 @@ def test_dpo_with_sft_weight_is_exact_under_oom_halving_and_resumes_to_the_bit(w
     import torch
     from safetensors.torch import load_file
 
-    from trainpipe.train import faults
+    from trainpipe import faults
 
     tmp, base = workdir
     method = {"name": "dpo", "preference": {"beta": 0.5, "sft_weight": 0.5}}

@@ -1,6 +1,6 @@
 """Training that survives kills, preemption, OOM and divergence (tiny models, CPU, the real CLI).
 
-Failures are made to happen with the TEST-ONLY hooks in trainpipe.train.faults (set through
+Failures are made to happen with the TEST-ONLY hooks in trainpipe.faults (set through
 the TRAINPIPE_TEST_FAULTS environment variable); the recovery code they exercise is the
 production code.
 """
@@ -54,7 +54,7 @@ def cli(args, faults=None, **kw):
 
 def run_with_faults(monkeypatch, cfg: Path, spec: dict, *args: str) -> int:
     """`trainpipe run` in this process with the TEST-ONLY fault spec set (and cleared after)."""
-    from trainpipe.train import faults
+    from trainpipe import faults
 
     monkeypatch.setenv("TRAINPIPE_TEST_FAULTS", json.dumps(spec))
     faults._spec_cached.cache_clear()

@@ -250,7 +250,7 @@ def test_method_auto_expands_to_the_stages_dag(tmp_path, tiny_model_dir, capsys)
 @pytest.mark.parametrize("command", [["run"], ["pipeline", "run"]])
 def test_a_locked_output_dir_is_refused_before_any_step(tmp_path, tiny_model_dir, command, capsys):
     """The stages/adapters DAG holds OUTPUT_DIR's run lock under both commands: a second one is refused, nothing runs."""
-    from trainpipe.pipeline.rundir import RunLock
+    from trainpipe.rundir import RunLock
 
     cfg = _adapters_config(tmp_path, tiny_model_dir, "locked")
     with RunLock(tmp_path / "locked"):

@@ -6,7 +6,7 @@ Now: a checkpoint that does not fit is `checkpoint_failed` (then continue or sto
 an export that does not fit is one paragraph with exit code 74, and no temporary is left.
 
 The disk is really full where the test can mount a small tmpfs (root on Linux, as in CI); where it
-cannot, those tests skip and the TEST-ONLY injected ENOSPC (trainpipe.train.faults) still runs.
+cannot, those tests skip and the TEST-ONLY injected ENOSPC (trainpipe.faults) still runs.
 """
 
 import json
@@ -69,7 +69,7 @@ def leftovers(folder: Path) -> list[str]:
 
 def with_faults(monkeypatch, spec: dict, args: list[str]) -> int:
     """The CLI in this process with the TEST-ONLY fault spec set (and cleared after)."""
-    from trainpipe.train import faults
+    from trainpipe import faults
 
     monkeypatch.setenv("TRAINPIPE_TEST_FAULTS", json.dumps(spec))
     faults._spec_cached.cache_clear()

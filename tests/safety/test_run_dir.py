@@ -161,7 +161,7 @@ def test_adapter_name_cannot_leave_the_output_folder(tmp_path, base, name, capsy
 
 def test_inside_refuses_names_that_escape(tmp_path):
     from trainpipe.errors import RunDirError
-    from trainpipe.pipeline.rundir import inside
+    from trainpipe.rundir import inside
 
     assert inside(tmp_path, "sft-2", "Stage name") == tmp_path.resolve() / "sft-2"
     for bad in ("../x", "..", "a/b", "a\\b", "", ".x", "a..b"):
@@ -172,7 +172,7 @@ def test_inside_refuses_names_that_escape(tmp_path):
 def test_ownership_rules(tmp_path):
     """The manifest decides (issue 22): artefact names, a plausible layout or a marker prove nothing."""
     from trainpipe import ownership as owned
-    from trainpipe.pipeline.rundir import begin, ownership, write_marker
+    from trainpipe.rundir import begin, ownership, write_marker
 
     def folder(name: str, files: dict) -> Path:
         root = tmp_path / name

@@ -21,7 +21,7 @@ def _prepare_folder(cfg: RunConfig) -> Path:
     used only when it is new, empty or trainpipe's own; a `data/` of someone else's files is refused, nothing written."""
     from trainpipe import ownership
     from trainpipe.errors import RunDirError
-    from trainpipe.pipeline import rundir
+    from trainpipe import rundir
 
     root = _output_dir(cfg)
     out = root / "data"

@@ -345,7 +345,7 @@ def write_launch_files(cfg, config_path: str, emit: str, out_dir, *, nproc: int 
     import yaml
 
     from trainpipe import ownership
-    from trainpipe.pipeline.rundir import protected_paths
+    from trainpipe.rundir import protected_paths
 
     files = {"torchrun": ("launch-torchrun.sh", "the torchrun launch script"), "slurm": ("launch.sbatch", "the sbatch script"),
              "k8s": ("pytorchjob.yaml", "the PyTorchJob manifest")}

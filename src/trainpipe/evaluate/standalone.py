@@ -29,7 +29,7 @@ def model_folder(path: str | Path) -> Path:
 def inputs(path: str | Path, cfg, config_path: str | Path | None) -> list[tuple[Path, str]]:
     """What `trainpipe eval` reads, as (path, what it is): the config, its data sources, the evaluated model (and the run
     folder around it), the base model, forgetting sets and local benchmark folders. `--out` is never written onto any."""
-    from trainpipe.pipeline.rundir import protected_paths
+    from trainpipe.rundir import protected_paths
 
     out = list(protected_paths(cfg, str(config_path) if config_path else None))
     p = Path(path).expanduser().resolve()

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from trainpipe.config import RunConfig
 from trainpipe.errors import RunDirError
-from trainpipe.pipeline import rundir
+from trainpipe import rundir
 from trainpipe.track.manifest import write_json
 
 

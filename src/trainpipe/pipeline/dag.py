@@ -273,7 +273,7 @@ def run_pipeline(cfg: RunConfig, *, config_path: str | None = None, store: str |
     if cfg.output_dir is None:
         cfg = cfg.model_copy(update={"output_dir": f"runs/{cfg.name or 'run'}"})
     if (cfg.stages or cfg.method.adapters) and not root_locked:
-        from trainpipe.pipeline import rundir
+        from trainpipe import rundir
 
         from trainpipe.pipeline.run import part_names
 
@@ -326,7 +326,7 @@ def run_parts(cfg: RunConfig, *, config_path: str | None, overwrite: bool, resum
     cache, an unfinished train step continues from its newest valid checkpoint, later steps run) or `--overwrite` (cleared
     when trainpipe made it, and every step runs). The store is `pipeline.store`, else `OUTPUT_DIR/.trainpipe-store`.
     Returns the root summary (OUTPUT_DIR/summary.json)."""
-    from trainpipe.pipeline import rundir
+    from trainpipe import rundir
     from trainpipe.pipeline.run import prepare_parent_dir
 
     if cfg.output_dir is None:
@@ -346,8 +346,8 @@ def run_parts(cfg: RunConfig, *, config_path: str | None, overwrite: bool, resum
 
 
 def _seal_root(root: Path, parts: list[str]) -> None:
-    """Seal OUTPUT_DIR of a stages / adapters run (pipeline/rundir.py `seal`); a failure warns, never hides the outcome."""
-    from trainpipe.pipeline import rundir
+    """Seal OUTPUT_DIR of a stages / adapters run (rundir.py `seal`); a failure warns, never hides the outcome."""
+    from trainpipe import rundir
 
     try:
         rundir.seal(root, parts)
@@ -462,7 +462,7 @@ def _restore(step: Step, entry: dict, st: ArtifactStore) -> None:
             return
     except (OSError, ValueError, KeyError):
         pass
-    from trainpipe.pipeline import rundir
+    from trainpipe import rundir
 
     kind, foreign = rundir.ownership(run_dir)
     if kind == "foreign":

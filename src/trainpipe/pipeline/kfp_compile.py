@@ -193,7 +193,7 @@ def compile_pipeline(cfg, out: str | Path | None, *, store: str | None = None, i
 def protected_reads(cfg, config_path: str | Path | None) -> list:
     """What an emitted file may never replace: the config and everything the run reads (rundir.protected_paths), but not
     the working and home folders as such (an output file may go there)."""
-    from trainpipe.pipeline.rundir import protected_paths
+    from trainpipe.rundir import protected_paths
 
     keep = {Path.cwd().resolve(), Path.home().resolve()}
     return [(p, what) for p, what in protected_paths(cfg, str(config_path) if config_path else None) if p not in keep]

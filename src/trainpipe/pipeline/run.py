@@ -13,7 +13,7 @@ Reads top to bottom. The run directory contract:
     summary.json           `baseline` and `final` metric dicts, training figures, artefact paths
     .trainpipe-run         the run's identity marker (run id; checkpoints are labelled with it); it proves nothing
     .trainpipe-owned.json  the manifest (ownership.py): what trainpipe wrote here, fingerprinted; only a folder whose every
-                           entry it proves is ever cleared (pipeline/rundir.py)
+                           entry it proves is ever cleared (rundir.py)
     .trainpipe.lock        held while the run is running: one run per folder
 """
 
@@ -28,7 +28,7 @@ from trainpipe import ui
 from trainpipe.config import RunConfig, dump_yaml
 from trainpipe.distributed import env as dist_env
 from trainpipe.errors import DataError, RunDirError, TrainpipeError
-from trainpipe.pipeline import rundir
+from trainpipe import rundir
 from trainpipe.events import EventLog
 from trainpipe.plan.run_plan import compare as compare_plan, plan_run, what_would_fit
 from trainpipe.plan.hardware import detect
@@ -41,7 +41,7 @@ def prepare_run_dir(output_dir: str, overwrite: bool, allow_unfinished: bool = F
     """Lay out a fresh run in ``output_dir`` (the caller holds its lock): an empty folder (or one holding only what
     `trainpipe data prepare` wrote) is used, an earlier run its manifest proves trainpipe's is cleared with `overwrite`
     (or, with `allow_unfinished`, when it never finished), anything else is refused with nothing deleted
-    (pipeline/rundir.py has the rules). The folder gets a new run marker and is sealed (`rundir.begin`)."""
+    (rundir.py has the rules). The folder gets a new run marker and is sealed (`rundir.begin`)."""
     run_dir = Path(output_dir).resolve()
     kind, _ = rundir.ownership(run_dir)
     if kind in ("ours", "foreign"):
@@ -283,7 +283,7 @@ def _print_outcome(run_dir: Path) -> None:
 
 
 def _seal(run_dir: Path) -> None:
-    """Fingerprint the run's artefacts into its manifest (pipeline/rundir.py `seal`), however the run ended; a seal that
+    """Fingerprint the run's artefacts into its manifest (rundir.py `seal`), however the run ended; a seal that
     fails warns and never hides the run's own outcome (the entries stay pending: still provably the run's)."""
     try:
         rundir.seal(run_dir)

@@ -22,7 +22,7 @@ stage with its input, output and metrics; `OUTPUT_DIR/config.resolved.yaml` is t
 `--resume`: finished stages (their train step's cache entry) are kept, the unfinished one continues from its
 newest valid checkpoint (or starts), later ones run; a stage whose config or input model changed runs again, and
 every stage after it whose input changed with it. `OUTPUT_DIR/pipeline.json` records each step, ran or reused and why. `--overwrite` clears OUTPUT_DIR first (only when
-trainpipe made it: pipeline/rundir.py). OUTPUT_DIR is locked for the whole run; a stage name is one
+trainpipe made it: rundir.py). OUTPUT_DIR is locked for the whole run; a stage name is one
 plain folder name, and its folder must lie directly inside OUTPUT_DIR.
 """
 
@@ -37,7 +37,7 @@ from pydantic import ValidationError
 
 from trainpipe.config import RunConfig, format_validation_error
 from trainpipe.errors import ConfigError
-from trainpipe.pipeline import rundir
+from trainpipe import rundir
 from trainpipe.track.manifest import write_json
 from trainpipe.hashing import file_sha256
 

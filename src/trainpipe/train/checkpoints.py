@@ -19,7 +19,7 @@ the best is never deleted. A checkpoint saved between evaluations (``save_steps`
 multiple of ``eval_steps``) has no metric: it counts only among the newest ``keep_last``; the loop
 saves every evaluation that is the best so far, so the best ``keep_best`` are evaluated weights.
 
-Ownership: the run folder's marker ``.trainpipe-run`` (pipeline/rundir.py) names the run; every
+Ownership: the run folder's marker ``.trainpipe-run`` (rundir.py) names the run; every
 checkpoint's manifest carries that ``run_id``, and listing, best, latest and rotation only ever
 consider the run's own checkpoints (one a foreign process dropped into ``checkpoints/`` is neither
 exported nor resumed from nor deleted). Without a marker (a bare folder) every checkpoint counts.
@@ -41,13 +41,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainpipe.train import faults
+from trainpipe import faults
 from trainpipe.hashing import file_sha256
 
 WEIGHTS = "weights.safetensors"
 STATE = "state.pt"
 MANIFEST = "manifest.json"
-RUN_MARKER = ".trainpipe-run"  # written by pipeline/rundir.py into the run folder, the parent of checkpoints/
+RUN_MARKER = ".trainpipe-run"  # written by rundir.py into the run folder, the parent of checkpoints/
 _NAME = re.compile(r"^step-(\d+)$")
 
 

@@ -61,7 +61,7 @@ from trainpipe.errors import TrainpipeError
 from trainpipe.events import EventLog
 from trainpipe.distributed.env import all_reduce_sum as env_all_reduce_sum
 from trainpipe.distributed.ddp import powersgd_state_dict as psgd_state_dict
-from trainpipe.train import faults
+from trainpipe import faults
 from trainpipe.train.checkpoints import CheckpointInfo, CheckpointManager, CheckpointWriteError, interop_writer
 
 if TYPE_CHECKING:

@@ -512,7 +512,7 @@ def _carry_checkpoints(parent: Path, child: Path, reads: list = ()) -> None:
     The folder is built beside its place and swapped in by :func:`ownership.replace_dir`, which fingerprints every entry into
     the folder's own ownership manifest (recorded for the folder's final path): the run that resumes there finds a folder
     provably trainpipe's, and a folder of the user's at that path is refused, never replaced."""
-    from trainpipe.pipeline import rundir
+    from trainpipe import rundir
 
     def build(tmp: Path) -> None:
         shutil.copytree(parent / "checkpoints", tmp / "checkpoints", symlinks=True)

@@ -139,6 +139,6 @@ def lr_find(cfg: RunConfig, *, start: float = 1e-7, end: float = 10.0, steps: in
 def input_paths(cfg: RunConfig) -> list[tuple[Path, str]]:
     """What a probe of ``cfg`` reads (its data, the model folder): never written over. The working and home directories are
     not inputs here (output folders usually live below them)."""
-    from trainpipe.pipeline.rundir import protected_paths
+    from trainpipe.rundir import protected_paths
 
     return [(p, w) for p, w in protected_paths(cfg, None) if w not in ("the working directory", "the home directory")]

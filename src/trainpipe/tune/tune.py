@@ -604,7 +604,7 @@ OUTPUT_FILES = {"best.yaml": "the best trial's config", "leaderboard.csv": "the 
 def input_paths(cfg: RunConfig, config: str | Path) -> list[tuple[Path, str]]:
     """What the study reads (the config, its data, the model folder): never written over. The working and home directories
     are not inputs here: the study folder usually lives below them."""
-    from trainpipe.pipeline.rundir import protected_paths
+    from trainpipe.rundir import protected_paths
 
     return [(p, w) for p, w in protected_paths(cfg, str(config)) if w not in ("the working directory", "the home directory")]
 
