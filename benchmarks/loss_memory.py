@@ -22,7 +22,7 @@ import sys
 CHILD = r"""
 import json, resource, sys
 import torch
-from trainpipe.train.losses import chunked_cross_entropy_sum, shift_labels
+from trainpipe.model.losses import chunked_cross_entropy_sum, shift_labels
 variant, B, T, V, chunk = sys.argv[1], *map(int, sys.argv[2:6])
 torch.manual_seed(0)
 scores = (torch.randn(B, T, V, dtype=torch.bfloat16) * 3).requires_grad_()

@@ -226,7 +226,7 @@ def prepare(
     """Read, clean, dedup, split and tokenize the data (cached); write and print `output_dir/data/report.json`."""
     from trainpipe.config import load_config
     from trainpipe.data.commands import prepare_command
-    from trainpipe.train.model import load_tokenizer
+    from trainpipe.model.loading import load_tokenizer
 
     cfg = load_config(config, set_ or [])
     prepare_command(cfg, load_tokenizer(cfg.model, cfg.model.pad_token), as_json=json_)
@@ -242,7 +242,7 @@ def data_prepare(
     weights are loaded and nothing trains (the same step `trainpipe run` starts with, so the run reuses the cache)."""
     from trainpipe.config import load_config
     from trainpipe.data.commands import prepare_command
-    from trainpipe.train.model import load_tokenizer
+    from trainpipe.model.loading import load_tokenizer
 
     cfg = load_config(config, set_ or [])
     prepare_command(cfg, load_tokenizer(cfg.model, cfg.model.pad_token), as_json=json_)
@@ -259,7 +259,7 @@ def data_inspect(
     """Show random prepared training examples with the trained tokens highlighted and special tokens visible."""
     from trainpipe.config import load_config
     from trainpipe.data.commands import inspect_command
-    from trainpipe.train.model import load_tokenizer
+    from trainpipe.model.loading import load_tokenizer
 
     _numbers(("-n", n, "how many examples to show", 1))
     cfg = load_config(config, set_ or [])

@@ -158,7 +158,7 @@ def _replace(tmp: Path, final: Path) -> None:
 
 
 def _write_failed(exc: BaseException, tmp: Path, final: Path, run_dir: Path) -> ExportWriteError:
-    from trainpipe.train.checkpoints import write_error
+    from trainpipe.model.checkpoints import write_error
 
     err = write_error(exc, tmp.parent)
     why = f"{err.strerror or err} (errno {err.errno})" if err is not None else str(exc)
@@ -216,7 +216,7 @@ def export_folder(final: Path, *, run_dir: Path, card: dict, protect: list[tuple
     (a full disk) removes the temporary folder, leaves ``final`` as it was and raises ExportWriteError."""
     from trainpipe import ownership
     from trainpipe import faults
-    from trainpipe.train.checkpoints import write_error
+    from trainpipe.model.checkpoints import write_error
 
     final = Path(os.path.abspath(final))
     check_destination(final, run_dir=run_dir, protect=protect)
@@ -249,7 +249,7 @@ def export_folder(final: Path, *, run_dir: Path, card: dict, protect: list[tuple
 
 def _write(tmp: Path, *, model, tokenizer, base: ModelConfig, peft: str, stop_ids: list[int], card: dict) -> None:
     from trainpipe import ui
-    from trainpipe.train.model import load_model
+    from trainpipe.model.loading import load_model
 
     if peft in MERGEABLE or peft in PROMPT_LEARNING:
         model.save_pretrained(tmp / "adapter", safe_serialization=True)

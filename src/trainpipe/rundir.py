@@ -46,7 +46,7 @@ from pathlib import Path
 
 from trainpipe import ownership as owned
 from trainpipe.errors import RunDirError
-from trainpipe.train.checkpoints import RUN_MARKER as MARKER, drop_manifest_tmp
+from trainpipe.model.checkpoints import RUN_MARKER as MARKER, drop_manifest_tmp
 LOCK = ".trainpipe.lock"
 MANIFEST = owned.MANIFEST
 # every name trainpipe writes at the top of a run folder (run.py's contract, stages/adapters roots, export, report)

@@ -44,8 +44,8 @@ def probe(tokenizer) -> dict:
 def trainpipe_model(run: Path, step: str):
     """The run's own model at checkpoint `step`: its resolved config rebuilt, the checkpoint's weights loaded (as resume and export do)."""
     from trainpipe.config import load_config
-    from trainpipe.train.checkpoints import CheckpointManager
-    from trainpipe.train.model import build_model, load_tokenizer
+    from trainpipe.model.checkpoints import CheckpointManager
+    from trainpipe.model.loading import build_model, load_tokenizer
 
     cfg = load_config(run / "config.resolved.yaml")
     tok = load_tokenizer(cfg.model, cfg.model.pad_token)
@@ -61,7 +61,7 @@ def logits(model, batch) -> torch.Tensor:
 
 
 def assert_manifest_covers_every_file(ck: Path) -> None:
-    from trainpipe.train.checkpoints import verify
+    from trainpipe.model.checkpoints import verify
 
     files = json.loads((ck / "manifest.json").read_text())["files"]
     assert set(files) == {p.name for p in ck.iterdir()} - {"manifest.json"}

@@ -354,7 +354,7 @@ def test_powersgd_resume_after_sigkill_rewarms_from_scratch_and_says_so(tmp_path
     assert not any(e["event"] == "training_finished" for e in events(run))
     import torch
 
-    from trainpipe.train.checkpoints import CheckpointManager
+    from trainpipe.model.checkpoints import CheckpointManager
 
     st = CheckpointManager.load(CheckpointManager(run / "checkpoints").latest_valid().path)[1]
     ranks = st["powersgd_ranks"]

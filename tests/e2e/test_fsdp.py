@@ -82,7 +82,7 @@ def test_fsdp_two_processes_equal_one_process_with_twice_the_micro_batch(tmp_pat
     assert len(norms2) == 2 and all(abs(a - b) <= 1e-4 * max(1.0, a) for a, b in zip(norms1, norms2, strict=True)), (norms1, norms2)
     assert_sharded_eval(run2, _run_dir(one))  # every rank forwards the same number of eval batches (FSDP), each its own share
     # the checkpoints are rank 0's gathered full state (every trainable parameter, unsharded), checksums over every file
-    from trainpipe.train.checkpoints import CheckpointManager, verify
+    from trainpipe.model.checkpoints import CheckpointManager, verify
 
     newest = CheckpointManager(run2 / "checkpoints").latest_valid()
     assert newest is not None and newest.step == 4 and verify(newest.path) is None

@@ -177,7 +177,7 @@ def test_qlora_base_really_is_4bit_nf4_with_double_quantization(tiny_model_dir):
     import bitsandbytes as bnb
 
     from trainpipe.config import MethodConfig, ModelConfig
-    from trainpipe.train.model import build_model
+    from trainpipe.model.loading import build_model
 
     model = build_model(ModelConfig(name_or_path=str(tiny_model_dir), dtype="float32"), MethodConfig(peft="qlora"))
     q = model.base_model.model.model.layers[0].self_attn.q_proj.base_layer
@@ -237,7 +237,7 @@ def test_target_modules_naming_no_module_lists_the_ones_that_exist(tmp_path, cap
 def test_check_peft_lists_the_module_names_that_exist(tmp_path):
     from trainpipe.config import MethodConfig, ModelConfig
     from trainpipe.errors import ModelLoadError
-    from trainpipe.train.model import check_peft
+    from trainpipe.model.loading import check_peft
 
     model = config_only_model(tmp_path / "m", LLAMA)
     with pytest.raises(ModelLoadError) as err:

@@ -172,7 +172,7 @@ def test_sigterm_saves_and_exits_within_grace_then_resume_matches(tmp_path, base
 
 
 def test_second_signal_exits_at_once_without_corrupting(tmp_path, base):
-    from trainpipe.train.checkpoints import CheckpointManager, verify
+    from trainpipe.model.checkpoints import CheckpointManager, verify
 
     cfg = config(tmp_path, base)
     run = tmp_path / "run"
@@ -275,7 +275,7 @@ def _damage(ckpt: Path, how: str) -> None:
 def test_corrupted_checkpoint_is_detected_and_skipped(tmp_path, base, reference, how, capsys):
     import shutil
 
-    from trainpipe.train.checkpoints import CheckpointManager, verify
+    from trainpipe.model.checkpoints import CheckpointManager, verify
 
     cfg = config(tmp_path, base)
     assert main(["run", str(cfg)]) == 0
@@ -323,7 +323,7 @@ def test_checkpoint_write_error_stop_policy(tmp_path, base, monkeypatch, capsys)
     cfg = config(tmp_path, base, **{"training.max_steps": 12, "training.on_checkpoint_error": "stop"})
     assert run_with_faults(monkeypatch, cfg, {"checkpoint_error_at_steps": [8]}) == 1
     assert "earlier checkpoints are intact" in capsys.readouterr().out
-    from trainpipe.train.checkpoints import CheckpointManager
+    from trainpipe.model.checkpoints import CheckpointManager
 
     assert CheckpointManager(tmp_path / "run" / "checkpoints").latest_valid().step == 4
 

@@ -67,7 +67,7 @@ def test_rloo_lora_resumes_to_the_bit(tmp_path, base_dir):
 
     import torch
 
-    from trainpipe.train.checkpoints import CheckpointManager
+    from trainpipe.model.checkpoints import CheckpointManager
 
     cfg = write_config(tmp_path, base_dir, rl={"algorithm": "rloo"}, peft="lora", steps=8, lr=2e-2)
     data = yaml.safe_load(cfg.read_text())

@@ -119,7 +119,7 @@ def test_lora_A_matrices_moved_from_their_init(lora_run):
     from transformers import AutoModelForCausalLM, set_seed
 
     from trainpipe.config import LoraConfig
-    from trainpipe.train.model import apply_lora
+    from trainpipe.model.loading import apply_lora
 
     run, base_dir, _ = lora_run
     set_seed(42)

@@ -20,7 +20,7 @@ import pytest
 from test_export_out import snapshot, tiny_config
 from tiny import build_tiny_model
 from trainpipe.cli import main
-from trainpipe.train.checkpoints import CheckpointManager, CheckpointWriteError, verify
+from trainpipe.model.checkpoints import CheckpointManager, CheckpointWriteError, verify
 
 pytestmark = pytest.mark.e2e
 

@@ -89,7 +89,7 @@ def test_best_and_latest_only_among_the_runs_own_checkpoints(tmp_path, base):
     newest to resume from, nor deleted by rotation, nor exported."""
     from safetensors.torch import load_file
 
-    from trainpipe.train.checkpoints import CheckpointManager
+    from trainpipe.model.checkpoints import CheckpointManager
 
     a_cfg = project(tmp_path / "a", base)
     b_cfg = project(tmp_path / "b", base, **{"training.learning_rate": 1e-2, "training.seed": 7})

@@ -11,7 +11,7 @@ import torch
 
 from trainpipe.config import build_config
 from trainpipe.errors import ConfigError
-from trainpipe.train.checkpoints import CheckpointManager
+from trainpipe.model.checkpoints import CheckpointManager
 from trainpipe.train.loop import LoopState, best_labels, best_metric_of, rank_update
 
 

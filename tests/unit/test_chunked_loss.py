@@ -6,8 +6,8 @@ import torch
 
 from tiny import alpaca_records
 from trainpipe.data.collate import IGNORE_INDEX
-from trainpipe.train import losses
-from trainpipe.train.losses import chunked_cross_entropy_sum, setup_liger, shift_labels
+from trainpipe.model import losses
+from trainpipe.model.losses import chunked_cross_entropy_sum, setup_liger, shift_labels
 
 
 def one_piece(logits, labels):

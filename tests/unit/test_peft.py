@@ -29,7 +29,7 @@ def test_loss_aligns_with_peft_own_loss_despite_virtual_tokens(peft, tiny_model_
 
     from trainpipe.evaluate.evaluator import eval_loss
     from trainpipe.train.loop import TokenCrossEntropy
-    from trainpipe.train.model import apply_peft
+    from trainpipe.model.loading import apply_peft
 
     torch.manual_seed(0)
     method = MethodConfig(peft=peft, prompt_tuning={"num_virtual_tokens": 5})
@@ -64,7 +64,7 @@ def test_ia3_auto_targets_per_architecture():
     from transformers import GPT2Config, LlamaConfig
 
     from trainpipe.config import IA3Config
-    from trainpipe.train.model import resolve_ia3_targets
+    from trainpipe.model.loading import resolve_ia3_targets
 
     llama = _skeleton(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, vocab_size=100))
     assert resolve_ia3_targets(llama, IA3Config()) == (["self_attn.k_proj", "self_attn.v_proj", "mlp.down_proj"], ["mlp.down_proj"])
@@ -75,7 +75,7 @@ def test_ia3_auto_targets_per_architecture():
 def test_freeze_plan_and_tied_head(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
-    from trainpipe.train.model import apply_peft
+    from trainpipe.model.loading import apply_peft
 
     model = apply_peft(AutoModelForCausalLM.from_pretrained(tiny_model_dir), MethodConfig(peft="freeze", freeze={"trainable_layers": 1}))
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
@@ -87,7 +87,7 @@ def test_freeze_plan_and_tied_head(tiny_model_dir):
 
 
 def test_qlora_from_scratch_is_refused_before_anything_loads(tiny_model_dir):
-    from trainpipe.train.model import check_peft
+    from trainpipe.model.loading import check_peft
 
     with pytest.raises(ModelLoadError, match="nothing worth quantizing"):
         check_peft(ModelConfig(name_or_path=str(tiny_model_dir), init_from_config=str(tiny_model_dir)), MethodConfig(peft="qlora"))
@@ -185,7 +185,7 @@ def test_generate_uses_the_virtual_tokens(peft, tiny_model_dir, tiny_tokenizer):
     from transformers import AutoModelForCausalLM
 
     from trainpipe.evaluate.evaluator import generate
-    from trainpipe.train.model import apply_peft
+    from trainpipe.model.loading import apply_peft
 
     def attentive():  # the untrained tiny model barely reads its context; louder attention makes the virtual tokens count
         m = AutoModelForCausalLM.from_pretrained(tiny_model_dir)

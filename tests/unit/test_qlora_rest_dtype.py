@@ -10,7 +10,7 @@ import torch
 
 from tiny import build_tokenizer
 from trainpipe.config import MethodConfig, ModelConfig, QuantizationConfig, build_config
-from trainpipe.train.model import build_model
+from trainpipe.model.loading import build_model
 
 pytest.importorskip("bitsandbytes")
 

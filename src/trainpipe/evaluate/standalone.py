@@ -71,7 +71,7 @@ def evaluate_model(path: str | Path, cfg) -> dict:
     from trainpipe.evaluate.evaluator import evaluate_lm, evaluate_test
     from trainpipe.evaluate.forgetting import ForgettingMonitor, load_sets
     from trainpipe.export import stop_token_ids
-    from trainpipe.train.model import load_tokenizer
+    from trainpipe.model.loading import load_tokenizer
 
     t0 = time.time()
     folder = model_folder(path)

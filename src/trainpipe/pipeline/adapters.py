@@ -52,7 +52,7 @@ def check_adapters(cfg: RunConfig, root: Path, *, check_inputs: bool = False) ->
     check_adapter_names(cfg, root)
     if check_inputs:  # one base and one `method` for every adapter: checked once, named as the run's
         from trainpipe.errors import ModelLoadError
-        from trainpipe.train.model import check_model_source, check_peft
+        from trainpipe.model.loading import check_model_source, check_peft
 
         try:
             check_model_source(cfg.model)

@@ -545,7 +545,7 @@ def _run_step(step: Step, key: str, parts: dict, entries: dict, cache: StepCache
 
 def _tokenizer_and_template(cfg: RunConfig, model_path: str | None = None):
     from trainpipe.data.tokenize import setup_chat_template
-    from trainpipe.train.model import load_tokenizer
+    from trainpipe.model.loading import load_tokenizer
 
     mcfg = cfg.model if model_path is None else cfg.model.model_copy(update={"name_or_path": model_path, "init_from_config": None})
     tok = load_tokenizer(mcfg, cfg.model.pad_token)

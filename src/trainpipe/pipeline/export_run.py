@@ -98,7 +98,7 @@ def export_run(run_dir: str | Path, *, adapter: str | None = None, combine: dict
 
 def pick_checkpoint(run_dir: Path, name: str):
     """The run's own checkpoint called ``name`` (`step-N`), verified; a RunDirError naming the run's checkpoints otherwise."""
-    from trainpipe.train.checkpoints import CheckpointManager, verify
+    from trainpipe.model.checkpoints import CheckpointManager, verify
 
     ck_dir = run_dir / "checkpoints"
     own = CheckpointManager(ck_dir).all() if ck_dir.is_dir() else []
@@ -117,8 +117,8 @@ def pick_checkpoint(run_dir: Path, name: str):
 def export_single(run_dir: Path, *, out: str | Path | None = None, checkpoint: str | None = None) -> Path:
     from trainpipe.data.tokenize import end_of_turn_ids, setup_chat_template
     from trainpipe.export import export_model, stop_token_ids
-    from trainpipe.train.checkpoints import CheckpointManager
-    from trainpipe.train.model import build_model, load_tokenizer
+    from trainpipe.model.checkpoints import CheckpointManager
+    from trainpipe.model.loading import build_model, load_tokenizer
 
     cfg = _resolved_config(run_dir)
     gates_block = _gates_block(run_dir) if not checkpoint else None  # a damaged gates.json stops before anything is written
@@ -165,7 +165,7 @@ def load_adapters(run_dir: str | Path):
     from peft import PeftModel
     from transformers import AutoTokenizer
 
-    from trainpipe.train.model import load_model
+    from trainpipe.model.loading import load_model
 
     run_dir = Path(run_dir).resolve()
     index = json.loads((run_dir / "adapters.json").read_text())

@@ -127,7 +127,7 @@ MEASURES_FORGETTING = ("sft", "pretrain", "dpo", "orpo", "kto", "rl")
 def preflight(cfg: RunConfig) -> None:
     """Fail before anything is written when an input is missing."""
     from trainpipe.data.sources import check_sources
-    from trainpipe.train.model import check_model_source
+    from trainpipe.model.loading import check_model_source
 
     check_model_source(cfg.model)
     check_sources(cfg.data.sources)  # files, globs and folders; hub and SQL sources are checked when read
@@ -178,7 +178,7 @@ def run(cfg: RunConfig, *, config_path: str | None = None, overwrite: bool = Fal
     hw = detect()
     plan = plan_run(cfg, hw)  # every `auto` resolved through the planner, with its predictions for this setup
     cfg = plan.config
-    from trainpipe.train.model import check_peft
+    from trainpipe.model.loading import check_peft
 
     check_peft(cfg.model, cfg.method)  # PEFT errors the config alone can tell (meta-device build), before the data step
     run_dir = Path(cfg.output_dir).resolve()
@@ -342,7 +342,7 @@ def config_changes(old: dict, new: dict) -> tuple[list[str], list[str]]:
 def find_resume_point(cfg: RunConfig, want: bool, *, explicit: bool, overwrite: bool):
     """The newest valid checkpoint of this run's output_dir to resume from, or None to start fresh."""
     from trainpipe.errors import ConfigError
-    from trainpipe.train.checkpoints import CheckpointManager
+    from trainpipe.model.checkpoints import CheckpointManager
 
     run_dir = Path(cfg.output_dir).resolve()
     if not want or overwrite:
@@ -430,7 +430,7 @@ def _steps(cfg: RunConfig, plan, hw, run_dir: Path, events: EventLog, config_pat
     from trainpipe.data.prepare import prepare
     from trainpipe.data.tokenize import end_of_turn_ids, setup_chat_template
     from trainpipe.export import stop_token_ids
-    from trainpipe.train.model import load_tokenizer
+    from trainpipe.model.loading import load_tokenizer
 
     con = ui.console()
     con.print(f"[bold]trainpipe run[/] {cfg.name}  ->  {run_dir}")

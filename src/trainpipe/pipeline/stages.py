@@ -140,7 +140,7 @@ def check_branch(sub: RunConfig, where: str, hint: str, nothing: str, *, label: 
             except DataError as exc:  # its key as the user wrote it: `method.adapters[2].data.sources[0].path`
                 raise DataError(f"{where}: " + exc.message.replace("`data.", f"`{data_key}.")) from None
             if own_model:
-                from trainpipe.train.model import check_model_source, check_peft
+                from trainpipe.model.loading import check_model_source, check_peft
 
                 try:
                     check_model_source(sub.model)

@@ -126,7 +126,7 @@ def predict_state_bytes(model_config: dict, *, method: str = "lora", dtype: str 
     else:
         from peft import LoraConfig, get_peft_model
 
-        from trainpipe.train.model import resolve_lora_targets
+        from trainpipe.model.loading import resolve_lora_targets
 
         targets = resolve_lora_targets(model, lora_targets)
         cfg = LoraConfig(r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, target_modules=targets, bias="none",

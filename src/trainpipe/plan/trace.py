@@ -339,14 +339,14 @@ def _build(spec, setup, notes):
         # where bitsandbytes quantizes at load (every nn.Linear but the output embeddings), an emulated 4-bit layer (a
         # Params4bit cannot wrap a fake tensor), with the settings of trainpipe's own BitsAndBytesConfig for this method;
         # then trainpipe's own apply_peft, as after a 4-bit load
-        from trainpipe.train.model import quantization_config
+        from trainpipe.model.loading import quantization_config
 
         bq = quantization_config(method)
         _quantize_linears(model, bq.bnb_4bit_compute_dtype, bq.bnb_4bit_use_double_quant, bq.bnb_4bit_quant_type)
         model.is_loaded_in_4bit = True  # what transformers' bitsandbytes quantizer sets after loading
     # the method applied by trainpipe's training code itself (train/model.py): the same PEFT config, kbit preparation and
     # freezing as `trainpipe train` (tests/unit/plan/test_trace_method.py checks the trainable parameters against it)
-    from trainpipe.train.model import apply_peft, enable_gradient_checkpointing
+    from trainpipe.model.loading import apply_peft, enable_gradient_checkpointing
 
     task_type = {"causal-lm": "CAUSAL_LM", "masked-lm": None, "seq2seq-lm": "SEQ_2_SEQ_LM"}[spec.task]
     model = apply_peft(model, method, task_type=task_type, quiet=True)
@@ -456,7 +456,7 @@ def _loss(model, framework, ids, labels, vocab):
         return model(input_ids=ids, labels=labels).loss
     logits = model(input_ids=ids).logits
     if framework == "trainpipe":
-        from trainpipe.train.losses import chunked_cross_entropy_sum, shift_labels
+        from trainpipe.model.losses import chunked_cross_entropy_sum, shift_labels
 
         return chunked_cross_entropy_sum(logits, shift_labels(labels))
     # hf-bf16-loss: nn.CrossEntropyLoss on the returned 16-bit logits

@@ -25,7 +25,7 @@ PEFT_KINDS = ("none", "lora", "rslora", "dora")
 
 
 def run(ctx: RunContext) -> dict:
-    from trainpipe.train.model import parameter_counts
+    from trainpipe.model.loading import parameter_counts
 
     cfg, data, tok = ctx.cfg, ctx.data, ctx.tokenizer
     bs = cfg.training.per_device_eval_batch_size
@@ -91,7 +91,7 @@ def load_classifier_base(model_cfg, dtype: str, pad_token_id: int, labels: list[
     from transformers import AutoModelForSequenceClassification
     from transformers.utils import logging
 
-    from trainpipe.train.model import DTYPES, check_model_source
+    from trainpipe.model.loading import DTYPES, check_model_source
 
     check_model_source(model_cfg)
     verbosity = logging.get_verbosity()
@@ -113,7 +113,7 @@ def build_classifier(model_cfg, method, pad_token_id: int, labels: list[str]):
         return model
     from peft import LoraConfig, get_peft_model
 
-    from trainpipe.train.model import resolve_lora_targets
+    from trainpipe.model.loading import resolve_lora_targets
 
     lora = method.lora
     head = "classifier" if hasattr(model, "classifier") and not hasattr(model, "score") else "score"

@@ -42,7 +42,7 @@ class RunContext:
     template: str
     stop_ids: list[int]
     data: Any  # trainpipe.data.prepare.PreparedData
-    resume_from: Any = None  # trainpipe.train.checkpoints.CheckpointInfo | None
+    resume_from: Any = None  # trainpipe.model.checkpoints.CheckpointInfo | None
     hardware: Any = None
     extra: dict = field(default_factory=dict)  # e.g. the plan's predictions, filled by pipeline/run.py
 

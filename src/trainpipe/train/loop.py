@@ -62,7 +62,7 @@ from trainpipe.events import EventLog
 from trainpipe.distributed.env import all_reduce_sum as env_all_reduce_sum
 from trainpipe.distributed.ddp import powersgd_state_dict as psgd_state_dict
 from trainpipe import faults
-from trainpipe.train.checkpoints import CheckpointInfo, CheckpointManager, CheckpointWriteError, interop_writer
+from trainpipe.model.checkpoints import CheckpointInfo, CheckpointManager, CheckpointWriteError, interop_writer
 
 if TYPE_CHECKING:
     from trainpipe.train.context import DistRuntime
@@ -305,8 +305,8 @@ class TokenCrossEntropy(Objective):
     fused = False  # Liger's fused linear cross-entropy patched into the model (`training.use_liger_kernel` on a GPU; losses.setup_liger)
 
     def loss_sum(self, model, batch: dict):
-        """Summed next-token CE, in float32 one chunk at a time (train/losses.py): never the full-vocabulary logits upcast at once."""
-        from trainpipe.train.losses import chunked_cross_entropy_sum, shift_labels
+        """Summed next-token CE, in float32 one chunk at a time (model/losses.py): never the full-vocabulary logits upcast at once."""
+        from trainpipe.model.losses import chunked_cross_entropy_sum, shift_labels
 
         labels = batch.pop("labels")
         if self.fused:  # the model's own (Liger) loss; num_items_in_batch=1 makes its reduction the sum
@@ -430,11 +430,11 @@ class TrainLoop:
     # ------------------------------------------------------------------ set-up
     def _setup_liger(self, enabled: bool) -> None:
         """`training.use_liger_kernel`: Liger's fused linear cross-entropy on a CUDA GPU for the token cross-entropy objectives;
-        otherwise one message and the chunked loss (train/losses.py)."""
+        otherwise one message and the chunked loss (model/losses.py)."""
         if not enabled:
             return
         from trainpipe import ui
-        from trainpipe.train.losses import setup_liger
+        from trainpipe.model.losses import setup_liger
 
         def say(text: str) -> None:
             if self.is_main:
@@ -530,9 +530,9 @@ class TrainLoop:
                 "`training.per_device_train_batch_size`), or use `method.peft: prompt_tuning`."
             )
         if on:
-            from trainpipe.train.model import enable_gradient_checkpointing
+            from trainpipe.model.loading import enable_gradient_checkpointing
 
-            enable_gradient_checkpointing(self.model)  # train/model.py: also what the memory tracer applies
+            enable_gradient_checkpointing(self.model)  # model/loading.py: also what the memory tracer applies
         self.state.gradient_checkpointing = on
 
     # ------------------------------------------------------------------ data

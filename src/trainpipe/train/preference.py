@@ -68,7 +68,7 @@ from trainpipe.train.sft import artifacts, build_loop, train, worker_summary
 def run(ctx: RunContext) -> dict:
     from trainpipe.evaluate import suite
     from trainpipe.export import export_model
-    from trainpipe.train.model import build_model, parameter_counts
+    from trainpipe.model.loading import build_model, parameter_counts
 
     cfg, data, tok = ctx.cfg, ctx.data, ctx.tokenizer
     method, pref = cfg.method.name, cfg.method.preference

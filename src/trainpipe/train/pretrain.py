@@ -38,7 +38,7 @@ def run(ctx: RunContext) -> dict:
     from trainpipe.evaluate import suite
     from trainpipe.evaluate.evaluator import evaluate_lm
     from trainpipe.export import export_model
-    from trainpipe.train.model import apply_peft, check_peft, load_base, parameter_counts, quantization_config
+    from trainpipe.model.loading import apply_peft, check_peft, load_base, parameter_counts, quantization_config
 
     cfg, data, tok = ctx.cfg, ctx.data, ctx.tokenizer
     bs = cfg.training.per_device_eval_batch_size

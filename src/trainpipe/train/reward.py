@@ -32,7 +32,7 @@ PEFT_KINDS = ("none", "lora", "rslora", "dora")
 
 
 def run(ctx: RunContext) -> dict:
-    from trainpipe.train.model import parameter_counts
+    from trainpipe.model.loading import parameter_counts
 
     cfg, data, tok = ctx.cfg, ctx.data, ctx.tokenizer
     bs = cfg.training.per_device_eval_batch_size
@@ -85,7 +85,7 @@ def load_sequence_classifier(model_cfg, dtype: str, pad_token_id: int):
     from transformers import AutoModelForSequenceClassification
     from transformers.utils import logging
 
-    from trainpipe.train.model import DTYPES, check_model_source
+    from trainpipe.model.loading import DTYPES, check_model_source
 
     check_model_source(model_cfg)
     verbosity = logging.get_verbosity()
@@ -107,7 +107,7 @@ def build_reward_model(model_cfg, method, pad_token_id: int):
         return model
     from peft import LoraConfig, get_peft_model
 
-    from trainpipe.train.model import resolve_lora_targets
+    from trainpipe.model.loading import resolve_lora_targets
 
     lora = method.lora
     peft_cfg = LoraConfig(

@@ -65,7 +65,7 @@ def run(ctx: RunContext) -> dict:
 
     from trainpipe.evaluate import suite
     from trainpipe.export import export_model
-    from trainpipe.train.model import build_model, parameter_counts
+    from trainpipe.model.loading import build_model, parameter_counts
 
     cfg, data, tok = ctx.cfg, ctx.data, ctx.tokenizer
     rl = cfg.method.rl

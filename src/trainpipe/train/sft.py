@@ -16,7 +16,7 @@ from typing import Callable
 from trainpipe import ui
 from trainpipe.config import TrainingConfig
 from trainpipe.events import EventLog
-from trainpipe.train.checkpoints import CheckpointInfo
+from trainpipe.model.checkpoints import CheckpointInfo
 from trainpipe.train.context import DistRuntime, RunContext
 from trainpipe.train.loop import FitResult, Objective, TrainLoop
 from trainpipe.train.progress import TrainProgress
@@ -26,7 +26,7 @@ def run(ctx: RunContext) -> dict:
     from trainpipe.evaluate import suite
     from trainpipe.evaluate.evaluator import evaluate_lm
     from trainpipe.export import export_model
-    from trainpipe.train.model import build_model, parameter_counts
+    from trainpipe.model.loading import build_model, parameter_counts
 
     cfg, data, tok = ctx.cfg, ctx.data, ctx.tokenizer
     bs = cfg.training.per_device_eval_batch_size

@@ -26,7 +26,7 @@ def load_probe(cfg: RunConfig):
     from trainpipe.plan.hardware import detect
     from trainpipe.plan.run_plan import plan_run
     from trainpipe.train.loop import TokenCrossEntropy
-    from trainpipe.train.model import build_model, load_tokenizer
+    from trainpipe.model.loading import build_model, load_tokenizer
 
     if cfg.method.name not in ("sft", "pretrain"):
         raise ConfigError(f"`lr-find` / `batch-find` measure the next-token loss of `method.name: sft` or `pretrain` runs, got `{cfg.method.name}`. Run them on the SFT stage's config.")

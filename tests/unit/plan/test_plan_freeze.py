@@ -23,7 +23,7 @@ import torch
 from trainpipe.config import FreezeConfig
 from trainpipe.plan import memory as M
 from trainpipe.plan.catalog import find_model, spec_from_config_dict
-from trainpipe.train import model as TM
+from trainpipe.model import loading as TM
 
 TINY = {
     "llama-untied": {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,

@@ -46,7 +46,7 @@ def test_full_fine_tune(dtype, opt):
 def test_lora(dtype, targets, method):
     from peft import LoraConfig, get_peft_model
 
-    from trainpipe.train.model import resolve_lora_targets
+    from trainpipe.model.loading import resolve_lora_targets
 
     m = _model(getattr(torch, dtype))
     pm = get_peft_model(m, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.05, target_modules=resolve_lora_targets(m, targets), task_type="CAUSAL_LM", use_dora=method == "dora"))
@@ -56,7 +56,7 @@ def test_lora(dtype, targets, method):
 
 def test_trainpipe_apply_lora_matches():
     from trainpipe.config import LoraConfig
-    from trainpipe.train.model import apply_lora
+    from trainpipe.model.loading import apply_lora
 
     m = apply_lora(_model(torch.float32), LoraConfig(r=4, alpha=8))
     o = _step(m)
@@ -72,7 +72,7 @@ def test_qlora_bitsandbytes(tmp_path, double_quant):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
-    from trainpipe.train.model import resolve_lora_targets
+    from trainpipe.model.loading import resolve_lora_targets
 
     _model(torch.float32).save_pretrained(tmp_path)
     warnings.filterwarnings("ignore")
@@ -97,7 +97,7 @@ def test_qlora_after_an_eval_forward_on_cpu(tmp_path, double_quant):
         pytest.skip("bitsandbytes repacks 4-bit weights for its CPU kernel only on CPUs with AVX512-BF16; this CPU has none")
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
-    from trainpipe.train.model import resolve_lora_targets
+    from trainpipe.model.loading import resolve_lora_targets
 
     _model(torch.float32).save_pretrained(tmp_path)
     warnings.filterwarnings("ignore")

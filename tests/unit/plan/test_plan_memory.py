@@ -171,7 +171,7 @@ def test_trainpipe_chunked_loss_keeps_the_logits_and_one_fp32_chunk(llama7b):
     n = tokens * llama7b.vocab
     assert ours == 2 * n + 8 * M.LOSS_CHUNK_ELEMENTS + 4 * tokens and hf == 14 * n
     assert M.Setup().framework == "trainpipe" and hf / ours > 4
-    from trainpipe.train.losses import CHUNK_ELEMENTS
+    from trainpipe.model.losses import CHUNK_ELEMENTS
 
     assert M.LOSS_CHUNK_ELEMENTS == CHUNK_ELEMENTS  # the memory model follows the loss the loop runs
 

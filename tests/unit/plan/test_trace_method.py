@@ -20,7 +20,7 @@ from trainpipe.config import FreezeConfig, LoraConfig, MethodConfig, ModelConfig
 from trainpipe.plan import memory as M
 from trainpipe.plan import trace as T
 from trainpipe.plan.catalog import find_model
-from trainpipe.train import model as TM
+from trainpipe.model import loading as TM
 
 pytest.importorskip("bitsandbytes")
 
