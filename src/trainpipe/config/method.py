@@ -1,0 +1,159 @@
+"""`model:` and `method:`: the base model, the objective and which parameters train (PEFT)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from trainpipe.config.base import _Section
+from trainpipe.config.data import DataConfig
+
+
+class ModelConfig(_Section):
+    name_or_path: str
+    """Hub id (e.g. `Qwen/Qwen2.5-0.5B`) or local folder with `config.json`, weights and tokenizer."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Dtype the base weights are loaded in. `auto`: float32 on CPU, bfloat16 on GPUs that support it."""
+    trust_remote_code: bool = False
+    """Run Python code shipped with the model. Off unless you trust its source."""
+    revision: str | None = None
+    """Hub revision (branch, tag or commit) to load; ignored for local folders."""
+    init_from_config: str | None = None
+    """Train from scratch: a `config.json` (or a folder with one) whose architecture is built with random weights; `name_or_path` then only supplies the tokenizer."""
+    pad_token: str | None = None
+    """Token used for padding when the tokenizer has none (e.g. its EOS token); padding never carries loss."""
+
+
+class LoraConfig(_Section):
+    r: int = Field(default=16, ge=1, le=4096)
+    """LoRA rank (at most 4096: a rank at the layer's width is already a full-rank update; 8-64 is usual)."""
+    alpha: int = Field(default=32, ge=1)
+    """LoRA scaling numerator (scale = alpha / r)."""
+    dropout: float = Field(default=0.05, ge=0.0, lt=1.0)
+    """Dropout on the LoRA branch."""
+    target_modules: list[str] | Literal["attention", "all-linear"] = "attention"
+    """Modules that get adapters: `attention` (the attention projections of the architecture), `all-linear`, or a list of module names."""
+
+
+class FreezeConfig(_Section):
+    trainable_layers: int = Field(default=2, ge=1)
+    """`peft: freeze`: train only the last this many transformer blocks (plus the final norm and the LM head); everything else stays frozen."""
+    train_embeddings: bool = False
+    """Also train the input embeddings (needed when new tokens are added)."""
+
+
+class QuantizationConfig(_Section):
+    quant_type: Literal["nf4", "fp4"] = "nf4"
+    """4-bit data type for `peft: qlora` (bitsandbytes); NF4 is the QLoRA paper's choice."""
+    double_quant: bool = True
+    """Quantize the quantization constants too (QLoRA's double quantization, ~0.4 bit/parameter saved)."""
+    compute_dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    """Dtype the 4-bit weights are dequantized to for the matmuls. `auto`: bfloat16 on GPUs with it, float32 otherwise."""
+    upcast_rest: bool = False
+    """Cast the base's parameters that are not quantized (embeddings, norms, lm_head, biases) to float32, as PEFT's `prepare_model_for_kbit_training` does. Off (as TRL's SFTTrainer, Unsloth, axolotl): they stay in `model.dtype` (bfloat16 on a bf16 GPU), and so do the residual stream and the saved activations (about half of QLoRA's activation memory); either way the base is frozen."""
+
+
+class IA3Config(_Section):
+    target_modules: list[str] | Literal["auto"] = "auto"
+    """Modules whose activations IA3 rescales: `auto` (keys, values and the MLP down projection of the architecture) or a list of module names."""
+    feedforward_modules: list[str] | Literal["auto"] = "auto"
+    """Those of `target_modules` that are feed-forward layers (scaled on their input): `auto` or a list."""
+
+
+class PromptTuningConfig(_Section):
+    num_virtual_tokens: int = Field(default=20, ge=1)
+    """Virtual tokens prepended to every input (`peft: prompt_tuning` or `prefix_tuning`)."""
+    init_text: str | None = None
+    """`prompt_tuning` only: initialise the virtual tokens from this text's embeddings (random when null)."""
+
+
+class PreferenceConfig(_Section):
+    beta: float = Field(default=0.1, gt=0)
+    """Strength of the implicit KL penalty to the reference model (DPO/IPO/KTO beta; SimPO's reward scale; ORPO's lambda)."""
+    loss_type: Literal["sigmoid", "ipo", "hinge", "simpo"] = "sigmoid"
+    """`method.name: dpo` loss: `sigmoid` (DPO), `ipo` (IPO), `hinge` (SLiC), `simpo` (SimPO: length-normalised, no reference model)."""
+    simpo_gamma: float = Field(default=0.5, ge=0)
+    """SimPO target reward margin γ: loss −log σ(β·(mean log-prob chosen − mean log-prob rejected) − γ), as in the paper and TRL's CPOTrainer."""
+    label_smoothing: float = Field(default=0.0, ge=0, lt=0.5)
+    """Conservative DPO: assumed share of flipped preference labels."""
+    sft_weight: float = Field(default=0.0, ge=0)
+    """Add this times the SFT loss on the chosen reply (RPO; ORPO always has its own SFT term)."""
+    desirable_weight: float = Field(default=1.0, gt=0)
+    """KTO: weight of desirable (label true) examples."""
+    undesirable_weight: float = Field(default=1.0, gt=0)
+    """KTO: weight of undesirable (label false) examples."""
+
+
+class RLConfig(_Section):
+    algorithm: Literal["grpo", "rloo"] = "grpo"
+    """Online policy optimisation: `grpo` (group-normalised advantages) or `rloo` (leave-one-out baseline), both without a value model. There is no `ppo`: TRL 1.x removed PPOTrainer and no maintained PPO implementation remains to build on (train/rl.py)."""
+    reward_model: str | None = None
+    """Folder of a reward model trained by `method.name: reward` (its `model/`), scoring prompt + completion."""
+    reward_function: str | None = None
+    """Python reward function by import path, `package.module:function` (or `file.py:function`, relative to the config file), called as `f(prompts: list[str], completions: list[str]) -> list[float]`: trainpipe imports it, so this runs Python code you name."""
+    num_generations: int = Field(default=4, ge=2)
+    """Completions sampled per prompt (the group the advantage is computed within)."""
+    max_new_tokens: int = Field(default=32, ge=1)
+    """Longest sampled completion."""
+    temperature: float = Field(default=1.0, gt=0)
+    """Sampling temperature of the completions."""
+    kl_coef: float = Field(default=0.05, ge=0)
+    """Weight of the KL penalty to the reference (the base model; with PEFT, the base with the adapter switched off)."""
+
+    @model_validator(mode="after")
+    def _one_reward(self) -> "RLConfig":
+        if self.reward_model is not None and self.reward_function is not None:
+            raise ValueError("give `reward_model` or `reward_function`, not both")
+        return self
+
+
+class PretrainConfig(_Section):
+    new_tokens: list[str] = Field(default_factory=list)
+    """Tokens added to the vocabulary before training; the embeddings are resized, old token embeddings stay unchanged, new rows start at the mean embedding."""
+
+
+class AdapterConfig(_Section):
+    name: str = Field(pattern=r"^[A-Za-z0-9_\-]+$")
+    """Adapter name (a folder name): one adapter per task on the shared base."""
+    data: DataConfig
+    """This adapter's training data."""
+
+
+class MethodConfig(_Section):
+    name: Literal["auto", "sft", "pretrain", "dpo", "orpo", "kto", "reward", "rl", "classification"] = "sft"
+    """Training objective. `sft`: supervised fine-tuning, loss on the responses; `pretrain`: continued pretraining on raw text; `dpo` (with `preference.loss_type` sigmoid/ipo/hinge/simpo), `orpo`, `kto`: preference optimisation; `reward`: a reward model from preference pairs; `rl`: online RL (GRPO/RLOO) against a reward model or function; `auto`: the objective rule (plan/objective.py) on `goal`, `kl_control`, `continued` and the data's kinds, expanded to `stages:` where it says several (e.g. pretrain -> sft, sft -> reward -> rl)."""
+    goal: Literal["auto", "task", "knowledge", "vocabulary", "alignment", "multitask"] = "auto"
+    """What the training is for, read by `name: auto`: `task` adaptation (SFT), new `knowledge` or `vocabulary` (continued pretraining first, then SFT), `alignment` (preference data), `multitask` (one adapter per task); `auto`: from the data's kinds."""
+    kl_control: Literal["low", "high"] = "low"
+    """With preference data and `name: auto`: how much staying close to the SFT policy matters. `high`: SFT -> reward model -> RL (3 stages); `low`: DPO."""
+    continued: bool = False
+    """With `name: auto`: the model was fine-tuned before (continued training): the learning rate default is halved."""
+    peft: Literal["auto", "none", "freeze", "lora", "rslora", "dora", "qlora", "qlora8", "ia3", "prompt_tuning", "prefix_tuning"] = "lora"
+    """Which parameters train: `auto` (the planner's choice for this model and hardware: full fine-tune, LoRA or QLoRA, with the rule printed), `none` (full fine-tune), `freeze` (last N blocks), `lora`, `rslora` (rank-stabilised scaling), `dora` (weight-decomposed), `qlora` (LoRA on a 4-bit NF4 base, bitsandbytes), `qlora8` (LoRA on an 8-bit base), `ia3`, `prompt_tuning`, `prefix_tuning`."""
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+    """LoRA settings (used by lora, rslora, dora, qlora, qlora8)."""
+    freeze: FreezeConfig = Field(default_factory=FreezeConfig)
+    """Settings of `peft: freeze`."""
+    quantization: QuantizationConfig = Field(default_factory=QuantizationConfig)
+    """4-bit settings of `peft: qlora`."""
+    ia3: IA3Config = Field(default_factory=IA3Config)
+    """Settings of `peft: ia3`."""
+    prompt_tuning: PromptTuningConfig = Field(default_factory=PromptTuningConfig)
+    """Settings of `peft: prompt_tuning` and `prefix_tuning`."""
+    preference: PreferenceConfig = Field(default_factory=PreferenceConfig)
+    """Settings of `dpo`, `orpo` and `kto`."""
+    rl: RLConfig = Field(default_factory=RLConfig)
+    """Settings of `method.name: rl`."""
+    pretrain: PretrainConfig = Field(default_factory=PretrainConfig)
+    """Settings of `method.name: pretrain`."""
+    adapters: list[AdapterConfig] = Field(default_factory=list)
+    """Multi-task: several named adapters trained one after another on the shared base, each on its own data (needs a LoRA-family `peft`)."""
+    train_on: Literal["assistant", "last_assistant", "all"] = "assistant"
+    """Tokens that carry loss: every assistant turn (default), the last assistant turn only, or everything."""
+
+    @model_validator(mode="after")
+    def _adapters_need_lora(self) -> "MethodConfig":
+        if self.adapters and self.peft not in ("lora", "rslora", "dora", "qlora", "qlora8"):
+            raise ValueError(f"`adapters` (one per task) need a LoRA-family `peft` (lora, rslora, dora, qlora, qlora8), got `{self.peft}`")
+        return self
