@@ -101,7 +101,7 @@ def test_no_secret_in_any_artefact_or_output(tmp_path, monkeypatch, capfd):
     printed_all = [printed.out, printed.err, out.out, out.err]
 
     for argv in (["export", str(run_dir), "--out", str(tmp_path / "exported")], ["diagnose", str(run_dir)], ["config", "show", str(ok_cfg)],
-                 ["plan", str(ok_cfg), "--json"], ["prepare", str(ok_cfg), "--json"]):
+                 ["plan", str(ok_cfg), "--json"], ["data", "prepare", str(ok_cfg), "--json"]):
         assert main(argv) == 0, argv
         out = capfd.readouterr()
         printed_all += [out.out, out.err]

@@ -182,7 +182,7 @@ def prepare(
         kind = "preference pairs" if "chosen_input_ids" in train.column_names else "KTO examples"
         raise DataError(
             f"The data is {kind} (prompt/chosen/rejected or prompt/completion/label), which `method.name: sft` cannot train on. "
-            "Give SFT data (alpaca, chat, ShareGPT or raw text), or prepare it with `trainpipe prepare` for a DPO/KTO-style trainer."
+            "Give SFT data (alpaca, chat, ShareGPT or raw text), or prepare it with `trainpipe data prepare` for a DPO/KTO-style trainer."
         )
     if train is not None:
         check_kind_for_method(for_method, train.column_names, report)

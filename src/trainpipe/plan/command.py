@@ -755,7 +755,7 @@ def check_flags(**flags) -> None:
     """Every numeric flag of `trainpipe plan` finite and in range before anything is planned (issue 22): `--num-gpus 0`
     was planned as 1 GPU and a negative or NaN `--tokens` / `--epochs` / `--budget-usd` priced as negative or NaN
     dollars. OptionError (exit 2) names the flag and the rule."""
-    from trainpipe.cli_numbers import COUNT, POSITIVE, check_all
+    from trainpipe.numbers import COUNT, POSITIVE, check_all
 
     f = flags.get
     check_all(
@@ -783,7 +783,7 @@ def check_files(*, gpu_file=None, data=None) -> None:
     raw UnicodeDecodeError (issue 22). OptionError (exit 2) names the file."""
     import codecs
 
-    from trainpipe.cli_numbers import OptionError
+    from trainpipe.numbers import OptionError
 
     named = [("--gpu-file", gpu_file, "a GPU catalog JSON in the format of plan/data/gpus.json")] if gpu_file else []
     for d in data or ():

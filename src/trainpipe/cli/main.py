@@ -1,0 +1,120 @@
+"""`main`: the `trainpipe` entry point. Every user error is printed as one paragraph, no traceback, with exit code 2
+(a write that failed for lack of space: 74; Ctrl-C: 130)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+
+from trainpipe.cli._app import app
+from trainpipe.errors import TrainpipeError
+
+
+def _redacted_excepthook(exc_type, exc, tb) -> None:
+    """Print a crash's traceback with credentials redacted (a database URL's password, a token: trainpipe.redact)."""
+    import traceback
+
+    from trainpipe.redact import redact_text
+
+    sys.stderr.write(redact_text("".join(traceback.format_exception(exc_type, exc, tb))))
+
+
+def _is_main_rank() -> bool:
+    from trainpipe.distributed.env import is_main
+
+    return is_main()
+
+
+def _click_classes(name: str) -> tuple[type, ...]:
+    """Click's exception class `name` as Typer raises it and as click itself does: Typer 0.2x vendors click as
+    `typer._click`, whose classes are not click's (catching only click's let every misuse through as a traceback)."""
+    import click
+
+    found = []
+    for mod in ("typer._click.exceptions", "typer.exceptions", "click.exceptions"):
+        try:
+            cls = getattr(__import__(mod, fromlist=[name]), name, None)
+        except ImportError:
+            continue
+        if isinstance(cls, type) and cls not in found:
+            found.append(cls)
+    return tuple(found) or (getattr(click.exceptions, name),)
+
+
+def _usage_error(exc) -> int:
+    """Print a CLI misuse as Typer does in standalone mode (usage line, `--help` hint, the error) and return its code:
+    2 for every usage error. An unknown command also lists the commands that exist at that level."""
+    ctx = getattr(exc, "ctx", None)
+    if type(exc).__name__ == "NoArgsIsHelpError":  # a group called without a command: its help, exit 2
+        typer.echo(ctx.get_help() if ctx is not None else exc.format_message(), err=True)
+        return exc.exit_code
+    msg = exc.format_message()
+    if ctx is not None and msg.startswith("No such command") and hasattr(ctx.command, "list_commands"):
+        names = [n for n in ctx.command.list_commands(ctx) if not getattr(ctx.command.get_command(ctx, n), "hidden", False)]
+        exc.message = f"{msg} `{ctx.command_path}` has: {', '.join(names)}."
+    try:
+        from typer import rich_utils
+
+        rich_utils.rich_format_error(exc)
+    except Exception:  # noqa: BLE001 - any Typer without its rich printer: click's own format
+        exc.show()
+    return exc.exit_code
+
+
+def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # the `trainpipe` command: even an unexpected crash prints no credential
+        sys.excepthook = _redacted_excepthook
+    try:
+        rv = app(args=argv, standalone_mode=False)
+        if rv == 130:  # typer turns Ctrl-C into Exit(130) and, not standalone, returns it instead of raising
+            from trainpipe import ui
+
+            ui.console().print("[bold red]interrupted:[/] stopped by Ctrl-C; nothing was finished.", markup=True, highlight=False, soft_wrap=True)
+        return rv if isinstance(rv, int) else 0
+    except TrainpipeError as exc:
+        from rich.markup import escape
+
+        from trainpipe import ui
+
+        ui.console().print(f"[bold red]{exc.title}:[/] {escape(exc.message)}", markup=True, highlight=False, soft_wrap=True)
+        from trainpipe.distributed.launch import report_error  # a worker: its launcher says it once, or (rank > 0) its stderr
+
+        report_error(exc, main_rank=_is_main_rank())
+        if exc.exit_code == 75 and argv is None:
+            # preempted: the checkpoint is on disk; leave at once, skipping interpreter teardown (which can
+            # abort in native thread pools while a signal-driven stop is in flight) so the exit code is ours
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(75)
+        return exc.exit_code
+    except _click_classes("Exit") as exc:
+        return exc.exit_code
+    except _click_classes("Abort"):
+        return 130
+    except _click_classes("ClickException") as exc:  # misuse: unknown command or option, missing argument, bad value
+        return _usage_error(exc)
+    except KeyboardInterrupt:
+        from trainpipe import ui
+
+        ui.console().print("[bold red]interrupted:[/] stopped by Ctrl-C; nothing was finished.", markup=True, highlight=False, soft_wrap=True)
+        return 130
+    except OSError as exc:
+        import errno
+
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            raise
+        from rich.markup import escape
+
+        from trainpipe import ui
+
+        where = f" writing `{exc.filename}`" if exc.filename else ""
+        ui.console().print(
+            f"[bold red]write failed:[/] {escape(exc.strerror or str(exc))}{escape(where)}. Checkpoints, exports and the data cache are "
+            "written to temporary names and renamed only when complete, so what was there before is intact. Free space (or choose "
+            "another `output_dir` / `TRAINPIPE_CACHE`) and run the same command again (`--resume` continues a run).",
+            markup=True, highlight=False, soft_wrap=True,
+        )
+        return 74
+

@@ -1,0 +1,122 @@
+"""`trainpipe run` and `trainpipe launch`: one run here (or its workers), or the launch file for a cluster."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from trainpipe.cli._app import ConfigArg, SetOpt, _numbers, app
+
+
+@app.command()
+def run(
+    config: ConfigArg,
+    set_: SetOpt = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an earlier run in the output directory.")] = False,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue from the newest checkpoint in the output directory whose checksums hold.")] = False,
+    nproc_per_node: Annotated[Optional[int], typer.Option("--nproc-per-node", help="Start this many worker processes here (torchrun semantics); default `distributed.nproc_per_node`, else 1.")] = None,
+    nnodes: Annotated[Optional[int], typer.Option("--nnodes", help="Machines taking part (default `distributed.nnodes`).")] = None,
+    node_rank: Annotated[Optional[int], typer.Option("--node-rank", help="This machine's rank among `--nnodes` (with `--rdzv-endpoint`).")] = None,
+    rdzv_endpoint: Annotated[Optional[str], typer.Option("--rdzv-endpoint", help="HOST:PORT where the machines meet (several nodes).")] = None,
+) -> None:
+    """Prepare the data, measure the base model, train, measure again and export the best model.
+
+    Exit codes: 0 done; 2 bad config, data or model; 3 training diverged; 4 out of memory with no way forward;
+    5 a worker stopped answering (distributed); 6 a quality gate failed under `gates.on_fail: fail` (everything written); 74 a write failed (disk full); 75 preempted (SIGTERM/SIGINT: a checkpoint was saved, continue with --resume)."""
+    from trainpipe import ui
+    from trainpipe.config import load_config
+    from trainpipe.distributed import env as dist_env
+    from trainpipe.pipeline.run import run as run_pipeline
+
+    _numbers(("--nproc-per-node", nproc_per_node, "the worker processes on this machine", 1), ("--nnodes", nnodes, "the number of machines", 1),
+             ("--node-rank", node_rank, "this machine's rank (0 for the first)", 0))
+    cfg = load_config(config, set_ or [])
+    d = cfg.distributed
+    nproc = nproc_per_node if nproc_per_node is not None else (d.nproc_per_node if isinstance(d.nproc_per_node, int) else 1)
+    nodes = nnodes if nnodes is not None else d.nnodes
+    if (nproc > 1 or nodes > 1) and not dist_env.detect().distributed:  # the launcher: start the workers, wait, pass on their exit code
+        from trainpipe.distributed.launch import spawn, worker_args
+
+        code = spawn(worker_args(str(config.resolve()), set_ or [], overwrite=overwrite, resume=resume), nproc=nproc, nnodes=nodes,
+                     node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, run_id=cfg.name or "trainpipe")
+        raise typer.Exit(code)
+    dist_env.init(d.backend, d.timeout_seconds)  # a worker of torchrun / accelerate launch / --nproc-per-node joins its group
+    summary = run_pipeline(cfg, config_path=str(config.resolve()), overwrite=overwrite, resume=resume)
+    dist_env.shutdown()
+    if not dist_env.is_main():
+        return
+    con = ui.console()
+    parts = summary.get("adapters") or summary.get("stages")  # multi-adapter / multi-stage runs: one table per part
+    if isinstance(parts, dict):
+        parts = list(parts.items())
+    elif isinstance(parts, list):
+        parts = [(p.get("name", str(i)), p) for i, p in enumerate(parts)]
+    else:
+        parts = [(summary.get("name"), summary)]
+    for name, part in parts:
+        _print_result(con, str(name), part)
+    con.print(f"run dir: {summary['artifacts']['run_dir']}")
+
+
+@app.command()
+def launch(
+    config: ConfigArg,
+    emit: Annotated[str, typer.Option("--emit", help="torchrun | slurm | k8s (a Kubeflow PyTorchJob).")] = "torchrun",
+    out: Annotated[Path, typer.Option("-o", "--out", help="Folder for the launch file (a new file there, or the one trainpipe wrote before; never the config, its data or a file of yours).")] = Path("."),
+    set_: SetOpt = None,
+    nproc_per_node: Annotated[Optional[int], typer.Option("--nproc-per-node", help="GPUs per node (default `distributed.nproc_per_node`, else 1).")] = None,
+    nnodes: Annotated[Optional[int], typer.Option("--nnodes", help="Nodes (default `distributed.nnodes`).")] = None,
+    image: Annotated[str, typer.Option("--image", help="Container image (k8s).")] = "trainpipe:latest",
+) -> None:
+    """Write the launch file of CONFIG for a cluster: a torchrun script, an sbatch script or a PyTorchJob manifest
+    (GPUs, memory and NCCL variables from the config and the plan; the `--set` overrides go along, every value quoted)."""
+    from trainpipe import ui
+    from trainpipe.config import load_config
+    from trainpipe.distributed.launch import write_launch_files
+
+    _numbers(("--nproc-per-node", nproc_per_node, "the GPUs per node", 1), ("--nnodes", nnodes, "the number of nodes", 1))
+    cfg = load_config(config, set_ or [])
+    path, layout = write_launch_files(cfg, str(config), emit, out, nproc=nproc_per_node, nnodes=nnodes, image=image, sets=set_ or [])
+    ui.console().print(f"{emit}: {path}  ({layout['nnodes']} node(s) x {layout['gpus_per_node']} GPU(s), {layout['memory_gib']} GiB host memory per node)")
+
+
+def _print_result(con, name: str, summary: dict) -> None:
+    from rich.table import Table
+
+    data = summary.get("data") or {}
+    counts = summary.get("metric_examples") or {}  # examples each metric ran on (generated metrics: the generations made)
+    per_metric = len(set(counts.values())) > 1
+    n_all = next(iter(counts.values())) if counts and not per_metric else data.get("eval_examples")
+    n = "" if per_metric or n_all is None else f", {n_all} examples"
+    table = Table(title=f"{name}: baseline vs final (eval split{n})")
+    table.add_column("metric")
+    table.add_column("baseline", justify="right")
+    table.add_column("final", justify="right")
+    table.add_column("change", justify="right")
+    if per_metric:
+        table.add_column("examples", justify="right")
+    for k, v in (summary.get("final") or {}).items():
+        b = (summary.get("baseline") or {}).get(k)
+        extra = [str(counts.get(k, ""))] if per_metric else []
+        if not isinstance(v, (int, float)) or not isinstance(b, (int, float)):
+            table.add_row(k, str(b), str(v), "", *extra)
+        elif k in ("exact_match", "accuracy") or k.endswith("accuracy") or k.startswith("accuracy_"):
+            table.add_row(k, f"{100 * b:.1f} %", f"{100 * v:.1f} %", f"{100 * (v - b):+.1f} pts", *extra)
+        else:
+            table.add_row(k, f"{b:.4f}", f"{v:.4f}", f"{v - b:+.4f}", *extra)
+    con.print(table)
+    t = summary.get("train") or {}
+    if t:
+        wall = f"  wall time {summary['wall_seconds']:.1f} s" if "wall_seconds" in summary else ""
+        con.print(f"steps {t.get('global_step')}  train time {t.get('train_seconds', 0):.1f} s{wall}" + ("  (stopped early)" if t.get("stopped_early") else ""))
+        if t.get("best_checkpoint"):  # the metric that chose it (`training.metric_for_best`), not always the eval loss
+            from trainpipe.report.html import best_ranking
+
+            con.print(f"best checkpoint: {Path(t['best_checkpoint']).name} ({best_ranking(t)})", markup=False, soft_wrap=True)
+    art = summary.get("artifacts") or {}
+    if art.get("model"):
+        con.print(f"model:   {art['model']}")
+    if art.get("adapter"):
+        con.print(f"adapter: {art['adapter']}")
