@@ -34,6 +34,7 @@ from trainpipe.config import RunConfig
 from trainpipe.plan import decisions as D
 from trainpipe.plan.decisions import Decision, PlanError
 from trainpipe.plan.hardware import Hardware
+from trainpipe.plan.specs import RunSpecs, build_specs
 
 # trainpipe `method.peft` -> the planner's memory method (same parameter, gradient and optimizer bytes)
 PLAN_METHOD = {"none": "full", "freeze": "freeze", "lora": "lora", "rslora": "lora", "dora": "dora", "qlora": "qlora"}
@@ -78,6 +79,7 @@ class Plan:
     gradient_checkpointing: Setting
     learning_rate: Setting
     lr_scaling: Setting
+    specs: RunSpecs  # the resolved values as frozen typed specs (plan/specs.py): what train/ and data/ read
     decisions: tuple[Decision, ...] = ()  # every value filled in, with its rule (the config keys' view, for the console)
     predicted: dict = field(default_factory=dict)  # memory per device, exact state bytes, throughput
     notes: tuple[str, ...] = ()
@@ -309,9 +311,10 @@ def resolve(cfg: RunConfig, hw: Hardware, world_size: int | None = None, *, nnod
     predicted = predict(cfg, spec, gpu, world, precision, strategy_s.value, offload_s.value) if spec is not None and sizing else {}
     if predicted.get("memory") and cfg.method.peft == "qlora" and cfg.method.quantization.upcast_rest:
         notes.extend(_upcast_rest_note(cfg, spec, world, precision, strategy_s.value, offload_s.value, predicted["memory"]["total_bytes"]))
+    specs = build_specs(cfg, hw, world_size=world, effective_batch=eff, precision=precision)
     return Plan(config=cfg, hardware=hw, world_size=world_s, nnodes=nodes_s, nproc_per_node=local_s, strategy=strategy_s, offload=offload_s, peft=peft_s,
                 micro_batch=mb_s, grad_accum=acc_s, effective_batch=eff_s, precision=precision_s, gradient_checkpointing=ck_s, learning_rate=lr_s,
-                lr_scaling=scaling_s, decisions=tuple(decisions), predicted=predicted, notes=tuple(notes))
+                lr_scaling=scaling_s, specs=specs, decisions=tuple(decisions), predicted=predicted, notes=tuple(notes))
 
 
 def _resolve_precision(cfg: RunConfig, hw: Hardware, decisions: list[Decision]) -> Setting:
