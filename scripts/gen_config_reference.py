@@ -35,9 +35,21 @@ HEADER = f"""# Config reference
 Every key of a run's YAML file, section by section, with its type, its default and what it does. The text is the
 field's own docstring in the config models, the same text `trainpipe config schema` puts in the JSON Schema.
 
-Precedence is one rule: the defaults below < the YAML file < `--set a.b=c` on the command line.
-`trainpipe config show CONFIG` prints the resolved config with every default filled in, and
-`trainpipe config validate CONFIG` reports every problem at once, each with its dotted key path.
+```bash
+trainpipe config validate my.yaml          # every problem at once, with its key path and the fix
+trainpipe config show my.yaml              # the resolved config: defaults, file, overrides, and the autos filled in
+trainpipe config schema -o runconfig.json  # JSON Schema for editor completion
+trainpipe run my.yaml --set training.learning_rate=1e-4 --set method.lora.r=8
+```
+
+Precedence is one rule: the defaults below < the YAML file < `--set a.b=c` on the command line. Defaults
+follow the field's practice: LoRA r=16, alpha=32 on the attention projections at lr 2e-4 (full fine-tune
+5e-5), cosine schedule, 3 % warmup, weight decay 0.01, gradient clipping at 1.0, effective batch 32, bf16
+where the GPU has it. `trainpipe config show` prints each default it filled in and why (without importing
+torch or transformers unless an `auto` needs the model's size). Relative paths inside a config file
+(`model.name_or_path` when it names a local folder, `data.sources[].path`) are resolved against the folder
+of that file; `output_dir` against the working directory. `examples/quickstart/run.yaml` is a complete
+config, and `examples/methods/` has one per method.
 """
 
 _BOUNDS = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<", "min_length": "at least", "max_length": "at most", "pattern": "matches"}
