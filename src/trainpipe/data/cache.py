@@ -32,6 +32,7 @@ from pathlib import Path
 
 from trainpipe import ownership
 from trainpipe.hashing import file_sha256
+from trainpipe.redact import redact_obj
 
 DATA_CODE_VERSION = "5"  # bump when a change to trainpipe/data changes prepared output
 HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:6]
@@ -139,8 +140,6 @@ class Writer:
 
     def write_json(self, name: str, obj) -> None:
         """Write ``obj`` as JSON, credentials redacted (trainpipe.redact): the cache outlives the run and is shared."""
-        from trainpipe.redact import redact_obj
-
         (self.tmp / name).write_text(json.dumps(redact_obj(obj), indent=2, default=str), encoding="utf-8")
 
     def commit(self) -> Path:

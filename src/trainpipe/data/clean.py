@@ -44,6 +44,8 @@ import math
 import re
 from collections import Counter
 
+from trainpipe.errors import DataError
+
 PLACEHOLDERS = {
     "email": "<EMAIL>", "phone": "<PHONE>", "ip": "<IP_ADDRESS>", "credit_card": "<CREDIT_CARD>",
     "iban": "<IBAN>", "ssn": "<SSN>", "secret": "<SECRET>", "person": "<PERSON>", "location": "<LOCATION>",
@@ -468,8 +470,6 @@ def _ipv6_ok(s: str) -> bool:
 
 
 def _load_presidio(choice: str):
-    from trainpipe.errors import DataError
-
     if choice == "off":
         return None
     try:

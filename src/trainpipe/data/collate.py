@@ -11,7 +11,9 @@
 
 from __future__ import annotations
 
-IGNORE_INDEX = -100
+from trainpipe.data.packing import IGNORE_INDEX, pack_rows
+
+__all__ = ["IGNORE_INDEX", "PadCollator", "flatten", "pad_batch", "pad_packed", "right_pad"]
 
 
 def _pad(rows: list, fill: int, n: int):
@@ -46,8 +48,6 @@ def pad_packed(batch: list[dict], pad_id: int) -> dict:
 
 
 def flatten(batch: list[dict]) -> dict:
-    from trainpipe.data.packing import pack_rows
-
     return {k: _pad([v], 0, len(v)) for k, v in pack_rows(batch).items()} | {"use_cache": False}
 
 

@@ -8,7 +8,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from trainpipe import ownership, rundir, ui
 from trainpipe.config import RunConfig
+from trainpipe.data.prepare import prepare
+from trainpipe.data.report import inspect_examples, plain_example, render_example, summary_lines
+from trainpipe.data.tokenize import setup_chat_template
+from trainpipe.errors import RunDirError
 
 
 def _output_dir(cfg: RunConfig) -> Path:
@@ -19,10 +24,6 @@ def _prepare_folder(cfg: RunConfig) -> Path:
     """OUTPUT_DIR/data, where the prepare step writes its report files, by the ownership rule (ownership.py): the run folder
     gets a manifest, `data/` is registered before it is written (pending: a kill leaves it provably trainpipe's) and is
     used only when it is new, empty or trainpipe's own; a `data/` of someone else's files is refused, nothing written."""
-    from trainpipe import ownership
-    from trainpipe.errors import RunDirError
-    from trainpipe import rundir
-
     root = _output_dir(cfg)
     out = root / "data"
     if out.exists() and (not out.is_dir() or out.is_symlink() or (any(out.iterdir()) and not ownership.is_ours(out))):
@@ -40,10 +41,6 @@ def _prepare_folder(cfg: RunConfig) -> Path:
 
 
 def run_prepare(cfg: RunConfig, tokenizer, *, quiet: bool = False):
-    from trainpipe import ui
-    from trainpipe.data.prepare import prepare
-    from trainpipe.data.tokenize import setup_chat_template
-
     out = _prepare_folder(cfg)
     template = setup_chat_template(tokenizer, cfg.data.chat_template, cfg.model.name_or_path)
     with ui.progress() as bar:
@@ -59,12 +56,8 @@ def run_prepare(cfg: RunConfig, tokenizer, *, quiet: bool = False):
         import shutil
 
         shutil.copyfile(dups, out / "duplicates.jsonl")
-    from trainpipe import ownership
-
     ownership.record(out)  # OUTPUT_DIR/data fingerprinted into the run folder's manifest: `trainpipe run` takes it as its own
     if not quiet:
-        from trainpipe.data.report import summary_lines
-
         con = ui.console()
         for line in summary_lines(data.report):
             con.print(line, markup=False, highlight=False)
@@ -89,9 +82,6 @@ def prepare_command(cfg: RunConfig, tokenizer, *, as_json: bool = False) -> None
 
 
 def inspect_command(cfg: RunConfig, tokenizer, *, n: int = 20, as_json: bool = False, seed: int = 0) -> None:
-    from trainpipe import ui
-    from trainpipe.data.report import inspect_examples, plain_example, render_example
-
     with _stdout_is_for_json(as_json):
         data = run_prepare(cfg, tokenizer, quiet=True)
         examples = inspect_examples(data, tokenizer, n=n, seed=seed)

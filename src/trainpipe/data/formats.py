@@ -36,6 +36,8 @@ import re
 from pathlib import Path
 from typing import Literal
 
+from trainpipe.data.sources import Record, Rejected, is_data_file, read_file
+
 Format = Literal["alpaca", "chat", "sharegpt", "preference", "kto", "text", "classification"]
 ROLES = ("system", "user", "assistant", "tool")
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system",
@@ -151,8 +153,6 @@ def detect_file(path: str | Path, columns: dict[str, str] | None = None) -> tupl
     array, CSV, Parquet, text, compressed or not) and told by :func:`detect`: the one detector of `prepare` and
     `plan --data FILE` (and of `method.name: auto`), after the source's ``columns`` as `prepare` applies them. None
     when it cannot be told here (no readable record, or none that fits a format)."""
-    from trainpipe.data.sources import Record, Rejected, is_data_file, read_file
-
     p = Path(path)
     if p.is_dir():
         files = sorted(f for f in p.iterdir() if f.is_file() and is_data_file(f))

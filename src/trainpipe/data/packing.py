@@ -11,8 +11,9 @@ first token is never a target, and packed it would be predicted from the previou
 from __future__ import annotations
 
 import bisect
+import random
 
-from trainpipe.data.collate import IGNORE_INDEX
+IGNORE_INDEX = -100  # the label the loss skips (masked prompts, padding, the first label of a packed example)
 
 
 def pack_bins(lengths: list[int], max_length: int) -> list[list[int]]:
@@ -54,8 +55,6 @@ def pack(rows: list[dict], max_length: int) -> list[dict]:
 
 def non_pad_share(lengths: list[int], *, mode: str, max_length: int, batch_size: int = 8, seed: int = 0) -> float:
     """Share of non-pad tokens in the batches the mode produces (rows for `pack`, examples otherwise)."""
-    import random
-
     if not lengths:
         return 0.0
     if mode == "padding_free":

@@ -59,7 +59,9 @@ from types import MethodType
 import numpy as np
 
 from trainpipe.data.collate import IGNORE_INDEX
+from trainpipe.data.formats import tool_names
 from trainpipe.errors import ModelLoadError
+from trainpipe.ui import console
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -461,8 +463,6 @@ class Template:
 
     def _check_tools(self, text: str, tools: list | None) -> None:
         """The round trip: the rendered text names every tool."""
-        from trainpipe.data.formats import tool_names
-
         lost = [n for n in tool_names(tools) if n not in text]
         if lost:
             raise ModelLoadError(
@@ -595,8 +595,6 @@ def _say_once(source: str, what: str, text: str) -> None:
         return
     _SAID.add(key)
     from rich.markup import escape
-
-    from trainpipe.ui import console
 
     console().print(escape(text))
 

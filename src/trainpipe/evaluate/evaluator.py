@@ -10,7 +10,10 @@ from __future__ import annotations
 import math
 from typing import Callable
 
+from trainpipe import ui
 from trainpipe.data.collate import IGNORE_INDEX, pad_batch
+from trainpipe.distributed import env
+from trainpipe.evaluate.metrics import GENERATED
 
 
 def eval_loss(model, examples: list[dict], *, batch_size: int, pad_id: int, advance: Callable[[int], None] | None = None) -> dict:
@@ -20,9 +23,7 @@ def eval_loss(model, examples: list[dict], *, batch_size: int, pad_id: int, adva
     model.eval()
     total, count = 0.0, 0
     device = next(model.parameters()).device
-    from trainpipe.distributed.env import current_eval_shard
-
-    shard = current_eval_shard()  # under several processes (train/loop.py): this rank's batches; the sums are reduced below
+    shard = env.current_eval_shard()  # under several processes (train/loop.py): this rank's batches; the sums are reduced below
     starts = shard.assign(range(0, len(examples), batch_size)) if shard else [(i, True) for i in range(0, len(examples), batch_size)]
     with torch.no_grad():
         for i, counted in starts:
@@ -127,8 +128,6 @@ def exact_match(predictions: list[str], references: list[str]) -> float:
 def evaluate_lm(model, tokenizer, data, ev, *, batch_size: int, stop_ids: list[int], phase: str) -> tuple[dict, list[dict]]:
     """The LM metrics of ``ev`` (an EvalConfig) on ``data.eval``: loss, perplexity and, with
     `exact_match` / `accuracy` / `rouge_l` / `bleu`, greedy generations against the references. Returns (metrics, samples)."""
-    from trainpipe import ui
-
     out: dict = {}
     with ui.progress() as bar:
         task = bar.add_task(f"eval ({phase}) loss", total=len(data.eval))
@@ -138,8 +137,6 @@ def evaluate_lm(model, tokenizer, data, ev, *, batch_size: int, stop_ids: list[i
     if "perplexity" in ev.metrics:
         out["perplexity"] = res["perplexity"]
     samples: list[dict] = []
-    from trainpipe.evaluate.metrics import GENERATED
-
     if ("exact_match" in ev.metrics or any(m in GENERATED for m in ev.metrics)) and data.eval_generation:  # raw text has no reference replies
         gens = data.eval_generation[: ev.max_samples] if ev.max_samples else data.eval_generation
         with ui.progress() as bar:

@@ -14,7 +14,12 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trainpipe.data.formats import FormatError, detect, to_example
+from trainpipe.data.tokenize import Template, encode_batch
+from trainpipe.distributed import env
 from trainpipe.errors import DataError
+from trainpipe.evaluate.evaluator import eval_loss
+from trainpipe.track.manifest import write_json
 
 
 @dataclass
@@ -26,9 +31,6 @@ class ForgettingSet:
 
 def load_sets(specs, tokenizer, template_name: str, *, max_length: int) -> list[ForgettingSet]:
     """Read and tokenize every forgetting set of ``specs`` (a list of ForgettingSetConfig)."""
-    from trainpipe.data.formats import FormatError, detect, to_example
-    from trainpipe.data.tokenize import Template, encode_batch
-
     tpl = Template(tokenizer, template_name)
     out, names = [], set()
     for spec in specs:
@@ -82,9 +84,6 @@ class ForgettingMonitor:
         """Loss and perplexity of every set on ``model``, whole, on this process. The monitor lives on rank 0 only: inside
         the loop's sharded in-training eval (several processes) the other ranks are not measuring the sets, so the sets are
         measured here outside the eval shard (a sharded `eval_loss` would all-reduce with ranks that never join it)."""
-        from trainpipe.distributed import env
-        from trainpipe.evaluate.evaluator import eval_loss
-
         out = {}
         shard, env._eval_shard = env._eval_shard, None
         try:
@@ -147,8 +146,6 @@ class ForgettingMonitor:
         return {"threshold": self.threshold, "sets": out}
 
     def _write(self) -> None:
-        from trainpipe.track.manifest import write_json
-
         write_json(self.path, self.record)
 
 

@@ -27,7 +27,11 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from trainpipe.config import load_yaml_text  # bounded: an alias bomb is refused (issue 22)
+from trainpipe.data.collate import IGNORE_INDEX
 from trainpipe.errors import TrainpipeError
+from trainpipe.redact import redact_text
+from trainpipe.track.manifest import write_json
 
 EXIT_GATES_FAILED = 6
 REVIEW_SAMPLES = "review_samples.jsonl"
@@ -168,7 +172,6 @@ def _gate_no_forgetting(run_dir, summary, thr, *, forgetting_threshold, **_) -> 
 def _gate_dedup_ran(run_dir, summary, thr, **_) -> GateResult:
     report = _read_json(run_dir / "data_report.json")
     try:
-        from trainpipe.config import load_yaml_text  # bounded: an alias bomb is refused (issue 22)
         cfg = load_yaml_text((run_dir / "config.resolved.yaml").read_text(), "config.resolved.yaml") or {}
     except OSError:
         cfg = {}
@@ -272,8 +275,6 @@ def _events(run_dir: Path) -> list[dict]:
 def apply_gates(run_dir: str | Path, gates_cfg, *, forgetting_threshold: float, events=None) -> dict:
     """Check the gates, write `gates.json`, emit `gate_failed` per failure, mark the exported model; returns the
     gates block of summary.json ({"passed", "on_fail", "results"})."""
-    from trainpipe.track.manifest import write_json
-
     run_dir = Path(run_dir)
     results = check_gates(run_dir, gates_cfg, forgetting_threshold)
     failed = [r for r in results if r.status == "fail"]
@@ -291,8 +292,6 @@ def mark_model(model_dir: Path, block: dict) -> None:
     """Record the gates beside the exported model: `quality_gates.json` and a line at the top of the model card."""
     if not model_dir.is_dir():
         return
-    from trainpipe.track.manifest import write_json
-
     write_json(model_dir / "quality_gates.json", block)
     card = model_dir / "README.md"
     if card.exists():
@@ -314,8 +313,6 @@ def write_review_samples(run_dir: Path, rows, tokenizer, *, n: int = 50, seed: i
     visible), with the trained (loss-carrying) part apart, in `RUN_DIR/review_samples.jsonl` (written atomically)."""
     import random
 
-    from trainpipe.data.collate import IGNORE_INDEX
-
     total = len(rows)
     idx = sorted(random.Random(seed).sample(range(total), min(n, total)))
     lines = []
@@ -327,8 +324,6 @@ def write_review_samples(run_dir: Path, rows, tokenizer, *, n: int = 50, seed: i
         lines.append(json.dumps({"index": i, "text": tokenizer.decode(ids, skip_special_tokens=False), "trained": tokenizer.decode(trained, skip_special_tokens=False), "tokens": len(ids)}))
     path = run_dir / REVIEW_SAMPLES
     tmp = path.with_suffix(".jsonl.tmp")
-    from trainpipe.redact import redact_text
-
     tmp.write_text(redact_text("".join(x + "\n" for x in lines)), encoding="utf-8")
     tmp.replace(path)
     return path
@@ -336,8 +331,6 @@ def write_review_samples(run_dir: Path, rows, tokenizer, *, n: int = 50, seed: i
 
 def record_review(run_dir: Path, reviewer: str) -> dict:
     from datetime import datetime, timezone
-
-    from trainpipe.track.manifest import write_json
 
     samples = run_dir / REVIEW_SAMPLES
     n = sum(1 for line in samples.read_text(encoding="utf-8").splitlines() if line.strip())

@@ -17,14 +17,14 @@ from __future__ import annotations
 
 from typing import Callable
 
+from trainpipe.distributed import env
+
 
 def batches(n_rows: int, batch_size: int):
     """([(batch index, first row, counted)] of this process, the shard or None). Under FSDP (lockstep) a rank short of
     batches gets an uncounted repeat to run (every FSDP forward is a collective) and must not record it."""
-    from trainpipe.distributed.env import current_eval_shard
-
     starts = list(range(0, n_rows, batch_size))
-    shard = current_eval_shard()
+    shard = env.current_eval_shard()
     if shard is None:
         return [(k, s, True) for k, s in enumerate(starts)], None
     return [(s // batch_size, s, counted) for s, counted in shard.assign(starts)], shard
@@ -36,9 +36,7 @@ def in_order(done: dict, shard, *, units: Callable[[object], int] | None = None)
     (`eval_loss_tokens_per_rank` in the loop's `eval_done` event, examples here rather than tokens)."""
     if shard is None:
         return [done[k] for k in sorted(done)]
-    from trainpipe.distributed.env import gather_objects
-
-    per_rank = gather_objects(done)
+    per_rank = env.gather_objects(done)
     if units is not None:
         shard.counts = [sum(units(r) for r in d.values()) for d in per_rank]
     merged: dict = {}

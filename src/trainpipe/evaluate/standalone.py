@@ -11,7 +11,16 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from trainpipe import ownership, ui
+from trainpipe.data.prepare import prepare
+from trainpipe.data.tokenize import end_of_turn_ids, setup_chat_template
 from trainpipe.errors import ModelLoadError
+from trainpipe.evaluate.benchmarks import run_benchmarks
+from trainpipe.evaluate.evaluator import evaluate_lm, evaluate_test
+from trainpipe.evaluate.forgetting import ForgettingMonitor, load_sets
+from trainpipe.export import stop_token_ids
+from trainpipe.model.loading import load_tokenizer
+from trainpipe.rundir import protected_paths
 
 
 def model_folder(path: str | Path) -> Path:
@@ -29,8 +38,6 @@ def model_folder(path: str | Path) -> Path:
 def inputs(path: str | Path, cfg, config_path: str | Path | None) -> list[tuple[Path, str]]:
     """What `trainpipe eval` reads, as (path, what it is): the config, its data sources, the evaluated model (and the run
     folder around it), the base model, forgetting sets and local benchmark folders. `--out` is never written onto any."""
-    from trainpipe.rundir import protected_paths
-
     out = list(protected_paths(cfg, str(config_path) if config_path else None))
     p = Path(path).expanduser().resolve()
     out.append((p, f"the evaluated model `{path}`"))
@@ -45,8 +52,6 @@ def inputs(path: str | Path, cfg, config_path: str | Path | None) -> list[tuple[
 def check_out(out: str | Path, path: str | Path, cfg, config_path: str | Path | None) -> list[tuple[Path, str]]:
     """Refuse `eval --out` before anything is evaluated (ownership rule: a new path or the figures trainpipe wrote there
     last time, never an input of the command); returns the inputs for the write."""
-    from trainpipe import ownership
-
     reads = inputs(path, cfg, config_path)
     ownership.check_writable(out, what="the eval figures (`--out`)", reads=reads)
     return reads
@@ -54,8 +59,6 @@ def check_out(out: str | Path, path: str | Path, cfg, config_path: str | Path | 
 
 def write_out(out: str | Path, res: dict, reads: list[tuple[Path, str]]) -> Path:
     """Write the figures to `--out` through the ownership rule (redacted, atomic, recorded)."""
-    from trainpipe import ownership
-
     return ownership.write_json(out, res, what="the eval figures (`--out`)", reads=reads)
 
 
@@ -63,15 +66,6 @@ def evaluate_model(path: str | Path, cfg) -> dict:
     """Measure the model at ``path`` with ``cfg``'s data and eval settings; returns the figures (summary-shaped)."""
     import torch
     from transformers import AutoModelForCausalLM
-
-    from trainpipe import ui
-    from trainpipe.data.prepare import prepare
-    from trainpipe.data.tokenize import end_of_turn_ids, setup_chat_template
-    from trainpipe.evaluate.benchmarks import run_benchmarks
-    from trainpipe.evaluate.evaluator import evaluate_lm, evaluate_test
-    from trainpipe.evaluate.forgetting import ForgettingMonitor, load_sets
-    from trainpipe.export import stop_token_ids
-    from trainpipe.model.loading import load_tokenizer
 
     t0 = time.time()
     folder = model_folder(path)

@@ -12,6 +12,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from trainpipe.evaluate.benchmarks import pairs, run_benchmarks
+from trainpipe.evaluate.evaluator import evaluate_test
+from trainpipe.evaluate.forgetting import monitor_for, with_forgetting
+from trainpipe.track.manifest import write_json
+
 
 @dataclass
 class Extra:
@@ -20,8 +25,6 @@ class Extra:
 
 
 def before_training(ctx, model) -> Extra:
-    from trainpipe.evaluate.forgetting import monitor_for
-
     ex = Extra()
     if not ctx.is_main:
         return ex
@@ -32,15 +35,11 @@ def before_training(ctx, model) -> Extra:
         figures = ex.forgetting.baseline(model, resume=resume)
         ctx.events.emit("eval_done", step=0, phase="baseline", forgetting={k: v["loss"] for k, v in figures.items()})
     if ev.benchmarks:
-        from trainpipe.evaluate.benchmarks import run_benchmarks
-
         path = ctx.run_dir / "benchmarks_baseline.json"
         if resume and path.exists():
             ex.benchmarks_baseline = json.loads(path.read_text())
         else:
             ex.benchmarks_baseline = run_benchmarks(model, ctx.tokenizer, ev.benchmarks, batch_size=ctx.cfg.training.per_device_eval_batch_size, phase="baseline")
-            from trainpipe.track.manifest import write_json
-
             write_json(path, ex.benchmarks_baseline)
             ctx.events.emit("eval_done", step=0, phase="baseline", benchmarks={k: v["value"] for k, v in ex.benchmarks_baseline.items()})
     return ex
@@ -49,8 +48,6 @@ def before_training(ctx, model) -> Extra:
 def in_training(ctx, extra: Extra, evaluate, step):
     """The loop's eval function, measuring the forgetting sets at every in-training eval too (not under FSDP, where an
     eval forward needs every rank: there the sets are measured at baseline and at the end only)."""
-    from trainpipe.evaluate.forgetting import with_forgetting
-
     fsdp = ctx.dist is not None and ctx.dist.strategy == "fsdp"
     return with_forgetting(evaluate, None if fsdp else extra.forgetting, step)
 
@@ -62,8 +59,6 @@ def after_training(ctx, model, extra: Extra, *, step: int, measure_test=None) ->
     out: dict = {}
     cfg = ctx.cfg
     if cfg.eval.test_split and getattr(ctx.data, "test", None):
-        from trainpipe.evaluate.evaluator import evaluate_test
-
         if measure_test is not None:
             out["test"] = {**measure_test(model), "examples": len(ctx.data.test)}
             ctx.events.emit("eval_done", step=step, phase="test", **{k: v for k, v in out["test"].items() if isinstance(v, (int, float))})
@@ -75,8 +70,6 @@ def after_training(ctx, model, extra: Extra, *, step: int, measure_test=None) ->
         ctx.events.emit("eval_done", step=step, phase="final", forgetting={k: v["loss"] for k, v in figures.items()})
         out["forgetting"] = extra.forgetting.summary()
     if cfg.eval.benchmarks and extra.benchmarks_baseline is not None:
-        from trainpipe.evaluate.benchmarks import pairs, run_benchmarks
-
         final = run_benchmarks(model, ctx.tokenizer, cfg.eval.benchmarks, batch_size=cfg.training.per_device_eval_batch_size, phase="final")
         out["benchmarks"] = pairs(extra.benchmarks_baseline, final)
         ctx.events.emit("eval_done", step=step, phase="final", benchmarks={k: v["final"] for k, v in out["benchmarks"].items()})

@@ -6,7 +6,7 @@ import pytest
 
 from trainpipe.config import DataConfig
 from trainpipe.data import cache as cache_mod
-from trainpipe.data import prepare as prepare_mod
+from trainpipe.data import build as build_mod
 from trainpipe.data.prepare import prepare
 from trainpipe.data.tokenize import setup_chat_template
 
@@ -87,10 +87,10 @@ def test_interrupted_write_is_never_reused(tmp_path, src, tok, monkeypatch):
 
 def test_multiprocess_tokenization_gives_the_same_rows(tmp_path, src, tok):
     one = run(tmp_path, src, tok, num_proc=1)
-    monkey = prepare_mod.CHUNK
-    prepare_mod.CHUNK = 7
+    monkey = build_mod.CHUNK
+    build_mod.CHUNK = 7
     try:
         two = prepare(DataConfig(sources=[{"path": str(src)}], eval_split=4, cache=False, cache_dir=str(tmp_path / "cache2"), num_proc=2), tok, train_on="assistant", seed=0)
     finally:
-        prepare_mod.CHUNK = monkey
+        build_mod.CHUNK = monkey
     assert list(two.train["input_ids"]) == list(one.train["input_ids"]) and list(two.train["labels"]) == list(one.train["labels"])
