@@ -34,6 +34,12 @@ def _without_code_blocks(text: str) -> str:
     return re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
 
 
+def _anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives a page's headings: lower case, punctuation dropped, spaces as hyphens."""
+    heads = re.findall(r"^#{1,6}\s+(.+?)\s*$", _without_code_blocks(page.read_text(encoding="utf-8")), flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in heads}
+
+
 def test_the_config_reference_is_generated_from_the_config_models_and_up_to_date():
     gen = _generator()
     want = gen.render()
@@ -88,14 +94,14 @@ def test_links_stay_inside_the_repository_and_resolve():
             if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.I):  # http:, https:, file:, mailto: ... leave the repository
                 bad.append(f"{path.relative_to(REPO)}: {target} (outside the repository)")
                 continue
-            file_part = target.split("#", 1)[0]
-            if not file_part:
-                continue
-            resolved = (path.parent / file_part).resolve()
+            file_part, _, anchor = target.partition("#")
+            resolved = (path.parent / file_part).resolve() if file_part else path
             if not resolved.is_relative_to(REPO):
                 bad.append(f"{path.relative_to(REPO)}: {target} (outside the repository)")
             elif not resolved.exists():
                 bad.append(f"{path.relative_to(REPO)}: {target} (no such file)")
+            elif anchor and resolved.suffix == ".md" and anchor not in _anchors(resolved):
+                bad.append(f"{path.relative_to(REPO)}: {target} (no heading `#{anchor}` there)")
     for path in _prose_files():  # a path written out that leaves the repository (`../shared/...`)
         for m in re.finditer(r"(?<![\w.])\.\./[\w./-]+", path.read_text(encoding="utf-8")):
             resolved = (path.parent / m.group(0)).resolve()
@@ -122,3 +128,6 @@ def test_the_checks_catch_what_they_are_for(tmp_path):
     assert ISSUE.search("fixed in issue 23") and ISSUE.search("(issue #7)") and not ISSUE.search("exit code 2")
     assert LINK.search("[design](../shared/DESIGN.md)").group(1) == "../shared/DESIGN.md"
     assert not _without_code_blocks("```\n[x](http://a)\n```\n").strip()
+    page = tmp_path / "p.md"
+    page.write_text("# The run directory (`output_dir`)\n## Huge or hostile data\n")
+    assert _anchors(page) == {"the-run-directory-output_dir", "huge-or-hostile-data"}
