@@ -131,3 +131,55 @@ def test_the_checks_catch_what_they_are_for(tmp_path):
     page = tmp_path / "p.md"
     page.write_text("# The run directory (`output_dir`)\n## Huge or hostile data\n")
     assert _anchors(page) == {"the-run-directory-output_dir", "huge-or-hostile-data"}
+
+
+def _cli():
+    import typer
+
+    from trainpipe.cli import app
+
+    return typer.main.get_command(app)
+
+
+def _command(root, words: list[str]):
+    """The click command `trainpipe WORDS...` names, and how many words named it (None when the first is no command)."""
+    cmd, used = root, 0
+    for w in words:
+        if w in getattr(cmd, "commands", {}):
+            cmd, used = cmd.commands[w], used + 1
+        else:
+            break
+    return (cmd, used) if used else (None, 0)
+
+
+def test_every_command_and_option_the_docs_show_exists():
+    """Each `trainpipe CMD [SUB]` in the README and docs/ is a real command, and each `--option` on a command line of a
+    code block is one of that command's options, so the docs cannot drift from the CLI unnoticed."""
+    root = _cli()
+    bad = []
+    for path in _prose_files():
+        text = path.read_text(encoding="utf-8")
+        blocks = "\n".join(re.findall(r"^```(?:bash|sh|console)?\n(.*?)^```", text, flags=re.S | re.M))
+        for line in blocks.splitlines():
+            line = line.split(" #", 1)[0].strip()
+            if not line.startswith("trainpipe "):
+                continue
+            words = line.split()[1:]
+            cmd, used = _command(root, words)
+            if cmd is None:
+                bad.append(f"{path.relative_to(REPO)}: `{line}`: no command `{words[0]}`")
+                continue
+            if hasattr(cmd, "commands"):
+                bad.append(f"{path.relative_to(REPO)}: `{line}`: `{' '.join(words[:used])}` needs a subcommand")
+                continue
+            known = {o for p in cmd.params for o in (*p.opts, *p.secondary_opts)}
+            for w in words[used:]:
+                opt = w.split("=", 1)[0]
+                if opt.startswith("--") and opt not in known and "|" not in opt and "[" not in opt:
+                    bad.append(f"{path.relative_to(REPO)}: `{line}`: `trainpipe {' '.join(words[:used])}` has no option {opt}")
+        for m in re.finditer(r"`trainpipe ((?:[a-z][\w-]*)(?: [a-z][\w-]*)?)", text):
+            words = m.group(1).split()
+            cmd, used = _command(root, words)
+            if cmd is None:
+                bad.append(f"{path.relative_to(REPO)}: `trainpipe {m.group(1)}`: no such command")
+    assert not bad, "\n".join(sorted(set(bad)))
