@@ -31,7 +31,7 @@ from trainpipe.config.method import (
 )
 from trainpipe.config.run import PipelineConfig, RunConfig, StageConfig, TrackingConfig
 from trainpipe.config.training import DistributedConfig, TrainingConfig
-from trainpipe.config.tune import TuneConfig, TuneFidelity, TuneObjective
+from trainpipe.config.tune import AutomlConfig, TuneConfig, TuneFidelity, TuneObjective
 from trainpipe.config.yaml_io import (
     MAX_YAML_ALIASES, MAX_YAML_NODES, BoundedLoader, apply_overrides, load_yaml_text, parse_override, read_yaml, read_yaml_file,
 )
@@ -46,7 +46,7 @@ __all__ = [
     "PromptTuningConfig", "QuantizationConfig", "RLConfig",
     "PipelineConfig", "RunConfig", "StageConfig", "TrackingConfig",
     "DistributedConfig", "TrainingConfig",
-    "TuneConfig", "TuneFidelity", "TuneObjective",
+    "AutomlConfig", "TuneConfig", "TuneFidelity", "TuneObjective",
     "MAX_YAML_ALIASES", "MAX_YAML_NODES", "BoundedLoader", "apply_overrides", "load_yaml_text", "parse_override", "read_yaml",
     "read_yaml_file",
 ]

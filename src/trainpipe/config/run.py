@@ -13,7 +13,7 @@ from trainpipe.config.data import DataConfig
 from trainpipe.config.evaluation import EvalConfig, GatesConfig
 from trainpipe.config.method import MethodConfig, ModelConfig
 from trainpipe.config.training import DistributedConfig, TrainingConfig
-from trainpipe.config.tune import TuneConfig
+from trainpipe.config.tune import AutomlConfig, TuneConfig
 
 
 class TrackingConfig(_Section):
@@ -97,6 +97,8 @@ class RunConfig(_Section):
     """The step DAG, its cache and artefact store (`trainpipe pipeline ...`, pipeline/dag.py)."""
     tune: TuneConfig | None = None
     """Hyperparameter search for `trainpipe tune` (ignored by `trainpipe run`)."""
+    automl: AutomlConfig | None = None
+    """Search over base models and hyperparameters for `trainpipe automl` (ignored by `trainpipe run`)."""
 
     @field_validator("data", mode="after")
     @classmethod

@@ -1,10 +1,10 @@
-"""`tune:`: the hyperparameter search over a config."""
+"""`tune:` (the hyperparameter search over a config) and `automl:` (the search over base models and hyperparameters)."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from trainpipe.config.base import _Section
 
@@ -60,3 +60,58 @@ class TuneConfig(_Section):
     """Workers beat this often; a trial silent for 3x this is failed (its worker died)."""
     export_best: bool = True
     """Copy the best trial's exported model to `OUTPUT/best/model`."""
+
+
+class AutomlConfig(_Section):
+    """`trainpipe automl CONFIG`: task + data + constraints -> candidate models -> arms -> budgeted successive halving -> the
+    winner (trainpipe/tune/automl.py). Only this section of CONFIG is read; `--set automl.KEY=VALUE` changes any key."""
+
+    task: Literal["sft", "classification", "preference"] = "sft"
+    """What the candidates are trained for: sft (objective: eval loss), classification (accuracy), preference (preference accuracy)."""
+    data: str | None = None
+    """Training data (JSONL); the eval split is cut from it once, the same for every candidate. Required."""
+    models: list[str] = Field(default_factory=list)
+    """Candidate base models: local folders, hub ids, or `ID=PATH` (a catalogue id trained from a local folder); a comma-separated string is split."""
+    catalog: bool = False
+    """Also every catalogue model of the task's kind within the constraints (listed with the reason when not trained)."""
+    models_dir: str | None = None
+    """Local weights for catalogue ids: subfolders named `org--name` or `org/name`."""
+    output_dir: str = "runs/automl"
+    """Output folder (runs, leaderboard.csv, automl.json, winner/); relative to the working directory."""
+    gpu: str | None = None
+    """GPU type that picks the methods and prices the rungs (default: this machine's)."""
+    gpus: int = Field(default=1, ge=1)
+    """GPUs of type `gpu` per arm (the method and the price)."""
+    max_params: float | None = Field(default=None, gt=0)
+    """Largest base model, in parameters (e.g. 8e9)."""
+    budget_usd: float | None = Field(default=None, gt=0)
+    """Stop before a rung the planner prices above what is left (needs a GPU to price on: `gpu`)."""
+    budget_hours: float | None = Field(default=None, gt=0)
+    """Start no rung after this much wall time."""
+    arms_per_model: int = Field(default=2, ge=1)
+    """Hyperparameter sets per candidate, sampled by Optuna TPE."""
+    lr_spread: float = Field(default=3.0, gt=1)
+    """Learning rates from the planner's default / spread to x spread (log-uniform)."""
+    lr_range: str | None = None
+    """`LOW:HIGH` learning rates to sample from instead of the planner's default / and x `lr_spread`."""
+    seed: int = Field(default=0, ge=0, le=2**31)
+    """Seed of the hyperparameter sampler."""
+    proposer: str = "builtin"
+    """`module:function` or `file.py:function` (runs Python code you name) proposing changes to surviving arms before each rung; `builtin` (sft): an arm whose eval loss moved < 1 % over the rung gets an LR range test on 1 % of the data and, if its suggestion is > 3x away, a new arm at it; `none`: no proposals."""
+    min_steps: int = Field(default=4, ge=1)
+    """Optimizer steps of the first rung; rung k trains `min_steps` x `eta`^k."""
+    rungs: int = Field(default=3, ge=1)
+    """Rungs of successive halving."""
+    eta: int = Field(default=2, ge=2)
+    """Keep 1/eta of the candidates per rung; survivors train eta x longer."""
+    eval_split: int = Field(default=32, ge=1)
+    """Held-out records (fixed for the search)."""
+    max_length: int = Field(default=128, ge=1)
+    """Longest example in tokens."""
+    batch_size: int = Field(default=8, ge=1)
+    """Effective batch per optimizer step; the micro-batch and accumulation for it are the planner's on `gpu`."""
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _split_models(cls, v):
+        return [m.strip() for m in v.split(",") if m.strip()] if isinstance(v, str) else v
