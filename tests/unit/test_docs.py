@@ -183,3 +183,22 @@ def test_every_command_and_option_the_docs_show_exists():
             if cmd is None:
                 bad.append(f"{path.relative_to(REPO)}: `trainpipe {m.group(1)}`: no such command")
     assert not bad, "\n".join(sorted(set(bad)))
+
+
+def test_every_yaml_example_in_the_docs_is_a_valid_config():
+    """A YAML block of the README or docs/ is a config (or the sections of one, laid over a minimal model + data)
+    that `RunConfig` accepts: an example that no longer validates is a doc that lies."""
+    import yaml
+
+    from trainpipe.config import RunConfig
+
+    base = {"model": {"name_or_path": "./base"}, "data": {"sources": [{"path": "train.jsonl"}]}}
+    seen, bad = 0, []
+    for path in _prose_files():
+        for block in re.findall(r"^```yaml\n(.*?)^```", path.read_text(encoding="utf-8"), flags=re.S | re.M):
+            seen += 1
+            try:
+                RunConfig.model_validate({**base, **yaml.safe_load(block)})
+            except Exception as e:  # noqa: BLE001 - every failing block is reported
+                bad.append(f"{path.relative_to(REPO)}:\n{block}\n-> {e}")
+    assert seen >= 3 and not bad, "\n\n".join(bad)
