@@ -24,6 +24,7 @@ from importlib import resources
 from pathlib import Path
 
 from trainpipe.errors import TrainpipeError
+from trainpipe.model.loading import decoder_blocks, freeze_plan
 
 
 class ModelNotFoundError(TrainpipeError):
@@ -259,9 +260,6 @@ def _freeze_extra_shapes(model, out_emb) -> dict:
     """What `peft: freeze` trains beside the blocks and the head's weight, by train/model.py's own rule: the parameters of
     the non-block modules `freeze_plan` names (the final norm) and of the output module beyond its weight (a bias).
     final_norm_params is None where freeze cannot find the blocks (freeze_plan's error: the planner cannot plan freeze)."""
-    from trainpipe.errors import TrainpipeError
-    from trainpipe.model.loading import decoder_blocks, freeze_plan
-
     head_extra = sum(p.numel() for n, p in out_emb.named_parameters() if n != "weight") if out_emb is not None else 0
     try:
         blocks, _ = decoder_blocks(model)

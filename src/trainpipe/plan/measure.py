@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import math
 
+from trainpipe.model.loading import resolve_lora_targets
+from trainpipe.plan.catalog import build_meta_model
+
 
 def _tensor_bytes(t) -> int:
     return t.numel() * t.element_size()
@@ -98,8 +101,6 @@ def predict_state_bytes(model_config: dict, *, method: str = "lora", dtype: str 
     """
     import torch
 
-    from trainpipe.plan.catalog import build_meta_model
-
     d = {k: v for k, v in model_config.items() if not k.startswith("_") and k not in ("architectures", "quantization_config", "torch_dtype", "dtype")}
     mt = d.pop("model_type")
     model = build_meta_model(mt, d, task)
@@ -125,8 +126,6 @@ def predict_state_bytes(model_config: dict, *, method: str = "lora", dtype: str 
         tbytes = base_bytes
     else:
         from peft import LoraConfig, get_peft_model
-
-        from trainpipe.model.loading import resolve_lora_targets
 
         targets = resolve_lora_targets(model, lora_targets)
         cfg = LoraConfig(r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, target_modules=targets, bias="none",

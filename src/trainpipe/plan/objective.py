@@ -23,6 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trainpipe.config import RunConfig
+from trainpipe.data.formats import detect_file
+from trainpipe.plan import decisions as D
 from trainpipe.plan.decisions import Decision, PlanError
 
 GOALS = ("auto", "task", "knowledge", "vocabulary", "alignment", "multitask")
@@ -127,8 +130,6 @@ def kind_of_file(path: str | Path, columns: dict | None = None) -> str | None:
     """The data kind of a local file (or folder) from its first record, told by the detector `prepare` uses
     (data/formats.py ``detect_file``: the same reader, so a JSON array, CSV or Parquet file is read as `prepare` reads
     it); None when it cannot be told here."""
-    from trainpipe.data.formats import detect_file
-
     found = detect_file(path, columns)
     return KIND_OF_FORMAT.get(found[0]) if found else None
 
@@ -160,8 +161,6 @@ def expand_auto(cfg):
     """`method.name: auto`: the objective rule on the config's goal and data -> a config with `method.name` set, or with
     `stages:` (each stage reading the sources of its data kind) where the tree says several stages. Returns
     (new RunConfig, ObjectiveChoice)."""
-    from trainpipe.config import RunConfig
-
     m = cfg.method
     if m.name != "auto":
         return cfg, None
@@ -175,8 +174,6 @@ def expand_auto(cfg):
     d.setdefault("method", {})
     d["method"]["name"] = choice.stages[0]
     if choice.continued and cfg.training.learning_rate is None:
-        from trainpipe.plan import decisions as D
-
         lr, _ = D.default_learning_rate(choice.stages[-1], cfg.method.peft if cfg.method.peft != "auto" else "lora")
         d.setdefault("training", {})["learning_rate"] = lr / 2
     if len(choice.stages) > 1:

@@ -6,6 +6,8 @@ wrap at spaces, and nothing is ever cut off with "…": a cell too wide for what
 
 from __future__ import annotations
 
+from trainpipe import ui
+
 GIB = 1024**3
 PROSE_MIN = 14  # the narrowest a rule / what-to-watch column may get before the table gives way to a list
 
@@ -28,8 +30,6 @@ def _gib(x) -> str:
 
 def print_plan(plan: dict) -> None:
     from rich.table import Table
-
-    from trainpipe import ui
 
     con = ui.console()
     m = plan["model"]

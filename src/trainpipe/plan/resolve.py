@@ -30,10 +30,17 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
+from trainpipe import ui
 from trainpipe.config import RunConfig
+from trainpipe.errors import ConfigError
+from trainpipe.plan import compute as C
 from trainpipe.plan import decisions as D
+from trainpipe.plan.catalog import find_model
 from trainpipe.plan.decisions import Decision, PlanError
+from trainpipe.plan.gpus import find_gpu, gpu_from_device_name
 from trainpipe.plan.hardware import Hardware
+from trainpipe.plan.measure import predict_state_bytes
+from trainpipe.plan.memory import Setup, estimate
 from trainpipe.plan.specs import RunSpecs, build_specs
 
 # trainpipe `method.peft` -> the planner's memory method (same parameter, gradient and optimizer bytes)
@@ -160,16 +167,12 @@ def _ram_bytes() -> int:
 
 
 def model_spec(cfg: RunConfig):
-    from trainpipe.plan.catalog import find_model
-
     src = cfg.model.init_from_config or cfg.model.name_or_path
     return find_model(src, allow_hub=False)
 
 
 def catalog_gpu(hw: Hardware):
     """The catalog entry of the hardware's first CUDA device, or None (CPU, MPS, or a GPU not in the catalog)."""
-    from trainpipe.plan.gpus import find_gpu, gpu_from_device_name
-
     if hw.accelerator != "cuda" or not hw.device_names:
         return None
     name = gpu_from_device_name(hw.device_names[0])
@@ -178,8 +181,6 @@ def catalog_gpu(hw: Hardware):
 
 def memory_setup(cfg: RunConfig, method: str, precision: str, world: int, strategy: str = "auto", offload: str = "none"):
     """The memory model's Setup for this config (strategy `auto`: single for one process, DDP for more)."""
-    from trainpipe.plan.memory import Setup
-
     meth, tr = cfg.method, cfg.training
     targets = meth.lora.target_modules
     if strategy == "auto":
@@ -218,8 +219,6 @@ def resolve(cfg: RunConfig, hw: Hardware, world_size: int | None = None, *, nnod
 
     ``sizing=False`` (`trainpipe config show`): no predictions, and the model is sized (a meta-device build through
     transformers) only when a decision needs its size: `auto` method, micro-batch or checkpointing, or several processes."""
-    from trainpipe.plan.memory import estimate
-
     cfg = cfg.model_copy(deep=True)
     t, dist = cfg.training, cfg.distributed
     decisions: list[Decision] = []
@@ -350,8 +349,6 @@ def _fallback(t, hw: Hardware, decisions: list[Decision]) -> None:
     where = f"{'ROCm GPU' if hw.accelerator == 'cuda' and D.is_amd(names) else hw.accelerator} ({names})"
     fix = "`training.fp16: true` (float16 with loss scaling) suits this GPU" if hw.accelerator == "cuda" else "mixed precision needs a CUDA GPU"
     if t.precision_fallback == "error":
-        from trainpipe.errors import ConfigError
-
         raise ConfigError(
             f"`training.{asked}: true`, but this machine's {where} has no {kind} mixed precision, and "
             f"`training.precision_fallback` is `error`. Set `training.{asked}: false` to train in fp32 ({fix}), or set "
@@ -359,8 +356,6 @@ def _fallback(t, hw: Hardware, decisions: list[Decision]) -> None:
         )
     setattr(t, asked, False)
     decisions.append(Decision(f"training.{asked}", False, f"requested, but {where} has no {kind} mixed precision: fp32 (warned)"))
-    from trainpipe import ui
-
     ui.console().print(
         f"[yellow]warning:[/] `training.{asked}: true`, but {where} has no {kind} mixed precision: training in fp32 instead "
         f"({fix}; `training.precision_fallback: error` makes this an error).", markup=True, soft_wrap=True,
@@ -369,8 +364,6 @@ def _fallback(t, hw: Hardware, decisions: list[Decision]) -> None:
 
 def _resolve_strategy(cfg: RunConfig, spec, gpu, world: int, method: str, precision: str, decisions: list[Decision]) -> tuple[Setting, Setting, bool]:
     """(strategy, offload, gradient checkpointing forced on) by the size matrix, or as set."""
-    from trainpipe.plan.memory import estimate
-
     dist = cfg.distributed
     requested = dist.strategy
     off_set = "offload" in dist.model_fields_set
@@ -427,8 +420,6 @@ def _resolve_batch(cfg: RunConfig, spec, gpu, world: int, local: int, method: st
                    force_ckpt: bool, decisions: list[Decision]) -> tuple[Setting, Setting]:
     """Micro-batch and gradient checkpointing (`auto`: the largest micro-batch that fits). ``force_ckpt``: the strategy
     matrix turned checkpointing on (ZeRO-3 at 10-100B) where the config left it unset."""
-    from trainpipe.plan.memory import estimate
-
     t = cfg.training
     if force_ckpt:
         t.gradient_checkpointing = True
@@ -491,8 +482,6 @@ def _resolve_lr(cfg: RunConfig, world: int, decisions: list[Decision]) -> tuple[
 
 def _upcast_rest_note(cfg: RunConfig, spec, world: int, precision: str, strategy: str, offload: str, total_bytes: int) -> list[str]:
     """QLoRA with `method.quantization.upcast_rest: true`: what the default (false) would save, the plan run twice."""
-    from trainpipe.plan.memory import estimate
-
     if qlora_loads_fp32(cfg, precision):  # a float32 load: the rest is fp32 either way
         return []
     other = estimate(spec, replace(memory_setup(cfg, "qlora", precision, world, strategy, offload), qlora_upcast_rest=False)).total_bytes
@@ -506,9 +495,6 @@ def _upcast_rest_note(cfg: RunConfig, spec, world: int, precision: str, strategy
 
 # --------------------------------------------------------------------------- predictions
 def predict(cfg: RunConfig, spec, gpu, world: int, precision: str, strategy: str = "auto", offload: str = "none") -> dict:
-    from trainpipe.plan import compute as C
-    from trainpipe.plan.memory import estimate
-
     method = PLAN_METHOD.get(cfg.method.peft)
     pred: dict = {"model": spec.id, "total_params": spec.total_params}
     if method is None:
@@ -527,8 +513,6 @@ def predict(cfg: RunConfig, spec, gpu, world: int, precision: str, strategy: str
 
 
 def _predict_state(cfg: RunConfig, spec) -> dict | None:
-    from trainpipe.plan.measure import predict_state_bytes
-
     m, o = EXACT_METHODS.get(cfg.method.peft), EXACT_OPTIMS.get(cfg.training.optim)
     if m is None or o is None or cfg.method.name == "reward" or cfg.method.pretrain.new_tokens:
         return None

@@ -24,8 +24,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 from trainpipe.config import RunConfig
-from trainpipe.plan.hardware import Hardware
 from trainpipe.plan.decisions import PlanError
+from trainpipe.plan.hardware import Hardware
+from trainpipe.plan.objective import expand_auto
 from trainpipe.plan.resolve import Plan, catalog_gpu, model_spec, resolve
 
 RunPlan = Plan  # the name `run` used before the one resolver
@@ -36,8 +37,6 @@ def plan_run(cfg: RunConfig, hw: Hardware, world_size: int | None = None, *, nno
     DeepSpeed ZeRO set explicitly on several processes is refused here: trainpipe's loop runs single, DDP and FSDP2, and a
     ZeRO run that silently trained as DDP would not be what the plan said."""
     if cfg.method.name == "auto":  # the objective rule first (plan/objective.py), as `run` applies it: the first stage is planned
-        from trainpipe.plan.objective import expand_auto
-
         cfg, _ = expand_auto(cfg)
     plan = resolve(cfg, hw, world_size, nnodes=nnodes, env=os.environ, sizing=sizing)
     if plan.world_size.value > 1 and plan.strategy.value in ("zero2", "zero3"):

@@ -72,7 +72,13 @@ import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trainpipe.config import FreezeConfig, LoraConfig, MethodConfig, QuantizationConfig
 from trainpipe.errors import TrainpipeError
+from trainpipe.model.loading import apply_peft, enable_gradient_checkpointing, quantization_config
+from trainpipe.model.losses import chunked_cross_entropy_sum, shift_labels
+from trainpipe.plan import memory
+from trainpipe.plan.catalog import ModelSpec, find_model
+from trainpipe.plan.memory import Setup
 
 TRACE_FRAMEWORKS = ("trainpipe", "transformers", "hf-bf16-loss")
 
@@ -339,15 +345,11 @@ def _build(spec, setup, notes):
         # where bitsandbytes quantizes at load (every nn.Linear but the output embeddings), an emulated 4-bit layer (a
         # Params4bit cannot wrap a fake tensor), with the settings of trainpipe's own BitsAndBytesConfig for this method;
         # then trainpipe's own apply_peft, as after a 4-bit load
-        from trainpipe.model.loading import quantization_config
-
         bq = quantization_config(method)
         _quantize_linears(model, bq.bnb_4bit_compute_dtype, bq.bnb_4bit_use_double_quant, bq.bnb_4bit_quant_type)
         model.is_loaded_in_4bit = True  # what transformers' bitsandbytes quantizer sets after loading
     # the method applied by trainpipe's training code itself (train/model.py): the same PEFT config, kbit preparation and
     # freezing as `trainpipe train` (tests/unit/plan/test_trace_method.py checks the trainable parameters against it)
-    from trainpipe.model.loading import apply_peft, enable_gradient_checkpointing
-
     task_type = {"causal-lm": "CAUSAL_LM", "masked-lm": None, "seq2seq-lm": "SEQ_2_SEQ_LM"}[spec.task]
     model = apply_peft(model, method, task_type=task_type, quiet=True)
     if setup.grad_ckpt:
@@ -364,8 +366,6 @@ def _method_config(spec, setup, model):
     planner's convention; alpha does not change memory), dropout and targets; the frozen blocks; QLoRA's double
     quantization, NF4, a 16-bit compute dtype (fp32 under fp32 precision), as on a GPU with bf16, and whether the
     non-quantized rest is upcast to fp32 (`qlora_upcast_rest` = `method.quantization.upcast_rest`)."""
-    from trainpipe.config import FreezeConfig, LoraConfig, MethodConfig, QuantizationConfig
-
     if setup.method not in _TRACED_METHODS:
         raise TraceError(f"method `{setup.method}` is not traced; the tracer runs {', '.join(_TRACED_METHODS)}.")
     targets = setup.lora_targets
@@ -456,16 +456,12 @@ def _loss(model, framework, ids, labels, vocab):
         return model(input_ids=ids, labels=labels).loss
     logits = model(input_ids=ids).logits
     if framework == "trainpipe":
-        from trainpipe.model.losses import chunked_cross_entropy_sum, shift_labels
-
         return chunked_cross_entropy_sum(logits, shift_labels(labels))
     # hf-bf16-loss: nn.CrossEntropyLoss on the returned 16-bit logits
     return torch.nn.CrossEntropyLoss()(logits[:, :-1].reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1))
 
 
 def resolve_spec(spec_or_path):
-    from trainpipe.plan.catalog import ModelSpec, find_model
-
     if isinstance(spec_or_path, ModelSpec):
         return spec_or_path
     return find_model(str(spec_or_path), allow_hub=False)
@@ -572,8 +568,6 @@ def trace_step(spec_or_path, setup, *, steps: int = 1, fake: bool = True, record
 
 def compare(spec_or_path, setup, *, steps: int = 2) -> dict:
     """The planner's predicted allocated bytes vs the traced peak (steps=2: the steady state with optimizer states)."""
-    from trainpipe.plan import memory
-
     spec = resolve_spec(spec_or_path)
     est = memory.estimate(spec, setup).allocated_bytes
     tr = trace_step(spec, setup, steps=steps, record_events=False)
@@ -584,8 +578,6 @@ def compare(spec_or_path, setup, *, steps: int = 2) -> dict:
 def trace_plan(plan: dict) -> dict:
     """`trainpipe plan --trace`: the traced peak of the plan's chosen setup next to its estimate (allocated bytes). A setup the
     tracer does not run (several GPUs sharded, offload, 8-bit optimizers, another framework) gets the reason instead."""
-    from trainpipe.plan.memory import Setup
-
     setup_d = plan.get("setup")
     model_id = (plan.get("model") or {}).get("id")
     if not setup_d or not model_id:
