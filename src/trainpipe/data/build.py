@@ -19,10 +19,12 @@ from trainpipe.config import DataConfig
 from trainpipe.data import formats
 from trainpipe.data.dedup import Decontaminator
 from trainpipe.data.intake import Intake, Stages, check_read
+from trainpipe.data.lengths import row_loss_tokens, row_tokens
 from trainpipe.data.packing import non_pad_share, pack_bins, pack_rows
 from trainpipe.data.sources import Rejected, expand, read_file
 from trainpipe.data.split import split_surviving
-from trainpipe.data.tokenize import Template, encode_batch, row_loss_tokens, row_tokens
+from trainpipe.data.templates import Template
+from trainpipe.data.tokenize import encode_batch
 from trainpipe.data.workers import encode_chunk, pool, work
 from trainpipe.errors import DataError
 

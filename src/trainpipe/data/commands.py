@@ -12,7 +12,7 @@ from trainpipe import ownership, rundir, ui
 from trainpipe.config import RunConfig
 from trainpipe.data.prepare import prepare
 from trainpipe.data.report import inspect_examples, plain_example, render_example, summary_lines
-from trainpipe.data.tokenize import setup_chat_template
+from trainpipe.data.templates import setup_chat_template
 from trainpipe.errors import RunDirError
 
 

@@ -18,7 +18,7 @@ from trainpipe.config import DataConfig
 from trainpipe.data import clean, formats
 from trainpipe.data.dedup import NearDedup, Words, exact_key
 from trainpipe.data.sources import Limits, Rejected, default_record_bytes, describe, excerpt, iter_source
-from trainpipe.data.tokenize import bound_example, max_chars
+from trainpipe.data.lengths import bound_example, max_chars
 from trainpipe.errors import DataError
 
 REJECT_KINDS = ("invalid_json", "not_an_object", "duplicate_key", "ragged_row", "format_mismatch", "role_order", "too_deep", "too_big")

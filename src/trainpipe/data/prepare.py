@@ -32,7 +32,7 @@ from trainpipe.config import DataConfig
 from trainpipe.data import cache as cache_mod
 from trainpipe.data.build import build
 from trainpipe.data.sources import expand, fingerprint, sha256_path
-from trainpipe.data.tokenize import Template, setup_chat_template
+from trainpipe.data.templates import Template, setup_chat_template
 from trainpipe.errors import DataError
 
 

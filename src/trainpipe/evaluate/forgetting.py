@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainpipe.data.formats import FormatError, detect, to_example
-from trainpipe.data.tokenize import Template, encode_batch
+from trainpipe.data.templates import Template
+from trainpipe.data.tokenize import encode_batch
 from trainpipe.distributed import env
 from trainpipe.errors import DataError
 from trainpipe.evaluate.evaluator import eval_loss
@@ -85,16 +86,13 @@ class ForgettingMonitor:
         the loop's sharded in-training eval (several processes) the other ranks are not measuring the sets, so the sets are
         measured here outside the eval shard (a sharded `eval_loss` would all-reduce with ranks that never join it)."""
         out = {}
-        shard, env._eval_shard = env._eval_shard, None
-        try:
+        with env.outside_eval_shard():
             for s in self.sets:  # every record of the set, in batches; the loss is the token-weighted mean over the whole set
                 r = eval_loss(model, s.rows, batch_size=max(1, int(self.batch_size)), pad_id=self.pad_id)
                 expected = sum(sum(1 for x in row["labels"][1:] if x != -100) for row in s.rows)
                 if r["loss_tokens"] != expected:  # a set scored in part would be a wrong figure, never a quiet one
                     raise RuntimeError(f"forgetting set `{s.name}`: {r['loss_tokens']} loss tokens scored of the set's {expected}")
                 out[s.name] = {"loss": r["loss"], "perplexity": r["perplexity"], "examples": len(s.rows), "loss_tokens": r["loss_tokens"]}
-        finally:
-            env._eval_shard = shard
         return out
 
     def baseline(self, model, *, resume: bool = False) -> dict:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from trainpipe import ownership, ui
 from trainpipe.data.prepare import prepare
-from trainpipe.data.tokenize import end_of_turn_ids, setup_chat_template
+from trainpipe.data.templates import end_of_turn_ids, setup_chat_template
 from trainpipe.errors import ModelLoadError
 from trainpipe.evaluate.benchmarks import run_benchmarks
 from trainpipe.evaluate.evaluator import evaluate_lm, evaluate_test
