@@ -63,10 +63,12 @@ def test_sft_catalogue_candidates_halving_continues_and_the_loop_refuses_frozen_
     data = write_jsonl(tmp_path / "train.jsonl", alpaca_records(120, seed=8))
     (tmp_path / "prop.py").write_text(PROPOSER)
     out = tmp_path / "automl"
-    assert main(["automl", "--task", "sft", "--data", str(data), "--models", str(a), "--catalog", "--models-dir", str(tmp_path / "weights"),
-                 "--max-params", "6e8", "-o", str(out), "--min-steps", "3", "--rungs", "3", "--eta", "2", "--arms-per-model", "2",
-                 "--eval-split", "16", "--max-length", "64", "--gpu", "A10G", "--budget-usd", "5", "--lr-spread", "10",
-                 "--proposer", f"{tmp_path / 'prop.py'}:propose"]) == 0
+    assert main(["automl", "--set", "automl.task=sft", "--set", f"automl.data={data}", "--set", f"automl.models={a}", "--set",
+                 "automl.catalog=true", "--set", f"automl.models_dir={tmp_path / 'weights'}", "--set", "automl.max_params=6e8", "--set",
+                 f"automl.output_dir={out}", "--set", "automl.min_steps=3", "--set", "automl.rungs=3", "--set", "automl.eta=2", "--set",
+                 "automl.arms_per_model=2", "--set", "automl.eval_split=16", "--set", "automl.max_length=64", "--set", "automl.gpu=A10G",
+                 "--set", "automl.budget_usd=5", "--set", "automl.lr_spread=10", "--set",
+                 f"automl.proposer={tmp_path / 'prop.py'}:propose"]) == 0
     printed = " ".join(capsys.readouterr().out.split())
     r = _common_outputs(out, "loss", "minimize")
     assert "winner:" in printed and "not trained" in printed
@@ -75,10 +77,10 @@ def test_sft_catalogue_candidates_halving_continues_and_the_loop_refuses_frozen_
     cands = {c["model"]: c for c in csv.DictReader((out / "candidates.csv").open())}
     assert cands[str(a)]["trained"] == "True" and cands["HuggingFaceTB/SmolLM-135M"]["trained"] == "True"
     assert cands["HuggingFaceTB/SmolLM-135M"]["source"] == "catalogue"
-    qwen = cands["Qwen/Qwen2.5-0.5B"]  # within --max-params, fits an A10G, no weights offline
+    qwen = cands["Qwen/Qwen2.5-0.5B"]  # within automl.max_params, fits an A10G, no weights offline
     assert qwen["trained"] == "False" and "no local weights" in qwen["reason"] and "--models ID=PATH" in qwen["reason"]
     assert qwen["method"] and float(qwen["memory_gib"]) > 0 and float(qwen["rung0_usd"]) > 0
-    assert "--max-params" in cands["meta-llama/Llama-3.1-8B"]["reason"]
+    assert "automl.max_params" in cands["meta-llama/Llama-3.1-8B"]["reason"]
     assert not any(c["trained"] == "True" for c in cands.values() if c["model"] not in (str(a), "HuggingFaceTB/SmolLM-135M"))
     from trainpipe.config import build_config
     from trainpipe.plan.gpus import find_gpu
@@ -158,9 +160,11 @@ def test_classification_task(tmp_path):
     base = build_tiny_model(tmp_path / "base", seed=0)
     data = write_jsonl(tmp_path / "cls.jsonl", classification_records(240, seed=5))
     out = tmp_path / "automl"
-    assert main(["automl", "--task", "classification", "--data", str(data), "--models", str(base), "-o", str(out), "--min-steps", "8",
-                 "--rungs", "2", "--arms-per-model", "2", "--lr-range", "1e-4:3e-3", "--eval-split", "32", "--max-length", "32", "--batch-size", "16",
-                 "--gpu", "A10G", "--budget-usd", "5", "--seed", "1"]) == 0
+    assert main(["automl", "--set", "automl.task=classification", "--set", f"automl.data={data}", "--set", f"automl.models={base}",
+                 "--set", f"automl.output_dir={out}", "--set", "automl.min_steps=8", "--set", "automl.rungs=2", "--set",
+                 "automl.arms_per_model=2", "--set", "automl.lr_range=1e-4:3e-3", "--set", "automl.eval_split=32", "--set",
+                 "automl.max_length=32", "--set", "automl.batch_size=16", "--set", "automl.gpu=A10G", "--set", "automl.budget_usd=5",
+                 "--set", "automl.seed=1"]) == 0
     r = _common_outputs(out, "accuracy", "maximize")
     assert r["metric"] == "accuracy" and r["direction"] == "maximize" and len(r["rows"]) == 3 and r["rows"][-1]["continued"]
     assert all(1e-4 <= a["changes"]["training.learning_rate"] <= 3e-3 for a in r["arms"])
@@ -172,9 +176,10 @@ def test_preference_task(tmp_path):
     base = build_tiny_model(tmp_path / "base", seed=0)
     data = write_jsonl(tmp_path / "pairs.jsonl", preference_records(100, seed=3))
     out = tmp_path / "automl"
-    assert main(["automl", "--task", "preference", "--data", str(data), "--models", str(base), "-o", str(out), "--min-steps", "5",
-                 "--rungs", "2", "--arms-per-model", "2", "--lr-range", "1e-2:3e-2", "--eval-split", "24", "--max-length", "64",
-                 "--gpu", "A10G", "--budget-usd", "5"]) == 0
+    assert main(["automl", "--set", "automl.task=preference", "--set", f"automl.data={data}", "--set", f"automl.models={base}", "--set",
+                 f"automl.output_dir={out}", "--set", "automl.min_steps=5", "--set", "automl.rungs=2", "--set", "automl.arms_per_model=2",
+                 "--set", "automl.lr_range=1e-2:3e-2", "--set", "automl.eval_split=24", "--set", "automl.max_length=64", "--set",
+                 "automl.gpu=A10G", "--set", "automl.budget_usd=5"]) == 0
     r = _common_outputs(out, "margin_per_token", "maximize")
     assert len(r["rows"]) == 3 and r["rows"][-1]["continued"]
     s = json.loads((out / "winner" / "summary.json").read_text())
@@ -183,8 +188,8 @@ def test_preference_task(tmp_path):
 
 def test_budget_below_the_first_rung_is_one_error(tmp_path, tiny_model_dir, capsys):
     data = write_jsonl(tmp_path / "train.jsonl", alpaca_records(60, seed=8))
-    assert main(["automl", "--task", "sft", "--data", str(data), "--models", str(tiny_model_dir), "-o", str(tmp_path / "o"),
-                 "--gpu", "A10G", "--budget-usd", "1e-9"]) == 2
+    assert main(["automl", "--set", "automl.task=sft", "--set", f"automl.data={data}", "--set", f"automl.models={tiny_model_dir}", "--set",
+                 f"automl.output_dir={tmp_path / 'o'}", "--set", "automl.gpu=A10G", "--set", "automl.budget_usd=1e-9"]) == 2
     assert "cannot pay for the first rung" in " ".join(capsys.readouterr().out.split())
     assert not (tmp_path / "o" / "runs").exists()
 
@@ -194,12 +199,13 @@ def test_budget_pays_for_the_rungs_it_starts(tmp_path, tiny_model_dir, capsys):
     import re
 
     data = write_jsonl(tmp_path / "train.jsonl", alpaca_records(60, seed=8))
-    args = ["automl", "--task", "sft", "--data", str(data), "--models", str(tiny_model_dir), "--gpu", "A10G", "--min-steps", "2",
-            "--rungs", "2", "--arms-per-model", "2", "--eval-split", "8", "--max-length", "48", "--lr-range", "1e-3:1e-2"]
-    assert main([*args, "-o", str(tmp_path / "probe"), "--budget-usd", "1e-12"]) == 2
+    args = ["automl", "--set", "automl.task=sft", "--set", f"automl.data={data}", "--set", f"automl.models={tiny_model_dir}", "--set",
+            "automl.gpu=A10G", "--set", "automl.min_steps=2", "--set", "automl.rungs=2", "--set", "automl.arms_per_model=2", "--set",
+            "automl.eval_split=8", "--set", "automl.max_length=48", "--set", "automl.lr_range=1e-3:1e-2"]
+    assert main([*args, "--set", f"automl.output_dir={tmp_path / 'probe'}", "--set", "automl.budget_usd=1e-12"]) == 2
     one = float(re.search(r"costs \$([0-9.e+-]+) for one arm's 2 steps", " ".join(capsys.readouterr().out.split())).group(1))
     out = tmp_path / "o"  # rung 0: 2 arms x 2 steps = 2 x one; rung 1 adds the survivor's 2 more steps = one more: 3 x one in all
-    assert main([*args, "-o", str(out), "--budget-usd", str(2.5 * one)]) == 0
+    assert main([*args, "--set", f"automl.output_dir={out}", "--set", f"automl.budget_usd={2.5 * one}"]) == 0
     r = json.loads((out / "automl.json").read_text())
     assert [x["rung"] for x in r["rows"]] == [0, 0] and "rung 1 would cost" in r["stopped"]
     assert r["spent_usd"] <= 2.5 * one < r["planned_usd"] and r["planned_usd"] == pytest.approx(3 * one, rel=0.05)

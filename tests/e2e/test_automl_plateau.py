@@ -22,9 +22,10 @@ def test_a_stuck_arm_gets_an_lr_sweep_on_1_percent_and_the_proposed_arm_learns_a
     base = build_tiny_model(tmp_path / "base", seed=0)
     data = write_jsonl(tmp_path / "train.jsonl", alpaca_records(120, seed=8))
     out = tmp_path / "automl"
-    assert main(["automl", "--task", "sft", "--data", str(data), "--models", str(base), "-o", str(out), "--min-steps", "8", "--rungs", "2",
-                 "--eta", "2", "--arms-per-model", "2", "--lr-range", "1e-9:2e-9", "--eval-split", "16", "--max-length", "64",
-                 "--gpu", "A10G", "--budget-usd", "5"]) == 0
+    assert main(["automl", "--set", "automl.task=sft", "--set", f"automl.data={data}", "--set", f"automl.models={base}", "--set",
+                 f"automl.output_dir={out}", "--set", "automl.min_steps=8", "--set", "automl.rungs=2", "--set", "automl.eta=2", "--set",
+                 "automl.arms_per_model=2", "--set", "automl.lr_range=1e-9:2e-9", "--set", "automl.eval_split=16", "--set",
+                 "automl.max_length=64", "--set", "automl.gpu=A10G", "--set", "automl.budget_usd=5"]) == 0
     r = json.loads((out / "automl.json").read_text())
     assert r["proposer"]["name"].startswith("builtin")
     stuck = [a for a in r["arms"] if a["trial"] is not None]

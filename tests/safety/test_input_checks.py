@@ -110,9 +110,10 @@ OTHER_BAD = [
     (["batch-find", "{cfg}", "--max-batch", "0"], "--max-batch"),
     (["tune", "{cfg}", "--n-trials", "0"], "--n-trials"),
     (["pipeline", "schedule", "{cfg}", "--on-new-data", "--interval", "-5"], "--interval"),
-    (["automl", "--task", "sft", "--data", "data/alpaca.jsonl", "--models", "x", "--gpus", "0"], "--gpus"),
-    (["automl", "--task", "sft", "--data", "data/alpaca.jsonl", "--models", "x", "--budget-usd", "nan"], "--budget-usd"),
-    (["automl", "--task", "sft", "--data", "data/alpaca.jsonl", "--models", "x", "--eta", "1"], "--eta"),
+    (["automl", "--set", "automl.task=sft", "--set", "automl.data=data/alpaca.jsonl", "--set", "automl.models=x", "--set", "automl.gpus=0"], "automl.gpus"),
+    (["automl", "--set", "automl.task=sft", "--set", "automl.data=data/alpaca.jsonl", "--set", "automl.models=x", "--set",
+      "automl.budget_usd=nan"], "automl.budget_usd"),
+    (["automl", "--set", "automl.task=sft", "--set", "automl.data=data/alpaca.jsonl", "--set", "automl.models=x", "--set", "automl.eta=1"], "automl.eta"),
 ]
 
 

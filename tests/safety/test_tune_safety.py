@@ -112,8 +112,10 @@ def tiny_automl(tmp_path_factory):
 
 
 def automl_args(model: Path, data: Path, out: Path, *extra: str) -> list[str]:
-    return ["automl", "--task", "sft", "--data", str(data), "--models", str(model), "-o", str(out), "--min-steps", "2", "--rungs", "2",
-            "--eta", "2", "--arms-per-model", "1", "--eval-split", "8", "--max-length", "48", "--batch-size", "4", "--proposer", "none", *extra]
+    return ["automl", "--set", "automl.task=sft", "--set", f"automl.data={data}", "--set", f"automl.models={model}", "--set",
+            f"automl.output_dir={out}", "--set", "automl.min_steps=2", "--set", "automl.rungs=2", "--set", "automl.eta=2", "--set",
+            "automl.arms_per_model=1", "--set", "automl.eval_split=8", "--set", "automl.max_length=48", "--set", "automl.batch_size=4",
+            "--set", "automl.proposer=none", *extra]
 
 
 @pytest.mark.parametrize("name", ["events.jsonl", "leaderboard.csv", "automl.json", "winner"])
@@ -139,10 +141,10 @@ def test_automl_rerun_into_its_own_folder_replaces_its_outputs(tmp_path, capsys,
     the first rung continues in a folder rebuilt through the ownership manifest, and a user's file added beside stays."""
     model, data = tiny_automl
     out = tmp_path / "automl"
-    assert main(automl_args(model, data, out, "--arms-per-model", "2")) == 0
+    assert main(automl_args(model, data, out, "--set", "automl.arms_per_model=2")) == 0
     (out / "my-notes.txt").write_text("keep me\n")
     first = json.loads((out / "automl.json").read_text())
-    assert main(automl_args(model, data, out, "--arms-per-model", "2", "--seed", "1")) == 0, capsys.readouterr().out
+    assert main(automl_args(model, data, out, "--set", "automl.arms_per_model=2", "--set", "automl.seed=1")) == 0, capsys.readouterr().out
     second = json.loads((out / "automl.json").read_text())
     assert (out / "my-notes.txt").read_text() == "keep me\n"
     assert first["arms"][0]["changes"] != second["arms"][0]["changes"]  # the new search's outputs, not the old ones

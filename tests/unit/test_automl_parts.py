@@ -36,8 +36,8 @@ def test_catalogue_candidates_are_listed_with_plan_and_reason(tmp_path, tiny_mod
     small = by["HuggingFaceTB/SmolLM-360M"]
     assert not small["trained"] and small["reason"] == A.NO_WEIGHTS and small["method"] and small["memory_gib"] > 0
     big = by["meta-llama/Llama-3.1-70B"]
-    assert not big["trained"] and "--max-params" in big["reason"]
-    # without --max-params the GPU decides: a 70B model does not fit one A10G under any method
+    assert not big["trained"] and "automl.max_params" in big["reason"]
+    # without automl.max_params the GPU decides: a 70B model does not fit one A10G under any method
     cands = A.candidates("sft", [], {}, base, use_catalog=True, gpu="A10G", gpus=1, max_params=None, batch=8)
     big = next(c for c in cands if c["model"] == "meta-llama/Llama-3.1-70B")
     assert not big["trained"] and big["reason"].startswith("does not fit 1 x A10G") and big["memory_gib"] > 24
@@ -58,18 +58,33 @@ def test_planned_cost_of_every_rung():
 
 def test_bad_input_is_one_paragraph(tmp_path, tiny_model_dir, capsys):
     data = write_jsonl(tmp_path / "train.jsonl", alpaca_records(20, seed=1))
+    base = ["--set", f"automl.data={data}", "--set", f"automl.models={tiny_model_dir}"]
     cases = [
-        (["--task", "summarize", "--data", str(data), "--models", str(tiny_model_dir)], "choose one of"),
-        (["--task", "sft", "--data", str(tmp_path / "nope.jsonl"), "--models", str(tiny_model_dir)], "does not exist"),
-        (["--task", "sft", "--data", str(data)], "needs candidate base models"),
-        (["--task", "sft", "--data", str(data), "--models", f"x={tmp_path}"], "not a model folder"),
-        (["--task", "sft", "--data", str(data), "--models", str(tiny_model_dir), "--lr-range", "1e-3:1e-4"], "LOW:HIGH"),
-        (["--task", "sft", "--data", str(data), "--models", str(tiny_model_dir), "--eta", "1"], "at least 2"),
-        (["--task", "sft", "--data", str(data), "--models", str(tiny_model_dir), "--budget-usd", "1"], "add `--gpu"),
-        (["--task", "sft", "--data", str(data), "--catalog"], "bound it with `--max-params`"),
+        (["--set", "automl.task=summarize", *base], "must be one of"),
+        (["--set", "automl.task=sft", "--set", f"automl.data={tmp_path / 'nope.jsonl'}", "--set", f"automl.models={tiny_model_dir}"], "does not exist"),
+        (["--set", "automl.task=sft", "--set", f"automl.data={data}"], "needs candidate base models"),
+        (["--set", "automl.task=sft", "--set", f"automl.data={data}", "--set", f"automl.models=x={tmp_path}"], "not a model folder"),
+        (["--set", "automl.task=sft", *base, "--set", "automl.lr_range=1e-3:1e-4"], "LOW:HIGH"),
+        (["--set", "automl.task=sft", *base, "--set", "automl.eta=1"], "greater than or equal to 2"),
+        (["--set", "automl.task=sft", *base, "--set", "automl.budget_usd=1"], "set `automl.gpu`"),
+        (["--set", "automl.task=sft", "--set", f"automl.data={data}", "--set", "automl.catalog=true"], "bound it with `automl.max_params`"),
+        (["--set", "task=sft", *base], "give its keys as `--set automl.KEY=VALUE`"),
     ]
     for args, want in cases:
-        assert main(["automl", *args, "-o", str(tmp_path / "o")]) == 2, args
+        assert main(["automl", *args, "--set", f"automl.output_dir={tmp_path / 'o'}"]) == 2, args
         out = " ".join(capsys.readouterr().out.split())
         assert want in out and "Traceback" not in out, (args, out)
     assert not (tmp_path / "o").exists()
+
+
+def test_the_automl_section_of_a_config_file(tmp_path, capsys):
+    """`trainpipe automl CONFIG` reads the file's `automl:` section (relative paths from the file's folder), `--set` wins over
+    it, and a file without the section is one paragraph."""
+    (tmp_path / "proj" / "model").mkdir(parents=True)
+    (tmp_path / "proj" / "automl.yaml").write_text("automl:\n  data: train.jsonl\n  models: [model, Qwen/Qwen2.5-0.5B]\n  eta: 3\n")
+    a = A.load_automl(tmp_path / "proj" / "automl.yaml", ["automl.rungs=2", "automl.eta=4"])
+    assert a.data == str(tmp_path / "proj" / "train.jsonl") and a.models == [str(tmp_path / "proj" / "model"), "Qwen/Qwen2.5-0.5B"]
+    assert (a.eta, a.rungs, a.task) == (4, 2, "sft")
+    (tmp_path / "run.yaml").write_text("model: {name_or_path: x}\n")
+    assert main(["automl", str(tmp_path / "run.yaml")]) == 2
+    assert "has no `automl:` section" in " ".join(capsys.readouterr().out.split())

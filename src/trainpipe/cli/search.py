@@ -67,50 +67,17 @@ def batch_find(
 
 @app.command()
 def automl(
-    task: Annotated[str, typer.Option("--task", help="sft | classification | preference.")],
-    data: Annotated[Path, typer.Option("--data", help="Training data (JSONL); the eval split is cut from it once, the same for every candidate.")],
-    models: Annotated[str, typer.Option("--models", help="Candidate base models, comma-separated: local folders, hub ids, or ID=PATH (a catalogue id trained from a local folder).")] = "",
-    out: Annotated[Path, typer.Option("-o", "--out", help="Output folder (runs, leaderboard.csv, automl.json, winner/).")] = Path("runs/automl"),
-    catalog: Annotated[bool, typer.Option("--catalog", help="Also every catalogue model of the task's kind within the constraints (listed with the reason when not trained).")] = False,
-    models_dir: Annotated[Optional[Path], typer.Option("--models-dir", help="Local weights for catalogue ids: subfolders named `org--name` or `org/name`.")] = None,
-    gpus: Annotated[int, typer.Option("--gpus", help="GPUs of type --gpu per arm (the method and the price).")] = 1,
-    arms_per_model: Annotated[int, typer.Option("--arms-per-model", help="Hyperparameter sets per candidate, sampled by Optuna TPE.")] = 2,
-    lr_spread: Annotated[float, typer.Option("--lr-spread", help="Learning rates from the planner's default / spread to x spread (log-uniform).")] = 3.0,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the hyperparameter sampler.")] = 0,
-    lr_range: Annotated[Optional[str], typer.Option("--lr-range", help="LOW:HIGH learning rates to sample from instead of the planner's default / and x --lr-spread.")] = None,
-    proposer: Annotated[Optional[str], typer.Option("--proposer", help="module:function or file.py:function (runs Python code you name) proposing changes to surviving arms before each rung; default (sft): the built-in one (an arm whose eval loss moved < 1 % over the rung gets an LR range test on 1 % of the data and, if its suggestion is > 3x away, a new arm at it); `none`: no proposals.")] = None,
-    budget_usd: Annotated[Optional[float], typer.Option("--budget-usd", help="Stop before a rung the planner prices above what is left.")] = None,
-    budget_hours: Annotated[Optional[float], typer.Option("--budget-hours", help="Start no rung after this much wall time.")] = None,
-    gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU type that picks the methods and prices the rungs (default: this machine's).")] = None,
-    max_params: Annotated[Optional[float], typer.Option("--max-params", help="Largest base model, in parameters (e.g. 8e9).")] = None,
-    min_steps: Annotated[int, typer.Option("--min-steps", help="Steps of the first rung.")] = 4,
-    rungs: Annotated[int, typer.Option("--rungs", help="Rungs of successive halving.")] = 3,
-    eta: Annotated[int, typer.Option("--eta", help="Keep 1/eta of the candidates per rung; survivors train eta x longer.")] = 2,
-    eval_split: Annotated[int, typer.Option("--eval-split", help="Held-out records (fixed for the search).")] = 32,
-    max_length: Annotated[int, typer.Option("--max-length", help="Longest example in tokens.")] = 128,
-    batch_size: Annotated[int, typer.Option("--batch-size", help="Effective batch per optimizer step; the micro-batch and accumulation for it are the planner's on --gpu.")] = 8,
+    config: Annotated[Optional[Path], typer.Argument(help="A config with an `automl:` section (only that section is read); or leave it out and give the keys with --set.", show_default=False)] = None,
+    set_: SetOpt = None,
 ) -> None:
-    """Candidates (models and catalogue, planner's method) x Optuna hyperparameters -> budgeted successive halving (survivors continue) -> leaderboard -> winner/."""
+    """Candidates (models and catalogue, planner's method) x Optuna hyperparameters -> budgeted successive halving (survivors continue) -> leaderboard -> winner/.
+
+    The settings are the `automl:` section of CONFIG and `--set automl.KEY=VALUE` (task, data, models, catalog, models_dir,
+    output_dir, gpu, gpus, max_params, budget_usd, budget_hours, arms_per_model, lr_spread, lr_range, seed, proposer,
+    min_steps, rungs, eta, eval_split, max_length, batch_size; `trainpipe config schema` describes each), e.g.
+    `trainpipe automl --set automl.data=train.jsonl --set automl.models=path/to/model,Qwen/Qwen2.5-0.5B`.
+    `automl.proposer: module:function` runs Python code you name (the built-in proposer otherwise; `none`: no proposals)."""
     from trainpipe.tune.automl import automl as run_automl
+    from trainpipe.tune.automl import load_automl
 
-    _numbers(("--gpus", gpus, "the GPUs per arm", 1), ("--arms-per-model", arms_per_model, "the hyperparameter sets per candidate", 1),
-             ("--lr-spread", lr_spread, "the learning-rate spread factor", 1.0, "gt"), ("--budget-usd", budget_usd, "the budget in US dollars", 0.0, "gt"),
-             ("--budget-hours", budget_hours, "the wall-time budget in hours", 0.0, "gt"), ("--max-params", max_params, "the largest model's parameters", 0.0, "gt"),
-             ("--min-steps", min_steps, "the steps of the first rung", 1), ("--rungs", rungs, "the number of rungs", 1),
-             ("--eta", eta, "the halving factor", 2), ("--eval-split", eval_split, "the held-out records", 1),
-             ("--max-length", max_length, "the longest example in tokens", 1), ("--batch-size", batch_size, "the effective batch", 1))
-    run_automl(task=task, data=data, models=[m.strip() for m in models.split(",") if m.strip()], out_dir=out, budget_usd=budget_usd,
-               budget_hours=budget_hours, gpu=gpu, max_params=max_params, min_steps=min_steps, eta=eta, rungs=rungs, eval_split=eval_split,
-               max_length=max_length, batch_size=batch_size, use_catalog=catalog, models_dir=models_dir, gpus=gpus, arms_per_model=arms_per_model,
-               lr_spread=lr_spread, seed=seed, proposer=proposer or "builtin", lr_range=_lr_range(lr_range))
-
-def _lr_range(text: str | None) -> tuple[float, float] | None:
-    from trainpipe.errors import ConfigError
-
-    if not text:
-        return None
-    try:
-        lo, hi = (float(x) for x in text.split(":"))
-    except ValueError:
-        raise ConfigError(f"`--lr-range {text}` must be LOW:HIGH, two numbers (e.g. 1e-5:1e-3).") from None
-    return lo, hi
+    run_automl(load_automl(config, set_ or []))

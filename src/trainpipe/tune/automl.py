@@ -1,29 +1,30 @@
-"""`trainpipe automl`: task + data + constraints -> candidates -> arms -> budgeted successive halving -> leaderboard -> the winner.
+"""`trainpipe automl [CONFIG] --set automl.KEY=VALUE`: task + data + constraints -> candidates -> arms -> budgeted successive
+halving -> leaderboard -> the winner. The settings are the `automl:` section (config/tune.py `AutomlConfig`).
 
 Reads top to bottom:
 
-1. candidates (one per base model): every `--models` entry (a local folder, a hub id, or `ID=PATH`: a catalogue id whose
-   weights are that local folder) and, with `--catalog`, every catalogue model (`plan/catalog.py`) of the task's kind.
+1. candidates (one per base model): every `automl.models` entry (a local folder, a hub id, or `ID=PATH`: a catalogue id whose
+   weights are that local folder) and, with `automl.catalog`, every catalogue model (`plan/catalog.py`) of the task's kind.
    Each is planned on the target GPU x count (`plan.resolve.resolve`, `method.peft: auto`: full, LoRA or QLoRA by memory;
    micro-batch and accumulation; memory per device; the planned cost and hours of one arm's first rung) and is either
-   trained or listed with the reason it is not: over `--max-params`, does not fit the GPUs, its first rung alone costs more
-   than `--budget-usd`, or no local weights (offline: "pass --models ID=PATH, --models-dir, or go online"). Nothing is
+   trained or listed with the reason it is not: over `automl.max_params`, does not fit the GPUs, its first rung alone costs more
+   than `automl.budget_usd`, or no local weights (offline: "give automl.models: [ID=PATH], automl.models_dir, or go online"). Nothing is
    silently dropped: `candidates.csv` lists them all;
-2. arms: per trained candidate, `--arms-per-model` hyperparameter sets sampled by Optuna's TPE sampler (one study per
-   candidate, seeded): learning rate (log-uniform around the planner's default for that method, / and x `--lr-spread`, or
-   `--lr-range LOW:HIGH`),
+2. arms: per trained candidate, `automl.arms_per_model` hyperparameter sets sampled by Optuna's TPE sampler (one study per
+   candidate, seeded): learning rate (log-uniform around the planner's default for that method, / and x `automl.lr_spread`, or
+   `automl.lr_range: LOW:HIGH`),
    LoRA rank (alpha = 2 r) under LoRA/QLoRA, weight decay, warmup ratio; micro-batch and accumulation are the plan's;
-3. successive halving across every arm of every candidate: rung k grants `--min-steps` x eta^k optimizer steps; the best
+3. successive halving across every arm of every candidate: rung k grants `automl.min_steps` x eta^k optimizer steps; the best
    1/eta by the objective go on. A surviving arm CONTINUES from its last checkpoint (its checkpoints and run identity are
    carried into the next rung's run directory and the run resumes with the larger `max_steps`: the existing resume path,
    event `checkpoint_resumed`), so an arm at rung k has trained exactly its rung's steps in all. Each rung is started only
-   when the planner's price for the steps it adds on `--gpu` fits what is left of `--budget-usd` (and the wall time is
-   within `--budget-hours`); a budget below the first rung is one error before anything trains;
-4. the loop that proposes: before every rung after the first, a proposer may propose changes to a surviving arm. Without
-   `--proposer` it is the built-in one (`tune/proposers.py` `PlateauLRSweep`, sft only): a surviving arm whose eval loss
+   when the planner's price for the steps it adds on `automl.gpu` fits what is left of `automl.budget_usd` (and the wall time is
+   within `automl.budget_hours`); a budget below the first rung is one error before anything trains;
+4. the loop that proposes: before every rung after the first, a proposer may propose changes to a surviving arm. With
+   `automl.proposer: builtin` (the default) it is the built-in one (`tune/proposers.py` `PlateauLRSweep`, sft only): a surviving arm whose eval loss
    improved by < 1 % over the rung gets the LR range test of `lr-find` on 1 % of the training records (at least 32) and,
-   when the suggestion is > 3x away from its lr, a new arm at the suggested lr; `--proposer module:function` (called with
-   the arms so far) replaces it, `--proposer none` turns proposing off; a proposal passes `check_proposal` or is refused and
+   when the suggestion is > 3x away from its lr, a new arm at the suggested lr; `automl.proposer: module:function` (called with
+   the arms so far) replaces it, `automl.proposer: none` turns proposing off; a proposal passes `check_proposal` or is refused and
    logged (`automl.json` `refused`, `events.jsonl`), never applied. An accepted one is a new arm trained from scratch to the
    rung's steps (another hyperparameter cannot resume a checkpoint), whose run manifest names its parent arm and the change;
 5. outputs: `leaderboard.{csv,html}` (one row per arm: objective, rung reached, steps, seconds and planned cost over all its
@@ -37,22 +38,28 @@ loading, the eval split and metric, the objective, the wall-time budget and the 
 
 from __future__ import annotations
 
-import csv
-import html
-import io
+import functools
 import json
 import math
 import os
-import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
-import yaml
+from pydantic import BaseModel, ValidationError
 
 from trainpipe import ownership, ui
-from trainpipe.config import build_config
+from trainpipe.config import AutomlConfig, RunConfig, apply_overrides, build_config, format_validation_error, parse_override, read_yaml
 from trainpipe.errors import ConfigError, TrainpipeError
+from trainpipe.pipeline.run import run
+from trainpipe.plan.catalog import _data, catalog
+from trainpipe.redact import redact_text
+from trainpipe.tune.automl_outputs import (  # noqa: F401 - input_paths, check_outputs: the search's checks, also the tests'
+    OUTPUT_FILES, carry_checkpoints, check_outputs, export_winner, input_paths, print_board, write_outputs,
+)
+from trainpipe.tune.plans import _this_gpu, described_hardware, plan_candidate, price_steps
+from trainpipe.tune.proposers import PlateauLRSweep
+from trainpipe.tune.tune import load_function
 
 PROPOSABLE = ("model.name_or_path", "method.peft", "method.lora.", "training.learning_rate", "training.weight_decay", "training.warmup_ratio",
               "training.lr_scheduler_type", "training.per_device_train_batch_size", "training.gradient_accumulation_steps")
@@ -63,7 +70,7 @@ TASKS = {"sft": ("sft", "loss", "minimize"), "classification": ("classification"
          "preference": ("dpo", "margin_per_token", "maximize")}
 CATALOG_KINDS = {"sft": ("causal-lm",), "preference": ("causal-lm",), "classification": ("causal-lm", "masked-lm")}
 LORA_FAMILY = ("lora", "rslora", "dora", "qlora", "qlora8")
-NO_WEIGHTS = "no local weights; pass --models ID=PATH (or --models-dir with a folder named by the id) or go online"
+NO_WEIGHTS = "no local weights; give `automl.models: [ID=PATH]` (or `automl.models_dir` with a folder named by the id) or go online"
 
 
 class AutoMLError(TrainpipeError):
@@ -97,31 +104,19 @@ def base_mapping(task: str, data: Path, eval_split: int, max_length: int, fmt: s
     }
 
 
-# --------------------------------------------------------------------------- 1. candidates
-def _hardware(gpu: str | None, gpus: int):
-    from trainpipe.plan.hardware import Hardware, detect
-
-    if not gpu:
-        return detect()
-    from trainpipe.plan.gpus import find_gpu
-
-    g = find_gpu(gpu)
-    return Hardware("cuda", gpus, (g.name,) * gpus, g.bf16, os.cpu_count() or 1, f"--gpu {g.name} x {gpus}")
-
-
 def _offline() -> bool:
     return any(os.environ.get(k, "").lower() in ("1", "true", "yes") for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
 
 def parse_models(models: list[str], models_dir: Path | None) -> tuple[list[tuple[str, str]], dict[str, str]]:
-    """(entries as (label, what to load), {catalogue id (lower) -> local folder}) from `--models` and `--models-dir`."""
+    """(entries as (label, what to load), {catalogue id (lower) -> local folder}) from `automl.models` and `automl.models_dir`."""
     entries, local = [], {}
     for m in models:
         if "=" in m:
             ident, _, path = m.partition("=")
             ident, path = ident.strip(), path.strip()
             if not (Path(path) / "config.json").is_file():
-                raise ConfigError(f"`--models {m}`: `{path}` is not a model folder (no config.json); give `ID=PATH` with PATH a save_pretrained folder.")
+                raise ConfigError(f"`automl.models: {m}`: `{path}` is not a model folder (no config.json); give `ID=PATH` with PATH a save_pretrained folder.")
             local[ident.lower()] = str(Path(path).resolve())
             entries.append((ident, str(Path(path).resolve())))
         else:
@@ -129,53 +124,23 @@ def parse_models(models: list[str], models_dir: Path | None) -> tuple[list[tuple
     if models_dir is not None:
         d = Path(models_dir)
         if not d.is_dir():
-            raise ConfigError(f"`--models-dir {models_dir}` is not a folder; give a folder whose subfolders are named by catalogue id (`org--name` or `org/name`).")
+            raise ConfigError(f"`automl.models_dir: {models_dir}` is not a folder; give a folder whose subfolders are named by catalogue id (`org--name` or `org/name`).")
         for cfg_file in sorted(list(d.glob("*/config.json")) + list(d.glob("*/*/config.json"))):
             rel = cfg_file.parent.relative_to(d).as_posix()
             local.setdefault(rel.replace("--", "/").lower(), str(cfg_file.parent.resolve()))
     return entries, local
 
 
-def _plan(label: str, weights_or_id: str, base: dict, hw, gpus: int, batch: int, gpu: str | None) -> dict:
-    """The planner's method, micro-batch/accumulation, memory and the price of one first-rung arm for one base model."""
-    from trainpipe.plan.resolve import model_spec, resolve
-
-    mapping = json.loads(json.dumps(base))
-    mapping["model"] = {"name_or_path": weights_or_id}
-    mapping["method"]["peft"] = "auto"
-    mapping["training"].update({"per_device_train_batch_size": "auto", "target_effective_batch_size": batch})
-    cfg = build_config(mapping, source=f"candidate {label}")
-    spec = model_spec(cfg)
-    plan = resolve(cfg, hw, gpus, env={})
-    mem = (plan.predicted or {}).get("memory") or {}
-    need = mem.get("total_bytes")
-    limit = None
-    if gpu:
-        from trainpipe.plan import decisions as D
-        from trainpipe.plan.gpus import find_gpu
-
-        limit = find_gpu(gpu).memory_bytes * (1 - D.HEADROOM)
-    fits = need is None or limit is None or need <= limit
-    mb = int(plan.micro_batch.value)
-    acc = max(1, math.ceil(batch / mb)) if mb < batch else 1
-    mb = min(mb, batch)
-    return {"params": spec.total_params, "method": plan.config.method.peft, "method_rule": plan.peft.rule, "lr": float(plan.learning_rate.value),
-            "micro_batch": mb, "grad_accum": acc, "memory_gib": None if need is None else round(need / 1024**3, 3), "fits": fits,
-            "fit_why": None if fits else f"the plan needs {need / 1024**3:.1f} GiB per device, {gpu} less headroom has {limit / 1024**3:.1f} GiB"}
-
-
 def candidates(task: str, entries: list[tuple[str, str]], local: dict[str, str], base: dict, *, use_catalog: bool, gpu: str | None, gpus: int,
                max_params: float | None, batch: int) -> list[dict]:
     """Every candidate base model, planned, with `trained: True` or the reason it is not trained."""
-    from trainpipe.plan.catalog import _data, catalog
-
-    hw = _hardware(gpu, gpus)
+    hw = described_hardware(gpu, gpus)
     todo: list[dict] = []
     seen = set()
     known = catalog()
     for label, what in entries:
         in_cat = label.lower() in known and what != label  # `ID=PATH` with a catalogue id: planned as that model, trained from PATH
-        todo.append({"model": label, "source": "--models", "weights": what, "plan_for": label if in_cat else what})
+        todo.append({"model": label, "source": "automl.models", "weights": what, "plan_for": label if in_cat else what})
         seen.add(label.lower())
     if use_catalog:
         for e in _data("models.json")["models"]:
@@ -186,11 +151,11 @@ def candidates(task: str, entries: list[tuple[str, str]], local: dict[str, str],
     out = []
     for c in todo:
         try:
-            p = _plan(c["model"], c["plan_for"], base, hw, gpus, batch, gpu)
+            p = plan_candidate(c["model"], c["plan_for"], base, hw, gpus, batch, gpu)
         except Exception as exc:  # noqa: BLE001 - named in the error or the candidate's reason
             msg = (getattr(exc, "message", None) or str(exc) or type(exc).__name__).splitlines()[0][:200]
-            if c["source"] == "--models":
-                raise ConfigError(f"`--models {c['model']}`: the planner cannot size it ({msg}); give a local folder with config.json, "
+            if c["source"] == "automl.models":
+                raise ConfigError(f"`automl.models: {c['model']}`: the planner cannot size it ({msg}); give a local folder with config.json, "
                                   "a catalogue hub id, or ID=PATH.") from None
             c.update(trained=False, reason=f"the planner cannot size it: {msg}")
             out.append(c)
@@ -198,10 +163,10 @@ def candidates(task: str, entries: list[tuple[str, str]], local: dict[str, str],
         c.update(p)
         if c["weights"] and c["weights"] != c["plan_for"]:  # a catalogue id trained from a local folder: plan what is trained too
             c["catalogue_plan"] = {k: p[k] for k in ("params", "method", "method_rule", "memory_gib", "fits", "fit_why")}
-            c.update(_plan(c["model"], c["weights"], base, hw, gpus, batch, gpu))
+            c.update(plan_candidate(c["model"], c["weights"], base, hw, gpus, batch, gpu))
         ref = c.get("catalogue_plan") or c  # size and fit are the catalogue model's, whatever stands in for its weights here
         if max_params and ref["params"] > max_params:
-            c.update(trained=False, reason=f"{ref['params'] / 1e6:.1f}M parameters > --max-params {max_params / 1e6:.1f}M")
+            c.update(trained=False, reason=f"{ref['params'] / 1e6:.1f}M parameters > automl.max_params {max_params / 1e6:.1f}M")
         elif not ref["fits"]:
             c.update(trained=False, reason=f"does not fit {gpus} x {gpu}: {ref['fit_why']}")
         elif not c["weights"]:
@@ -243,223 +208,267 @@ def sample_arms(cands: list[dict], n: int, lr_spread: float, seed: int, directio
     return arms, studies
 
 
-# --------------------------------------------------------------------------- 3. pricing
-def price(cfg, gpu: str | None, gpus: int, steps: int) -> dict | None:
-    """The planner's hours and on-demand cost of `steps` optimizer steps of this config on `gpus` x `gpu` (None without a GPU)."""
-    from trainpipe.plan import compute as C
-    from trainpipe.plan.command import _data_size
-    from trainpipe.plan.gpus import find_gpu
-    from trainpipe.plan.resolve import PLAN_METHOD, model_spec, resolve
+# --------------------------------------------------------------------------- the settings
+class _AutomlFile(BaseModel):
+    """The part of a config file `trainpipe automl` reads: its `automl:` section (errors name `automl.KEY`)."""
 
-    if not gpu:
-        return None
-    g = find_gpu(gpu)
-    plan = resolve(cfg, _hardware(gpu, gpus), gpus, env={})
-    rc = plan.config
-    spec = model_spec(rc)
-    mem = plan.predicted.get("memory") or {}
-    seq = rc.first_data().max_length
-    _, avg = _data_size(rc)
-    tokens = steps * plan.effective_batch.value * (avg or seq)
-    comp = C.compute(spec, PLAN_METHOD.get(rc.method.peft, "lora"), float(tokens), seq, bool(rc.training.gradient_checkpointing), g, gpus,
-                     plan.precision.value, None, mem.get("trainable_params"), 1)
-    return {"gpu": g.name, "gpus": gpus, "hours": comp.hours, "usd": comp.hours * g.on_demand_usd * gpus, "tokens": tokens}
+    automl: AutomlConfig
 
 
-# --------------------------------------------------------------------------- the search
-def automl(*, task: str, data: Path, models: list[str], out_dir: Path, budget_usd: float | None = None, budget_hours: float | None = None,
-           gpu: str | None = None, gpus: int = 1, max_params: float | None = None, use_catalog: bool = False, models_dir: Path | None = None,
-           arms_per_model: int = 2, min_steps: int = 4, eta: int = 2, rungs: int = 3, lr_spread: float = 3.0, eval_split: int = 32,
-           max_length: int = 128, fmt: str | None = None, batch_size: int = 8, seed: int = 0,
-           proposer: Callable[[dict], list[dict]] | str | None = "builtin", lr_range: tuple[float, float] | None = None) -> dict:
-    from trainpipe.pipeline.run import run
+def load_automl(config: Path | None, overrides: list[str]) -> AutomlConfig:
+    """The `automl:` section of CONFIG (only that section is read; a run config may carry one, like `tune:`), with the
+    `--set automl.KEY=VALUE` overrides, validated; relative paths in the file are read from the file's folder."""
+    for text in overrides:
+        path, _ = parse_override(text)
+        if path[0] != "automl":
+            raise ConfigError(f"`--set {text}`: `trainpipe automl` reads the `automl:` section only; give its keys as `--set automl.KEY=VALUE` "
+                              "(e.g. `--set automl.eta=3`).", [f"--set {text}"])
+    raw = read_yaml(config) if config is not None else {}
+    if config is not None and not isinstance(raw.get("automl"), dict):
+        raise ConfigError(f"`{config}` has no `automl:` section. Add one, e.g. `automl: {{task: sft, data: train.jsonl, models: [path/to/model]}}`.")
+    section = apply_overrides({"automl": raw.get("automl") or {}}, overrides)["automl"]
+    try:
+        a = _AutomlFile.model_validate({"automl": section}).automl
+    except ValidationError as exc:
+        raise format_validation_error(exc, f"`{config}`" if config is not None else "the `automl` settings (`--set`)") from None
+    if config is not None:  # the file's relative paths: from its folder (a hub id in `models` stays as written)
+        base = Path(config).resolve().parent
+        here = lambda p: p if p is None or Path(p).is_absolute() else str(base / p)  # noqa: E731
+        a.data, a.models_dir = here(a.data), here(a.models_dir)
+        a.models = [m if Path(m.partition("=")[2] or m).is_absolute() or not (base / (m.partition("=")[2] or m)).exists()
+                    else (f"{m.partition('=')[0]}={base / m.partition('=')[2]}" if "=" in m else str(base / m)) for m in a.models]
+    return a
 
-    if task not in TASKS:
-        raise ConfigError(f"`--task {task}`: choose one of {', '.join(TASKS)}.")
-    if not Path(data).is_file():
-        raise ConfigError(f"`--data {data}` does not exist; give a JSONL file.")
-    if not models and not use_catalog:
-        raise ConfigError("`trainpipe automl` needs candidate base models: `--models path/or/hub-id,ID=PATH,...` and/or `--catalog`.")
-    for name, v, lo in (("--arms-per-model", arms_per_model, 1), ("--min-steps", min_steps, 1), ("--eta", eta, 2), ("--rungs", rungs, 1), ("--gpus", gpus, 1)):
-        if v < lo:
-            raise ConfigError(f"`{name} {v}` must be at least {lo}.")
-    if lr_spread < 1:
-        raise ConfigError(f"`--lr-spread {lr_spread:g}` must be >= 1: learning rates are sampled from the planner's default / spread to x spread.")
-    if use_catalog and max_params is None and budget_usd is None:
-        raise ConfigError("`--catalog` considers every catalogue model of the task's kind (up to hundreds of billions of parameters); bound it "
-                          "with `--max-params` (e.g. 2e9) and/or `--budget-usd` (with `--gpu`), so that only models you mean to pay for are trained.")
-    if lr_range is not None and not (0 < lr_range[0] < lr_range[1]):
-        raise ConfigError(f"`--lr-range {lr_range[0]:g}:{lr_range[1]:g}` must be LOW:HIGH with 0 < LOW < HIGH (e.g. 1e-5:1e-3).")
-    if budget_usd is not None and not (gpu or _gpu_here()):
-        raise ConfigError("`--budget-usd` prices every rung on a GPU by the planner; this machine has none: add `--gpu A100-80GB` (or another catalogue GPU).")
-    builtin = proposer == "builtin"
-    if proposer is None or (isinstance(proposer, str) and proposer.lower() in ("builtin", "none")):
-        proposer = None
-    elif isinstance(proposer, str):
-        from trainpipe.tune.tune import load_function
 
-        proposer = load_function(proposer, Path.cwd())
-    gpu = gpu or _gpu_here()
-    method, metric, direction = TASKS[task]
-    base = base_mapping(task, Path(data), eval_split, max_length, fmt)
-    entries, local = parse_models(models, models_dir)
-    out_dir = Path(out_dir).resolve()
-    reads = input_paths(Path(data), entries, models_dir)
-    check_outputs(out_dir, reads)  # a file or folder of the user's in the way is refused now, before anything trains
-    cands = candidates(task, entries, local, base, use_catalog=use_catalog, gpu=gpu, gpus=gpus, max_params=max_params, batch=batch_size)
-    budget = {"usd": budget_usd, "hours": budget_hours}
-    steps_of = [min_steps * eta**k for k in range(rungs)]
+def check_settings(a: AutomlConfig, gpu: str | None) -> tuple[float, float] | None:
+    """The search's inputs, checked before anything is planned (one paragraph each); returns `automl.lr_range` as (LOW, HIGH)."""
+    if not a.data:
+        raise ConfigError("`trainpipe automl` needs training data: `automl.data: train.jsonl` (or `--set automl.data=PATH`).")
+    if not Path(a.data).is_file():
+        raise ConfigError(f"`automl.data: {a.data}` does not exist; give a JSONL file.")
+    if not a.models and not a.catalog:
+        raise ConfigError("`trainpipe automl` needs candidate base models: `automl.models: [path/or/hub-id, ID=PATH, ...]` and/or `automl.catalog: true`.")
+    if a.catalog and a.max_params is None and a.budget_usd is None:
+        raise ConfigError("`automl.catalog` considers every catalogue model of the task's kind (up to hundreds of billions of parameters); bound it "
+                          "with `automl.max_params` (e.g. 2e9) and/or `automl.budget_usd` (with `automl.gpu`), so that only models you mean to pay for are trained.")
+    lr_range = None
+    if a.lr_range:
+        try:
+            lr_range = tuple(float(x) for x in str(a.lr_range).split(":"))
+        except ValueError:
+            lr_range = ()
+        if len(lr_range) != 2 or not (0 < lr_range[0] < lr_range[1]):
+            raise ConfigError(f"`automl.lr_range: {a.lr_range}` must be LOW:HIGH with 0 < LOW < HIGH (e.g. 1e-5:1e-3).")
+    if a.budget_usd is not None and not gpu:
+        raise ConfigError("`automl.budget_usd` prices every rung on a GPU by the planner; this machine has none: set `automl.gpu` (e.g. A100-80GB, "
+                          "or another catalogue GPU).")
+    return lr_range
 
-    def mapping_for(arm: dict, rung: int) -> dict:
-        m = json.loads(json.dumps(base))
-        for k, v in arm["changes"].items():
-            node = m
-            *head, last = k.split(".")
-            for h in head:
-                node = node.setdefault(h, {})
-            node[last] = v
-        steps = steps_of[rung]
-        m["training"].update({"max_steps": steps, "eval_steps": min_steps, "logging_steps": 1})
-        m["output_dir"] = str(out_dir / "runs" / f"rung{rung}-{arm['id']}")
-        m["name"] = f"automl-rung{rung}-{arm['id']}"
-        return m
 
-    # a candidate whose first rung alone is over the budget is listed, not trained
+def arm_mapping(base: dict, steps_of: list[int], min_steps: int, out_dir: Path, arm: dict, rung: int) -> dict:
+    """The run config mapping of ``arm`` at ``rung``: the search's base, the arm's changes, the rung's steps and run folder."""
+    m = json.loads(json.dumps(base))
+    for k, v in arm["changes"].items():
+        node = m
+        *head, last = k.split(".")
+        for h in head:
+            node = node.setdefault(h, {})
+        node[last] = v
+    m["training"].update({"max_steps": steps_of[rung], "eval_steps": min_steps, "logging_steps": 1})
+    m["output_dir"] = str(out_dir / "runs" / f"rung{rung}-{arm['id']}")
+    m["name"] = f"automl-rung{rung}-{arm['id']}"
+    return m
+
+
+def _probe(c: dict, weights: str, mapping_for) -> RunConfig:
+    changes = {"model.name_or_path": weights, "method.peft": c["method"], "training.per_device_train_batch_size": c["micro_batch"],
+               "training.gradient_accumulation_steps": c["grad_accum"]}
+    return build_config(mapping_for({"id": "probe", "changes": changes}, 0), source="probe")
+
+
+def price_first_rungs(cands: list[dict], mapping_for, gpu: str | None, gpus: int, steps: int, budget_usd: float | None) -> None:
+    """Each candidate's first rung priced on the GPU (`rung0_usd`, `rung0_hours`); one whose first rung alone is over the
+    budget is listed, not trained."""
     for c in cands:
         if c["trained"] and budget_usd is not None:
-            probe = build_config(mapping_for({"id": "probe", "changes": {"model.name_or_path": c["weights"], "method.peft": c["method"],
-                                                                        "training.per_device_train_batch_size": c["micro_batch"],
-                                                                        "training.gradient_accumulation_steps": c["grad_accum"]}}, 0), source="probe")
-            p = price(probe, gpu, gpus, steps_of[0])
+            p = price_steps(_probe(c, c["weights"], mapping_for), gpu, gpus, steps)
             c["rung0_usd"], c["rung0_hours"] = p["usd"], p["hours"]
             if p["usd"] > budget_usd:
-                c.update(trained=False, reason=f"one arm's first rung costs ${p['usd']:.4g} by the planner, over --budget-usd {budget_usd:g}")
+                c.update(trained=False, reason=f"one arm's first rung costs ${p['usd']:.4g} by the planner, over automl.budget_usd {budget_usd:g}")
         elif c.get("method") and gpu and "params" in c:
             try:
-                probe = build_config(mapping_for({"id": "probe", "changes": {"model.name_or_path": c["plan_for"], "method.peft": c["method"],
-                                                                            "training.per_device_train_batch_size": c["micro_batch"],
-                                                                            "training.gradient_accumulation_steps": c["grad_accum"]}}, 0), source="probe")
-                p = price(probe, gpu, gpus, steps_of[0])
+                p = price_steps(_probe(c, c["plan_for"], mapping_for), gpu, gpus, steps)
                 c["rung0_usd"], c["rung0_hours"] = p["usd"], p["hours"]
             except TrainpipeError:
                 pass
-    arms, studies = sample_arms(cands, arms_per_model, lr_spread, seed, direction, lr_range)
-    if builtin and task == "sft":  # the LR range test measures next-token loss: the built-in proposer is for sft searches
-        from trainpipe.tune.proposers import PlateauLRSweep
 
-        proposer = PlateauLRSweep(data=Path(data), eval_split=eval_split, out_dir=out_dir, seed=seed, mapping_for=mapping_for, reads=reads)
-    over = [c for c in cands if c.get("reason", "") and "over --budget-usd" in c["reason"]]
-    if not arms and over and budget_usd is not None:
+
+def check_affordable(a: AutomlConfig, arms: list, cands: list, gpu: str | None, steps_of: list[int], prices0: list, planned: float) -> None:
+    """Some arm can be trained, and the budget pays for the first rung of every arm (one error before anything trains)."""
+    over = [c for c in cands if c.get("reason", "") and "over automl.budget_usd" in c["reason"]]
+    if not arms and over and a.budget_usd is not None:
         cheapest = min(over, key=lambda c: c["rung0_usd"])
-        raise ConfigError(f"`--budget-usd {budget_usd:g}` cannot pay for the first rung of any candidate: the cheapest, {cheapest['model']}, costs "
-                          f"${cheapest['rung0_usd']:.4g} for one arm's {steps_of[0]} steps on {gpus} x {gpu} by the planner. Raise the budget, lower "
-                          "`--min-steps`, or pass smaller `--models`.")
+        raise ConfigError(f"`automl.budget_usd: {a.budget_usd:g}` cannot pay for the first rung of any candidate: the cheapest, {cheapest['model']}, costs "
+                          f"${cheapest['rung0_usd']:.4g} for one arm's {steps_of[0]} steps on {a.gpus} x {gpu} by the planner. Raise the budget, lower "
+                          "`automl.min_steps`, or give smaller `automl.models`.")
     if not arms:
         why = "; ".join(f"{c['model']}: {c['reason']}" for c in cands[:8])
-        raise ConfigError(f"no candidate can be trained: {why}. Raise `--max-params`/`--budget-usd`, give local weights (`--models ID=PATH`), or pass other `--models`.")
-    cfg0 = [build_config(mapping_for(a, 0), source=f"arm {a['id']}") for a in arms]
-    prices0 = [price(cfg, gpu, gpus, steps_of[0]) for cfg in cfg0]
+        raise ConfigError(f"no candidate can be trained: {why}. Raise `automl.max_params`/`automl.budget_usd`, give local weights (`automl.models: [ID=PATH]`), "
+                          "or give other `automl.models`.")
     first = sum(p["usd"] for p in prices0 if p)
-    planned = _planned_total(prices0, steps_of, eta)
-    if budget_usd is not None and first > budget_usd:
-        raise ConfigError(f"`--budget-usd {budget_usd:g}` cannot pay for the first rung: {len(arms)} arms x {steps_of[0]} steps cost ${first:.4g} on "
-                          f"{gpus} x {gpu} by the planner (the whole search ${planned:.4g}). Raise the budget, pass fewer `--models`, lower "
-                          "`--arms-per-model` or `--min-steps`.")
-    ownership.make_dir(out_dir, what="the AutoML output folder", reads=reads)
-    ownership.make_dir(out_dir / "runs", what="the AutoML runs folder", reads=reads)
-    # this search's log starts empty (an earlier search's, trainpipe's own and unchanged, is replaced; anything else refused)
+    if a.budget_usd is not None and first > a.budget_usd:
+        raise ConfigError(f"`automl.budget_usd: {a.budget_usd:g}` cannot pay for the first rung: {len(arms)} arms x {steps_of[0]} steps cost ${first:.4g} on "
+                          f"{a.gpus} x {gpu} by the planner (the whole search ${planned:.4g}). Raise the budget, give fewer `automl.models`, lower "
+                          "`automl.arms_per_model` or `automl.min_steps`.")
+
+
+def event_log(out_dir: Path, reads: list) -> Callable:
+    """This search's `events.jsonl`, started empty (an earlier search's, trainpipe's own and unchanged, is replaced; anything
+    else refused), and the function that appends one event to it."""
     events_path = ownership.write_text(out_dir / "events.jsonl", "", what=OUTPUT_FILES["events.jsonl"], reads=reads)
 
     def log(event: str, **kw) -> None:  # appended lines keep the log provably trainpipe's (its recorded prefix is unchanged)
-        from trainpipe.redact import redact_text
-
         with events_path.open("a", encoding="utf-8") as f:
             f.write(redact_text(json.dumps({"time": time.time(), "event": event, **kw}, default=str)) + "\n")
         ownership.record(events_path)
 
-    con = ui.console()
-    con.print(f"[bold]trainpipe automl[/] {task}: {sum(c['trained'] for c in cands)} of {len(cands)} candidates trained, {len(arms)} arms; "
-              f"objective {metric} ({direction}); successive halving eta={eta}, rungs of {steps_of} steps; planned cost of every rung "
-              f"${planned:.4g}" + (f" of ${budget_usd:g}" if budget_usd is not None else ""), markup=True, soft_wrap=True)
+    return log
+
+
+# --------------------------------------------------------------------------- the search
+def automl(a: AutomlConfig, proposer: Callable[[dict], list[dict]] | None = None) -> dict:
+    """The search of the `automl:` settings ``a``; returns what `automl.json` holds. ``proposer`` (a callable) replaces
+    `automl.proposer`."""
+    gpu = a.gpu or _this_gpu()
+    lr_range = check_settings(a, gpu)
+    builtin = proposer is None and a.proposer.lower() == "builtin"
+    if proposer is None and a.proposer.lower() not in ("builtin", "none"):
+        proposer = load_function(a.proposer, Path.cwd())
+    method, metric, direction = TASKS[a.task]
+    base = base_mapping(a.task, Path(a.data), a.eval_split, a.max_length, None)
+    models_dir = Path(a.models_dir) if a.models_dir else None
+    entries, local = parse_models(a.models, models_dir)
+    out_dir = Path(a.output_dir).resolve()
+    reads = input_paths(Path(a.data), entries, models_dir)
+    check_outputs(out_dir, reads)  # a file or folder of the user's in the way is refused now, before anything trains
+    cands = candidates(a.task, entries, local, base, use_catalog=a.catalog, gpu=gpu, gpus=a.gpus, max_params=a.max_params, batch=a.batch_size)
+    steps_of = [a.min_steps * a.eta**k for k in range(a.rungs)]
+    mapping_for = functools.partial(arm_mapping, base, steps_of, a.min_steps, out_dir)
+    price_first_rungs(cands, mapping_for, gpu, a.gpus, steps_of[0], a.budget_usd)
+    arms, studies = sample_arms(cands, a.arms_per_model, a.lr_spread, a.seed, direction, lr_range)
+    if builtin and a.task == "sft":  # the LR range test measures next-token loss: the built-in proposer is for sft searches
+        proposer = PlateauLRSweep(data=Path(a.data), eval_split=a.eval_split, out_dir=out_dir, seed=a.seed, mapping_for=mapping_for, reads=reads)
+    prices0 = [price_steps(build_config(mapping_for(arm, 0), source=f"arm {arm['id']}"), gpu, a.gpus, steps_of[0]) for arm in arms]
+    planned = _planned_total(prices0, steps_of, a.eta) if arms else 0.0
+    check_affordable(a, arms, cands, gpu, steps_of, prices0, planned)
+    ownership.make_dir(out_dir, what="the AutoML output folder", reads=reads)
+    ownership.make_dir(out_dir / "runs", what="the AutoML runs folder", reads=reads)
+    log = event_log(out_dir, reads)
+    ui.console().print(f"[bold]trainpipe automl[/] {a.task}: {sum(c['trained'] for c in cands)} of {len(cands)} candidates trained, {len(arms)} arms; "
+                       f"objective {metric} ({direction}); successive halving eta={a.eta}, rungs of {steps_of} steps; planned cost of every rung "
+                       f"${planned:.4g}" + (f" of ${a.budget_usd:g}" if a.budget_usd is not None else ""), markup=True, soft_wrap=True)
     for c in cands:
         if not c["trained"]:
             log("candidate_not_trained", model=c["model"], reason=c["reason"])
-    t0, spent = time.time(), 0.0
-    alive, rows, refused, stop_reason = list(arms), [], [], None
-    for rung in range(rungs):
-        if rung > 0 and proposer is not None:
-            alive += _proposals(proposer, rung, arms, alive, refused, log, metric, direction)
-        cfgs = [build_config(mapping_for(a, rung), source=f"arm {a['id']}") for a in alive]
-        adds = [steps_of[rung] - (steps_of[rung - 1] if a.get("run_dir") else 0) if rung else steps_of[0] for a in alive]
-        prices = [price(cfg, gpu, gpus, n) for cfg, n in zip(cfgs, adds)]
-        cost = sum(p["usd"] for p in prices if p)
-        if budget_usd is not None and spent + cost > budget_usd + 1e-12:
-            stop_reason = f"rung {rung} would cost ${cost:.4g} by the planner, ${budget_usd - spent:.4g} of the budget is left"
-            log("budget_stop", rung=rung, cost=cost, left=budget_usd - spent)
-            break
-        if budget_hours is not None and (time.time() - t0) / 3600 > budget_hours:
-            stop_reason = f"--budget-hours {budget_hours:g} used up before rung {rung}"
-            log("budget_stop", rung=rung, hours=(time.time() - t0) / 3600)
-            break
-        for a, cfg, p, n in zip(alive, cfgs, prices, adds):
-            s0 = time.time()
-            parent_dir = a.get("run_dir")
-            resume = bool(parent_dir) and rung > 0
-            lineage = {"automl": {"arm": a["id"], "candidate": a["candidate"], "rung": rung, "steps": steps_of[rung],
-                                  "parent": parent_dir if resume else a.get("parent_run_dir"),
-                                  "parent_arm": a["id"] if resume else a.get("parent"),
-                                  "change": {"training.max_steps": [steps_of[rung - 1], steps_of[rung]]} if resume else a["change"],
-                                  "continued": resume}}
-            if not resume and a.get("sweep"):
-                lineage["automl"].update(why=a.get("why"), sweep=a["sweep"])
-            try:
-                if resume:
-                    _carry_checkpoints(Path(parent_dir), Path(cfg.output_dir), reads)
-                summary = run(cfg, overwrite=not resume, resume=resume, lineage=lineage)
-                value = float(summary["final"][metric])
-                # the eval loss at the start of this rung (the baseline eval, or the previous rung's final) and at its end: the
-                # history the built-in proposer's plateau rule reads
-                before = a.get("value") if resume else (summary.get("baseline") or {}).get("loss")
-                a["evals"] = [None if before is None else float(before), float(summary["final"].get("loss", math.nan))]
-                steps_done = int(summary["train"]["global_step"])
-            except TrainpipeError as exc:
-                value, steps_done = None, None
-                a["error"] = exc.message[:300]
-            a["run_dir"] = cfg.output_dir
-            a["value"], a["rung"] = value, rung
-            a["seconds"] = a.get("seconds", 0.0) + (time.time() - s0)
-            a["usd"] = a.get("usd", 0.0) + (p["usd"] if p else 0.0)
-            spent += p["usd"] if p else 0.0
-            a["history"].append({"rung": rung, metric: value})
-            rows.append({"arm": a["id"], "rung": rung, "steps": steps_of[rung], "steps_trained": n, "optimizer_steps": steps_done,
-                         "continued": resume, metric: value, "seconds": round(time.time() - s0, 2), "cost_usd": p["usd"] if p else None,
-                         "run_dir": cfg.output_dir, "error": a.get("error")})
-            log("arm_measured", arm=a["id"], rung=rung, value=value, run_dir=cfg.output_dir, continued=resume)
-            if rung == 0 and a.get("trial") is not None and value is not None and math.isfinite(value):
-                studies[a["candidate"]].tell(a["trial"], value)  # the TPE study learns each arm's first-rung value
-        scored = [a for a in alive if a.get("value") is not None and math.isfinite(a["value"])]
-        scored.sort(key=lambda a: a["value"], reverse=direction == "maximize")
-        if rung == rungs - 1 or len(scored) <= 1:
-            alive = scored
-            break
-        alive = scored[: max(1, len(scored) // eta)]
-    finished = [a for a in arms if a.get("value") is not None and math.isfinite(a["value"])]
+    search = Rungs(a, gpu, metric, direction, steps_of, mapping_for, log, reads)
+    search.run(arms, studies, proposer)
+    finished = [arm for arm in arms if arm.get("value") is not None and math.isfinite(arm["value"])]
     if not finished:
-        raise AutoMLError("no AutoML arm finished a run; the errors: " + "; ".join(f"{a['id']}: {a.get('error')}" for a in arms[:4]))
-    board = sorted(finished, key=lambda a: (-a["rung"], -a["value"] if direction == "maximize" else a["value"]))
+        raise AutoMLError("no AutoML arm finished a run; the errors: " + "; ".join(f"{arm['id']}: {arm.get('error')}" for arm in arms[:4]))
+    board = sorted(finished, key=lambda arm: (-arm["rung"], -arm["value"] if direction == "maximize" else arm["value"]))
     best = board[0]
-    winner = _export_winner(best, out_dir, mapping_for, reads)
-    result = {"task": task, "metric": metric, "direction": direction, "gpu": gpu, "gpus": gpus, "budget": budget, "planned_usd": planned,
-              "spent_usd": spent, "wall_seconds": round(time.time() - t0, 2), "stopped": stop_reason, "rung_steps": steps_of,
-              "candidates": cands, "arms": arms, "rows": rows, "refused": refused,
+    winner = export_winner(best, out_dir, mapping_for, reads)
+    result = {"task": a.task, "metric": metric, "direction": direction, "gpu": gpu, "gpus": a.gpus, "budget": {"usd": a.budget_usd, "hours": a.budget_hours},
+              "planned_usd": planned, "spent_usd": search.spent, "wall_seconds": round(time.time() - search.t0, 2), "stopped": search.stop_reason,
+              "rung_steps": steps_of, "candidates": cands, "arms": arms, "rows": search.rows, "refused": search.refused,
               "winner": {"arm": best["id"], "candidate": best["candidate"], "changes": best["changes"], metric: best["value"], "rung": best["rung"],
                          "model": str(winner / "model"), "report": str(winner / "report.html"), "summary": str(winner / "summary.json")},
               "frozen": list(FROZEN), "proposable": list(PROPOSABLE),
               "proposer": proposer.describe() if hasattr(proposer, "describe") else (None if proposer is None else getattr(proposer, "__name__", str(proposer)))}
-    _write_outputs(out_dir, result, board, reads)
-    _print(board, cands, result)
+    write_outputs(out_dir, result, board, reads)
+    print_board(board, cands, result)
     return result
 
+
+class Rungs:
+    """Budgeted successive halving over the arms: rung k trains every surviving arm to `min_steps` x eta^k steps (a survivor
+    continues from its checkpoint), then keeps the best 1/eta by the objective; proposals join before each later rung."""
+
+    def __init__(self, a: AutomlConfig, gpu: str | None, metric: str, direction: str, steps_of: list[int], mapping_for, log, reads: list):
+        self.a, self.gpu, self.metric, self.direction, self.steps_of = a, gpu, metric, direction, steps_of
+        self.mapping_for, self.log, self.reads = mapping_for, log, reads
+        self.t0, self.spent, self.rows, self.refused, self.stop_reason = time.time(), 0.0, [], [], None
+
+    def run(self, arms: list, studies: dict, proposer) -> None:
+        a, steps_of = self.a, self.steps_of
+        alive = list(arms)
+        for rung in range(a.rungs):
+            if rung > 0 and proposer is not None:
+                alive += _proposals(proposer, rung, arms, alive, self.refused, self.log, self.metric, self.direction)
+            cfgs = [build_config(self.mapping_for(arm, rung), source=f"arm {arm['id']}") for arm in alive]
+            adds = [steps_of[rung] - (steps_of[rung - 1] if arm.get("run_dir") else 0) if rung else steps_of[0] for arm in alive]
+            prices = [price_steps(cfg, self.gpu, a.gpus, n) for cfg, n in zip(cfgs, adds)]
+            if self.over_budget(rung, sum(p["usd"] for p in prices if p)):
+                break
+            for arm, cfg, p, n in zip(alive, cfgs, prices, adds):
+                self.train(arm, cfg, p, n, rung)
+                if rung == 0 and arm.get("trial") is not None and arm["value"] is not None and math.isfinite(arm["value"]):
+                    studies[arm["candidate"]].tell(arm["trial"], arm["value"])  # the TPE study learns each arm's first-rung value
+            scored = [arm for arm in alive if arm.get("value") is not None and math.isfinite(arm["value"])]
+            scored.sort(key=lambda arm: arm["value"], reverse=self.direction == "maximize")
+            if rung == a.rungs - 1 or len(scored) <= 1:
+                break
+            alive = scored[: max(1, len(scored) // a.eta)]
+
+    def over_budget(self, rung: int, cost: float) -> bool:
+        """Whether the rung would go over `automl.budget_usd` (by the planner's price) or start after `automl.budget_hours`."""
+        a = self.a
+        if a.budget_usd is not None and self.spent + cost > a.budget_usd + 1e-12:
+            self.stop_reason = f"rung {rung} would cost ${cost:.4g} by the planner, ${a.budget_usd - self.spent:.4g} of the budget is left"
+            self.log("budget_stop", rung=rung, cost=cost, left=a.budget_usd - self.spent)
+            return True
+        if a.budget_hours is not None and (time.time() - self.t0) / 3600 > a.budget_hours:
+            self.stop_reason = f"automl.budget_hours {a.budget_hours:g} used up before rung {rung}"
+            self.log("budget_stop", rung=rung, hours=(time.time() - self.t0) / 3600)
+            return True
+        return False
+
+    def train(self, arm: dict, cfg: RunConfig, p: dict | None, n: int, rung: int) -> None:
+        """One arm's run at this rung (a survivor resumes its previous rung's run); its value, time and cost recorded."""
+        steps_of, metric = self.steps_of, self.metric
+        s0 = time.time()
+        parent_dir = arm.get("run_dir")
+        resume = bool(parent_dir) and rung > 0
+        lineage = {"automl": {"arm": arm["id"], "candidate": arm["candidate"], "rung": rung, "steps": steps_of[rung],
+                              "parent": parent_dir if resume else arm.get("parent_run_dir"),
+                              "parent_arm": arm["id"] if resume else arm.get("parent"),
+                              "change": {"training.max_steps": [steps_of[rung - 1], steps_of[rung]]} if resume else arm["change"],
+                              "continued": resume}}
+        if not resume and arm.get("sweep"):
+            lineage["automl"].update(why=arm.get("why"), sweep=arm["sweep"])
+        try:
+            if resume:
+                carry_checkpoints(Path(parent_dir), Path(cfg.output_dir), self.reads)
+            summary = run(cfg, overwrite=not resume, resume=resume, lineage=lineage)
+            value = float(summary["final"][metric])
+            # the eval loss at the start of this rung (the baseline eval, or the previous rung's final) and at its end: the
+            # history the built-in proposer's plateau rule reads
+            before = arm.get("value") if resume else (summary.get("baseline") or {}).get("loss")
+            arm["evals"] = [None if before is None else float(before), float(summary["final"].get("loss", math.nan))]
+            steps_done = int(summary["train"]["global_step"])
+        except TrainpipeError as exc:
+            value, steps_done = None, None
+            arm["error"] = exc.message[:300]
+        arm["run_dir"] = cfg.output_dir
+        arm["value"], arm["rung"] = value, rung
+        arm["seconds"] = arm.get("seconds", 0.0) + (time.time() - s0)
+        arm["usd"] = arm.get("usd", 0.0) + (p["usd"] if p else 0.0)
+        self.spent += p["usd"] if p else 0.0
+        arm["history"].append({"rung": rung, metric: value})
+        self.rows.append({"arm": arm["id"], "rung": rung, "steps": steps_of[rung], "steps_trained": n, "optimizer_steps": steps_done,
+                          "continued": resume, metric: value, "seconds": round(time.time() - s0, 2), "cost_usd": p["usd"] if p else None,
+                          "run_dir": cfg.output_dir, "error": arm.get("error")})
+        self.log("arm_measured", arm=arm["id"], rung=rung, value=value, run_dir=cfg.output_dir, continued=resume)
 
 def _planned_total(prices0: list, steps_of: list[int], eta: int) -> float:
     """The planner's cost of every rung of the schedule: rung 0 for every arm, then the added steps of the survivors."""
@@ -503,168 +512,3 @@ def _proposals(proposer: Callable, rung: int, arms: list, alive: list, refused: 
         new.append(arm)
         log("proposal_applied", rung=rung, arm=arm["id"], parent=parent["id"], changes=changes, why=prop.get("why"), sweep=prop.get("sweep"))
     return new
-
-
-def _carry_checkpoints(parent: Path, child: Path, reads: list = ()) -> None:
-    """The next rung's run directory starts as the parent arm's checkpoints under the same run identity, so `run(resume=True)`
-    continues the same training (optimizer, scheduler, RNG and data position) instead of retraining from step 0.
-
-    The folder is built beside its place and swapped in by :func:`ownership.replace_dir`, which fingerprints every entry into
-    the folder's own ownership manifest (recorded for the folder's final path): the run that resumes there finds a folder
-    provably trainpipe's, and a folder of the user's at that path is refused, never replaced."""
-    from trainpipe import rundir
-
-    def build(tmp: Path) -> None:
-        shutil.copytree(parent / "checkpoints", tmp / "checkpoints", symlinks=True)
-        shutil.copyfile(parent / rundir.MARKER, tmp / rundir.MARKER)  # the run identity the checkpoints carry
-
-    if not child.exists():
-        ownership.replace_dir(child, build, what="the next rung's run folder of an AutoML arm", reads=reads)
-        return
-    # an earlier search into the same -o left a run here: a run folder, cleared by the run-folder rule (a folder of the
-    # user's is refused, nothing deleted), then filled in place and recorded in its manifest
-    rundir.clear(child, overwrite=False, protected=list(reads), why="the next rung of an AutoML arm")
-    ownership.intend(child, "checkpoints")
-    shutil.copytree(parent / "checkpoints", child / "checkpoints", symlinks=True)
-    tmp = child / f"{rundir.MARKER}.tmp-{os.getpid()}"
-    shutil.copyfile(parent / rundir.MARKER, tmp)
-    os.replace(tmp, child / rundir.MARKER)
-    ownership.seal(child, ["checkpoints", rundir.MARKER])
-
-
-def _export_winner(best: dict, out_dir: Path, mapping_for, reads: list = ()) -> Path:
-    from trainpipe.report.html import write_report
-
-    src = Path(best["run_dir"])
-    if not (src / "report.html").is_file():
-        write_report(src)
-    winner = out_dir / "winner"
-    config = yaml.safe_dump(mapping_for(best, best["rung"]) | {"output_dir": str(winner / "rerun")}, sort_keys=False)
-
-    def build(tmp: Path) -> None:
-        shutil.copytree(src / "model", tmp / "model", symlinks=True)
-        for name in ("summary.json", "report.html", "manifest.json"):
-            if (src / name).is_file():
-                shutil.copyfile(src / name, tmp / name)
-        ownership.write_text(tmp / "config.yaml", config, what="the winner's config")  # redacted
-
-    return ownership.replace_dir(winner, build, what="the AutoML winner", reads=reads)
-
-
-def _board_rows(board: list[dict], metric: str) -> list[dict]:
-    out = []
-    for i, a in enumerate(board, 1):
-        ch = a["changes"]
-        out.append({"rank": i, "arm": a["id"], "candidate": a["candidate"], "parent_arm": a.get("parent"), "method": ch.get("method.peft"),
-                    "learning_rate": ch.get("training.learning_rate"), "lora_r": ch.get("method.lora.r"), "weight_decay": ch.get("training.weight_decay"),
-                    "warmup_ratio": ch.get("training.warmup_ratio"), "micro_batch": ch.get("training.per_device_train_batch_size"),
-                    "grad_accum": ch.get("training.gradient_accumulation_steps"), "rung": a["rung"], metric: a["value"],
-                    "seconds": round(a.get("seconds", 0.0), 2), "cost_usd": a.get("usd"), "run_dir": a["run_dir"]})
-    return out
-
-
-CAND_COLS = ("model", "source", "weights", "params", "method", "memory_gib", "fits", "micro_batch", "grad_accum", "rung0_usd", "rung0_hours", "trained", "reason")
-
-
-def _csv(rows: list[dict], cols: list[str] | tuple) -> str:
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=list(cols), extrasaction="ignore")
-    w.writeheader()
-    w.writerows(rows)
-    return buf.getvalue()
-
-
-OUTPUT_FILES = {"events.jsonl": "the AutoML event log", "leaderboard.csv": "the AutoML leaderboard (CSV)", "rungs.csv": "the AutoML rungs table",
-                "candidates.csv": "the AutoML candidates table", "automl.json": "the AutoML summary", "leaderboard.html": "the AutoML leaderboard (HTML)"}
-
-
-def input_paths(data: Path, entries: list[tuple[str, str]], models_dir: Path | None) -> list[tuple[Path, str]]:
-    """What the search reads and never writes over: the data, the local model folders, `--models-dir`."""
-    reads = [(Path(data).resolve(), "the training data (`--data`)")]
-    for label, what in entries:
-        if Path(what).exists():
-            reads.append((Path(what).resolve(), f"the model folder `{label}` (`--models`)"))
-    if models_dir is not None:
-        reads.append((Path(models_dir).resolve(), "the `--models-dir` folder"))
-    return reads
-
-
-def check_outputs(out_dir: Path, reads: list) -> None:
-    """Before anything trains: every file the search writes may be written (new, or trainpipe's own and unchanged) and
-    `winner/` may be replaced (absent, or every entry proven trainpipe's)."""
-    for name, what in OUTPUT_FILES.items():
-        ownership.check_writable(out_dir / name, what=what, reads=reads)
-    ownership.check_clearable(out_dir / "winner", what="the AutoML winner", reads=reads)
-
-
-def _write_outputs(out_dir: Path, result: dict, board: list[dict], reads: list = ()) -> None:
-    metric = result["metric"]
-    brows = _board_rows(board, metric)
-
-    def write(name: str, text: str) -> None:
-        ownership.write_text(out_dir / name, text, what=OUTPUT_FILES[name], reads=reads)  # redacted on its way out
-
-    write("leaderboard.csv", _csv(brows, list(brows[0])))
-    rkeys = list(dict.fromkeys(k for r in result["rows"] for k in r))
-    write("rungs.csv", _csv(result["rows"], rkeys))
-    write("candidates.csv", _csv(result["candidates"], CAND_COLS))
-    ownership.write_json(out_dir / "automl.json", json.loads(json.dumps(result, default=str)), what=OUTPUT_FILES["automl.json"], reads=reads)
-    write("leaderboard.html", html_page(result, brows))
-
-
-def _table(rows: list[dict], cols: list[str] | tuple) -> str:
-    def cell(v):
-        if isinstance(v, float):
-            return f"{v:.4g}"
-        return "" if v is None else str(v)
-
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(cell(r.get(c)))}</td>" for c in cols) + "</tr>" for r in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def html_page(result: dict, brows: list[dict]) -> str:
-    w = result["winner"]
-    stopped = f"<p>Stopped early: {html.escape(result['stopped'])}</p>" if result["stopped"] else ""
-    refused = _table(result["refused"], ("rung", "parent", "changes", "why")) if result["refused"] else "<p>none</p>"
-    return (
-        "<!doctype html><html><head><meta charset='utf-8'><title>trainpipe automl</title><style>body{font-family:sans-serif;margin:2em}"
-        "table{border-collapse:collapse;margin-bottom:1.5em}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px}th{background:#eee}</style></head><body>"
-        f"<h1>automl: {html.escape(result['task'])}, {html.escape(result['metric'])} ({html.escape(result['direction'])})</h1>"
-        f"<p>Winner: <b>{html.escape(w['arm'])}</b> ({html.escape(str(w['candidate']))}), {html.escape(result['metric'])} = {w[result['metric']]:.4g} "
-        f"at rung {w['rung']}; <a href='winner/report.html'>its report</a>. Planned cost of every rung ${result['planned_usd']:.4g}, spent "
-        f"${result['spent_usd']:.4g} on {result['gpus']} x {html.escape(str(result['gpu']))}; wall {result['wall_seconds']:.1f} s.</p>{stopped}"
-        f"<h2>Leaderboard (one row per arm)</h2>{_table(brows, list(brows[0]))}"
-        f"<h2>Every rung</h2>{_table(result['rows'], list(dict.fromkeys(k for r in result['rows'] for k in r)))}"
-        f"<h2>Candidates</h2>{_table(result['candidates'], CAND_COLS)}"
-        f"<h2>Refused proposals</h2>{refused}</body></html>"
-    )
-
-
-def _gpu_here() -> str | None:
-    from trainpipe.tune.tune import _this_gpu
-
-    return _this_gpu()
-
-
-def _print(board: list[dict], cands: list[dict], result: dict) -> None:
-    from rich.table import Table
-
-    metric = result["metric"]
-    table = Table(title=f"automl leaderboard: {metric} ({result['direction']})")
-    for c in ("#", "arm", "model", "method", "lr", "r", "wd", "warmup", "rung", metric, "seconds", "$"):
-        table.add_column(c)
-    for r in _board_rows(board, metric):
-        table.add_row(str(r["rank"]), r["arm"], Path(str(r["candidate"])).name, str(r["method"]), f"{r['learning_rate']:.3g}", str(r["lora_r"] or ""),
-                      f"{r['weight_decay']:.3g}", f"{r['warmup_ratio']:.3g}", str(r["rung"]), f"{r[metric]:.4f}", str(r["seconds"]),
-                      "" if r["cost_usd"] is None else f"{r['cost_usd']:.4g}")
-    con = ui.console()
-    con.print(table)
-    skipped = [c for c in cands if not c["trained"]]
-    if skipped:
-        con.print(f"{len(skipped)} candidate(s) not trained (all in candidates.csv):", markup=False)
-        for c in skipped[:10]:
-            con.print(f"  {c['model']}: {c.get('method', '?')}, {c.get('memory_gib', '?')} GiB: {c['reason']}", markup=False, soft_wrap=True)
-    w = result["winner"]
-    con.print(f"winner: {w['arm']} ({w['candidate']}) -> {w['model']}, report {w['report']}" + (f"; stopped early: {result['stopped']}" if result["stopped"] else ""),
-              markup=False, soft_wrap=True)

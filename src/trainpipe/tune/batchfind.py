@@ -28,6 +28,9 @@ from pathlib import Path
 from trainpipe import ownership, ui
 from trainpipe.config import RunConfig
 from trainpipe.errors import ConfigError
+from trainpipe.plan.memory import estimate
+from trainpipe.plan.resolve import CPU_MEMORY_SHARE, PLAN_METHOD, _ram_bytes, memory_setup, model_spec
+from trainpipe.tune.lrfind import input_paths, load_probe
 
 
 class SimulatedOOM(Exception):
@@ -35,8 +38,6 @@ class SimulatedOOM(Exception):
 
 
 def _planner_bytes(cfg: RunConfig, mb: int) -> int | None:
-    from trainpipe.plan.memory import estimate
-    from trainpipe.plan.resolve import PLAN_METHOD, memory_setup, model_spec
 
     try:
         spec = model_spec(cfg)
@@ -77,9 +78,6 @@ def keep_effective_batch(largest: int, target: int, world: int = 1) -> tuple[int
 
 def batch_find(cfg: RunConfig, *, max_memory_gib: float | None = None, max_batch: int = 256, out_dir: str | Path | None = None) -> dict:
     import torch
-
-    from trainpipe.plan.resolve import CPU_MEMORY_SHARE, _ram_bytes
-    from trainpipe.tune.lrfind import load_probe
 
     if max_batch < 1:
         raise ConfigError(f"`--max-batch {max_batch}` must be at least 1.")
@@ -163,7 +161,6 @@ def batch_find(cfg: RunConfig, *, max_memory_gib: float | None = None, max_batch
         "set": [f"--set training.per_device_train_batch_size={mb}", f"--set training.gradient_accumulation_steps={accum}"],
     }
     out = Path(out_dir or (Path(cfg.output_dir).parent / f"{Path(cfg.output_dir).name}-batch-find")).resolve()
-    from trainpipe.tune.lrfind import input_paths
 
     reads = input_paths(cfg)
     out = ownership.make_dir(out, what="batch-find's output folder", reads=reads)

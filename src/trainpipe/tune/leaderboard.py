@@ -8,6 +8,7 @@ import html
 import io
 import math
 from pathlib import Path
+from trainpipe import ownership, ui
 
 COLUMNS = ("rank", "trial", "state", "value", "train_steps", "seconds", "cost_usd", "pruned_at_step", "note", "run_dir")
 
@@ -51,7 +52,6 @@ def importances(study) -> dict:
 
 def write_all(study_dir: Path, rs: list[dict], out: dict, study, direction: str, metric: str, reads=()) -> None:
     """leaderboard.csv and leaderboard.html, each by the ownership rule (a new file, or trainpipe's own unchanged one) and redacted."""
-    from trainpipe import ownership
 
     rs = ranked(rs, direction)
     params = sorted({k for r in rs for k in r["params"]})
@@ -66,8 +66,6 @@ def write_all(study_dir: Path, rs: list[dict], out: dict, study, direction: str,
 
 def print_table(rs: list[dict], out: dict, direction: str) -> None:
     from rich.table import Table
-
-    from trainpipe import ui
 
     rs = ranked(list(rs), direction)
     params = sorted({k for r in rs for k in r["params"]})

@@ -34,6 +34,10 @@ import math
 import random
 from pathlib import Path
 from typing import Callable
+from trainpipe import ownership
+from trainpipe.config import build_config
+from trainpipe.errors import TrainpipeError
+from trainpipe.tune.lrfind import lr_find
 
 PLATEAU_REL = 0.01
 SWEEP_FRACTION = 0.01
@@ -119,13 +123,9 @@ class PlateauLRSweep:
         return out
 
     def sweep(self, arm: dict, rung: int, lr: float) -> dict:
-        from trainpipe.config import build_config
-        from trainpipe.errors import TrainpipeError
-        from trainpipe.tune.lrfind import lr_find
 
         if self.data.suffix.lower() != ".jsonl":
             return {"error": f"the built-in sweep samples lines of a JSONL file; `{self.data.name}` is not one (pass --proposer none or a hook)", "records": 0}
-        from trainpipe import ownership
 
         where = ownership.make_dir(self.out_dir / "sweeps" / f"rung{rung}-{arm['id']}", what="an LR sweep's folder", reads=self.reads)
         lines, n, n_train = sample_records(self.data, self.eval_split, f"{self.seed}:{arm['id']}")

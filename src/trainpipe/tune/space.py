@@ -17,6 +17,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainpipe.config import RunConfig, _model_in, build_config
 from trainpipe.errors import ConfigError
 
 KINDS = ("log_uniform", "uniform", "int", "choice")
@@ -65,7 +66,6 @@ def _err(key: str, what: str) -> ConfigError:
 
 def parse_space(space: dict, base: dict) -> list[Param]:
     """Validate ``space`` against ``base`` (the run's config mapping) and return its parameters in order."""
-    from trainpipe.config import build_config
 
     if not isinstance(space, dict) or not space:
         raise ConfigError("`tune.space` is empty: give at least one key to search, e.g. `tune: {space: {training.learning_rate: {log_uniform: [1e-5, 1e-3]}}}`.")
@@ -133,7 +133,6 @@ def _lookup(d: dict, key: str):
 
 def _known_key(key: str) -> bool:
     """Is ``key`` a field path of RunConfig (down through nested sections)?"""
-    from trainpipe.config import RunConfig, _model_in
 
     model: Any = RunConfig
     for part in key.split("."):
@@ -145,8 +144,6 @@ def _known_key(key: str) -> bool:
 
 def _suggest(key: str) -> str:
     import difflib
-
-    from trainpipe.config import RunConfig, _model_in
 
     model: Any = RunConfig
     parts = key.split(".")

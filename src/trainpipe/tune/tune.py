@@ -31,25 +31,32 @@ import math
 import os
 import shutil
 import time
-import zlib
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import yaml
 
 from trainpipe import ownership, ui
-from trainpipe.config import RunConfig, TuneConfig, apply_overrides, build_config, read_yaml
+from trainpipe.config import RunConfig, TuneConfig, apply_overrides, build_config, load_config, read_yaml
 from trainpipe.errors import ConfigError, TrainpipeError
-from trainpipe.redact import redact_url
+from trainpipe.events import read_events
 from trainpipe.metrics import (  # noqa: F401 - the table's names, re-exported for tune's callers
     ALIASES, DIRECTIONS, IN_TRAINING_METRICS, METHOD_METRICS, MINIMIZED, NO_DIRECTION, MetricDirectionError, metric_direction, metric_key,
 )
 from trainpipe.metrics import in_training_metrics as _in_training_metrics
+from trainpipe.pipeline.run import run
+from trainpipe.redact import MASK, redact_obj, redact_url
+from trainpipe.rundir import protected_paths
+from trainpipe.track.tracking import resolve_settings
+from trainpipe.train.callbacks import EvalHook
+from trainpipe.train.errors import StopTrial
+from trainpipe.tune import leaderboard as LB
 from trainpipe.tune import space as S
-
-class TuneError(TrainpipeError):
-    title = "tune"
-
+from trainpipe.tune.plans import _this_gpu, plan_fits, price_trial  # noqa: F401 - _this_gpu: automl's and the tests' way in
+from trainpipe.tune.study import (
+    OBJECTIVE_ATTR, SPACE_ATTR, StudyRun, TuneError, check_study, create_study, distinct_per_trial, fresh_study_name, make_pruner,
+    make_sampler, open_storage, storage_url, study_identity,
+)
 
 def direction_of(t: TuneConfig) -> str:
     if t.objective.direction != "auto":
@@ -85,7 +92,6 @@ def rank_checkpoints_by_objective(mapping: dict, cfg: RunConfig, direction: str)
 
 def load_study_config(path: str | Path, overrides: list[str]) -> tuple[RunConfig, dict, Path]:
     """(the validated config, the raw mapping trials are built from, the config's folder)."""
-    from trainpipe.config import load_config
 
     path = Path(path)
     cfg = load_config(path, overrides)
@@ -134,109 +140,6 @@ def check_metric(cfg: RunConfig) -> str | None:
             "every trial runs to the end and is compared on its final value.")
 
 
-def storage_url(t: TuneConfig, study_dir: Path) -> str:
-    if t.storage == "memory":
-        return "memory"
-    url = t.storage or f"sqlite:///{study_dir / 'study.db'}"
-    if url.startswith("postgresql://") or url.startswith("postgres://"):
-        try:  # SQLAlchemy's default postgresql driver is psycopg2; psycopg 3 is what trainpipe installs
-            import psycopg2  # noqa: F401
-        except ImportError:
-            url = "postgresql+psycopg://" + url.split("://", 1)[1]
-    return url
-
-
-def open_storage(t: TuneConfig, study_dir: Path):
-    """The RDB storage with heartbeats and retries of trials whose worker died; an unreachable URL is a one-paragraph error."""
-    import optuna
-    from optuna.storages import RDBStorage
-
-    try:  # Optuna >= 4.9 names it for what it does; RetryFailedTrialCallback before
-        from optuna.storages import RetryHeartbeatStaleTrialCallback as Retry
-    except ImportError:
-        from optuna.storages import RetryFailedTrialCallback as Retry
-
-    if t.storage == "memory":  # one process, nothing kept (benchmarks, quick experiments): no heartbeat, no sharing
-        return optuna.storages.InMemoryStorage()
-    url = storage_url(t, study_dir)
-    last: Exception | None = None
-    for attempt in range(5):  # several workers creating the schema at once: one wins, the others retry
-        try:
-            return RDBStorage(
-                url, heartbeat_interval=t.heartbeat_seconds, grace_period=3 * t.heartbeat_seconds,
-                heartbeat_stale_trial_callback=Retry(max_retry=t.max_retries), engine_kwargs={"pool_pre_ping": True},
-            )
-        except Exception as exc:  # noqa: BLE001 - sqlalchemy's errors vary by driver
-            last = exc
-            text = str(exc).lower()
-            if "already exists" in text or "duplicate" in text or "unique" in text:
-                time.sleep(0.2 * (attempt + 1))
-                continue
-            break
-    first = str(last).strip().splitlines()[0][:300] if last else "unknown error"
-    if isinstance(last, ModuleNotFoundError):
-        first = f"the driver is not installed ({last.name}); `pip install 'psycopg[binary]'` for PostgreSQL"
-    raise TuneError(
-        f"`tune.storage` {redact_url(url)} cannot be reached: {redact_url(first)}. Check that the database server runs and the host, port, "
-        "user and database name are right (every worker needs the same URL), or delete `tune.storage` for a local SQLite study in the "
-        f"output folder. No trial was started. ({optuna.__name__} {optuna.__version__})"
-    ) from None
-
-
-def price_trial(cfg: RunConfig, gpu_name: str | None) -> dict | None:
-    """The planner's time and on-demand cost of one trial (its config as run) on `gpu_name`, or None when there is no GPU to price on."""
-    from trainpipe.plan import compute as C
-    from trainpipe.plan.command import _data_size
-    from trainpipe.plan.gpus import find_gpu
-    from trainpipe.plan.hardware import Hardware
-    from trainpipe.plan.resolve import PLAN_METHOD, model_spec, resolve
-
-    if not gpu_name:
-        return None
-    g = find_gpu(gpu_name)
-    hw = Hardware("cuda", 1, (g.name,), g.bf16, os.cpu_count() or 1, f"tune.gpu {g.name}")
-    plan = resolve(cfg, hw, 1, env={})
-    rc = plan.config
-    spec = model_spec(rc)
-    mem = plan.predicted.get("memory") or {}
-    seq = rc.first_data().max_length
-    examples, avg = _data_size(rc)
-    if rc.training.max_steps > 0:
-        tokens = rc.training.max_steps * plan.effective_batch.value * (avg or seq)
-    else:
-        tokens = (examples or 0) * (avg or seq) * rc.training.num_train_epochs
-    method = PLAN_METHOD.get(rc.method.peft, "lora")
-    comp = C.compute(spec, method, float(tokens), seq, bool(rc.training.gradient_checkpointing), g, 1, plan.precision.value, None,
-                     mem.get("trainable_params"), 1)
-    usd = comp.hours * g.on_demand_usd
-    return {"gpu": g.name, "hours": comp.hours, "usd": usd, "tokens": tokens}
-
-
-def plan_fits(cfg: RunConfig, t: TuneConfig) -> tuple[bool, str, Any]:
-    """(fits, why, plan): the planner's memory for this trial's config against `tune.max_memory_gib`, the GPU less headroom, or
-    the CPU share of the RAM."""
-    from trainpipe.plan import decisions as D
-    from trainpipe.plan.hardware import detect
-    from trainpipe.plan.resolve import CPU_MEMORY_SHARE, _ram_bytes, catalog_gpu
-    from trainpipe.plan.run_plan import plan_run
-
-    hw = detect()
-    plan = plan_run(cfg, hw)
-    mem = (plan.predicted or {}).get("memory")
-    if not mem:
-        return True, "the planner could not size this model", plan
-    gpu = catalog_gpu(hw)
-    if t.max_memory_gib is not None:
-        limit, where = t.max_memory_gib * 1024**3, f"`tune.max_memory_gib` {t.max_memory_gib:g} GiB"
-    elif gpu is not None:
-        limit, where = gpu.memory_bytes * (1 - D.HEADROOM), f"{gpu.name} less {int(D.HEADROOM * 100)} % headroom"
-    else:
-        limit, where = _ram_bytes() * CPU_MEMORY_SHARE, f"{CPU_MEMORY_SHARE:.0%} of the RAM"
-    need = mem["total_bytes"]
-    why = f"the plan needs {need / 1024**3:.3f} GiB per device, {where} is {limit / 1024**3:.3f} GiB"
-    return need <= limit, why, plan
-
-
 def load_function(ref: str, base_dir: Path) -> Callable:
     mod, _, fn = ref.rpartition(":")
     if not mod or not fn:
@@ -254,163 +157,12 @@ def load_function(ref: str, base_dir: Path) -> Callable:
         raise ConfigError(f"`tune.objective.function: {ref}` cannot be loaded: {exc}. Give an importable module or an existing file, and a function defined there.") from None
 
 
-# --------------------------------------------------------------------------- 2. the study
-
-
-def make_sampler(t: TuneConfig, params: list[S.Param], seed: int | None):
-    import optuna.samplers as s
-
-    if t.sampler == "tpe":
-        return s.TPESampler(seed=seed, n_startup_trials=max(2, min(10, (t.n_trials or 20) // 3)), multivariate=True, group=True,
-                            constant_liar=True)
-    if t.sampler == "gp":
-        return s.GPSampler(seed=seed, n_startup_trials=max(2, min(10, (t.n_trials or 20) // 3)))
-    if t.sampler == "cmaes":
-        try:
-            import cmaes  # noqa: F401
-        except ImportError:
-            raise ConfigError("`tune.sampler: cmaes` needs the `cmaes` package: `pip install 'trainpipe[tune]'` (or choose tpe, gp, random, grid, qmc).") from None
-        return s.CmaEsSampler(seed=seed, n_startup_trials=1, warn_independent_sampling=False)
-    if t.sampler == "random":
-        return s.RandomSampler(seed=seed)
-    if t.sampler == "grid":
-        return s.GridSampler(S.grid(params), seed=seed)
-    return s.QMCSampler(seed=seed, warn_independent_sampling=False)
-
-
-def make_pruner(t: TuneConfig, max_steps: int | None):
-    import optuna.pruners as p
-
-    if t.pruner == "median":
-        return p.MedianPruner(n_startup_trials=2, n_warmup_steps=0)
-    if t.pruner == "asha":  # rungs at R/9, 4R/9 (and R) steps: a first rung too early ranks by speed, not by where a trial ends up.
-        # bootstrap_count = the reduction factor: a rung promotes its top quarter only once it holds 4 trials (with none, the first
-        # trials to reach a rung are alone there, so "top quarter" promotes each of them: the random start-up trials ran to the end)
-        return p.SuccessiveHalvingPruner(min_resource=max(1, max_steps // 9) if max_steps else "auto", reduction_factor=4, bootstrap_count=4)
-    if t.pruner == "hyperband":
-        return p.HyperbandPruner(min_resource=1, max_resource=max_steps or "auto", reduction_factor=3)
-    return p.NopPruner()
-
-
-def create_study(t: TuneConfig, name: str, storage, sampler, pruner, direction: str):
-    import optuna
-
-    for attempt in range(5):  # concurrent workers: create-or-load can race on the first insert
-        try:
-            return optuna.create_study(study_name=name, storage=storage, sampler=sampler, pruner=pruner, direction=direction, load_if_exists=True)
-        except optuna.exceptions.DuplicatedStudyError:
-            time.sleep(0.2 * (attempt + 1))
-        except Exception as exc:  # noqa: BLE001 - an IntegrityError under a race
-            if "unique" not in str(exc).lower() and "duplicate" not in str(exc).lower():
-                raise
-            time.sleep(0.2 * (attempt + 1))
-    return optuna.load_study(study_name=name, storage=storage, sampler=sampler, pruner=pruner)
-
-
-OBJECTIVE_ATTR, SPACE_ATTR = "trainpipe_objective", "trainpipe_space"
-
-
-def study_identity(t: TuneConfig, direction: str) -> tuple[dict, dict]:
-    """(the objective, the search space) a study is for, as stored in its user attrs: trials of one study are comparable only
-    when they measured the same quantity in the same direction over the same space."""
-    objective = {"metric": None if t.objective.function and "metric" not in t.objective.model_fields_set else t.objective.metric,
-                 "function": t.objective.function, "direction": direction}
-    return objective, json.loads(json.dumps(t.space, default=str))
-
-
-def _shown_objective(o: dict) -> str:
-    what = f"function `{o['function']}`" if o.get("function") else f"metric `{o.get('metric')}`"
-    if o.get("function") and o.get("metric"):
-        what += f" (metric `{o['metric']}`)"
-    return f"{o.get('direction')} {what}"
-
-
-def _space_changes(old: dict, new: dict) -> list[str]:
-    out = []
-    for k in sorted(set(old) | set(new)):
-        if old.get(k) != new.get(k):
-            out.append(f"`{k}`: {json.dumps(old[k]) if k in old else '(absent)'} -> {json.dumps(new[k]) if k in new else '(absent)'}")
-    return out
-
-
-def check_study(storage, name: str, objective: dict, space: dict, *, where: str) -> bool:
-    """Refuse to join an existing study whose objective or search space differs from this config's (its trials measured
-    another quantity, or sampled another space: their scores are not comparable with this config's). Returns whether the
-    study exists. A study made before trainpipe stored these is checked on its direction and adopted."""
-    import optuna
-
-    try:
-        sid = storage.get_study_id_from_name(name)
-    except KeyError:
-        return False
-    attrs = storage.get_study_user_attrs(sid)
-    old_obj, old_space = attrs.get(OBJECTIVE_ATTR), attrs.get(SPACE_ATTR)
-    if old_obj is None:
-        dirs = storage.get_study_directions(sid)
-        old_dir = dirs[0].name.lower() if dirs else None
-        if old_dir and old_dir != objective["direction"]:
-            old_obj = {"metric": "(not recorded)", "function": None, "direction": old_dir}
-    problems = []
-    if old_obj is not None and any(old_obj.get(k) != objective.get(k) for k in ("metric", "function", "direction")):
-        problems.append(f"its objective is {_shown_objective(old_obj)}, this config's is {_shown_objective(objective)}")
-    if old_space is not None and old_space != space:
-        problems.append("its search space differs: " + "; ".join(_space_changes(old_space, space)) + " (study -> this config)")
-    if problems:
-        raise TuneError(
-            f"The study `{name}` in {where} was started for another search: {' and '.join(problems)}. Its trials' scores are not "
-            "comparable with this config's, so trainpipe does not add trials to it. Nothing was run. Pass `--new-study` to start a "
-            "fresh study (a new name, in the same storage), set `tune.study_name` to another name, or restore the study's "
-            f"objective and space. (optuna {optuna.__version__})"
-        )
-    return True
-
-
-def fresh_study_name(storage, name: str) -> str:
-    """NAME itself when no study has it yet, else `NAME-2`, `NAME-3`, ...: the first name no study in the storage has."""
-    import optuna
-
-    taken = set(optuna.get_all_study_names(storage=storage))
-    if name not in taken:
-        return name
-    k = 2
-    while f"{name}-{k}" in taken:
-        k += 1
-    return f"{name}-{k}"
-
-
-def distinct_per_trial(sampler, seed: int | None):
-    """Reseed the sampler's random streams from (seed, trial number) before every trial: each trial of a study draws from its
-    own stream, so workers sharing a study (on any storage) never replay one another's draws, and a single worker with a fixed
-    seed draws the same trials every time (trial numbers are the study's, handed out one by one by the storage)."""
-    if seed is None:
-        return sampler
-    inner = sampler.before_trial
-
-    def before_trial(study, trial) -> None:
-        _reseed(sampler, seed, trial.number, set())
-        inner(study, trial)
-
-    sampler.before_trial = before_trial
-    return sampler
-
-
-def _reseed(obj, seed: int, number: int, seen: set, path: str = "") -> None:
-    from optuna.samplers import BaseSampler
-
-    if id(obj) in seen:
-        return
-    seen.add(id(obj))
-    for attr, value in sorted(vars(obj).items()):
-        if type(value).__name__ == "LazyRandomState":
-            value.rng.seed(zlib.crc32(f"{seed}:{number}:{path}{attr}".encode()))
-        elif isinstance(value, BaseSampler):
-            _reseed(value, seed, number, seen, f"{path}{attr}.")
-
-
 # --------------------------------------------------------------------------- 3. one trial
 
 
-def trial_mapping(raw: dict, values: dict, t: TuneConfig, run_dir: Path, *, fidelity: bool = True) -> dict:
+def trial_mapping(raw: dict, values: dict, t: TuneConfig, run_dir: Path, *, fidelity: bool = True, base_dir: Path | None = None) -> dict:
+    """A trial's config mapping: the sampled values applied, its run folder, the fidelity (``base_dir``: where the config's
+    relative data paths point, for counting the records of a `data_fraction`)."""
     m = S.apply(raw, values)
     m.pop("tune", None)
     m["output_dir"] = str(run_dir)
@@ -418,20 +170,17 @@ def trial_mapping(raw: dict, values: dict, t: TuneConfig, run_dir: Path, *, fide
         m.setdefault("training", {})["max_steps"] = t.fidelity.steps
     if fidelity and t.fidelity.data_fraction and t.fidelity.data_fraction < 1:
         for src in (m.get("data") or {}).get("sources", []):
-            n = _count_records(src)
+            n = _count_records(src, base_dir)
             if n:
                 src["max_records"] = max(1, int(math.ceil(n * t.fidelity.data_fraction)))
     return m
 
 
-_BASE_DIR: Path | None = None
-
-
-def _count_records(src: dict) -> int | None:
+def _count_records(src: dict, base_dir: Path | None) -> int | None:
     p = src.get("path")
     if not p:
         return None
-    path = Path(p) if Path(p).is_absolute() else (_BASE_DIR or Path.cwd()) / p
+    path = Path(p) if Path(p).is_absolute() else (base_dir or Path.cwd()) / p
     if not path.is_file() or path.suffix not in (".jsonl", ".txt"):
         return None
     with path.open("rb") as fh:
@@ -452,9 +201,6 @@ class Objective:
     def __call__(self, trial) -> float:
         import optuna
 
-        from trainpipe.pipeline.run import run
-        from trainpipe.train import loop as L
-
         over = over_budget(trial, self.t.n_trials)
         if over:  # other workers' trials already make up n_trials: this one is not run (no parameters drawn, nothing written)
             trial.set_user_attr("over_budget", True)
@@ -465,7 +211,7 @@ class Objective:
         run_dir = trials_dir / f"trial-{trial.number:04d}"
         trial.set_user_attr("run_dir", str(run_dir))
         trial.set_user_attr("host", os.uname().nodename)
-        mapping = trial_mapping(self.raw, values, self.t, run_dir)
+        mapping = trial_mapping(self.raw, values, self.t, run_dir, base_dir=self.base_dir)
         rank_checkpoints_by_objective(mapping, self.cfg, self.direction)  # each trial's exported model is its best by the objective
         con = ui.console()
         con.print(f"[bold]trial {trial.number}[/] " + ", ".join(f"{k}={_fmt(v)}" for k, v in values.items()), markup=True, highlight=False)
@@ -510,17 +256,15 @@ class Objective:
                 loop.events.emit("trial_pruned", step=step, level="warning", trial=trial.number, metric=metric, value=value, eval_loss=eval_loss,
                                  pruner=self.t.pruner)
                 trial.set_user_attr("pruned_at_step", step)
-                raise L.StopTrial()
+                raise StopTrial()
 
-        L.EVAL_HOOKS.append(report)
-        from trainpipe.track import tracking
-
+        parent = None  # the trial's run is a child of the study's MLflow run
         if self.study_run is not None and self.study_run.active:
-            tracking.PARENT_RUN.update(run_id=self.study_run.run_id, uri=self.study_run.uri,
-                                       tags={"trainpipe.tune.study": self.study_run.study, "trainpipe.tune.trial": str(trial.number)})
+            parent = dict(run_id=self.study_run.run_id, uri=self.study_run.uri,
+                          tags={"trainpipe.tune.study": self.study_run.study, "trainpipe.tune.trial": str(trial.number)})
         try:
-            summary = run(cfg, overwrite=True)
-        except L.StopTrial:
+            summary = run(cfg, overwrite=True, parent_run=parent, callbacks=(EvalHook(report),))  # the pruner sees every in-training eval
+        except StopTrial:
             trial.set_user_attr("seconds", round(time.time() - t0, 3))
             trial.set_user_attr("train_steps", _steps_done(run_dir))
             con.print(f"  [yellow]trial {trial.number} pruned[/] at step {trial.user_attrs.get('pruned_at_step')}", markup=True, highlight=False)
@@ -528,9 +272,6 @@ class Objective:
         except TrainpipeError as exc:
             trial.set_user_attr("error", exc.message[:500])
             raise
-        finally:
-            L.EVAL_HOOKS.remove(report)
-            tracking.PARENT_RUN.clear()
         final = summary.get("final") or {}
         if metric not in final:
             raise TuneError(f"trial {trial.number}'s summary has no final `{metric}` (it has {', '.join(final)}); set `tune.objective.metric` to one of those.")
@@ -580,7 +321,6 @@ def over_budget(trial, n_trials: int | None) -> str | None:
 
 
 def _steps_done(run_dir: Path) -> int | None:
-    from trainpipe.events import read_events
 
     try:
         evs = read_events(run_dir / "events.jsonl")
@@ -604,7 +344,6 @@ OUTPUT_FILES = {"best.yaml": "the best trial's config", "leaderboard.csv": "the 
 def input_paths(cfg: RunConfig, config: str | Path) -> list[tuple[Path, str]]:
     """What the study reads (the config, its data, the model folder): never written over. The working and home directories
     are not inputs here: the study folder usually lives below them."""
-    from trainpipe.rundir import protected_paths
 
     return [(p, w) for p, w in protected_paths(cfg, str(config)) if w not in ("the working directory", "the home directory")]
 
@@ -618,17 +357,72 @@ def check_outputs(study_dir: Path, t: TuneConfig, reads: list) -> None:
         ownership.check_clearable(study_dir / "best" / "model", what="the best trial's model", reads=reads)
 
 
+def price_one_trial(raw: dict, t: TuneConfig, study_dir: Path, base_dir: Path) -> dict:
+    """The budget pays for at least one trial: the base config at the fidelity, priced by the planner on `tune.gpu` (this
+    machine's GPU when unset: written into ``t``)."""
+    gpu = t.gpu or _this_gpu()
+    if gpu is None:
+        raise ConfigError("`tune.budget_usd` prices each trial on a GPU by the planner; this machine has none. Set `tune.gpu` (e.g. `A100-80GB`) to price the trials as if run there, or delete `tune.budget_usd`.")
+    t.gpu = gpu
+    probe = build_config(trial_mapping(raw, {}, t, study_dir / "trials" / "probe", base_dir=base_dir), source="tune", base_dir=base_dir)
+    per_trial = price_trial(probe, gpu)
+    if per_trial["usd"] > t.budget_usd:
+        raise ConfigError(
+            f"`tune.budget_usd: {t.budget_usd:g}` cannot pay for one trial: the planner prices one at ${per_trial['usd']:.4f} "
+            f"({per_trial['hours']:.4g} h on {gpu}, {per_trial['tokens']:.3g} tokens). Raise the budget to at least ${per_trial['usd'] * (t.n_trials or 1):.4f} "
+            f"for {t.n_trials} trials, or make trials cheaper (`tune.fidelity.steps`, `tune.fidelity.data_fraction`)."
+        )
+    return per_trial
+
+
+def stop_callbacks(t: TuneConfig, per_trial: dict | None) -> list:
+    """The study's stop rules after each trial: `tune.n_trials` reached (all workers together), the budget spent."""
+    callbacks = []
+    if t.n_trials:
+        def enough(study, trial) -> None:
+            # n_trials counts the trials that ran or run (all workers together, other workers' running ones included), so a
+            # worker stops asking once the study is full; a trial created at the same moment by two workers is not run (OverBudget)
+            trials = study.get_trials(deepcopy=False)
+            retried = _retried(trials)
+            taken = sum(1 for tr in trials if counts_toward_budget(tr, retried))
+            if taken >= t.n_trials or len(trials) >= 10 * t.n_trials:  # the second: a space where almost nothing fits
+                study.stop()
+        callbacks.append(enough)
+    if t.budget_usd is not None and per_trial is not None:
+        def budget(study, trial) -> None:
+            spent = sum(float(tr.user_attrs.get("cost_usd") or 0) for tr in study.get_trials(deepcopy=False))
+            if spent + per_trial["usd"] > t.budget_usd:
+                ui.console().print(f"budget: ${spent:.4f} spent of ${t.budget_usd:g}; the next trial (${per_trial['usd']:.4f}) would exceed it: stopping.")
+                study.stop()
+        callbacks.append(budget)
+    return callbacks
+
+
+def study_is_full(study, n_trials: int) -> bool:
+    """Whether the study already has `n_trials` trials that ran or run (a dead worker's RUNNING trial failed and retried first)."""
+    import optuna
+    from optuna.storages import fail_stale_trials
+    from optuna.storages._heartbeat import is_heartbeat_enabled
+
+    if is_heartbeat_enabled(study._storage):  # a dead worker's RUNNING trial is failed (and retried) before it is counted
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            fail_stale_trials(study)
+    trials = study.get_trials(deepcopy=False)
+    retried = _retried(trials)
+    return sum(1 for tr in trials if counts_toward_budget(tr, retried)) >= n_trials
+
+
 def tune(config: str | Path, overrides: list[str] | None = None, *, n_trials: int | None = None, new_study: bool = False) -> dict:
     """Run (or join) the study of CONFIG's `tune:` section; returns what `tune.json` holds. ``new_study``: start a fresh study
     (a new name) instead of joining the config's, e.g. after changing the objective or the space."""
     import logging
 
     import optuna
-    from optuna.trial import TrialState
 
-    global _BASE_DIR
     cfg, raw, base_dir = load_study_config(config, overrides or [])
-    _BASE_DIR = base_dir
     t = cfg.tune
     if n_trials is not None:
         t.n_trials = n_trials
@@ -642,21 +436,7 @@ def tune(config: str | Path, overrides: list[str] | None = None, *, n_trials: in
     check_outputs(study_dir, t, reads)
     fn = t.objective.function
 
-    # the budget pays for at least one trial (the base config at the fidelity, priced by the planner)
-    per_trial = None
-    if t.budget_usd is not None and not fn:
-        gpu = t.gpu or _this_gpu()
-        if gpu is None:
-            raise ConfigError("`tune.budget_usd` prices each trial on a GPU by the planner; this machine has none. Set `tune.gpu` (e.g. `A100-80GB`) to price the trials as if run there, or delete `tune.budget_usd`.")
-        t.gpu = gpu
-        probe = build_config(trial_mapping(raw, {}, t, study_dir / "trials" / "probe"), source="tune", base_dir=base_dir)
-        per_trial = price_trial(probe, gpu)
-        if per_trial["usd"] > t.budget_usd:
-            raise ConfigError(
-                f"`tune.budget_usd: {t.budget_usd:g}` cannot pay for one trial: the planner prices one at ${per_trial['usd']:.4f} "
-                f"({per_trial['hours']:.4g} h on {gpu}, {per_trial['tokens']:.3g} tokens). Raise the budget to at least ${per_trial['usd'] * (t.n_trials or 1):.4f} "
-                f"for {t.n_trials} trials, or make trials cheaper (`tune.fidelity.steps`, `tune.fidelity.data_fraction`)."
-            )
+    per_trial = None if t.budget_usd is None or fn else price_one_trial(raw, t, study_dir, base_dir)
     optuna.logging.set_verbosity(logging.WARNING)
     ownership.make_dir(study_dir, what="the study's output folder", reads=reads)  # the default SQLite storage lives in it
     storage = open_storage(t, study_dir)
@@ -678,54 +458,22 @@ def tune(config: str | Path, overrides: list[str] | None = None, *, n_trials: in
         study.set_user_attr(SPACE_ATTR, space_id)
     ui.console().print(f"[bold]trainpipe tune[/] study `{name}` ({direction} {t.objective.metric}; {t.sampler} + {t.pruner}) on {redact_url(storage_url(t, study_dir))}", markup=True, highlight=False)
 
-    callbacks = []
-    if t.n_trials:
-        def enough(study, trial) -> None:
-            # n_trials counts the trials that ran or run (all workers together, other workers' running ones included), so a
-            # worker stops asking once the study is full; a trial created at the same moment by two workers is not run (OverBudget)
-            trials = study.get_trials(deepcopy=False)
-            retried = _retried(trials)
-            taken = sum(1 for tr in trials if counts_toward_budget(tr, retried))
-            if taken >= t.n_trials or len(trials) >= 10 * t.n_trials:  # the second: a space where almost nothing fits
-                study.stop()
-        callbacks.append(enough)
-    if t.budget_usd is not None and per_trial is not None:
-        def budget(study, trial) -> None:
-            spent = sum(float(tr.user_attrs.get("cost_usd") or 0) for tr in study.get_trials(deepcopy=False))
-            if spent + per_trial["usd"] > t.budget_usd:
-                ui.console().print(f"budget: ${spent:.4f} spent of ${t.budget_usd:g}; the next trial (${per_trial['usd']:.4f}) would exceed it: stopping.")
-                study.stop()
-        callbacks.append(budget)
-
+    callbacks = stop_callbacks(t, per_trial)
     objective = Objective(cfg, raw, base_dir, study_dir, params, direction, reads)
     if name != (t.study_name or cfg.name or "study"):
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name).lstrip(".") or "study"
         objective.trials_rel = f"trials/{safe}"
     if not fn:  # real trials: one MLflow run for the study, each trial's run its child, all in the study's experiment
-        from trainpipe.track.tracking import resolve_settings
-
         if resolve_settings(cfg.tracking, study_dir / objective.trials_rel / "trial-0000", cfg.name)["backend"] == "mlflow":
             # the trials' default MLflow store lives in the trials folder (`<trials>/mlflow.db`): the folder first
             ownership.make_dir(study_dir / objective.trials_rel, what="the study's trials folder", reads=reads)
             objective.study_run = StudyRun.open(cfg, study, study_dir / objective.trials_rel / "trial-0000")
-    if t.n_trials:
-        from optuna.storages import fail_stale_trials
-        from optuna.storages._heartbeat import is_heartbeat_enabled
-
-        if is_heartbeat_enabled(study._storage):  # a dead worker's RUNNING trial is failed (and retried) before it is counted
-            import warnings
-
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                fail_stale_trials(study)
-        trials = study.get_trials(deepcopy=False)
-        retried = _retried(trials)
-        if sum(1 for tr in trials if counts_toward_budget(tr, retried)) >= t.n_trials:
-            ui.console().print(f"the study already has `tune.n_trials: {t.n_trials}` trials: no new trial (raise `tune.n_trials` or `--n-trials` to add some)", highlight=False)
-            out = finish(study, cfg, raw, base_dir, study_dir, direction, reads)
-            if objective.study_run is not None:
-                objective.study_run.close(out)
-            return out
+    if t.n_trials and study_is_full(study, t.n_trials):
+        ui.console().print(f"the study already has `tune.n_trials: {t.n_trials}` trials: no new trial (raise `tune.n_trials` or `--n-trials` to add some)", highlight=False)
+        out = finish(study, cfg, raw, base_dir, study_dir, direction, reads)
+        if objective.study_run is not None:
+            objective.study_run.close(out)
+        return out
     try:
         study.optimize(objective, n_trials=None, timeout=t.timeout_hours * 3600 if t.timeout_hours else None, callbacks=callbacks,
                        catch=(TrainpipeError,), gc_after_trial=True)
@@ -739,94 +487,11 @@ def tune(config: str | Path, overrides: list[str] | None = None, *, n_trials: in
     return out
 
 
-class StudyRun:
-    """The study's run in MLflow (`tracking.backend` mlflow): one parent run per study in the study's experiment
-    (`tracking.experiment`, else the study config's `name`), its id kept in the study's storage (`mlflow_parent_run_id`)
-    so every worker and every later `trainpipe tune` of the study nests its trials under the same run. Each trial's run
-    is created as its child (`mlflow.parentRunId`, track/tracking.py `PARENT_RUN`). An unreachable tracker warns once
-    and the study goes on (the trials' own runs keep their metrics for `trainpipe track sync`)."""
-
-    ATTR = "mlflow_parent_run_id"
-
-    def __init__(self, settings: dict, study_name: str):
-        self.settings, self.study, self.uri, self.experiment = settings, study_name, settings["uri"], settings["experiment"]
-        self.run_id: str | None = None
-        self.active = False
-        self.client = None
-
-    @classmethod
-    def open(cls, cfg: RunConfig, study, trial_dir: Path) -> "StudyRun | None":
-        from trainpipe.track import tracking
-
-        settings = tracking.resolve_settings(cfg.tracking, trial_dir, cfg.name)  # the store the trials' runs use (beside their folders)
-        if settings["backend"] != "mlflow":
-            return None
-        me = cls(settings, study.study_name)
-        try:
-            backend = tracking.MlflowBackend(settings)
-            me.client = backend.client
-            known = study.user_attrs.get(cls.ATTR)
-            if isinstance(known, dict) and known.get("uri") == tracking._safe_uri(me.uri) and known.get("run_id"):
-                from mlflow.exceptions import MlflowException
-
-                try:  # the study's run from an earlier `trainpipe tune` or another worker: reopened
-                    run = me.client.get_run(known["run_id"])
-                    me.run_id = run.info.run_id
-                    if run.info.status != "RUNNING":
-                        me.client.update_run(me.run_id, status="RUNNING")
-                except MlflowException:
-                    me.run_id = None
-            if me.run_id is None:
-                me.run_id = backend.open({}, {}, {"mlflow.runName": f"study {study.study_name}", "trainpipe.tune.study": study.study_name,
-                                                   "trainpipe.tune.role": "study"})
-            study.set_user_attr(cls.ATTR, {"run_id": me.run_id, "uri": tracking._safe_uri(me.uri)})
-            me.active = True
-            ui.console().print(f"  tracking: study run {me.run_id} in experiment {me.experiment} (each trial a child run)", markup=False, highlight=False)
-        except Exception as exc:  # noqa: BLE001 - the study goes on without its parent run
-            ui.console().print(f"warning: the study's MLflow run could not be opened ({type(exc).__name__}: {str(exc)[:200]}); trials are tracked on their own",
-                               markup=False, highlight=False)
-        return me
-
-    def close(self, out: dict | None, status: str = "FINISHED") -> None:
-        """The study's result on its run (best value, trial counts, tune.json), then the run ended."""
-        if not self.active:
-            return
-        from mlflow.entities import Metric, Param, RunTag
-
-        from trainpipe.redact import redact_text
-
-        try:
-            if out:
-                best = out.get("best") or {}
-                tags = [RunTag("trainpipe.tune.trials", str(out.get("trials"))), RunTag("trainpipe.tune.direction", str(out.get("direction")))]
-                metrics, params = [], []
-                if best:
-                    tags += [RunTag("trainpipe.tune.best_trial", str(best.get("trial")))]
-                    metrics.append(Metric(f"best_{out.get('metric')}", float(best["value"]), int(time.time() * 1000), 0))
-                    params = [Param(f"best.{k}"[:250], redact_text(str(v))[:6000]) for k, v in (best.get("params") or {}).items()]
-                existing = set(self.client.get_run(self.run_id).data.params)
-                params = [p for p in params if p.key not in existing]  # params are write-once in MLflow: a later worker's best stays in the tags
-                self.client.log_batch(self.run_id, metrics=metrics, params=params, tags=tags, synchronous=True)
-            self.client.set_terminated(self.run_id, status=status)
-        except Exception as exc:  # noqa: BLE001
-            ui.console().print(f"warning: the study's MLflow run was not updated ({type(exc).__name__}: {str(exc)[:200]})", markup=False, highlight=False)
-
-
-def _this_gpu() -> str | None:
-    from trainpipe.plan.hardware import detect
-    from trainpipe.plan.resolve import catalog_gpu
-
-    g = catalog_gpu(detect())
-    return g.name if g else None
-
-
 # --------------------------------------------------------------------------- 4. outputs
 
 
 def finish(study, cfg: RunConfig, raw: dict, base_dir: Path, study_dir: Path, direction: str, reads: list = ()) -> dict:
     from optuna.trial import TrialState
-
-    from trainpipe.tune import leaderboard as LB
 
     t = cfg.tune
     everything = study.get_trials(deepcopy=False)
@@ -866,7 +531,6 @@ def finish(study, cfg: RunConfig, raw: dict, base_dir: Path, study_dir: Path, di
 def secret_notes(mapping: dict) -> list[str]:
     """One comment line per config key whose value loses a secret on its way into best.yaml (a URL's password, a token in a
     query, a secret environment value): the key to set again before running it. The secret itself is never written."""
-    from trainpipe.redact import MASK, redact_obj
 
     notes: list[str] = []
 
