@@ -12,10 +12,10 @@ fix) and are counted and written to ``rejected.jsonl`` under ``on_error: skip``.
 
 Resources are bounded per record: a record over ``data.max_record_bytes`` is dropped unparsed
 (``too_big``, whatever ``on_error`` says, as ``too_long`` is: a size policy, written to rejected.jsonl
-with its reason), one nested deeper than ``sources.MAX_DEPTH`` is a bad record (``too_deep``), and an
-example over ``tokenize.max_chars(max_length)`` characters is dropped (``too_long_chars``) or cut
-before the template and the tokenizer see it (``tokenize.bound_example``). Chat templates render in
-a sandbox with a time and a size limit (``tokenize.Template``). Before a build, the temporaries of
+with its reason), one nested deeper than ``records.MAX_DEPTH`` is a bad record (``too_deep``), and an
+example over ``lengths.max_chars(max_length)`` characters is dropped (``too_long_chars``) or cut
+before the template and the tokenizer see it (``lengths.bound_example``). Chat templates render in
+a sandbox with a time and a size limit (``templates.Template``, data/sandbox.py). Before a build, the temporaries of
 builds whose process died are removed (``cache.clean_stale``).
 """
 
