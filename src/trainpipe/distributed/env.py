@@ -15,9 +15,12 @@ import datetime
 import math
 import os
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
+from trainpipe import ui
 from trainpipe.errors import TrainpipeError
+from trainpipe.events import EVENT_NAMES, LEVELS
 
 
 @dataclass(frozen=True)
@@ -73,8 +76,6 @@ def init(backend: str = "auto", timeout_seconds: float = 600.0) -> DistEnv:
     import torch
     import torch.distributed as dist
 
-    from trainpipe.errors import TrainpipeError
-
     if dist.is_initialized():
         return env
     cuda = torch.cuda.is_available()
@@ -99,8 +100,6 @@ def check_single_process_launch(environ: dict | None = None) -> None:
     e = os.environ if environ is None else environ
     mpi = any(k in e for k in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK"))
     if e.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true") and "MASTER_ADDR" in e and "WORLD_SIZE" not in e and not mpi:
-        from trainpipe.errors import TrainpipeError
-
         raise TrainpipeError(
             "`accelerate launch --cpu` with more than one process started a single process: accelerate's multi-CPU mode leaves "
             "starting the other processes to `mpirun` (`--mpirun_hostfile`), so this process has no RANK or WORLD_SIZE and would "
@@ -121,8 +120,6 @@ def silence_console() -> None:
     """Ranks other than 0 print nothing through trainpipe's console (rank 0 speaks for the run); errors still reach
     stderr through the CLI."""
     from rich.console import Console
-
-    from trainpipe import ui
 
     ui._console = Console(file=open(os.devnull, "w"), no_color=True)  # noqa: SIM115 - lives as long as the process
 
@@ -239,22 +236,33 @@ class EvalShard:
         return red[0], int(red[1])
 
 
-_eval_shard: EvalShard | None = None
+# the shard of the evaluation running in this context: set only inside `sharded_eval` / `outside_eval_shard` and reset when
+# the block ends (a context variable, not a module attribute that callers reassign)
+_EVAL_SHARD: ContextVar[EvalShard | None] = ContextVar("trainpipe_eval_shard", default=None)
 
 
 def current_eval_shard() -> EvalShard | None:
     """The evaluation shard of this rank while train/loop.py evaluates under several processes, else None."""
-    return _eval_shard
+    return _EVAL_SHARD.get()
 
 
 @contextmanager
 def sharded_eval(rank: int, world: int, lockstep: bool):
-    global _eval_shard
-    _eval_shard = EvalShard(rank, world, lockstep)
+    token = _EVAL_SHARD.set(EvalShard(rank, world, lockstep))
     try:
-        yield _eval_shard
+        yield _EVAL_SHARD.get()
     finally:
-        _eval_shard = None
+        _EVAL_SHARD.reset(token)
+
+
+@contextmanager
+def outside_eval_shard():
+    """Measure on this process alone inside a sharded eval (rank 0's forgetting sets): no shard until the block ends."""
+    token = _EVAL_SHARD.set(None)
+    try:
+        yield
+    finally:
+        _EVAL_SHARD.reset(token)
 
 
 class NullEventLog:
@@ -265,8 +273,6 @@ class NullEventLog:
     echo = None
 
     def emit(self, event: str, *, step: int = 0, level: str = "info", **fields) -> dict:
-        from trainpipe.events import EVENT_NAMES, LEVELS
-
         if event not in EVENT_NAMES or level not in LEVELS:
             raise ValueError(f"unknown event {event!r} or level {level!r}")
         return {"event": event, "level": level, "step": int(step), **fields}
