@@ -23,8 +23,10 @@ def data_prepare(
     from trainpipe.config import load_config
     from trainpipe.data.commands import prepare_command
     from trainpipe.model.loading import load_tokenizer
+    from trainpipe.plan.hardware import detect
+    from trainpipe.plan.run_plan import with_planned_batch
 
-    cfg = load_config(config, set_ or [])
+    cfg = with_planned_batch(load_config(config, set_ or []), detect())  # `auto` decided by the planner, as `run` will
     prepare_command(cfg, load_tokenizer(cfg.model, cfg.model.pad_token), as_json=json_)
 
 
@@ -40,9 +42,11 @@ def data_inspect(
     from trainpipe.config import load_config
     from trainpipe.data.commands import inspect_command
     from trainpipe.model.loading import load_tokenizer
+    from trainpipe.plan.hardware import detect
+    from trainpipe.plan.run_plan import with_planned_batch
 
     _numbers(("-n", n, "how many examples to show", 1))
-    cfg = load_config(config, set_ or [])
+    cfg = with_planned_batch(load_config(config, set_ or []), detect())
     inspect_command(cfg, load_tokenizer(cfg.model, cfg.model.pad_token), n=n, as_json=json_, seed=seed)
 
 @data_app.command("review")

@@ -49,6 +49,18 @@ def plan_run(cfg: RunConfig, hw: Hardware, world_size: int | None = None, *, nno
     return plan
 
 
+def with_planned_batch(cfg: RunConfig, hw: Hardware) -> RunConfig:
+    """``cfg`` with `training.per_device_train_batch_size: auto` decided as `trainpipe run` decides it on ``hw`` (`plan_run`,
+    no predictions), for the commands that prepare the data before any plan (`data prepare`, `data inspect`): data/ is handed
+    the micro-batch the run will use, never `auto`. A config the planner refuses is refused here too (PlanError)."""
+    if cfg.training.per_device_train_batch_size != "auto":
+        return cfg
+    plan = plan_run(cfg, hw, sizing=False)
+    out = cfg.model_copy(deep=True)
+    out.training.per_device_train_batch_size = plan.specs.batch.micro_batch
+    return out
+
+
 def compare(plan: Plan, run_dir: Path) -> dict:
     """`summary.json`'s `plan` block: decisions, predictions, measurements and how they compare."""
     measured_path = Path(run_dir) / "measured_memory.json"
