@@ -154,12 +154,10 @@ def _quiet_optuna_logging(module) -> None:
 
 
 def _fold_typer_help(module) -> None:
-    from trainpipe.ui import fold_help_text
-
     fold_help_text(module)
 
 
-# not noise but the same hook: typer's help cut a long word with "…" (trainpipe.ui.fold_help_text)
+# not noise but the same hook: typer's help cut a long word with "…" (fold_help_text below)
 AFTER_IMPORT = {"optuna.exceptions": _quiet_optuna_exceptions, "optuna.logging": _quiet_optuna_logging, "typer.rich_utils": _fold_typer_help}
 
 
@@ -210,3 +208,24 @@ def install() -> None:
     warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning, module=r"transformers\.modeling_utils")
     _no_progress_bars_off_terminal()
     _follow_imports()
+
+
+def fold_help_text(rich_utils) -> None:
+    """Typer's help (`--help`) puts each option's help in a column of what the terminal leaves; a word wider than that
+    (a list of choices `auto|full|freeze|lora|qlora`, `--set training.learning_rate=1e-4`) was cut with "…". Every
+    help text typer builds folds instead: the whole word shows, over two lines. Applied once typer's ``rich_utils`` is
+    imported (trainpipe._quiet follows that import), so a command that prints no help imports no rich."""
+    from rich.text import Text
+
+    make = rich_utils._make_rich_text
+    if getattr(make, "trainpipe_fold", False):
+        return
+
+    def _make_rich_text(*args, **kwargs):
+        out = make(*args, **kwargs)
+        if isinstance(out, Text):
+            out.overflow = "fold"
+        return out
+
+    _make_rich_text.trainpipe_fold = True
+    rich_utils._make_rich_text = _make_rich_text

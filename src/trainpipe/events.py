@@ -51,40 +51,41 @@ EVENT_NAMES = {
 LEVELS = ("debug", "info", "warning", "error", "fatal")
 
 
-# Listeners see every event and metric record as it is written (the experiment tracker, track/tracking.py):
-# called as fn(kind, run_dir, record) with kind "event" or "metric"; a listener that raises is ignored.
-_LISTENERS: list[Callable[[str, Path, dict], None]] = []
-
-
-def add_listener(fn: Callable[[str, Path, dict], None]) -> None:
-    _LISTENERS.append(fn)
-
-
-def remove_listener(fn: Callable[[str, Path, dict], None]) -> None:
-    if fn in _LISTENERS:
-        _LISTENERS.remove(fn)
-
-
-def notify(kind: str, run_dir: str | Path, record: dict) -> None:
-    """Hand a record just written to `events.jsonl` / `metrics.jsonl` to every listener (never raises)."""
-    for fn in list(_LISTENERS):
-        try:
-            fn(kind, Path(run_dir), record)
-        except Exception:  # noqa: BLE001 - tracking must never stop a run
-            pass
-
-
 def utcnow() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
-class EventLog:
-    """Append-only JSONL event log; ``echo`` (if given) receives each event for the console."""
+Listener = Callable[[str, Path, dict], None]
 
-    def __init__(self, path: str | Path, echo: Callable[[dict], None] | None = None):
+
+class EventLog:
+    """Append-only JSONL event log; ``echo`` (if given) receives each event for the console.
+
+    Listeners (the experiment tracker, track/tracking.py) see every event and metric record of this run as it is
+    written: called as fn(kind, run_dir, record) with kind "event" or "metric"; a listener that raises is ignored.
+    They belong to this log (passed in, or added with `listen`), never to the process."""
+
+    def __init__(self, path: str | Path, echo: Callable[[dict], None] | None = None, listeners: list[Listener] | None = None):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.echo = echo
+        self.listeners: list[Listener] = list(listeners or [])
+
+    def listen(self, fn: Listener) -> None:
+        self.listeners.append(fn)
+
+    def unlisten(self, fn: Listener) -> None:
+        if fn in self.listeners:
+            self.listeners.remove(fn)
+
+    def notify(self, kind: str, record: dict) -> None:
+        """Hand a record just written to `events.jsonl` / `metrics.jsonl` (``kind`` "event" / "metric") to this log's
+        listeners (never raises)."""
+        for fn in list(self.listeners):
+            try:
+                fn(kind, self.path.parent, record)
+            except Exception:  # noqa: BLE001 - tracking must never stop a run
+                pass
 
     def emit(self, event: str, *, step: int = 0, level: str = "info", **fields: Any) -> dict:
         if event not in EVENT_NAMES:
@@ -99,7 +100,7 @@ class EventLog:
             os.fsync(fh.fileno())
         if self.echo is not None:
             self.echo(record)
-        notify("event", self.path.parent, record)
+        self.notify("event", record)
         return record
 
 

@@ -37,8 +37,14 @@ import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
+from trainpipe import faults, ownership, ui
 from trainpipe.config import ModelConfig
 from trainpipe.errors import RunDirError, TrainpipeError
+from trainpipe.model.checkpoints import write_error
+from trainpipe.model.loading import load_model
+from trainpipe.ownership import MANIFEST as OWNED
+from trainpipe.redact import redact_text
+from trainpipe.rundir import unproven as run_unproven
 
 MARKER = ".trainpipe-export"
 EXIT_WRITE_FAILED = 74  # EX_IOERR
@@ -82,8 +88,6 @@ def check_destination(final: Path, *, run_dir: Path, protect: list[tuple[str, Pa
         bad = unproven(final, run_dir) if any(final.iterdir()) else []
         if bad:
             shown = ", ".join(f"`{n}`" for n in bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
-            from trainpipe.ownership import MANIFEST as OWNED
-
             raise RunDirError(f"The export destination `{final}` holds {shown}, which trainpipe cannot prove it wrote (not listed with its "
                               f"content in `{OWNED}`): it is not a trainpipe export, or files were added to it or changed since; trainpipe "
                               f"replaces only its own unchanged exports, so it is refused and nothing was touched. {fix}")
@@ -96,13 +100,9 @@ def check_destination(final: Path, *, run_dir: Path, protect: list[tuple[str, Pa
 def unproven(final: Path, run_dir: Path) -> list[str]:
     """The entries of the existing export folder ``final`` that trainpipe cannot prove its own: inside the run folder (its
     `model/`, `export/NAME`) by the run's manifest, elsewhere by the folder's own (written by ``ownership.replace_dir``)."""
-    from trainpipe import ownership
-
     final, run_dir = Path(final).resolve(), Path(run_dir).resolve()
     if not _within(final, run_dir):
         return ownership.foreign(final)
-    from trainpipe.rundir import unproven as run_unproven
-
     rel = final.relative_to(run_dir).as_posix()
     return [n for n in run_unproven(run_dir) if n == rel or n.startswith(rel + "/") or rel.startswith(n + "/")]
 
@@ -111,8 +111,6 @@ def recorded(final: Path, run_dir: Path, names: tuple[str, ...] = ()) -> None:
     """Fingerprint an export just written (and ``names`` inside it, written after it: the gates' files) into the manifest
     that proves it: the run folder's for its own `model/` and `export/NAME` (left to the run's own seal while the run is
     writing them), the folder's own and its parent's for `--out` elsewhere."""
-    from trainpipe import ownership
-
     final, run_dir = Path(os.path.abspath(final)), Path(run_dir).resolve()
     if not final.is_dir():
         return
@@ -158,8 +156,6 @@ def _replace(tmp: Path, final: Path) -> None:
 
 
 def _write_failed(exc: BaseException, tmp: Path, final: Path, run_dir: Path) -> ExportWriteError:
-    from trainpipe.model.checkpoints import write_error
-
     err = write_error(exc, tmp.parent)
     why = f"{err.strerror or err} (errno {err.errno})" if err is not None else str(exc)
     before = "still holds the earlier export" if final.exists() else "was not created"
@@ -214,10 +210,6 @@ def export_folder(final: Path, *, run_dir: Path, card: dict, protect: list[tuple
 
     Refuses (RunDirError) a destination that is not ours to replace (:func:`check_destination`); a failed write
     (a full disk) removes the temporary folder, leaves ``final`` as it was and raises ExportWriteError."""
-    from trainpipe import ownership
-    from trainpipe import faults
-    from trainpipe.model.checkpoints import write_error
-
     final = Path(os.path.abspath(final))
     check_destination(final, run_dir=run_dir, protect=protect)
     in_run = _within(final.resolve(), Path(run_dir).resolve())
@@ -248,9 +240,6 @@ def export_folder(final: Path, *, run_dir: Path, card: dict, protect: list[tuple
 
 
 def _write(tmp: Path, *, model, tokenizer, base: ModelConfig, peft: str, stop_ids: list[int], card: dict) -> None:
-    from trainpipe import ui
-    from trainpipe.model.loading import load_model
-
     if peft in MERGEABLE or peft in PROMPT_LEARNING:
         model.save_pretrained(tmp / "adapter", safe_serialization=True)
     if peft in MERGEABLE:
@@ -319,6 +308,4 @@ def model_card(card: dict) -> str:
     if card.get("loading"):
         lines += ["", "## Loading", "", card["loading"]]
     lines += ["", "## Resolved config", "", "```json", json.dumps(card.get("config", {}), indent=2), "```", ""]
-    from trainpipe.redact import redact_text
-
     return redact_text("\n".join(lines))  # no credential (a database URL's password, a token) in a card that gets published

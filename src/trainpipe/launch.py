@@ -24,7 +24,12 @@ import sys
 import time
 import uuid
 
+from trainpipe import ownership, ui
+from trainpipe.distributed.env import PeerLeft
 from trainpipe.errors import TrainpipeError
+from trainpipe.plan.hardware import detect
+from trainpipe.plan.run_plan import plan_run
+from trainpipe.rundir import protected_paths
 
 EXIT_PREEMPTED = 75
 # exit codes of a worker that printed its own paragraph: bad input 2, diverged 3, out of memory 4, a rank stopped
@@ -134,12 +139,8 @@ def report_error(exc, *, main_rank: bool) -> None:
     on its stderr, one line."""
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if os.environ.get(REPORTS_ENV) == "1" and path:
-        from trainpipe.distributed.env import PeerLeft
-
         note = {"title": exc.title, "message": exc.message, "exit_code": exc.exit_code, "printed": main_rank, "peer_left": isinstance(exc, PeerLeft)}
         try:
-            from trainpipe import ownership
-
             ownership.write_json(path, {"message": _REPORT_PREFIX + json.dumps(note), "timestamp": int(time.time())},
                                  what="the worker's error report for its launcher")
             return
@@ -165,8 +166,6 @@ def say_failures(exc) -> None:
     """Print, once each, the workers' paragraphs that rank 0 did not print itself; a rank that only saw another leave
     is said only when no rank said more."""
     from rich.markup import escape
-
-    from trainpipe import ui
 
     reports = [(rank, r) for rank, f in sorted(exc.failures.items()) if (r := _report(f))]
     printed = {(r["title"], r["message"]) for _, r in reports if r["printed"]}
@@ -235,9 +234,6 @@ def cluster_layout(cfg, *, nproc: int | None = None, nnodes: int | None = None) 
     nodes = nnodes if nnodes is not None else d.nnodes
     per_device = None
     try:
-        from trainpipe.plan.hardware import detect
-        from trainpipe.plan.run_plan import plan_run
-
         plan = plan_run(cfg, detect(), gpus * nodes, nnodes=nodes)
         per_device = ((plan.predicted or {}).get("memory") or {}).get("total_bytes")
     except Exception:  # noqa: BLE001 - the launch files never depend on the planner sizing the model
@@ -343,9 +339,6 @@ def write_launch_files(cfg, config_path: str, emit: str, out_dir, *, nproc: int 
     from pathlib import Path
 
     import yaml
-
-    from trainpipe import ownership
-    from trainpipe.rundir import protected_paths
 
     files = {"torchrun": ("launch-torchrun.sh", "the torchrun launch script"), "slurm": ("launch.sbatch", "the sbatch script"),
              "k8s": ("pytorchjob.yaml", "the PyTorchJob manifest")}

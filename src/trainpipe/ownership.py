@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from trainpipe.errors import TrainpipeError
+from trainpipe.redact import redact_obj, redact_text
 
 MANIFEST = ".trainpipe-owned.json"
 LOCK = ".trainpipe.lock"  # a run's lock (rundir.py): transient, trainpipe's by name, never deleted here
@@ -342,16 +343,12 @@ def write_text(path: str | Path, text: str, *, what: str, reads: Iterable[Any] =
     """:func:`write_bytes` for text, redacted on its way out (every URL password, secret query value and secret
     environment value -> ``***``)."""
     if redact:
-        from trainpipe.redact import redact_text
-
         text = redact_text(text)
     return write_bytes(path, text.encode("utf-8"), what=what, reads=reads, mode=mode)
 
 
 def write_json(path: str | Path, obj: Any, *, what: str, reads: Iterable[Any] = (), indent: int | None = 2) -> Path:
     """:func:`write_text` for a JSON document (redacted value by value first)."""
-    from trainpipe.redact import redact_obj
-
     return write_text(path, json.dumps(redact_obj(obj), indent=indent, default=str) + "\n", what=what, reads=reads)
 
 

@@ -1,6 +1,8 @@
-"""`trainpipe run`: prepare -> baseline eval -> train -> final eval -> export, in one run directory.
+"""One run: prepare -> baseline eval -> train -> final eval -> export, in one run directory.
 
-Reads top to bottom. The run directory contract:
+`run` trains one config (one method, one model); it never dispatches to the pipeline DAG. `trainpipe run` enters through
+`trainpipe.pipeline.run.run`, which sends a `stages:` / `method.adapters` config to the DAG (whose train step calls this
+`run` once per stage or adapter) and any other config here. Reads top to bottom. The run directory contract:
 
     config.resolved.yaml   the config with every default and `auto` filled in
     manifest.json          config hash, data SHA-256s, code version and git state, package versions, seed, hardware
@@ -19,22 +21,34 @@ Reads top to bottom. The run directory contract:
 
 from __future__ import annotations
 
-import warnings
+import hashlib
+import json
 import time
+import warnings
 from dataclasses import asdict
 from pathlib import Path
 
-from trainpipe import ui
-from trainpipe.config import RunConfig, dump_yaml
+from trainpipe import ownership, rundir, ui
+from trainpipe.config import RunConfig, dump_yaml, load_yaml_text
+from trainpipe.data.prepare import prepare
+from trainpipe.data.sources import check_sources, fingerprint
+from trainpipe.data.tokenize import end_of_turn_ids, setup_chat_template
 from trainpipe.distributed import env as dist_env
-from trainpipe.errors import DataError, RunDirError, TrainpipeError
-from trainpipe import rundir
+from trainpipe.errors import ConfigError, DataError, RunDirError, TrainpipeError
+from trainpipe.evaluate.gates import GatesFailed, apply_gates, write_review_samples
 from trainpipe.events import EventLog
-from trainpipe.plan.run_plan import compare as compare_plan, plan_run, what_would_fit
+from trainpipe.export import stop_token_ids
+from trainpipe.model.checkpoints import CheckpointManager
+from trainpipe.model.loading import check_model_source, check_peft, load_tokenizer
 from trainpipe.plan.hardware import detect
+from trainpipe.plan.run_plan import compare as compare_plan, plan_run, what_would_fit
 from trainpipe.redact import redact_obj
+from trainpipe.report.html import write_length_histogram, write_report
+from trainpipe.track import tracking
 from trainpipe.track.manifest import build_manifest, write_json
-from trainpipe.train.loop import EXIT_PREEMPTED, OutOfMemoryPlan, Preempted, StopTrial
+from trainpipe.train import classify, preference, pretrain, reward, rl, sft
+from trainpipe.train.context import RunContext
+from trainpipe.train.errors import EXIT_PREEMPTED, OutOfMemoryPlan, Preempted, StopTrial
 
 
 def prepare_run_dir(output_dir: str, overwrite: bool, allow_unfinished: bool = False, protected: list | None = None) -> Path:
@@ -59,44 +73,10 @@ def prepare_run_dir(output_dir: str, overwrite: bool, allow_unfinished: bool = F
     return run_dir
 
 
-def prepare_parent_dir(cfg: RunConfig, overwrite: bool, resume: bool, parts: str, config_path: str | None = None) -> Path:
-    """The root of a multi-part run (stages, adapters), under its lock: cleared with `overwrite` (when its manifest proves
-    it trainpipe's), kept with `resume` (finished parts are reused), refused otherwise; the run's config is written there
-    and the root is sealed with its sub-run folders pending (`rundir.begin`)."""
-    from trainpipe import ownership
-
-    root = Path(cfg.output_dir or f"runs/{cfg.name or 'run'}").resolve()
-    protected = rundir.protected_paths(cfg, config_path)
-    kind, _ = rundir.ownership(root)
-    if kind in ("ours", "foreign"):
-        if overwrite or kind == "foreign":
-            rundir.clear(root, overwrite=overwrite, protected=protected, why="`--overwrite`" if overwrite else "a new run")
-        elif not (resume or cfg.training.resume == "auto"):
-            raise RunDirError(
-                f"`{root}` already holds files from an earlier run. Pass `--overwrite` to replace them, `--resume` to continue "
-                f"(finished {parts} are kept), or choose another directory with `--set output_dir=runs/NEW_NAME`."
-            )
-    root.mkdir(parents=True, exist_ok=True)
-    if rundir.read_marker(root) is None:
-        rundir.write_marker(root)
-    rundir.begin(root, part_names(cfg))
-    ownership.write_text(root / "config.resolved.yaml", dump_yaml(cfg), what="the resolved config", reads=inputs(cfg, config_path))
-    return root
-
-
 def inputs(cfg: RunConfig, config_path: str | None) -> list[tuple[Path, str]]:
     """What a run reads and never writes over (`ownership.write_text`'s `reads`): its data, model and reward model. The
     config file is left out: a run started from an earlier run's `config.resolved.yaml` writes that file again."""
     return [(p, what) for p, what in rundir.protected_paths(cfg, config_path) if what != "the config file"]
-
-
-def part_names(cfg: RunConfig) -> list[str]:
-    """The sub-run folders a multi-part run writes at the top of OUTPUT_DIR: one per stage (adapters live under `adapters/`)."""
-    if not cfg.stages:
-        return []
-    from trainpipe.pipeline.stages import stage_names
-
-    return list(stage_names(cfg))
 
 
 def damaged_checkpoints(run_dir: Path, skipped: list[str]) -> RunDirError:
@@ -126,9 +106,6 @@ MEASURES_FORGETTING = ("sft", "pretrain", "dpo", "orpo", "kto", "rl")
 
 def preflight(cfg: RunConfig) -> None:
     """Fail before anything is written when an input is missing."""
-    from trainpipe.data.sources import check_sources
-    from trainpipe.model.loading import check_model_source
-
     check_model_source(cfg.model)
     check_sources(cfg.data.sources)  # files, globs and folders; hub and SQL sources are checked when read
     check_measured(cfg)
@@ -140,8 +117,6 @@ def check_measured(cfg: RunConfig, source: str | None = None) -> None:
     `check_branch`), ``source`` naming the stage or adapter."""
     asked = [key for key, value in (("eval.forgetting", cfg.eval.forgetting), ("eval.benchmarks", cfg.eval.benchmarks)) if value]
     if asked and cfg.method.name not in MEASURES_FORGETTING:  # not silently skipped: reward and classification models are no LMs
-        from trainpipe.errors import ConfigError
-
         raise ConfigError(
             (f"{source}: " if source else "")
             + f"`{'` and `'.join(asked)}` measure a causal language model (its loss on text, its answers to benchmark prompts), "
@@ -153,40 +128,38 @@ def check_measured(cfg: RunConfig, source: str | None = None) -> None:
         )
 
 
-def run(cfg: RunConfig, *, config_path: str | None = None, overwrite: bool = False, resume: bool = False, lineage: dict | None = None) -> dict:
+def run(cfg: RunConfig, *, config_path: str | None = None, overwrite: bool = False, resume: bool = False, lineage: dict | None = None,
+        register: bool = True, parent_run: dict | None = None, callbacks: tuple = ()) -> dict:
+    """One run of `cfg` into its `output_dir`; returns its summary. ``register``: the tracker registers the model at the end
+    (the pipeline's own `register` step does it instead: False there); ``parent_run``: the MLflow run this run is a child of
+    (`trainpipe tune`: the study's run, {"run_id", "uri", "tags"}); ``callbacks``: the training loop's, beside every run's
+    (train/callbacks.py; `trainpipe tune`: its pruner)."""
     import transformers
 
+    if cfg.stages or cfg.method.adapters or cfg.method.name == "auto":
+        raise ConfigError(
+            "One run trains one method: a config with `stages:`, `method.adapters` or `method.name: auto` goes through "
+            "`trainpipe.pipeline.run.run` (the DAG of its parts, or the objective rule), not `trainpipe.run.run`.",
+            ["stages / method.adapters / method.name: auto given to one run"],
+        )
     t_start = time.time()
     transformers.utils.logging.disable_progress_bar()  # trainpipe draws its own bars
     # transformers 5 renamed the property; peft and the Trainer still read the old name (noise, not a problem)
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-
-    if cfg.method.name == "auto":  # the objective rule (plan/objective.py): one objective, or `stages:` where it says several
-        from trainpipe.plan.objective import expand_auto
-
-        cfg, choice = expand_auto(cfg)
-        ui.console().print(f"objective (method.name: auto): {choice.value}: {choice.rule}", markup=False, soft_wrap=True)
-
-    if cfg.stages or cfg.method.adapters:  # several stages (e.g. RLHF: sft, reward, rl; pipeline/stages.py) or one adapter per
-        # task (pipeline/adapters.py): the pipeline DAG of `trainpipe pipeline run`, one chain per part, its train step a run of this function
-        from trainpipe.pipeline.dag import run_parts
-
-        return run_parts(cfg, config_path=config_path, overwrite=overwrite, resume=resume)
 
     # 1. check the inputs exist, resolve the plan, lay out the run directory (or find the checkpoint to resume)
     preflight(cfg)
     hw = detect()
     plan = plan_run(cfg, hw)  # every `auto` resolved through the planner, with its predictions for this setup
     cfg = plan.config
-    from trainpipe.model.loading import check_peft
-
     check_peft(cfg.model, cfg.method)  # PEFT errors the config alone can tell (meta-device build), before the data step
     run_dir = Path(cfg.output_dir).resolve()
     protected = rundir.protected_paths(cfg, config_path)
     rundir.check_not_data(run_dir, protected)
     if not dist_env.is_main():  # distributed: rank 0 locks and lays out the run directory, the others follow its resume point
         resume_from, notes = dist_env.follow_rank0()
-        return _run_in(cfg, plan, hw, run_dir, config_path, t_start, resume_from, notes, lineage)
+        return _run_in(cfg, plan, hw, run_dir, config_path, t_start, resume_from, notes, lineage, register=register, parent_run=parent_run,
+                       callbacks=callbacks)
     with rundir.RunLock(run_dir):  # one run per folder, from here until the run ends however it ends
         want = resume or cfg.training.resume == "auto"
         kind, _ = rundir.ownership(run_dir)
@@ -204,21 +177,21 @@ def run(cfg: RunConfig, *, config_path: str | None = None, overwrite: bool = Fal
                 rundir.write_marker(run_dir, legacy=True)
             rundir.begin(run_dir)  # the resumed run writes on: its artefacts pending until it ends
         dist_env.broadcast_object((resume_from, notes))  # no-op for one process
-        return _run_in(cfg, plan, hw, run_dir, config_path, t_start, resume_from, notes, lineage)
+        return _run_in(cfg, plan, hw, run_dir, config_path, t_start, resume_from, notes, lineage, register=register, parent_run=parent_run,
+                       callbacks=callbacks)
 
 
-def _run_in(cfg: RunConfig, plan, hw, run_dir: Path, config_path: str | None, t_start: float, resume_from, notes: list, lineage: dict | None) -> dict:
+def _run_in(cfg: RunConfig, plan, hw, run_dir: Path, config_path: str | None, t_start: float, resume_from, notes: list, lineage: dict | None,
+            *, register: bool = True, parent_run: dict | None = None, callbacks: tuple = ()) -> dict:
     main = dist_env.is_main()  # only rank 0 writes into the run directory
     if main:
-        from trainpipe import ownership
-
         ownership.write_text(run_dir / "config.resolved.yaml", dump_yaml(cfg), what="the resolved config", reads=inputs(cfg, config_path))
     events = EventLog(run_dir / "events.jsonl", echo=ui.echo_event) if main else dist_env.NullEventLog()
     events.emit("run_started", run_dir=str(run_dir), config_hash=cfg.hash(), resume_from=str(resume_from.path) if resume_from else None, resume_notes=notes)
-    tracker = _start_tracking(cfg, run_dir, events) if main else None  # MLflow / W&B / TensorBoard (track/tracking.py)
+    tracker = tracking.start(cfg, run_dir, events, parent=parent_run) if main else None  # MLflow / W&B / TensorBoard (track/tracking.py)
     status = "FAILED"
     try:
-        summary = _steps(cfg, plan, hw, run_dir, events, config_path, t_start, resume_from, lineage=lineage)
+        summary = _steps(cfg, plan, hw, run_dir, events, config_path, t_start, resume_from, lineage=lineage, callbacks=callbacks)
         status = "FINISHED"
         return summary
     except KeyboardInterrupt:  # Ctrl-C outside training (the loop turns it into a checkpoint and exit 75)
@@ -255,19 +228,15 @@ def _run_in(cfg: RunConfig, plan, hw, run_dir: Path, config_path: str | None, t_
             _seal(run_dir)
             _print_outcome(run_dir)  # the gates' verdicts and where report.html is, however the run ended (exit 6 included)
         if tracker is not None:
-            from trainpipe.track import tracking
-
-            tracker.finish(status, register=tracking.REGISTER_AT_END)
+            tracker.finish(status, register=register)
 
 
 def _print_outcome(run_dir: Path) -> None:
     """The end of the run on the console: one line per failed quality gate with its evidence, how many passed (from
     gates.json), and the path of report.html. Never hides the run's own outcome."""
     try:
-        from trainpipe.track.tracking import read_gates
-
         con = ui.console()
-        block = read_gates(run_dir)
+        block = tracking.read_gates(run_dir)
         if block is not None:
             results = [r for r in block["results"] if isinstance(r, dict)]
             n = {st: sum(1 for r in results if r.get("status") == st) for st in ("pass", "fail", "n/a")}
@@ -294,18 +263,9 @@ def _seal(run_dir: Path) -> None:
 def _write_report(run_dir: Path) -> None:
     """RUN_DIR/report.html (report/html.py); a report that cannot be drawn warns and never hides the run's own outcome."""
     try:
-        from trainpipe.report.html import write_report
-
         write_report(run_dir)
     except Exception as exc:  # noqa: BLE001 - the run's result (or its error) matters more than its report
         ui.console().print(f"warning: report.html not written: {type(exc).__name__}: {exc}", markup=False, soft_wrap=True)
-
-
-def _start_tracking(cfg: RunConfig, run_dir: Path, events: EventLog):
-    """The run's experiment tracker (None for `tracking.backend: none`); an unreachable one warns and the run goes on."""
-    from trainpipe.track import tracking
-
-    return tracking.start(cfg, run_dir, events)
 
 
 # keys that may differ between a checkpoint's config and the resuming one
@@ -341,9 +301,6 @@ def config_changes(old: dict, new: dict) -> tuple[list[str], list[str]]:
 
 def find_resume_point(cfg: RunConfig, want: bool, *, explicit: bool, overwrite: bool):
     """The newest valid checkpoint of this run's output_dir to resume from, or None to start fresh."""
-    from trainpipe.errors import ConfigError
-    from trainpipe.model.checkpoints import CheckpointManager
-
     run_dir = Path(cfg.output_dir).resolve()
     if not want or overwrite:
         return None, []
@@ -361,8 +318,8 @@ def find_resume_point(cfg: RunConfig, want: bool, *, explicit: bool, overwrite: 
                 "Run without `--resume` (add `--overwrite` to clear the directory) to start from scratch."
             )
         return None, skipped
-    from trainpipe.config import load_yaml_text  # bounded: an alias bomb is refused (issue 22)
-    old = load_yaml_text((info.path / "config.resolved.yaml").read_text(), f"`{info.path / 'config.resolved.yaml'}`")
+    old = load_yaml_text(  # bounded: an alias bomb is refused (issue 22)
+        (info.path / "config.resolved.yaml").read_text(), f"`{info.path / 'config.resolved.yaml'}`")
     new = redact_obj(cfg.model_dump(mode="json"))  # the checkpoint's copy is redacted (config.dump_yaml): compare like with like
     unsafe, safe = config_changes(old, new)
     if "training.gradient_accumulation_steps" in unsafe and dist_env.same_effective_batch(info.path, cfg.training):
@@ -385,11 +342,6 @@ def find_resume_point(cfg: RunConfig, want: bool, *, explicit: bool, overwrite: 
 def source_sha256(src) -> str:
     """A data source's SHA-256 as `manifest.json` `data_files` records it (data/prepare.py): the file's own, a digest of
     the files' digests for a glob or folder, a digest of the id / query for hub and SQL sources."""
-    import hashlib
-    import json
-
-    from trainpipe.data.sources import fingerprint
-
     fp = fingerprint(src)
     if fp["kind"] == "files":
         files = fp["files"]
@@ -400,8 +352,6 @@ def source_sha256(src) -> str:
 def check_data_unchanged(cfg: RunConfig, run_dir: Path, checkpoint: Path) -> None:
     """Before resuming: every data source must hash as the run's manifest recorded it, or the resumed run would train on
     other data, compare the old baseline with a new eval split and overwrite the record of what it was trained on."""
-    import json
-
     try:
         recorded = json.loads((run_dir / "manifest.json").read_text()).get("data_files") or []
     except (OSError, ValueError):
@@ -423,14 +373,10 @@ def check_data_unchanged(cfg: RunConfig, run_dir: Path, checkpoint: Path) -> Non
         )
 
 
-def _steps(cfg: RunConfig, plan, hw, run_dir: Path, events: EventLog, config_path: str | None, t_start: float, resume_from, lineage: dict | None = None) -> dict:
+def _steps(cfg: RunConfig, plan, hw, run_dir: Path, events: EventLog, config_path: str | None, t_start: float, resume_from, lineage: dict | None = None,
+           callbacks: tuple = ()) -> dict:
     import torch
     from transformers import set_seed
-
-    from trainpipe.data.prepare import prepare
-    from trainpipe.data.tokenize import end_of_turn_ids, setup_chat_template
-    from trainpipe.export import stop_token_ids
-    from trainpipe.model.loading import load_tokenizer
 
     con = ui.console()
     con.print(f"[bold]trainpipe run[/] {cfg.name}  ->  {run_dir}")
@@ -470,26 +416,19 @@ def _steps(cfg: RunConfig, plan, hw, run_dir: Path, events: EventLog, config_pat
     r = data.report
     events.emit("data_prepared", train=r["train_examples"], eval=r["eval_examples"], rejected=r["rejected_total"], dropped=sum(r["dropped"].values()))
     if main:  # random formatted samples for a person to read (`trainpipe data review RUN_DIR`; the `samples_reviewed` gate)
-        from trainpipe.evaluate.gates import write_review_samples
-
         write_review_samples(run_dir, data.train, tokenizer, n=int(cfg.gates.samples_reviewed.threshold or 50), seed=cfg.training.seed)
-        from trainpipe.report.html import write_length_histogram
-
         write_length_histogram(run_dir, data.train)  # lengths.json: the report's length histogram
 
     # 3. the recipe of `method.name` trains, evaluates, exports and returns the summary
-    from trainpipe.train.context import RunContext
-
     ctx = RunContext(cfg=cfg, run_dir=run_dir, events=events, tokenizer=tokenizer, template=template, stop_ids=stop_ids, data=data,
-                     resume_from=resume_from, hardware=hw)
+                     resume_from=resume_from, hardware=hw, callbacks=tuple(callbacks))
     summary = recipe_for(cfg.method.name).run(ctx)
     if not main:  # rank 0 writes the summary
         return summary
     summary["plan"] = compare_plan(plan, run_dir)  # plan vs measured: state bytes, peak memory, throughput
     summary["wall_seconds"] = round(time.time() - t_start, 2)
     write_json(run_dir / "summary.json", summary)
-    from trainpipe.evaluate.gates import GatesFailed, apply_gates  # quality gates with their evidence (`gate_failed` per failure)
-
+    # quality gates with their evidence (`gate_failed` per failure)
     summary["gates"] = apply_gates(run_dir, cfg.gates, forgetting_threshold=cfg.eval.forgetting_threshold, events=events)
     write_json(run_dir / "summary.json", summary)
     events.emit("run_finished", step=summary.get("train", {}).get("global_step", 0), wall_seconds=summary["wall_seconds"])
@@ -504,10 +443,11 @@ def _steps(cfg: RunConfig, plan, hw, run_dir: Path, events: EventLog, config_pat
     return summary
 
 
-def recipe_for(method: str):
-    """The module that runs `method.name` (each reads top to bottom: model, trainer, train, evaluate, export)."""
-    import importlib
+# the module that runs each `method.name` (each reads top to bottom: model, trainer, train, evaluate, export)
+RECIPES = {"sft": sft, "pretrain": pretrain, "dpo": preference, "orpo": preference, "kto": preference, "reward": reward, "rl": rl,
+           "classification": classify}
 
-    module = {"sft": "sft", "pretrain": "pretrain", "dpo": "preference", "orpo": "preference", "kto": "preference", "reward": "reward", "rl": "rl",
-              "classification": "classify"}[method]
-    return importlib.import_module(f"trainpipe.train.{module}")
+
+def recipe_for(method: str):
+    """The module that runs `method.name`."""
+    return RECIPES[method]

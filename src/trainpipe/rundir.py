@@ -57,7 +57,7 @@ ARTEFACTS = frozenset({
     # evaluation, gates and the report (evaluate/, report/html.py); tracking and pipeline state (track/, pipeline/dag.py)
     "gates.json", "lengths.json", "review_samples.jsonl", "review.json", "forgetting.json", "benchmarks_baseline.json",
     "tracking.json", "plan.json", "pipeline.json", "tensorboard", "wandb", ".pipeline-step.json",
-    ".trainpipe-store",  # the step cache of `trainpipe run` with stages/adapters (pipeline/dag.py RUN_STORE)
+    ".trainpipe-store",  # the step cache of `trainpipe run` with stages/adapters (pipeline/run.py RUN_STORE)
 })
 PREPARE_FILES = frozenset({"report.json", "rejected.jsonl", "duplicates.jsonl"})  # what `trainpipe prepare` writes into OUTPUT_DIR/data/
 

@@ -5,6 +5,7 @@ them (a wrapped URL could no longer be recognised), and the rendered output agai
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
@@ -15,7 +16,7 @@ from rich.text import Text
 
 from trainpipe.redact import redact_text
 
-_console: Console | None = None
+_console: Console | None = None  # set in place of the default console (distributed/env.py `silence_console`); None: the default
 
 
 class RedactingConsole(Console):
@@ -42,11 +43,17 @@ def _redact_renderable(obj):
 
 
 def console() -> Console:
-    global _console
-    if _console is None:
-        width = int(os.environ["COLUMNS"]) if os.environ.get("COLUMNS", "").isdigit() else None
-        _console = RedactingConsole(width=width, no_color=bool(os.environ.get("NO_COLOR")), highlight=False, soft_wrap=False)
-    return _console
+    """trainpipe's console: `_console` when one was set in its place (ranks other than 0: a silent one,
+    distributed/env.py), else the one console of this `$COLUMNS` / `$NO_COLOR`, made on first use."""
+    if _console is not None:
+        return _console
+    width = int(os.environ["COLUMNS"]) if os.environ.get("COLUMNS", "").isdigit() else None
+    return _make_console(width, bool(os.environ.get("NO_COLOR")))
+
+
+@functools.cache
+def _make_console(width: int | None, no_color: bool) -> Console:
+    return RedactingConsole(width=width, no_color=no_color, highlight=False, soft_wrap=False)
 
 
 def progress(*extra: TextColumn) -> Progress:
@@ -89,21 +96,3 @@ def _fmt(v) -> str:
 def is_tty() -> bool:
     return sys.stdout.isatty()
 
-
-def fold_help_text(rich_utils) -> None:
-    """Typer's help (`--help`) puts each option's help in a column of what the terminal leaves; a word wider than that
-    (a list of choices `auto|full|freeze|lora|qlora`, `--set training.learning_rate=1e-4`) was cut with "…". Every
-    help text typer builds folds instead: the whole word shows, over two lines. Applied once typer's ``rich_utils`` is
-    imported (trainpipe._quiet follows that import), so a command that prints no help imports no rich."""
-    make = rich_utils._make_rich_text
-    if getattr(make, "trainpipe_fold", False):
-        return
-
-    def _make_rich_text(*args, **kwargs):
-        out = make(*args, **kwargs)
-        if isinstance(out, Text):
-            out.overflow = "fold"
-        return out
-
-    _make_rich_text.trainpipe_fold = True
-    rich_utils._make_rich_text = _make_rich_text

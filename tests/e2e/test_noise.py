@@ -75,7 +75,7 @@ def test_a_refusal_on_two_workers_is_one_paragraph_once(tmp_path, base, case):
 
 
 def _records(run) -> list[str]:
-    from trainpipe.distributed.launch import ELASTIC_API_LOGGER, _ExplainedFailure
+    from trainpipe.launch import ELASTIC_API_LOGGER, _ExplainedFailure
 
     log = logging.getLogger(ELASTIC_API_LOGGER)
     seen: list[str] = []
@@ -119,7 +119,7 @@ def test_the_launcher_says_what_rank_0_did_not_once(tmp_path, monkeypatch, capsy
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
     from trainpipe.distributed.env import PeerLeft
-    from trainpipe.distributed.launch import REPORTS_ENV, exit_code, report_error, say_failures
+    from trainpipe.launch import REPORTS_ENV, exit_code, report_error, say_failures
     from trainpipe.errors import ConfigError, DataError
 
     monkeypatch.setenv(REPORTS_ENV, "1")
@@ -147,7 +147,7 @@ def test_the_launcher_says_what_rank_0_did_not_once(tmp_path, monkeypatch, capsy
 
 
 def test_a_rank_other_than_0_under_another_launcher_still_says_its_error_on_stderr(monkeypatch, capsys):
-    from trainpipe.distributed.launch import REPORTS_ENV, report_error
+    from trainpipe.launch import REPORTS_ENV, report_error
     from trainpipe.errors import ConfigError
 
     monkeypatch.delenv(REPORTS_ENV, raising=False)

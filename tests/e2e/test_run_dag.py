@@ -1,10 +1,11 @@
-"""`trainpipe run` of a `stages:` / `method.adapters` config executes the pipeline DAG (pipeline/dag.py `run_parts` ->
+"""`trainpipe run` of a `stages:` / `method.adapters` config executes the pipeline DAG (pipeline/run.py `run_parts` ->
 `run_pipeline`), the same steps as `trainpipe pipeline show` lists, with the step cache in `OUTPUT_DIR/.trainpipe-store`.
 
 A 2-stage SFT config (stage 2 trains from stage 1's export) run once; then `--resume` of the unchanged config reuses
 every step (no training: the stages' event logs and weights are byte for byte unchanged); then a change of stage 2's
-learning rate re-runs only stage 2's steps from its train step on. Each call of `pipeline.run.run` is recorded: the only
-nested calls come from the DAG's train step with one branch's single-method config (no loop of `run()` over stages).
+learning rate re-runs only stage 2's steps from its train step on. Each call of the entry `pipeline.run.run` and of one
+run `trainpipe.run.run` is recorded: the only nested calls come from the DAG's train step with one branch's
+single-method config (no loop of `run()` over stages).
 An adapters config runs through the DAG under `run` and `pipeline run`: each adapter trained (loss falls), evaluated,
 exported and reported."""
 
@@ -58,21 +59,24 @@ def _sha(p: Path) -> str:
 
 @pytest.fixture(scope="module")
 def staged(tmp_path_factory, tiny_model_dir):
-    import trainpipe.pipeline.run as run_mod
+    import trainpipe.pipeline.run as entry_mod
+    import trainpipe.run as run_mod
 
     tmp = tmp_path_factory.mktemp("run_dag")
     write_jsonl(tmp / "train.jsonl", alpaca_records(48, seed=41))
     cfg = _stages_config(tmp, tiny_model_dir, 4e-3)
     calls = []
-    real = run_mod.run
 
-    def recording_run(c, **kw):  # every call of `trainpipe run`'s function: its config and who called it
-        calls.append({"stages": bool(c.stages), "method": c.method.name, "output_dir": c.output_dir,
-                      "caller": inspect.stack()[1].function})
-        return real(c, **kw)
+    def recording(real):
+        def recording_run(c, **kw):  # every call of `trainpipe run`'s entry and of one run: its config and who called it
+            calls.append({"stages": bool(c.stages), "method": c.method.name, "output_dir": c.output_dir,
+                          "caller": inspect.stack()[1].function})
+            return real(c, **kw)
+        return recording_run
 
     mp = pytest.MonkeyPatch()
-    mp.setattr(run_mod, "run", recording_run)
+    mp.setattr(entry_mod, "run", recording(entry_mod.run))
+    mp.setattr(run_mod, "run", recording(run_mod.run))
     try:
         assert main(["run", str(cfg)]) == 0
     finally:

@@ -160,7 +160,7 @@ def test_external_inputs_and_sources_equal_full_hash(tmp_path, big):
     step keys, and the manifest's data hashes, do not change), and the second time read nothing."""
     from trainpipe.config import DataSource
     from trainpipe.pipeline.dag import folder_digest
-    from trainpipe.pipeline.run import source_sha256
+    from trainpipe.run import source_sha256
 
     (tmp_path / "config.json").write_text("{}")
     _aged(tmp_path / "config.json")

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from trainpipe.cli import main
-from trainpipe.distributed.launch import torchrun_options, worker_args
+from trainpipe.launch import torchrun_options, worker_args
 
 CONFIG = {"model": {"name_or_path": "sshleifer/tiny-gpt2"}, "data": {"sources": [{"path": "data.jsonl"}]}, "name": "demo",
           "distributed": {"nproc_per_node": 8, "nnodes": 2}}

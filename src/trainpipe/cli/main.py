@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         from trainpipe import ui
 
         ui.console().print(f"[bold red]{exc.title}:[/] {escape(exc.message)}", markup=True, highlight=False, soft_wrap=True)
-        from trainpipe.distributed.launch import report_error  # a worker: its launcher says it once, or (rank > 0) its stderr
+        from trainpipe.launch import report_error  # a worker: its launcher says it once, or (rank > 0) its stderr
 
         report_error(exc, main_rank=_is_main_rank())
         if exc.exit_code == 75 and argv is None:

@@ -37,7 +37,7 @@ def run(
     nproc = nproc_per_node if nproc_per_node is not None else (d.nproc_per_node if isinstance(d.nproc_per_node, int) else 1)
     nodes = nnodes if nnodes is not None else d.nnodes
     if (nproc > 1 or nodes > 1) and not dist_env.detect().distributed:  # the launcher: start the workers, wait, pass on their exit code
-        from trainpipe.distributed.launch import spawn, worker_args
+        from trainpipe.launch import spawn, worker_args
 
         code = spawn(worker_args(str(config.resolve()), set_ or [], overwrite=overwrite, resume=resume), nproc=nproc, nnodes=nodes,
                      node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, run_id=cfg.name or "trainpipe")
@@ -74,7 +74,7 @@ def launch(
     (GPUs, memory and NCCL variables from the config and the plan; the `--set` overrides go along, every value quoted)."""
     from trainpipe import ui
     from trainpipe.config import load_config
-    from trainpipe.distributed.launch import write_launch_files
+    from trainpipe.launch import write_launch_files
 
     _numbers(("--nproc-per-node", nproc_per_node, "the GPUs per node", 1), ("--nnodes", nnodes, "the number of nodes", 1))
     cfg = load_config(config, set_ or [])

@@ -24,9 +24,11 @@ import json
 import time
 from pathlib import Path
 
-from trainpipe.config import RunConfig
-from trainpipe.errors import RunDirError
 from trainpipe import rundir
+from trainpipe.config import RunConfig
+from trainpipe.errors import ModelLoadError, RunDirError
+from trainpipe.model.loading import check_model_source, check_peft
+from trainpipe.pipeline.stages import check_branch
 from trainpipe.track.manifest import write_json
 
 
@@ -47,13 +49,8 @@ def check_adapters(cfg: RunConfig, root: Path, *, check_inputs: bool = False) ->
     ``check_inputs`` (`trainpipe run`, `trainpipe pipeline run`) its data files, the shared base model's folder and the
     PEFT errors its architecture tells (`check_peft`, once: every adapter has the run's `method`). A
     refusal names the adapter (its name, index of count) and the key, and nothing has trained or been written."""
-    from trainpipe.pipeline.stages import check_branch
-
     check_adapter_names(cfg, root)
     if check_inputs:  # one base and one `method` for every adapter: checked once, named as the run's
-        from trainpipe.errors import ModelLoadError
-        from trainpipe.model.loading import check_model_source, check_peft
-
         try:
             check_model_source(cfg.model)
             check_peft(cfg.model, cfg.method)  # target modules this architecture lacks, ...: the meta-device build

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import trainpipe
+from trainpipe import ownership
 from trainpipe.pipeline.store import ArtifactStore, digest_of, sha256_bytes
 
 _SRC = Path(trainpipe.__file__).parent
@@ -178,8 +179,6 @@ class StepCache:
                 if self.store.local:
                     if Path(p).is_file() and not Path(p).is_symlink():
                         Path(p).unlink()
-                        from trainpipe import ownership
-
                         ownership.forget(Path(p).parent, Path(p).name)
                         self.store._prune(p.rsplit("/", 1)[0])
                 else:

@@ -10,18 +10,18 @@ import json
 import time
 from pathlib import Path
 
+from trainpipe import ui
+from trainpipe.config import load_config
 from trainpipe.errors import TrainpipeError
+from trainpipe.pipeline.cache import StepCache
+from trainpipe.pipeline.dag import default_store
+from trainpipe.pipeline.store import ArtifactStore
 
 
 def open_store(config: Path | None, store: str | None):
-    from trainpipe.pipeline.store import ArtifactStore
-
     if store is None:
         if config is None:
             raise TrainpipeError("Give a run config (its `pipeline.store`, or the default beside its `output_dir`) or `--store URL`.")
-        from trainpipe.config import load_config
-        from trainpipe.pipeline.dag import default_store
-
         store = default_store(load_config(config, []))
     return ArtifactStore(store)
 
@@ -35,9 +35,6 @@ def _size(n: int) -> str:
 
 
 def cache_ls(config: Path | None, store: str | None, *, as_json: bool = False) -> list[dict]:
-    from trainpipe import ui
-    from trainpipe.pipeline.cache import StepCache
-
     st = open_store(config, store)
     entries = StepCache(st).entries()
     if as_json:
@@ -54,9 +51,6 @@ def cache_ls(config: Path | None, store: str | None, *, as_json: bool = False) -
 
 
 def cache_gc(config: Path | None, store: str | None, *, everything: bool = False, dry_run: bool = False) -> list[str]:
-    from trainpipe import ui
-    from trainpipe.pipeline.cache import StepCache
-
     st = open_store(config, store)
     keep: set[tuple[str, str]] = set()
     if not everything:
@@ -81,9 +75,6 @@ def cache_gc(config: Path | None, store: str | None, *, everything: bool = False
 def cache_verify(config: Path | None, store: str | None, *, keep: bool = False) -> list[dict]:
     """Re-hash every file of every entry in full (the reuse path trusts a file whose stat is unchanged, digests.py);
     an entry that fails is removed with its artefacts unless `keep`, so the next run rebuilds it."""
-    from trainpipe import ui
-    from trainpipe.pipeline.cache import StepCache
-
     st = open_store(config, store)
     results = StepCache(st).verify(remove=not keep)
     bad = [r for r in results if not r["ok"]]

@@ -6,9 +6,9 @@ Every step declares typed inputs and outputs (`PreparedData`, `RunDir`, `EvalRep
 `ReportPage`); `build_dag` connects them and refuses a connection whose types differ. A multi-stage config (`stages:`)
 is one chain per stage, each stage's `train` taking the model the previous policy stage exported (and an rl stage the
 reward stage's model); `method.adapters` is one chain per adapter on the shared base, every adapter's prepare step first
-(its data read and checked against the method before any adapter trains). The steps call the functions
-`trainpipe run` uses (`data.prepare.prepare`, `pipeline.run.run`, `evaluate.evaluator.eval_loss`, the tracker's
-registry, `report.html.write_report`), never copies of them.
+(its data read and checked against the method before any adapter trains). The steps (steps.py) call the
+functions `trainpipe run` uses (`data.prepare.prepare`, `trainpipe.run.run`, `evaluate.evaluator.eval_loss`, the
+tracker's registry, `report.html.write_report`), never copies of them.
 
 Each step's key (cache.py) is the hash of its inputs' content, its config section and its code. A step whose key has a
 verified entry in the store is reused (its outputs copied back where the next steps read them, when they are not
@@ -16,10 +16,10 @@ already there), and the run says which steps were reused and why, and why each o
 config key, or the code changed). `--no-cache` runs every step. Outputs go to the artefact store (store.py), the entry
 last; the record of each pipeline run goes to `pipelines/<id>.json` in the store and `<output_dir>/pipeline.json`.
 
-`trainpipe run` of a `stages:` or `method.adapters` config executes this same DAG (`run_parts`: OUTPUT_DIR's lock, its
+`trainpipe run` of a `stages:` or `method.adapters` config executes this same DAG (pipeline/run.py `run_parts`: OUTPUT_DIR's lock, its
 `--resume`/`--overwrite` rules, the store `pipeline.store` or `OUTPUT_DIR/.trainpipe-store`), so a stage or adapter is
-one chain of steps whose train step runs `trainpipe run` on that one branch's config, never a loop of whole runs; after
-the DAG, `parts_summary` writes OUTPUT_DIR's `summary.json` (and `adapters.json`) under both commands.
+one chain of steps whose train step runs one run (trainpipe/run.py) of that one branch's config, never a loop of whole
+runs; after the DAG, `parts_summary` (parts.py) writes OUTPUT_DIR's `summary.json` (and `adapters.json`) under both commands.
 """
 
 from __future__ import annotations
@@ -31,14 +31,22 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from trainpipe import ui
-from trainpipe.config import RunConfig
+import trainpipe
+from trainpipe import rundir, ui
+from trainpipe.config import RunConfig, load_config, load_yaml_text
 from trainpipe.errors import ConfigError, TrainpipeError
-from trainpipe.pipeline.cache import StepCache, canonical, code_hash, step_key
+from trainpipe.pipeline.adapters import check_adapters
+from trainpipe.pipeline.cache import StepCache, code_hash, step_key
+from trainpipe.pipeline.digests import folder_sha256s, source_sha256
+from trainpipe.pipeline.parts import part_names, parts_summary, seal_root
+from trainpipe.pipeline.stages import stage_plan
+from trainpipe.pipeline.steps import STEPS, PipelineError
 from trainpipe.pipeline.store import ArtifactStore, digest_of, sha256_bytes
+from trainpipe.plan.objective import expand_auto
 from trainpipe.redact import redact_obj
+from trainpipe.track.manifest import git_state, package_versions, write_json
+from trainpipe.track.tracking import flatten
 
 KINDS = ("prepare", "train", "evaluate", "export", "register", "report")
 # the typed interface of each kind of step: inputs (name -> type) and outputs (name -> type)
@@ -60,18 +68,14 @@ OUTPUTS = {
 }
 # the source the step runs (its code hash): package-relative modules
 CODE = {
-    "prepare": ("data", "pipeline/dag.py"),
-    "train": ("train", "data", "evaluate", "export.py", "pipeline/run.py", "plan", "distributed"),
-    "evaluate": ("evaluate", "pipeline/dag.py"),
-    "export": ("pipeline/dag.py", "pipeline/lineage.py"),
-    "register": ("track", "pipeline/dag.py"),
-    "report": ("report", "pipeline/dag.py"),
+    "prepare": ("data", "pipeline/dag.py", "pipeline/steps.py"),
+    "train": ("train", "data", "evaluate", "export.py", "run.py", "model", "pipeline/steps.py", "plan", "distributed"),
+    "evaluate": ("evaluate", "pipeline/dag.py", "pipeline/steps.py"),
+    "export": ("pipeline/dag.py", "pipeline/steps.py", "pipeline/lineage.py"),
+    "register": ("track", "pipeline/dag.py", "pipeline/steps.py"),
+    "report": ("report", "pipeline/dag.py", "pipeline/steps.py"),
 }
 RUN_EXCLUDE = ("checkpoints", ".trainpipe.lock")  # the run folder in the store: everything but the checkpoints
-
-
-class PipelineError(TrainpipeError):
-    title = "pipeline"
 
 
 @dataclass
@@ -123,8 +127,6 @@ def expand(cfg: RunConfig) -> RunConfig:
     or `stages:` where the rule says several, so that `pipeline show|run|compile` build the DAG that `run` executes."""
     if cfg.method.name != "auto":
         return cfg
-    from trainpipe.plan.objective import expand_auto
-
     return expand_auto(cfg)[0]
 
 
@@ -138,8 +140,6 @@ def build_dag(cfg: RunConfig, *, check_inputs: bool = False) -> list[Step]:
     root = Path(cfg.output_dir).resolve()
     steps: list[Step] = []
     if cfg.stages:
-        from trainpipe.pipeline.stages import stage_plan
-
         produced: dict[str, str] = {}  # model folder path -> step id of the export that made it
         plan = stage_plan(cfg, root, check_inputs=check_inputs)
         for i, st in enumerate(plan):
@@ -152,8 +152,6 @@ def build_dag(cfg: RunConfig, *, check_inputs: bool = False) -> list[Step]:
             steps += _chain(sub, name, links, {"stage": st, "index": i, "count": len(plan), "root": root})
             produced[str(root / name / "model")] = f"{name}.export"
     elif cfg.method.adapters:
-        from trainpipe.pipeline.adapters import check_adapters
-
         n = len(cfg.method.adapters)
         chains = [_chain(sub, f"adapter-{a.name}", {}, {"adapter": a.name, "index": i, "count": n})
                   for i, (a, sub) in enumerate(zip(cfg.method.adapters, check_adapters(cfg, root, check_inputs=check_inputs)))]
@@ -219,8 +217,6 @@ def _externals(s: Step) -> str:
 
 def folder_digest(path: Path, patterns: tuple[str, ...] = ("*",), digests=None) -> str:
     """`digests`: a digest cache (digests.py) that skips re-reading files whose stat is unchanged."""
-    from trainpipe.pipeline.digests import folder_sha256s
-
     p = Path(path)
     if p.is_file():
         return folder_sha256s(p.parent, [p], digests)[p.name]
@@ -231,8 +227,6 @@ def folder_digest(path: Path, patterns: tuple[str, ...] = ("*",), digests=None) 
 def external_inputs(step: Step, digests=None) -> dict[str, str]:
     cfg = step.cfg
     if step.kind == "prepare":
-        from trainpipe.pipeline.digests import source_sha256
-
         out = {f"source[{i}]": source_sha256(src, digests) for i, src in enumerate(cfg.data.sources)}
         if "base_model" in step.inputs:  # the upstream model's content is an input already
             return out
@@ -273,17 +267,13 @@ def run_pipeline(cfg: RunConfig, *, config_path: str | None = None, store: str |
     if cfg.output_dir is None:
         cfg = cfg.model_copy(update={"output_dir": f"runs/{cfg.name or 'run'}"})
     if (cfg.stages or cfg.method.adapters) and not root_locked:
-        from trainpipe import rundir
-
-        from trainpipe.pipeline.run import part_names
-
         root = Path(cfg.output_dir).resolve()
         with rundir.RunLock(root):
             rundir.begin(root, part_names(cfg))  # sub-run folders, the root's files: pending until sealed at the end
             try:
                 return run_pipeline(cfg, config_path=config_path, store=store, no_cache=no_cache, only=only, root_locked=True)
             finally:
-                _seal_root(root, part_names(cfg))
+                seal_root(root, part_names(cfg))
     steps = build_dag(cfg, check_inputs=True)
     st = ArtifactStore(store or default_store(cfg))
     cache = StepCache(st)
@@ -305,73 +295,14 @@ def run_pipeline(cfg: RunConfig, *, config_path: str | None = None, store: str |
               "steps": record_steps, "reused": [s["id"] for s in record_steps if s["status"] == "reused"],
               "ran": [s["id"] for s in record_steps if s["status"] == "ran"], "seconds": round(time.time() - t0, 3), "finished": time.time()}
     if cfg.stages or cfg.method.adapters:  # the root's summary.json (and adapters.json) from the branches' own summaries
-        record["summary"] = str(parts_summary(cfg, steps, record_steps, t0))
+        status = {r["id"]: r["status"] for r in record_steps}
+        record["summary"] = str(parts_summary(cfg, [s for s in steps if s.kind == "train"], status, t0))
     st.put_json(f"pipelines/{pid}.json", record)
-    from trainpipe.track.manifest import write_json
-
     root = Path(cfg.output_dir).resolve()
     if root.is_dir():
         write_json(root / "pipeline.json", record)
     con.print(f"pipeline: {len(record['ran'])} step(s) ran, {len(record['reused'])} reused, {record['seconds']:.2f} s", markup=False)
     return record
-
-
-RUN_STORE = ".trainpipe-store"  # `trainpipe run` of stages/adapters: the artefact store inside OUTPUT_DIR (trainpipe's own, rundir.ARTEFACTS)
-
-
-def run_parts(cfg: RunConfig, *, config_path: str | None, overwrite: bool, resume: bool) -> dict:
-    """`trainpipe run` of a `stages:` or `method.adapters` config: the same DAG as `trainpipe pipeline run`, executed by
-    `run_pipeline` under OUTPUT_DIR's lock. Every branch's config is built and checked before anything is written.
-    OUTPUT_DIR is refused when it holds an earlier run, unless `--resume` (finished steps are reused from the step
-    cache, an unfinished train step continues from its newest valid checkpoint, later steps run) or `--overwrite` (cleared
-    when trainpipe made it, and every step runs). The store is `pipeline.store`, else `OUTPUT_DIR/.trainpipe-store`.
-    Returns the root summary (OUTPUT_DIR/summary.json)."""
-    from trainpipe import rundir
-    from trainpipe.pipeline.run import prepare_parent_dir
-
-    if cfg.output_dir is None:
-        cfg = cfg.model_copy(update={"output_dir": f"runs/{cfg.name or 'run'}"})
-    root = Path(cfg.output_dir).resolve()
-    build_dag(cfg, check_inputs=True)  # every stage's / adapter's config, data files and base checked before the folder is touched
-    rundir.check_not_data(root, rundir.protected_paths(cfg, config_path))
-    from trainpipe.pipeline.run import part_names
-
-    with rundir.RunLock(root):  # one run per folder: the whole DAG holds OUTPUT_DIR, each branch's run its own folder
-        prepare_parent_dir(cfg, overwrite, resume, "stages" if cfg.stages else "adapters", config_path=config_path)
-        try:
-            record = run_pipeline(cfg, config_path=config_path, store=cfg.pipeline.store or str(root / RUN_STORE), no_cache=overwrite, root_locked=True)
-        finally:  # however the DAG ended: the root's artefacts and sub-run folders fingerprinted into its manifest
-            _seal_root(root, part_names(cfg))
-    return json.loads(Path(record["summary"]).read_text(encoding="utf-8"))
-
-
-def _seal_root(root: Path, parts: list[str]) -> None:
-    """Seal OUTPUT_DIR of a stages / adapters run (rundir.py `seal`); a failure warns, never hides the outcome."""
-    from trainpipe import rundir
-
-    try:
-        rundir.seal(root, parts)
-    except OSError as exc:
-        ui.console().print(f"warning: {root / rundir.MANIFEST} not updated: {exc}", markup=False, soft_wrap=True)
-
-
-def parts_summary(cfg: RunConfig, steps: list[Step], record_steps: list[dict], t0: float) -> Path:
-    """OUTPUT_DIR/summary.json of a stages / adapters DAG (and adapters.json), from each branch's run summary."""
-    status = {r["id"]: r["status"] for r in record_steps}
-    trains = [s for s in steps if s.kind == "train"]
-    root = Path(cfg.output_dir).resolve()
-    from trainpipe.config import dump_yaml
-
-    from trainpipe import ownership
-
-    ownership.write_text(root / "config.resolved.yaml", dump_yaml(cfg), what="the resolved config")  # the whole config (also under `pipeline run`)
-    if cfg.stages:
-        from trainpipe.pipeline.stages import stages_summary
-
-        return stages_summary(cfg, [(s.meta["stage"], status[s.id] == "reused") for s in trains], root, t0)
-    from trainpipe.pipeline.adapters import adapters_summary
-
-    return adapters_summary(cfg, [s.meta["adapter"] for s in trains], root, t0)
 
 
 def execute_step(step: Step, entries: dict[str, dict], cache: StepCache, *, use_cache: bool, prev: dict | None, config_path: str | None) -> tuple[dict, dict]:
@@ -410,8 +341,7 @@ def execute_step(step: Step, entries: dict[str, dict], cache: StepCache, *, use_
 def run_step_in_store(config_yaml: str, step_id: str, store: str, upstream: dict[str, str], *, use_cache: bool = True) -> str:
     """One step of the DAG on its own (a Kubeflow component, kfp_compile.py): the config as YAML, the entries of the steps
     it reads as `kind:key` (what their components returned), the shared artefact store. Returns its own `kind:key`."""
-    from trainpipe.config import load_yaml_text  # bounded: an alias bomb is refused (issue 22)
-    cfg = RunConfig.model_validate(load_yaml_text(config_yaml, "the step's config_yaml"))
+    cfg = RunConfig.model_validate(load_yaml_text(config_yaml, "the step's config_yaml"))  # bounded: an alias bomb is refused (issue 22)
     steps = {s.id: s for s in build_dag(cfg)}
     if step_id not in steps:
         raise PipelineError(f"The config's DAG has no step `{step_id}`; it has {', '.join(steps)}.")
@@ -442,8 +372,6 @@ def _why_ran(prev: dict | None, parts: dict, section: dict, warning: str | None)
     if changed_inputs:
         why.append("input changed: " + ", ".join(changed_inputs))
     if old.get("config") != parts["config"]:
-        from trainpipe.track.tracking import flatten
-
         a, b = flatten(prev.get("config") or {}), flatten(redact_obj(section))
         keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
         why.append("config changed: " + (", ".join(keys[:8]) + (" ..." if len(keys) > 8 else "") if keys else "its section"))
@@ -462,8 +390,6 @@ def _restore(step: Step, entry: dict, st: ArtifactStore) -> None:
             return
     except (OSError, ValueError, KeyError):
         pass
-    from trainpipe import rundir
-
     kind, foreign = rundir.ownership(run_dir)
     if kind == "foreign":
         raise PipelineError(f"`{run_dir}` holds {', '.join(f'`{n}`' for n in foreign[:5])}, which trainpipe cannot prove it wrote (not listed with "
@@ -482,10 +408,6 @@ def _local_input(entries: dict, src: str, out: str, st: ArtifactStore, work: Pat
 
 
 def _lineage(step: Step, key: str, parts: dict, entries: dict) -> dict:
-    from trainpipe.track.manifest import git_state, package_versions
-
-    import trainpipe
-
     return {
         "produced_by": {"step": step.id, "kind": step.kind, "key": key},
         "parents": {name: {"step": src, "output": out, "key": entries[src]["key"], "digest": entries[src]["outputs"][out]["digest"],
@@ -522,7 +444,7 @@ def _run_step(step: Step, key: str, parts: dict, entries: dict, cache: StepCache
     _ensure_local(step, entries, st)
     work = Path(tempfile.mkdtemp(prefix=f"trainpipe-{step.kind}-"))
     try:
-        fn = globals()[f"_step_{step.kind}"]
+        fn = STEPS[step.kind]
         try:
             outputs = fn(step, entries, st, work, config_path=config_path, key=key)
         except TrainpipeError as exc:
@@ -540,161 +462,7 @@ def _run_step(step: Step, key: str, parts: dict, entries: dict, cache: StepCache
         shutil.rmtree(work, ignore_errors=True)
 
 
-# --------------------------------------------------------------------------- the steps (each calls trainpipe's own functions)
-
-
-def _tokenizer_and_template(cfg: RunConfig, model_path: str | None = None):
-    from trainpipe.data.tokenize import setup_chat_template
-    from trainpipe.model.loading import load_tokenizer
-
-    mcfg = cfg.model if model_path is None else cfg.model.model_copy(update={"name_or_path": model_path, "init_from_config": None})
-    tok = load_tokenizer(mcfg, cfg.model.pad_token)
-    if cfg.method.name == "pretrain" and cfg.method.pretrain.new_tokens and model_path is None:
-        tok.add_tokens(cfg.method.pretrain.new_tokens)
-    return tok, setup_chat_template(tok, cfg.data.chat_template, mcfg.name_or_path)
-
-
-def _prepared(cfg: RunConfig, model_path: str | None = None, report_path: Path | None = None):
-    from trainpipe.data.prepare import prepare
-
-    tok, template = _tokenizer_and_template(cfg, model_path)
-    data = prepare(cfg.data, tok, train_on=cfg.method.train_on, seed=cfg.training.seed, report_path=report_path, template_name=template,
-                   batch_size_hint=cfg.training.per_device_train_batch_size if isinstance(cfg.training.per_device_train_batch_size, int) else 8,
-                   for_method=cfg.method.name)
-    return tok, data
-
-
-def _step_prepare(step: Step, entries, st, work: Path, **_) -> dict:
-    """Read, clean, dedup, split and tokenize the data (trainpipe's data step; the data cache keeps the tokens)."""
-    _, data = _prepared(step.cfg, report_path=work / "data_report.json")
-    if not (work / "data_report.json").exists():
-        from trainpipe.track.manifest import write_json
-
-        write_json(work / "data_report.json", data.report)
-    return {"data": work / "data_report.json"}
-
-
-def _step_train(step: Step, entries, st, work: Path, *, config_path: str | None, key: str, **_) -> dict:
-    """`trainpipe run` of the branch's config into its run folder (baseline eval, training, final eval, export inside it)."""
-    from trainpipe.pipeline.run import run
-    from trainpipe.track import tracking
-
-    run_dir = step.run_dir
-    mark = run_dir / ".pipeline-step.json"
-    try:
-        if (run_dir / "summary.json").exists() and json.loads(mark.read_text())["key"] == key:
-            return {"run": run_dir}  # trained with this very key; only saving its entry was interrupted: not trained twice
-    except (OSError, ValueError, KeyError):
-        pass
-    lineage = None
-    if "stage" in step.meta:  # a stage of `stages:`: the model it starts from (and rl's reward model) in its manifest
-        from trainpipe.pipeline.stages import stage_lineage
-
-        m = step.meta
-        lineage = stage_lineage(m["stage"], m["index"], m["count"], m["root"]) | {"pipeline_step": step.id, "step_key": key}
-        ui.console().print(f"[bold]stage {m['stage']['name']}[/] ({m['index'] + 1}/{m['count']}): {step.cfg.method.name} from "
-                           f"{step.cfg.model.name_or_path}", markup=True, soft_wrap=True)
-    elif "adapter" in step.meta:
-        ui.console().print(f"[bold]adapter {step.meta['adapter']}[/]: {step.cfg.method.peft} on {step.cfg.model.name_or_path}", markup=True, soft_wrap=True)
-    tracking.REGISTER_AT_END = False  # the pipeline's `register` step registers the model
-    try:
-        unfinished = (run_dir / "checkpoints").is_dir() and not (run_dir / "summary.json").exists()
-        resumed = False
-        if unfinished:  # a train step stopped part way (preempted, killed): continue from its newest valid checkpoint
-            from trainpipe.errors import ConfigError as _CfgErr, DataError, RunDirError
-
-            try:
-                run(step.cfg, config_path=config_path, resume=True, lineage=lineage)
-                resumed = True
-            except (_CfgErr, DataError, RunDirError) as exc:  # another config or other data: start over
-                ui.console().print(f"  {step.id}: not resuming the unfinished run ({str(getattr(exc, 'message', exc))[:200]}); starting over",
-                                   markup=False, soft_wrap=True)
-        if not resumed:
-            run(step.cfg, config_path=config_path, overwrite=True, lineage=lineage)
-    finally:
-        tracking.REGISTER_AT_END = True
-    from trainpipe import ownership
-
-    ownership.write_text(run_dir / ".pipeline-step.json", json.dumps({"step": step.id, "key": key}) + "\n", what="the pipeline step's mark")
-    return {"run": run_dir}
-
-
-def _step_evaluate(step: Step, entries, st, work: Path, **_) -> dict:
-    """The run's baseline and final metrics, and the exported model measured again on the same eval split: the eval loss
-    of what was exported must be the final eval loss of the best checkpoint."""
-    run_dir = step.run_dir  # the train step left it there, or a reused one was restored (never the store's copy: that stays as hashed)
-    summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
-    out: dict[str, Any] = {"baseline": summary.get("baseline"), "final": summary.get("final"), "method": summary.get("method")}
-    if summary.get("method") in ("sft", "pretrain") and (run_dir / "model").is_dir():
-        import torch
-        from transformers import AutoModelForCausalLM
-
-        from trainpipe.evaluate.evaluator import eval_loss
-
-        base_here = Path(step.cfg.model.name_or_path).exists()  # else (a pod without the upstream stage's folder): the export's tokenizer
-        tok, data = _prepared(step.cfg, None if base_here else str(run_dir / "model"))
-        model = AutoModelForCausalLM.from_pretrained(run_dir / "model", dtype=torch.float32)
-        model.eval()
-        loss = eval_loss(model, data.eval, batch_size=step.cfg.training.per_device_eval_batch_size, pad_id=tok.pad_token_id)["loss"]
-        final = (summary.get("final") or {}).get("loss")
-        out["exported_model"] = {"loss": loss, "final_loss": final, "abs_diff": abs(loss - final) if final is not None else None}
-    else:
-        out["exported_model"] = {"skipped": f"re-measuring the export is done for sft and pretrain; this run is {summary.get('method')}"}
-    (work / "eval.json").write_text(json.dumps(out, indent=2, default=str) + "\n", encoding="utf-8")
-    return {"metrics": work / "eval.json"}
-
-
-def _step_export(step: Step, entries, st, work: Path, **_) -> dict:
-    """The exported model (the run's `model/`) as a content-addressed artefact, with its lineage inside."""
-    run_dir = step.run_dir  # the train step left it there, or a reused one was restored (never the store's copy: that stays as hashed)
-    if not (run_dir / "model").is_dir():
-        raise PipelineError(f"`{run_dir}` holds no exported model (`model/`); the train step did not finish its export.")
-    dest = work / "model"
-    shutil.copytree(run_dir / "model", dest)
-    return {"model": dest}
-
-
-def _step_register(step: Step, entries, st, work: Path, **_) -> dict:
-    """The model in MLflow's model registry (tracking.backend mlflow) with its lineage as tags."""
-    from trainpipe.track import tracking
-
-    run_dir = step.run_dir  # the train step left it there, or a reused one was restored (never the store's copy: that stays as hashed)
-    model = entries[step.inputs["model"][0]]["outputs"]["model"]
-    rec: dict[str, Any] = {"model_uri": model["uri"], "model_digest": model["digest"]}
-    if not step.cfg.tracking.register_model:
-        rec |= {"registered": False, "reason": "tracking.register_model is false"}
-    else:
-        name = step.cfg.tracking.model_name or step.cfg.name
-        try:
-            reg = tracking.register_model(run_dir, name=name, tags={"trainpipe.pipeline.model_uri": model["uri"], "trainpipe.pipeline.model_digest": model["digest"]})
-        except Exception as exc:  # noqa: BLE001 - an unreachable registry: the model stays in the store, recorded as not registered
-            reg = None
-            rec["error"] = str(exc)[:300]
-        rec |= {"registered": True, **reg} if reg else {"registered": False, "reason": rec.pop("error", None) or
-                                                        "the run has no MLflow run with a logged model (tracking.backend is not mlflow, or the tracker was unreachable)"}
-    (work / "registration.json").write_text(json.dumps(redact_obj(rec), indent=2, default=str) + "\n", encoding="utf-8")
-    return {"registration": work / "registration.json"}
-
-
-def _step_report(step: Step, entries, st, work: Path, **_) -> dict:
-    """The run's HTML report page (report/html.py), or a record of why there is none."""
-    run_dir = step.run_dir  # the train step left it there, or a reused one was restored (never the store's copy: that stays as hashed)
-    try:
-        from trainpipe.report.html import write_report
-    except ImportError as exc:
-        (work / "report.json").write_text(json.dumps({"skipped": f"no HTML report writer in this trainpipe ({exc})"}) + "\n", encoding="utf-8")
-        return {"page": work / "report.json"}
-    page = Path(write_report(run_dir))
-    shutil.copyfile(page, work / page.name)
-    from trainpipe.track import tracking
-
-    tracking.log_artifact(run_dir, page)  # the page beside the run's other artefacts in MLflow
-    return {"page": work / page.name}
-
-
 def load_config_for(config: str | Path, overrides: list[str]) -> RunConfig:
-    from trainpipe.config import load_config
-
     cfg = load_config(config, overrides)
     if cfg.output_dir is None:
         raise ConfigError("`output_dir` is needed for a pipeline (the run folder its steps write).", ["output_dir: missing"])

@@ -41,7 +41,10 @@ import os
 import time
 from pathlib import Path
 
+from trainpipe import ownership
+from trainpipe.data.sources import expand, sha256_path
 from trainpipe.hashing import file_sha256
+from trainpipe.run import source_sha256 as full
 
 VERSION = 1
 TICK_NS = 100_000_000  # 0.1 s: above the coarse kernel clock tick that stamps mtimes (1-10 ms)
@@ -105,8 +108,6 @@ class DigestCache:
             else:
                 merged[p] = rec
         merged = {p: r for p, r in merged.items() if os.path.exists(p)}  # files deleted since: dropped
-        from trainpipe import ownership
-
         try:  # the ownership rule: atomic, recorded, never over a file of that name trainpipe did not write
             ownership.write_text(self.path, json.dumps({"version": VERSION, "files": merged}, separators=(",", ":")),
                                  what="the digest cache (digests.json)")
@@ -191,12 +192,9 @@ def folder_sha256s(folder: Path, files: list[Path], digests: DigestCache | None)
 
 
 def source_sha256(src, digests: DigestCache | None) -> str:
-    """`pipeline.run.source_sha256` (the manifest's data hash, the same value) with each data file's SHA-256 through
+    """`trainpipe.run.source_sha256` (the manifest's data hash, the same value) with each data file's SHA-256 through
     the digest cache; a `save_to_disk` folder source is hashed in full as there."""
     import hashlib
-
-    from trainpipe.data.sources import expand, sha256_path
-    from trainpipe.pipeline.run import source_sha256 as full
 
     if src.path is None or digests is None:
         return full(src)

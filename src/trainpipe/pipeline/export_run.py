@@ -19,8 +19,14 @@ import warnings
 from pathlib import Path
 
 
-from trainpipe.config import RunConfig, build_config
+from trainpipe.config import build_config, read_yaml, RunConfig
+from trainpipe.data.tokenize import end_of_turn_ids, setup_chat_template
 from trainpipe.errors import RunDirError, TrainpipeError
+from trainpipe.evaluate.gates import mark_model
+from trainpipe.export import base_model_dir, check_destination, export_model, recorded, stop_token_ids
+from trainpipe.model.checkpoints import CheckpointManager, verify
+from trainpipe.model.loading import build_model, load_model, load_tokenizer
+from trainpipe.report.diagnose import read_mapping
 
 COMBINATIONS = ("cat", "linear", "svd")
 EXPORTABLE = ("sft", "pretrain", "dpo", "orpo", "kto")
@@ -30,16 +36,12 @@ def _resolved_config(run_dir: Path) -> RunConfig:
     path = run_dir / "config.resolved.yaml"
     if not path.is_file():
         raise RunDirError(f"`{run_dir}` is not a trainpipe run directory (no config.resolved.yaml). Give the `output_dir` of a run.")
-    from trainpipe.config import read_yaml
-
     return build_config(read_yaml(path), source=f"`{path}`")  # bounded YAML; a damaged file is one paragraph (issue 22)
 
 
 def _gates_block(run_dir: Path) -> dict | None:
     """The run's gates.json (None when the run has none); RunDirError when it is damaged: an export must not lose the
     mark of a failed gate."""
-    from trainpipe.report.diagnose import read_mapping
-
     gates = run_dir / "gates.json"
     if not gates.exists():
         return None
@@ -59,8 +61,6 @@ def _generation_stop_ids(model_dir: Path) -> list[int]:
 
 def protected_paths(run_dir: Path, cfg: RunConfig) -> list[tuple[str, Path]]:
     """What an export destination must neither be, hold nor lie inside: the config file, the base model, the data."""
-    from trainpipe.export import base_model_dir
-
     out = base_model_dir(cfg.model)
     manifest = run_dir / "manifest.json"
     try:
@@ -81,8 +81,6 @@ def protected_paths(run_dir: Path, cfg: RunConfig) -> list[tuple[str, Path]]:
 
 def export_run(run_dir: str | Path, *, adapter: str | None = None, combine: dict[str, float] | None = None, combination: str = "cat",
                out: str | Path | None = None, checkpoint: str | None = None) -> Path:
-    from trainpipe.export import check_destination
-
     run_dir = Path(run_dir).resolve()
     if out is not None:  # before any weights load: a destination that is not ours to replace is refused
         check_destination(Path(out), run_dir=run_dir, protect=protected_paths(run_dir, _resolved_config(run_dir)))
@@ -98,8 +96,6 @@ def export_run(run_dir: str | Path, *, adapter: str | None = None, combine: dict
 
 def pick_checkpoint(run_dir: Path, name: str):
     """The run's own checkpoint called ``name`` (`step-N`), verified; a RunDirError naming the run's checkpoints otherwise."""
-    from trainpipe.model.checkpoints import CheckpointManager, verify
-
     ck_dir = run_dir / "checkpoints"
     own = CheckpointManager(ck_dir).all() if ck_dir.is_dir() else []
     names = [c.path.name for c in own]
@@ -115,11 +111,6 @@ def pick_checkpoint(run_dir: Path, name: str):
 
 
 def export_single(run_dir: Path, *, out: str | Path | None = None, checkpoint: str | None = None) -> Path:
-    from trainpipe.data.tokenize import end_of_turn_ids, setup_chat_template
-    from trainpipe.export import export_model, stop_token_ids
-    from trainpipe.model.checkpoints import CheckpointManager
-    from trainpipe.model.loading import build_model, load_tokenizer
-
     cfg = _resolved_config(run_dir)
     gates_block = _gates_block(run_dir) if not checkpoint else None  # a damaged gates.json stops before anything is written
     if cfg.method.name not in EXPORTABLE or cfg.method.pretrain.new_tokens:
@@ -140,8 +131,6 @@ def export_single(run_dir: Path, *, out: str | Path | None = None, checkpoint: s
     model = build_model(cfg.model, cfg.method, tokenizer=tok)
     weights, _ = CheckpointManager.load(info.path)
     model.load_state_dict(weights, strict=False)
-    from trainpipe.report.diagnose import read_mapping
-
     summary = read_mapping(run_dir / "summary.json") or {}  # damaged: the card has no figures (issue 22)
     card = {"name": cfg.name, "base_model": cfg.model.name_or_path, "method": f"{cfg.method.name} / {cfg.method.peft}", "config_hash": cfg.hash(),
             "baseline": summary.get("baseline", {}), "final": summary.get("final", {}), "config": cfg.model_dump(mode="json"),
@@ -149,9 +138,6 @@ def export_single(run_dir: Path, *, out: str | Path | None = None, checkpoint: s
     path = export_model(run_dir=run_dir, model=model, tokenizer=tok, base=cfg.model, peft=cfg.method.peft, stop_ids=stop_ids, card=card,
                         dest=Path(out) if out else None, protect=protected_paths(run_dir, cfg))
     if gates_block is not None:  # the run's model again: it carries the run's quality gates (a failed gate marks it as not passing)
-        from trainpipe.evaluate.gates import mark_model
-        from trainpipe.export import recorded
-
         mark_model(path, gates_block)
         recorded(path, run_dir, names=("quality_gates.json", "README.md"))  # its manifest proves the marked export trainpipe's
     return path
@@ -164,8 +150,6 @@ def load_adapters(run_dir: str | Path):
     """(PeftModel with every adapter of the run loaded under its name, tokenizer, names); switch with `model.set_adapter(name)`."""
     from peft import PeftModel
     from transformers import AutoTokenizer
-
-    from trainpipe.model.loading import load_model
 
     run_dir = Path(run_dir).resolve()
     index = json.loads((run_dir / "adapters.json").read_text())
@@ -195,8 +179,6 @@ def parse_combine(text: str) -> dict[str, float]:
 
 
 def export_adapters(run_dir: Path, *, adapter: str | None, combine: dict[str, float] | None, combination: str, out: str | Path | None) -> Path:
-    from trainpipe.export import export_model
-
     if (adapter is None) == (combine is None):
         raise TrainpipeError(f"`{run_dir}` holds several adapters: give `--adapter NAME` to export one, or `--combine a=0.5,b=0.5` to merge a weighted combination.")
     if combination not in COMBINATIONS:

@@ -6,7 +6,7 @@ task runs `dag.run_step_in_store` in the trainpipe image: the same step function
 artefact store as `trainpipe pipeline run` (give a store every pod reaches: `pipeline.store: s3://bucket/prefix`). A
 task returns its cache entry as `kind:key`, which is what the next task reads. The image is pinned to this trainpipe's
 version (`pipeline.image` with its tag replaced), so the cluster runs the code that was compiled; the train task asks
-for the GPUs and host memory of the plan (distributed/launch.py `cluster_layout`), the evaluate task for one GPU when
+for the GPUs and host memory of the plan (launch.py `cluster_layout`), the evaluate task for one GPU when
 training uses any.
 
 Credentials in the config's URLs (the store, a SQL source, the tracking URI) are never written: each becomes a reference
@@ -26,6 +26,12 @@ from pathlib import Path
 from kfp import compiler, dsl
 
 import trainpipe
+from trainpipe import ownership
+from trainpipe.errors import ConfigError
+from trainpipe.launch import cluster_layout
+from trainpipe.pipeline.dag import build_dag, default_store, run_step_in_store
+from trainpipe.redact import redact_obj, resolve_config_text, resolve_references, SecretRefs
+from trainpipe.rundir import protected_paths
 
 
 def pinned_image(image: str) -> str:
@@ -43,44 +49,26 @@ def pinned_image(image: str) -> str:
 
 
 def prepare(config_yaml: str, step_id: str, store: str, use_cache: bool, base_model: str) -> str:
-    from trainpipe.pipeline.dag import run_step_in_store
-    from trainpipe.redact import resolve_config_text, resolve_references
-
     return run_step_in_store(resolve_config_text(config_yaml), step_id, resolve_references(store), {"base_model": base_model}, use_cache=use_cache)
 
 
 def train(config_yaml: str, step_id: str, store: str, use_cache: bool, data: str, base_model: str, reward_model: str) -> str:
-    from trainpipe.pipeline.dag import run_step_in_store
-    from trainpipe.redact import resolve_config_text, resolve_references
-
     return run_step_in_store(resolve_config_text(config_yaml), step_id, resolve_references(store), {"data": data, "base_model": base_model, "reward_model": reward_model}, use_cache=use_cache)
 
 
 def evaluate(config_yaml: str, step_id: str, store: str, use_cache: bool, run: str, data: str) -> str:
-    from trainpipe.pipeline.dag import run_step_in_store
-    from trainpipe.redact import resolve_config_text, resolve_references
-
     return run_step_in_store(resolve_config_text(config_yaml), step_id, resolve_references(store), {"run": run, "data": data}, use_cache=use_cache)
 
 
 def export(config_yaml: str, step_id: str, store: str, use_cache: bool, run: str, metrics: str) -> str:
-    from trainpipe.pipeline.dag import run_step_in_store
-    from trainpipe.redact import resolve_config_text, resolve_references
-
     return run_step_in_store(resolve_config_text(config_yaml), step_id, resolve_references(store), {"run": run, "metrics": metrics}, use_cache=use_cache)
 
 
 def register(config_yaml: str, step_id: str, store: str, use_cache: bool, model: str, run: str) -> str:
-    from trainpipe.pipeline.dag import run_step_in_store
-    from trainpipe.redact import resolve_config_text, resolve_references
-
     return run_step_in_store(resolve_config_text(config_yaml), step_id, resolve_references(store), {"model": model, "run": run}, use_cache=use_cache)
 
 
 def report(config_yaml: str, step_id: str, store: str, use_cache: bool, run: str, metrics: str) -> str:
-    from trainpipe.pipeline.dag import run_step_in_store
-    from trainpipe.redact import resolve_config_text, resolve_references
-
     return run_step_in_store(resolve_config_text(config_yaml), step_id, resolve_references(store), {"run": run, "metrics": metrics}, use_cache=use_cache)
 
 
@@ -94,8 +82,6 @@ def k8s_name(cfg) -> str:
 
 def secret_refs(cfg):
     """The :class:`trainpipe.redact.SecretRefs` of `cfg`'s cluster files: one Kubernetes Secret, `<k8s_name>-secrets`."""
-    from trainpipe.redact import SecretRefs
-
     return SecretRefs(f"{k8s_name(cfg)[:45]}-secrets")
 
 
@@ -104,10 +90,6 @@ def build_pipeline(cfg, *, store: str | None = None, image: str | None = None, r
     the store's URLs is replaced by a reference to the Secret of `refs` (default :func:`secret_refs`), which each task
     gets as environment variables (kfp-kubernetes' `use_secret_as_env`)."""
     import json
-
-    from trainpipe.distributed.launch import cluster_layout
-    from trainpipe.redact import redact_obj
-    from trainpipe.pipeline.dag import build_dag, default_store
 
     refs = secret_refs(cfg) if refs is None else refs
     steps = build_dag(cfg)
@@ -123,8 +105,6 @@ def build_pipeline(cfg, *, store: str | None = None, image: str | None = None, r
         try:
             from kfp import kubernetes as kfp_k8s
         except ImportError:
-            from trainpipe.errors import ConfigError
-
             raise ConfigError(
                 f"The config's URLs carry credentials ({', '.join(refs.refs.values())}), which trainpipe passes to the tasks "
                 f"from a Kubernetes Secret, and that needs the `kfp-kubernetes` package: `pip install 'trainpipe[kubeflow]'` "
@@ -173,8 +153,6 @@ def compile_pipeline(cfg, out: str | Path | None, *, store: str | None = None, i
     text, refs, notes, layout...}; `notes` are the console lines that say which credentials became references."""
     import tempfile
 
-    from trainpipe import ownership
-
     reads = protected_reads(cfg, config_path)
     if out is not None:
         ownership.check_writable(out, what=what, reads=reads)
@@ -193,7 +171,5 @@ def compile_pipeline(cfg, out: str | Path | None, *, store: str | None = None, i
 def protected_reads(cfg, config_path: str | Path | None) -> list:
     """What an emitted file may never replace: the config and everything the run reads (rundir.protected_paths), but not
     the working and home folders as such (an output file may go there)."""
-    from trainpipe.rundir import protected_paths
-
     keep = {Path.cwd().resolve(), Path.home().resolve()}
     return [(p, what) for p, what in protected_paths(cfg, str(config_path) if config_path else None) if p not in keep]

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from trainpipe.errors import RunDirError
+from trainpipe.hashing import file_sha256
 
 
 def _json(p: Path) -> dict:
@@ -23,8 +24,6 @@ def _json(p: Path) -> dict:
 
 
 def _weights(model: Path) -> dict[str, str]:
-    from trainpipe.hashing import file_sha256
-
     return {f.name: file_sha256(f) for f in sorted(model.glob("*.safetensors"))} if model.is_dir() else {}
 
 

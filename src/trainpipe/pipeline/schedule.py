@@ -34,7 +34,15 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Callable
 
+from trainpipe import ownership
+from trainpipe.config import read_yaml
 from trainpipe.errors import ConfigError
+from trainpipe.launch import cluster_layout
+from trainpipe.pipeline.dag import default_store, pipeline_id, run_pipeline
+from trainpipe.pipeline.digests import source_sha256
+from trainpipe.pipeline.kfp_compile import compile_pipeline, k8s_name, pinned_image, protected_reads, secret_refs
+from trainpipe.pipeline.store import ArtifactStore
+from trainpipe.redact import MissingReference, redact_obj, redact_text, REF_PREFIX, resolve_obj, resolve_references
 
 FIELDS = ("minute", "hour", "day of month", "month", "day of week")
 BOUNDS = {"minute": (0, 59), "hour": (0, 23), "day of month": (1, 31), "month": (1, 12), "day of week": (0, 7)}
@@ -124,8 +132,6 @@ def _days_exist(parts: list[str]) -> bool:
 def source_hashes(cfg, digests=None) -> dict[str, str]:
     """Every data source's content SHA-256 (the run's `data`, every stage's and every adapter's); with `digests` (the
     store's digest cache, digests.py) a data file whose stat is unchanged is not read again."""
-    from trainpipe.pipeline.digests import source_sha256
-
     datas = [("data", cfg.data)] if cfg.data is not None else []
     datas += [(f"stages[{i}].data", st.data) for i, st in enumerate(cfg.stages or []) if st.data is not None]
     datas += [(f"adapters.{a.name}.data", a.data) for a in cfg.method.adapters]
@@ -138,9 +144,6 @@ class Trigger:
 
     def __init__(self, cfg, *, config_path: str | None, on_new_data: bool, store: str | None = None,
                  run: Callable[[], dict] | None = None, log: Callable[[str], None] = print):
-        from trainpipe.pipeline.dag import default_store, pipeline_id, run_pipeline
-        from trainpipe.pipeline.store import ArtifactStore
-
         cfg = resolve_cluster_config(cfg)  # in a CronJob's pod: the Secret's values for the references, in memory
         store = _resolve_store(store)
         self.cfg, self.on_new_data, self.log = cfg, on_new_data, log
@@ -189,10 +192,6 @@ def schedule_loop(trigger: Trigger, cron: Cron | None, *, interval_seconds: floa
 def k8s_cronjob(cfg, *, cron: str, config_path: str, on_new_data: bool, store: str | None = None, refs=None) -> dict:
     """The CronJob (a dict). Credentials of the store URL are references (`$(TRAINPIPE_SECRET_...)`, which Kubernetes
     expands in the command) to env vars the container gets from the Secret of `refs` (`valueFrom.secretKeyRef`)."""
-    from trainpipe.distributed.launch import cluster_layout
-    from trainpipe.pipeline.dag import default_store
-    from trainpipe.pipeline.kfp_compile import k8s_name, pinned_image, secret_refs
-
     parse_cron(cron)
     refs = secret_refs(cfg) if refs is None else refs
     layout = cluster_layout(cfg)
@@ -234,11 +233,6 @@ def emit_k8s_cronjob(cfg, *, cron: str | None, config_path: str | Path, out: Pat
     carry credentials, the file also holds the ConfigMap the pod mounts (the config with references in their place) and
     the container reads them from a Kubernetes Secret; the console says which Secret to create. Returns the CronJob."""
     import yaml
-
-    from trainpipe import ownership
-    from trainpipe.config import read_yaml
-    from trainpipe.pipeline.kfp_compile import protected_reads, secret_refs
-    from trainpipe.redact import redact_text
 
     if not cron:
         raise ConfigError("`--emit k8s-cronjob` needs `--cron \"...\"` (the CronJob's schedule).", ["--cron missing"])
@@ -292,8 +286,6 @@ def resolve_cluster_config(cfg):
     itself when it has none. A missing variable: ConfigError naming it and the Secret to create."""
     import json
 
-    from trainpipe.redact import REF_PREFIX, MissingReference, resolve_obj
-
     data = cfg.model_dump(mode="json")
     if "$(" + REF_PREFIX not in json.dumps(data):
         return cfg
@@ -305,8 +297,6 @@ def resolve_cluster_config(cfg):
 
 
 def _resolve_store(store: str | None) -> str | None:
-    from trainpipe.redact import MissingReference, resolve_references
-
     try:
         return resolve_references(store) if store else store
     except MissingReference as exc:
@@ -338,9 +328,6 @@ def kfp_recurring_run(cfg, *, cron: str, pipeline_spec: dict, store: str | None 
     """The v2beta1 RecurringRun body (the JSON names of `kfp_server_api.V2beta1RecurringRun`) for the compiled pipeline
     `pipeline_spec`; `experiment_id` is left out (the server's default experiment, or add it). The store's credentials are
     references to the Secret of `refs` (as in the compiled pipeline), never values."""
-    from trainpipe.pipeline.dag import default_store
-    from trainpipe.pipeline.kfp_compile import k8s_name, secret_refs
-
     refs = secret_refs(cfg) if refs is None else refs
     name = k8s_name(cfg)
     return {
@@ -392,10 +379,6 @@ def emit_kfp_recurring_run(cfg, *, cron: str | None, out: Path | None, store: st
     import tempfile
 
     import yaml
-
-    from trainpipe import ownership
-    from trainpipe.pipeline.kfp_compile import compile_pipeline, protected_reads, secret_refs
-    from trainpipe.redact import redact_obj, redact_text
 
     if not cron:
         raise ConfigError("`--emit kfp-recurring-run` needs `--cron \"...\"` (the recurring run's schedule, five fields, e.g. `0 3 * * *`).", ["--cron missing"])

@@ -3,7 +3,7 @@
 Each stage is one chain of the pipeline DAG (pipeline/dag.py: prepare -> train -> evaluate -> export -> register ->
 report), whose train step is an ordinary `trainpipe run` of the stage's config into `OUTPUT_DIR/<stage name>/` (a
 full run directory: data report, checkpoints, baseline and final eval, `model/`); `trainpipe run` and `trainpipe
-pipeline run` execute the same DAG (`dag.run_parts`, `dag.run_pipeline`), with its step cache. A stage's config
+pipeline run` execute the same DAG (`pipeline.run.run_parts`, `dag.run_pipeline`), with its step cache. A stage's config
 is the run's config with the stage's `method`, `training` and `eval` keys laid over the run's, its
 `data` when it gives one, and `model.name_or_path` set by the chain:
 
@@ -35,11 +35,14 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from trainpipe.config import RunConfig, format_validation_error
-from trainpipe.errors import ConfigError
 from trainpipe import rundir
-from trainpipe.track.manifest import write_json
+from trainpipe.config import _check_metric_for_best, format_validation_error, RunConfig
+from trainpipe.data.sources import check_sources
+from trainpipe.errors import ConfigError, DataError, ModelLoadError
 from trainpipe.hashing import file_sha256
+from trainpipe.model.loading import check_model_source, check_peft
+from trainpipe.run import check_measured
+from trainpipe.track.manifest import write_json
 
 POLICY_METHODS = ("sft", "pretrain", "dpo", "orpo", "kto", "rl")
 
@@ -125,23 +128,15 @@ def check_branch(sub: RunConfig, where: str, hint: str, nothing: str, *, label: 
     and `trainpipe pipeline run`, not by `pipeline show|compile`, whose data may live where the steps run) its data files
     must exist too (`check_sources`), and with ``own_model`` also the run's model folder and the PEFT errors its architecture
     tells (`check_peft`: a branch that starts from the run's model, not from an earlier stage's export)."""
-    from trainpipe.config import _check_metric_for_best
-    from trainpipe.errors import DataError, ModelLoadError
-    from trainpipe.pipeline.run import check_measured
-
     try:
         _check_metric_for_best(sub, where)
         check_measured(sub, where)
         if data_key is not None:
-            from trainpipe.data.sources import check_sources
-
             try:
                 check_sources(sub.data.sources)
             except DataError as exc:  # its key as the user wrote it: `method.adapters[2].data.sources[0].path`
                 raise DataError(f"{where}: " + exc.message.replace("`data.", f"`{data_key}.")) from None
             if own_model:
-                from trainpipe.model.loading import check_model_source, check_peft
-
                 try:
                     check_model_source(sub.model)
                     if sub.method.peft != "auto":  # `auto` is the planner's choice, made when the branch's run starts

@@ -29,6 +29,10 @@ from pathlib import Path
 
 from trainpipe import ownership
 from trainpipe.errors import TrainpipeError
+from trainpipe.hashing import file_sha256
+from trainpipe.pipeline.digests import for_store, stat_key
+from trainpipe.redact import redact_obj
+import trainpipe
 
 MARKER = ".trainpipe-store.json"  # written by trainpipe into every store it creates: {"layout": LAYOUT, ...}
 LAYOUT = 1
@@ -89,8 +93,6 @@ class ArtifactStore:
     def _marker_body(self) -> bytes:
         import time
 
-        import trainpipe
-
         return (json.dumps({"layout": LAYOUT, "created": time.time(), "trainpipe": trainpipe.__version__,
                             "what": "a trainpipe artefact store (step cache): trainpipe deletes only what its cache entries list"}, indent=2) + "\n").encode()
 
@@ -148,8 +150,6 @@ class ArtifactStore:
     @property
     def digests(self):
         """The digest cache of this store (digests.py): `<root>/digests.json` on a local store."""
-        from trainpipe.pipeline.digests import for_store
-
         return for_store(self.url, self.root, self.local)
 
     def path(self, key: str) -> str:
@@ -308,8 +308,6 @@ class ArtifactStore:
         return self.uri(key)
 
     def put_json(self, key: str, obj: dict) -> str:
-        from trainpipe.redact import redact_obj
-
         return self.put_bytes(key, (json.dumps(redact_obj(obj), indent=2, sort_keys=True, default=str) + "\n").encode())
 
     def put_path(self, local: Path, key: str, exclude: tuple[str, ...] = ()) -> dict[str, str]:
@@ -379,8 +377,6 @@ class ArtifactStore:
         (a file added or changed since stays). `written` (cache verify: the digest cache's records from before its full
         re-hash): a listed file whose stat is still the one recorded there changed only below the file system (bit rot, no
         write through it) and goes too. Returns (keys removed or, `dry_run`, that would be; keys kept)."""
-        from trainpipe.pipeline.digests import stat_key
-
         removed, kept = [], []
         for rel, sha in sorted(files.items()):
             fk = f"{key}/{rel}" if rel else key
@@ -445,8 +441,6 @@ class ArtifactStore:
 
 
 def _file_sha256(path: Path) -> str:
-    from trainpipe.hashing import file_sha256
-
     return file_sha256(path)
 
 

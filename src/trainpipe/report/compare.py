@@ -10,9 +10,10 @@ from __future__ import annotations
 from html import escape
 from pathlib import Path
 
+from trainpipe import ownership
 from trainpipe.errors import RunDirError
 from trainpipe.report import plots
-from trainpipe.report.html import CSS, _series, _table, load_run, status_of
+from trainpipe.report.html import _series, _table, CSS, load_run, run_inputs, status_of
 
 
 def _runs(run_dirs: list[str | Path]) -> list[dict]:
@@ -87,9 +88,6 @@ def compare_runs(run_dirs: list[str | Path], out: str | Path) -> tuple[Path, lis
     """Write the comparison page to ``out``; returns (path, runs, rows) for the terminal table. Through the ownership
     rule (ownership.py): a new path, or the page trainpipe wrote there last time; never a file the runs hold that the
     page reads, nor their configs and data files, nor a file trainpipe did not write. Refused before anything is read."""
-    from trainpipe import ownership
-    from trainpipe.report.html import run_inputs
-
     reads = [r for d in run_dirs for r in run_inputs(d)]
     ownership.check_writable(out, what="the comparison page (`--out`)", reads=reads)
     runs = _runs(run_dirs)

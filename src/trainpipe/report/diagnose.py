@@ -14,7 +14,9 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from trainpipe.config import load_yaml_text
 from trainpipe.errors import RunDirError
+from trainpipe.plan.decisions import default_learning_rate
 
 # What makes a folder a run directory: any of these (the ownership marker is train/checkpoints.RUN_MARKER).
 RUN_DIR_FILES = ("events.jsonl", "config.resolved.yaml", ".trainpipe-run")
@@ -146,8 +148,6 @@ def read_mapping(path: Path) -> dict | None:
     try:
         text = Path(path).read_bytes().decode("utf-8")
         if Path(path).suffix in (".yaml", ".yml"):
-            from trainpipe.config import load_yaml_text
-
             data = load_yaml_text(text, f"`{path}`")
         else:
             data = json.loads(text)
@@ -156,23 +156,8 @@ def read_mapping(path: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def _findings(run: Path, events: list[dict], metrics: list[dict], cfg: dict, out: list[Finding]) -> None:
-    names = [e["event"] for e in events]
-    by = lambda n: [e for e in events if e["event"] == n]  # noqa: E731
-
-    if not events:
-        out.append(Finding("never_started", "fatal", "the run never started: there is no event log",
-                           f"{run / 'events.jsonl'} is missing or empty", "Check the config with `trainpipe config validate CONFIG` and run it again."))
-        return
-
-    failed = by("run_failed")
-    if "training_started" not in names:
-        msg = failed[-1]["message"] if failed else "no training_started event"
-        err = failed[-1]["error"] if failed else "unknown"
-        out.append(Finding("never_started", "fatal", f"the run stopped before training ({err}): a config, data or model problem",
-                           msg, "Fix what the message names, then run again; `trainpipe config validate` checks the config alone."))
-
-    t = cfg.get("training", {}) or {}
+def _oom_findings(by, names: list[str], t: dict, metrics: list[dict], failed: list[dict], out: list[Finding]) -> None:
+    """Out of memory: in evaluation, in training even at micro-batch 1, outside the training step, or recovered."""
     oom_stop = [e for e in by("cuda_oom") if e.get("action") == "stop"]
     oom_failed = [e for e in failed if e.get("error") in ("OutOfMemoryError", "OutOfMemoryPlan")]
     if oom_stop and oom_stop[-1].get("phase") == "eval":
@@ -201,6 +186,10 @@ def _findings(run: Path, events: list[dict], metrics: list[dict], cfg: dict, out
                            f"Start with `training.per_device_train_batch_size: {last['micro_batch']}`"
                            + (" and `training.gradient_checkpointing: true`" if last.get("gradient_checkpointing") else "") + " to skip the retries."))
 
+
+def _divergence_findings(by, t: dict, metrics: list[dict], out: list[Finding]) -> list[dict]:
+    """NaN/Inf or loss spikes: the training diverged (with the likely cause), or was recovered by rollback. Returns the
+    `training_diverged` events."""
     div = by("training_diverged")
     lr = t.get("learning_rate")
     if div:
@@ -223,6 +212,28 @@ def _findings(run: Path, events: list[dict], metrics: list[dict], cfg: dict, out
         out.append(Finding("recovered_divergence", "warning", f"{' and '.join(kinds_seen) or 'NaN or loss spikes'} recovered by rollback",
                            f"{len(by('rolled_back'))} rollback(s); learning rate now x{by('rolled_back')[-1]['lr_scale']}",
                            f"If it recurs, lower `training.learning_rate` (now {lr})."))
+    return div
+
+
+def _findings(run: Path, events: list[dict], metrics: list[dict], cfg: dict, out: list[Finding]) -> None:
+    names = [e["event"] for e in events]
+    by = lambda n: [e for e in events if e["event"] == n]  # noqa: E731
+
+    if not events:
+        out.append(Finding("never_started", "fatal", "the run never started: there is no event log",
+                           f"{run / 'events.jsonl'} is missing or empty", "Check the config with `trainpipe config validate CONFIG` and run it again."))
+        return
+
+    failed = by("run_failed")
+    if "training_started" not in names:
+        msg = failed[-1]["message"] if failed else "no training_started event"
+        err = failed[-1]["error"] if failed else "unknown"
+        out.append(Finding("never_started", "fatal", f"the run stopped before training ({err}): a config, data or model problem",
+                           msg, "Fix what the message names, then run again; `trainpipe config validate` checks the config alone."))
+
+    t = cfg.get("training", {}) or {}
+    _oom_findings(by, names, t, metrics, failed, out)
+    div = _divergence_findings(by, t, metrics, out)
 
     pre = by("preempted")
     if pre and names.index("preempted") == max(i for i, n in enumerate(names) if n == "preempted") and not any(
@@ -384,8 +395,6 @@ def _curve_findings(run: Path, metrics: list[dict], cfg: dict, names: list[str],
 
 def _default_lr(cfg: dict) -> float | None:
     try:
-        from trainpipe.plan.decisions import default_learning_rate
-
         m = cfg.get("method", {}) or {}
         return default_learning_rate(m.get("name", "sft"), m.get("peft", "lora"))[0]
     except Exception:  # noqa: BLE001 - a config of another version: no default to compare with

@@ -16,7 +16,12 @@ import json
 from html import escape
 from pathlib import Path
 
+from trainpipe import ownership
+from trainpipe.data.tokenize import row_tokens
+from trainpipe.metrics import DIRECTIONS, metric_key
 from trainpipe.report import plots
+from trainpipe.report.diagnose import damaged_files, read_log, read_mapping, SECTIONS
+from trainpipe.track.manifest import write_json
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#222;background:#f6f7f9}
@@ -76,8 +81,6 @@ def load_run(run_dir: str | Path) -> dict:
     """Everything the report draws, read from ``run_dir`` (missing files give empty entries). Damaged files do not stop
     the report: a log line that is not a JSON object of the expected shape is skipped, a JSON/YAML file that is not a
     mapping is left out, and ``damaged`` says what (report/diagnose.py's readers, the same counts `diagnose` gives)."""
-    from trainpipe.report.diagnose import SECTIONS, damaged_files, read_log, read_mapping
-
     run = Path(run_dir).resolve()
     config = read_mapping(run / "config.resolved.yaml")
     try:
@@ -210,8 +213,6 @@ def best_ranking(tr: dict) -> str:
     name = tr.get("best_metric_name") or "loss"
     greater = tr.get("best_metric_greater_is_better")
     if greater is None:
-        from trainpipe.metrics import DIRECTIONS, metric_key
-
         known = DIRECTIONS.get(metric_key(name))
         greater = None if known is None else known == "maximize"
     way = "" if greater is None else (", higher is better" if greater else ", lower is better")
@@ -388,8 +389,6 @@ def write_report(run_dir: str | Path) -> Path:
     """Write ``RUN_DIR/report.html`` from what the run wrote; returns its path. Through the ownership rule (ownership.py):
     written atomically, redacted, recorded in the run folder's manifest; a `report.html` there that trainpipe did not
     write (or that changed since) is never replaced (OwnershipError, nothing written), nor is any file the report reads."""
-    from trainpipe import ownership
-
     run = Path(run_dir).resolve()
     path = run / "report.html"
     reads = run_inputs(run)
@@ -411,8 +410,6 @@ def write_length_histogram(run_dir: Path, rows, bins: int = 20) -> None:
     while counts and counts[-1] == 0:
         counts.pop()
         edges.pop()
-    from trainpipe.track.manifest import write_json
-
     write_json(run_dir / "lengths.json", {"edges": edges, "counts": counts, "examples": len(lengths)})
 
 
@@ -428,6 +425,4 @@ def _lengths(rows) -> list[int]:
                 n = pc.list_value_length(table.column(c))
                 total = n if total is None else pc.add(total, n)
             return [int(x) for x in total.to_pylist() if x is not None]
-    from trainpipe.data.tokenize import row_tokens
-
     return [row_tokens(r) for r in rows]

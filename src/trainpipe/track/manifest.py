@@ -7,6 +7,7 @@ from importlib import metadata
 from pathlib import Path
 
 import trainpipe
+from trainpipe import ownership
 
 PACKAGES = ("torch", "transformers", "peft", "trl", "datasets", "accelerate", "tokenizers", "safetensors")
 
@@ -56,7 +57,5 @@ def write_json(path: str | Path, obj: dict, *, what: str | None = None, reads=()
     its folder; a new path, or a file trainpipe wrote there and nobody changed since (each write records the new
     content, so a run's JSON files can be rewritten as often as it likes), never a file trainpipe did not write nor any
     of ``reads`` (OwnershipError, nothing written)."""
-    from trainpipe import ownership
-
     p = Path(path)
     ownership.write_json(p, obj, what=what or f"`{p.name}`", reads=reads)

@@ -1,7 +1,7 @@
 """Experiment tracking: MLflow (default), W&B or TensorBoard, through their own libraries.
 
 `trainpipe run` starts a tracker for the run directory (`start`); the tracker listens to the event log and the
-metrics writer (`trainpipe.events.notify`), so every metric is logged as it is written and every event becomes a tag.
+metrics writer (the run's `EventLog`, `listen`), so every metric is logged as it is written and every event becomes a tag.
 When the run ends, `finish` logs what the run directory holds (the resolved config as params, the data report, the
 plan, the summary, the report page, the exported model as artefacts) and registers the model in MLflow's registry
 with its lineage. Both go through one idempotent function, `sync_run`, that `trainpipe track sync RUN_DIR` also calls.
@@ -10,7 +10,7 @@ The quality gates' verdicts (RUN_DIR/gates.json) travel with the run: tags `trai
 `trainpipe.gates.failed` and `trainpipe.gate.<name>` (pass | fail | n/a) on the run and on the registered model
 version, whose description says whether it passed. A model that failed a gate under `gates.on_fail: fail` is not
 registered at all (tracking.json's `not_registered` says why). A run started by `trainpipe tune` is a child run
-(`mlflow.parentRunId`) of its study's run (`PARENT_RUN`, set by tune/tune.py).
+(`mlflow.parentRunId`) of its study's run (`start`'s `parent`, passed down by tune/tune.py through `run`).
 
 What has reached the tracker is recorded in `RUN_DIR/tracking.json` (backend, URI, run id, how many lines of
 `metrics.jsonl` were logged, whether params, artefacts and the model were logged). A tracker that cannot be reached
@@ -28,11 +28,15 @@ import os
 import time
 from pathlib import Path
 
-from trainpipe.events import read_jsonl as _jsonl
 from typing import Any
 
 from trainpipe.errors import TrainpipeError
-from trainpipe.redact import redact_obj, redact_text, redact_url
+from trainpipe.events import read_jsonl as _jsonl
+from trainpipe.redact import MASK, SecretRefs, redact_obj, redact_text, redact_url, resolve_references, url_secrets
+from trainpipe import ui
+from trainpipe.config import load_yaml_text  # bounded: an alias bomb is refused (issue 22)
+from trainpipe.track.backends import Backend, MlflowBackend, WandbBackend, make_backend
+from trainpipe.track.manifest import write_json
 
 STATE = "tracking.json"
 BACKENDS = ("mlflow", "wandb", "tensorboard", "none")
@@ -82,8 +86,6 @@ def read_state(run_dir: Path) -> dict:
 
 
 def write_state(run_dir: Path, state: dict) -> None:
-    from trainpipe.track.manifest import write_json
-
     write_json(Path(run_dir) / STATE, state)
 
 
@@ -111,201 +113,6 @@ def metric_values(rec: dict) -> dict[str, float]:
     return out
 
 
-# --------------------------------------------------------------------------- backends
-
-
-class Backend:
-    """One tracking library behind four calls; every call may raise when the tracker is unreachable."""
-
-    name = "none"
-
-    def open(self, state: dict, params: dict, tags: dict) -> str: ...
-
-    def log_metrics(self, values: dict[str, float], step: int, timestamp: float) -> None: ...
-
-    def set_tags(self, tags: dict[str, str]) -> None: ...
-
-    def log_artifacts(self, run_dir: Path, files: list[Path], model_dir: Path | None) -> None: ...
-
-    def register(self, name: str, tags: dict[str, str]) -> dict | None:
-        return None
-
-    def close(self, status: str) -> None: ...
-
-
-class MlflowBackend(Backend):
-    name = "mlflow"
-
-    def __init__(self, settings: dict):
-        # an unreachable server fails in seconds, not after MLflow's default minutes of retries
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
-        import logging
-
-        logging.getLogger("alembic").setLevel(logging.WARNING)
-        logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
-        from mlflow import MlflowClient
-
-        self.settings = settings
-        self.uri = settings["uri"]
-        self.client = MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
-        self.run_id: str | None = None
-        self.model_uri: str | None = None
-
-    def _artifact_location(self) -> str | None:
-        if self.uri.startswith("sqlite:///"):  # a local store: artefacts beside the database
-            return Path(self.uri[len("sqlite:///"):]).parent.joinpath("mlartifacts").as_uri()
-        return None  # a server decides (its --default-artifact-root / proxied artefacts)
-
-    def open(self, state: dict, params: dict, tags: dict) -> str:
-        from mlflow.exceptions import MlflowException
-
-        if state.get("run_id"):
-            try:
-                run = self.client.get_run(state["run_id"])
-                self.run_id = run.info.run_id
-                if run.info.status != "RUNNING":
-                    self.client.update_run(self.run_id, status="RUNNING")
-                return self.run_id
-            except MlflowException:
-                pass  # another store than the one the run started on: a new run there
-        exp = self.client.get_experiment_by_name(self.settings["experiment"])
-        exp_id = exp.experiment_id if exp else self.client.create_experiment(self.settings["experiment"], artifact_location=self._artifact_location())
-        run = self.client.create_run(exp_id, run_name=tags.get("mlflow.runName"), tags=tags)
-        self.run_id = run.info.run_id
-        return self.run_id
-
-    def log_params(self, params: dict) -> None:
-        from mlflow.entities import Param
-
-        items = [Param(k[:250], str(v)[:6000]) for k, v in params.items()]
-        for i in range(0, len(items), 100):
-            self.client.log_batch(self.run_id, params=items[i:i + 100], synchronous=True)
-
-    def log_metrics(self, values: dict[str, float], step: int, timestamp: float) -> None:
-        from mlflow.entities import Metric
-
-        ms = [Metric(k, v, int(timestamp * 1000), int(step)) for k, v in values.items()]
-        if ms:
-            self.client.log_batch(self.run_id, metrics=ms, synchronous=True)
-
-    def set_tags(self, tags: dict[str, str]) -> None:
-        from mlflow.entities import RunTag
-
-        items = [RunTag(k[:250], str(v)[:5000]) for k, v in tags.items()]
-        for i in range(0, len(items), 100):
-            self.client.log_batch(self.run_id, tags=items[i:i + 100], synchronous=True)
-
-    def log_artifacts(self, run_dir: Path, files: list[Path], model_dir: Path | None) -> None:
-        for f in files:
-            self.client.log_artifact(self.run_id, str(f))
-        if model_dir is not None and model_dir.is_dir():
-            self.client.log_artifacts(self.run_id, str(model_dir), artifact_path="model")
-            self.model_uri = f"runs:/{self.run_id}/model"
-
-    def register(self, name: str, tags: dict[str, str], description: str | None = None) -> dict | None:
-        from mlflow.exceptions import MlflowException
-
-        if self.model_uri is None:
-            return None
-        try:
-            self.client.get_registered_model(name)
-        except MlflowException:
-            self.client.create_registered_model(name, tags={"trainpipe": "1"}, description="Registered by trainpipe; see each version's lineage "
-                                                "and quality-gate tags (`trainpipe.gates.passed`).")
-        source = self.client.get_run(self.run_id).info.artifact_uri.rstrip("/") + "/model"
-        mv = self.client.create_model_version(name, source=source, run_id=self.run_id, tags={k[:250]: str(v)[:5000] for k, v in tags.items()},
-                                              description=description)
-        return {"name": name, "version": str(mv.version), "source": source}
-
-    def close(self, status: str) -> None:
-        self.client.set_terminated(self.run_id, status=status)
-
-
-class WandbBackend(Backend):
-    name = "wandb"
-
-    def __init__(self, settings: dict, run_dir: Path):
-        self.settings, self.run_dir, self.run = settings, Path(run_dir), None
-
-    def open(self, state: dict, params: dict, tags: dict) -> str:
-        import wandb
-
-        if self.settings.get("uri"):
-            os.environ.setdefault("WANDB_BASE_URL", self.settings["uri"])
-        os.environ.setdefault("WANDB_SILENT", "true")
-        self.run = wandb.init(
-            project=self.settings["experiment"], name=tags.get("mlflow.runName"), id=state.get("run_id") or None, resume="allow",
-            dir=str(self.run_dir), mode=self.settings["mode"], config=params, reinit="finish_previous",
-            settings=wandb.Settings(console="off", x_disable_stats=True, x_disable_meta=True, save_code=False, disable_git=True, program="trainpipe"),
-        )
-        self.run.tags = tuple(sorted({str(v)[:64] for k, v in tags.items() if k.startswith("trainpipe.") and len(str(v)) <= 64}))[:20]
-        return self.run.id
-
-    def log_metrics(self, values: dict[str, float], step: int, timestamp: float) -> None:
-        self.run.log(values, step=int(step))
-
-    def set_tags(self, tags: dict[str, str]) -> None:
-        self.run.summary.update({k: v for k, v in tags.items()})
-
-    def log_artifacts(self, run_dir: Path, files: list[Path], model_dir: Path | None) -> None:
-        import wandb
-
-        art = wandb.Artifact(f"{self.run.name or 'run'}-files".replace("/", "-"), type="run-files")
-        for f in files:
-            art.add_file(str(f))
-        self.run.log_artifact(art)
-        if model_dir is not None and model_dir.is_dir():
-            model = wandb.Artifact(self.settings["model_name"], type="model")
-            model.add_dir(str(model_dir))
-            self.run.log_artifact(model)
-
-    def close(self, status: str) -> None:
-        self.run.finish(exit_code=0 if status == "FINISHED" else 1)
-
-
-class TensorBoardBackend(Backend):
-    name = "tensorboard"
-
-    def __init__(self, settings: dict):
-        self.settings, self.writer = settings, None
-
-    def open(self, state: dict, params: dict, tags: dict) -> str:
-        from torch.utils.tensorboard import SummaryWriter
-
-        self.writer = SummaryWriter(log_dir=self.settings["uri"])
-        return self.settings["uri"]
-
-    def log_params(self, params: dict) -> None:
-        self.writer.add_text("config", "\n".join(f"    {k}: {v}" for k, v in params.items()), 0)
-
-    def log_metrics(self, values: dict[str, float], step: int, timestamp: float) -> None:
-        for k, v in values.items():
-            self.writer.add_scalar(k, v, global_step=int(step), walltime=timestamp)
-
-    def set_tags(self, tags: dict[str, str]) -> None:
-        for k, v in tags.items():
-            self.writer.add_text(k, str(v), 0)
-
-    def log_artifacts(self, run_dir: Path, files: list[Path], model_dir: Path | None) -> None:
-        self.writer.add_text("artifacts", "\n".join(f"    {f}" for f in files) + (f"\n    model: {model_dir}" if model_dir else ""), 0)
-
-    def close(self, status: str) -> None:
-        self.writer.flush()
-        self.writer.close()
-
-
-def make_backend(settings: dict, run_dir: Path) -> Backend:
-    if settings["backend"] == "mlflow":
-        return MlflowBackend(settings)
-    if settings["backend"] == "wandb":
-        return WandbBackend(settings, run_dir)
-    if settings["backend"] == "tensorboard":
-        return TensorBoardBackend(settings)
-    return Backend()
-
-
 # --------------------------------------------------------------------------- what a run directory holds
 
 
@@ -314,7 +121,6 @@ def run_params(run_dir: Path) -> dict:
     p = Path(run_dir) / "config.resolved.yaml"
     if not p.exists():
         return {}
-    from trainpipe.config import load_yaml_text  # bounded: an alias bomb is refused (issue 22)
     cfg = load_yaml_text(p.read_text(encoding="utf-8"), f"`{p}`") or {}
     return {k: (json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in redact_obj(flatten(cfg)).items()}
 
@@ -335,7 +141,6 @@ def lineage_tags(run_dir: Path) -> dict[str, str]:
     if m.get("lineage"):
         tags["trainpipe.parent"] = json.dumps(m["lineage"], sort_keys=True, default=str)
     try:
-        from trainpipe.config import load_yaml_text  # bounded: an alias bomb is refused (issue 22)
         cfg = load_yaml_text((run_dir / "config.resolved.yaml").read_text(encoding="utf-8"), "config.resolved.yaml") or {}
         tags["trainpipe.base_model"] = (cfg.get("model") or {}).get("name_or_path")
     except (OSError, ValueError):
@@ -405,12 +210,14 @@ def event_tags(events: list[dict]) -> dict[str, str]:
 
 
 class Tracker:
-    """Live tracking of one run directory: a listener of `trainpipe.events` (metrics and events as they are written)."""
+    """Live tracking of one run directory: a listener of the run's event log (metrics and events as they are written).
+    ``parent``: the MLflow run this run is a child of (`trainpipe tune`: the study's run; {"run_id", "uri", "tags"})."""
 
-    def __init__(self, run_dir: Path, settings: dict, events=None):
+    def __init__(self, run_dir: Path, settings: dict, events=None, parent: dict | None = None):
         self.run_dir = Path(run_dir).resolve()
         self.settings = settings
         self.events = events
+        self.parent = parent or {}
         self.backend: Backend | None = None
         self.available = True
         self.state = read_state(self.run_dir)
@@ -422,23 +229,21 @@ class Tracker:
         self._busy = False
 
     def start(self, run_name: str | None) -> None:
-        from trainpipe import events as ev
-
         self.state["run_name"] = run_name
         if self._call(lambda: self._open(run_name)):
-            from trainpipe import ui
-
             ui.console().print(f"  [dim]tracking: {self.settings['backend']} {_safe_uri(self.settings['uri']) or ''} "
                                f"(experiment {self.settings['experiment']}, run {self.state.get('run_id')})[/]", markup=True, soft_wrap=True)
         write_state(self.run_dir, self.state)
-        ev.add_listener(self.on_record)
+        if self.events is not None:
+            self.events.listen(self.on_record)
 
     def _open(self, run_name: str | None) -> None:
         self.backend = make_backend(self.settings, self.run_dir)
         tags = {"mlflow.runName": run_name or self.run_dir.name, "trainpipe.run_dir": str(self.run_dir)}
-        parent = PARENT_RUN.get("run_id") if PARENT_RUN.get("uri") == self.settings["uri"] and self.settings["backend"] == "mlflow" else None
+        up = self.parent
+        parent = up.get("run_id") if up.get("uri") == self.settings["uri"] and self.settings["backend"] == "mlflow" else None
         if parent and not self.state.get("run_id"):  # a tune trial: a child run of its study's run (MLflow's nested runs)
-            tags |= {"mlflow.parentRunId": parent, **PARENT_RUN.get("tags", {})}
+            tags |= {"mlflow.parentRunId": parent, **up.get("tags", {})}
         self.state["run_id"] = self.backend.open(self.state, {}, redact_obj(tags))
 
     def on_record(self, kind: str, run_dir: Path, record: dict) -> None:
@@ -478,9 +283,8 @@ class Tracker:
 
     def finish(self, status: str = "FINISHED", *, register: bool = True) -> dict:
         """At the end of the run (however it ends): stop listening, then log what the run directory holds."""
-        from trainpipe import events as ev
-
-        ev.remove_listener(self.on_record)
+        if self.events is not None:
+            self.events.unlisten(self.on_record)
         write_state(self.run_dir, self.state)
         if not self.available:
             return self.state
@@ -497,19 +301,13 @@ def _safe_uri(uri: str | None) -> str | None:
     return redact_url(uri) if uri and "://" in uri else uri
 
 
-# `trainpipe pipeline run` registers the model in its own `register` step; a plain `trainpipe run` registers at its end
-REGISTER_AT_END = True
-# the MLflow run a run started in this process is a child of (`trainpipe tune`: the study's run; {"run_id", "uri", "tags"}),
-# set by tune/tune.py around each trial; empty otherwise
-PARENT_RUN: dict = {}
-
-
-def start(cfg, run_dir: Path, events=None) -> Tracker | None:
-    """The tracker of a run (None for `tracking.backend: none`); never raises for an unreachable tracker."""
+def start(cfg, run_dir: Path, events=None, parent: dict | None = None) -> Tracker | None:
+    """The tracker of a run (None for `tracking.backend: none`), listening to ``events`` (the run's EventLog); never raises
+    for an unreachable tracker. ``parent``: the MLflow run it is a child of (`trainpipe tune`'s study run), or None."""
     settings = resolve_settings(cfg.tracking, run_dir, cfg.name)
     if settings["backend"] == "none":
         return None
-    tracker = Tracker(run_dir, settings, events)
+    tracker = Tracker(run_dir, settings, events, parent)
     tracker.start(cfg.name)
     return tracker
 
@@ -525,7 +323,6 @@ def sync_run(run_dir: str | Path, *, status: str | None = None, backend: Backend
     if not (run_dir / "config.resolved.yaml").exists():
         raise TrackingError(f"`{run_dir}` is not a trainpipe run directory (no config.resolved.yaml); give the `output_dir` of a run.")
     state = read_state(run_dir)
-    from trainpipe.config import load_yaml_text  # bounded: an alias bomb is refused (issue 22)
     cfg = load_yaml_text((run_dir / "config.resolved.yaml").read_text(encoding="utf-8"), "config.resolved.yaml") or {}
     tracking = dict(cfg.get("tracking") or {})
     if state.get("backend") and tracking.get("backend", "auto") == "auto":
@@ -570,40 +367,49 @@ def sync_run(run_dir: str | Path, *, status: str | None = None, backend: Backend
     backend.set_tags(event_tags(_jsonl(run_dir / "events.jsonl")) | lineage_tags(run_dir) | gate_tags(run_dir))
     finished = (run_dir / "summary.json").exists()
     if finished and not state.get("artifacts_logged"):
-        files = [run_dir / f for f in ARTIFACT_FILES if (run_dir / f).is_file()]
-        try:
-            plan = json.loads((run_dir / "manifest.json").read_text(encoding="utf-8")).get("plan")
-        except (OSError, ValueError):
-            plan = None
-        if plan:  # the plan as its own artefact
-            from trainpipe.track.manifest import write_json
-
-            write_json(run_dir / "plan.json", plan)
-            files.append(run_dir / "plan.json")
-        report = run_dir / "report"
-        files += sorted(p for p in report.glob("*.html")) if report.is_dir() else []
-        model_dir = run_dir / "model" if (run_dir / "model").is_dir() else None
-        backend.log_artifacts(run_dir, files, model_dir)
-        state["artifacts_logged"] = True
-        state["model_logged"] = model_dir is not None
-        write_state(run_dir, state)
+        _log_artifacts(run_dir, backend, state)
     if finished and register and settings["register_model"] and not state.get("registered") and isinstance(backend, MlflowBackend):
-        refused = gates_block_registration(run_dir)  # `gates.on_fail: fail` and a gate failed: never in the registry
-        if refused:
-            state["not_registered"] = refused
-        else:  # registered with its gate verdicts (a model failing its gates under `on_fail: warn` says so in its tags and description)
-            if backend.model_uri is None and state.get("model_logged"):
-                backend.model_uri = f"runs:/{state['run_id']}/model"
-            reg = backend.register(settings["model_name"], lineage_tags(run_dir) | gate_tags(run_dir), gates_description(run_dir))
-            if reg:
-                state["registered"] = reg
-                state.pop("not_registered", None)
+        _register(run_dir, backend, state, settings["model_name"])
     state["pending"] = False
     state.pop("error", None)
     backend.close(status or ("FINISHED" if finished else "FAILED"))
     state["synced_at"] = time.time()
     write_state(run_dir, state)
     return state
+
+
+def _log_artifacts(run_dir: Path, backend: Backend, state: dict) -> None:
+    """The run's files (ARTIFACT_FILES, the plan, the report pages) and its exported model, once."""
+    files = [run_dir / f for f in ARTIFACT_FILES if (run_dir / f).is_file()]
+    try:
+        plan = json.loads((run_dir / "manifest.json").read_text(encoding="utf-8")).get("plan")
+    except (OSError, ValueError):
+        plan = None
+    if plan:  # the plan as its own artefact
+        write_json(run_dir / "plan.json", plan)
+        files.append(run_dir / "plan.json")
+    report = run_dir / "report"
+    files += sorted(p for p in report.glob("*.html")) if report.is_dir() else []
+    model_dir = run_dir / "model" if (run_dir / "model").is_dir() else None
+    backend.log_artifacts(run_dir, files, model_dir)
+    state["artifacts_logged"] = True
+    state["model_logged"] = model_dir is not None
+    write_state(run_dir, state)
+
+
+def _register(run_dir: Path, backend: MlflowBackend, state: dict, model_name: str) -> None:
+    """The logged model in MLflow's registry with its lineage and gate verdicts, unless a gate refuses it."""
+    refused = gates_block_registration(run_dir)  # `gates.on_fail: fail` and a gate failed: never in the registry
+    if refused:
+        state["not_registered"] = refused
+        return
+    # registered with its gate verdicts (a model failing its gates under `on_fail: warn` says so in its tags and description)
+    if backend.model_uri is None and state.get("model_logged"):
+        backend.model_uri = f"runs:/{state['run_id']}/model"
+    reg = backend.register(model_name, lineage_tags(run_dir) | gate_tags(run_dir), gates_description(run_dir))
+    if reg:
+        state["registered"] = reg
+        state.pop("not_registered", None)
 
 
 def _real_uri(stored: str | None, run_dir: Path) -> str | None:
@@ -613,23 +419,18 @@ def _real_uri(stored: str | None, run_dir: Path) -> str | None:
     else `$MLFLOW_TRACKING_URI`, else (in a cluster job) the env vars trainpipe's references name, each only when it
     redacts to the stored URI. Else the credential is left out of the
     URI for MLflow's own `MLFLOW_TRACKING_USERNAME`/`MLFLOW_TRACKING_PASSWORD` when they are set; else TrackingError."""
-    from trainpipe.redact import MASK, url_secrets
-
     if not stored or "://" not in stored or MASK not in stored:
         return stored
     candidates = []
     try:
         config_path = json.loads((run_dir / "manifest.json").read_text(encoding="utf-8")).get("config_path")
         if config_path and Path(config_path).is_file():
-            from trainpipe.config import load_yaml_text  # bounded: an alias bomb is refused (issue 22)
             given = load_yaml_text(Path(config_path).read_text(encoding="utf-8"), f"`{config_path}`") or {}
             candidates.append((given.get("tracking") or {}).get("uri"))
     except (OSError, ValueError, AttributeError):
         pass
     candidates.append(os.environ.get("MLFLOW_TRACKING_URI"))
     try:  # a Kubeflow task or CronJob pod: the credential from the Kubernetes Secret's env (`$(TRAINPIPE_SECRET_TRACKING_URI_...)`)
-        from trainpipe.redact import SecretRefs, resolve_references
-
         candidates.append(resolve_references(SecretRefs("").url(stored, "tracking.uri")))
     except KeyError:
         pass
@@ -656,7 +457,6 @@ def log_artifact(run_dir: str | Path, path: str | Path) -> bool:
     state = read_state(run_dir)
     if state.get("backend") != "mlflow" or not state.get("run_id"):
         return False
-    from trainpipe.config import load_yaml_text  # bounded: an alias bomb is refused (issue 22)
     cfg = load_yaml_text((run_dir / "config.resolved.yaml").read_text(encoding="utf-8"), "config.resolved.yaml") or {}
     try:
         settings = resolve_settings(cfg.get("tracking") or {}, run_dir, cfg.get("name"))
@@ -675,7 +475,6 @@ def register_model(run_dir: str | Path, *, name: str | None = None, tags: dict |
     state = read_state(run_dir)
     if state.get("backend") != "mlflow" or not state.get("run_id") or not state.get("model_logged"):
         return None
-    from trainpipe.config import load_yaml_text  # bounded: an alias bomb is refused (issue 22)
     cfg = load_yaml_text((run_dir / "config.resolved.yaml").read_text(encoding="utf-8"), "config.resolved.yaml") or {}
     refused = gates_block_registration(run_dir)
     if refused:
