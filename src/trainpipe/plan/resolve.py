@@ -229,45 +229,14 @@ def resolve(cfg: RunConfig, hw: Hardware, world_size: int | None = None, *, nnod
     world = world_s.value
     if hw.accelerator == "cpu" and world > 1:
         notes.append(f"{world} processes share this machine's CPU cores (gloo backend)")
-
-    needs_size = sizing or world > 1 or "auto" in (cfg.method.peft, t.per_device_train_batch_size, t.gradient_checkpointing)
-    try:
-        spec = model_spec(cfg) if needs_size else None
-    except Exception as exc:  # noqa: BLE001 - the planner informs, it never blocks a run
-        spec = None
-        notes.append(f"the planner could not size `{cfg.model.name_or_path}` ({str(exc).splitlines()[0][:160]}); no predictions")
-    gpu = catalog_gpu(hw)
-    on_gpu = gpu is not None
-    if hw.accelerator == "cuda" and gpu is None:
-        notes.append(f"GPU `{hw.device_names[0] if hw.device_names else '?'}` is not in the GPU catalog: sized as a CPU run")
+    spec, gpu = _size(cfg, hw, world, sizing, notes)
 
     # 2. precision
     precision_s = _resolve_precision(cfg, hw, decisions)
     precision = precision_s.value
 
     # 3. method (`method.peft: auto`)
-    peft_rule, peft_watch = "as set", ""
-    if cfg.method.peft == "auto":
-        if spec is None:
-            cfg.method.peft, peft_rule = "lora", "auto without a model size: LoRA, the default"
-        elif on_gpu:
-            limit = gpu.memory_bytes * (1 - D.HEADROOM)
-
-            def fits(m: str) -> bool:
-                s = replace(memory_setup(cfg, m, precision, world), micro_batch=1, grad_ckpt=True)
-                return any(estimate(spec, replace(s, strategy=st)).total_bytes <= limit for st in (["single"] if world == 1 else ["ddp", "zero2", "fsdp", "zero3"]))
-
-            d = D.decide_method(requested="auto", gpu_memory_gib=gpu.memory_gib, total_memory_gib=gpu.memory_gib * world,
-                                model_16bit_gib=D.model_16bit_gib(spec.total_params), fits=fits, examples=None)
-            cfg.method.peft, peft_rule, peft_watch = D.PEFT_OF_METHOD[d.value], d.rule, d.watch
-        else:
-            full = spec.total_params < 1e9
-            cfg.method.peft = "none" if full else "lora"
-            peft_rule, peft_watch = f"CPU: full fine-tune below 1B parameters ({spec.total_params / 1e6:.1f}M), else LoRA", D._watch_method("full" if full else "lora")
-        decisions.append(Decision("method.peft", cfg.method.peft, peft_rule, peft_watch))
-        peft_s = Setting(cfg.method.peft, "planner", peft_rule, peft_watch)
-    else:
-        peft_s = Setting(cfg.method.peft, _source(cfg.method, "peft"), "as set" if "peft" in cfg.method.model_fields_set else "the config's default")
+    peft_s = _resolve_peft(cfg, spec, gpu, world, precision, decisions)
     method = PLAN_METHOD.get(cfg.method.peft, "lora")
 
     # 4. strategy and offload
@@ -280,6 +249,67 @@ def resolve(cfg: RunConfig, hw: Hardware, world_size: int | None = None, *, nnod
     mb_s, ck_s = _resolve_batch(cfg, spec, gpu, world, local_s.value, method, precision, strategy_s.value, offload_s.value, ckpt_forced, decisions)
 
     # 6. accumulation: the effective batch is exactly micro-batch x accumulation x world size
+    acc_s, eff_s = _resolve_accumulation(t, world, decisions)
+
+    # 7. learning rate, scaled with the world size when asked
+    lr_s, scaling_s = _resolve_lr(cfg, world, decisions)
+
+    # 8. the rest
+    _resolve_rest(cfg, hw, decisions)
+
+    predicted = predict(cfg, spec, gpu, world, precision, strategy_s.value, offload_s.value) if spec is not None and sizing else {}
+    if predicted.get("memory") and cfg.method.peft == "qlora" and cfg.method.quantization.upcast_rest:
+        notes.extend(_upcast_rest_note(cfg, spec, world, precision, strategy_s.value, offload_s.value, predicted["memory"]["total_bytes"]))
+    specs = build_specs(cfg, hw, world_size=world, effective_batch=eff_s.value, precision=precision)
+    return Plan(config=cfg, hardware=hw, world_size=world_s, nnodes=nodes_s, nproc_per_node=local_s, strategy=strategy_s, offload=offload_s, peft=peft_s,
+                micro_batch=mb_s, grad_accum=acc_s, effective_batch=eff_s, precision=precision_s, gradient_checkpointing=ck_s, learning_rate=lr_s,
+                lr_scaling=scaling_s, specs=specs, decisions=tuple(decisions), predicted=predicted, notes=tuple(notes))
+
+
+def _size(cfg: RunConfig, hw: Hardware, world: int, sizing: bool, notes: list[str]):
+    """(the model's catalog spec or None, the GPU's catalog entry or None). The model is sized when predictions are asked
+    for or a decision needs its size; a model the planner cannot size leaves a note, never an error."""
+    t = cfg.training
+    needs_size = sizing or world > 1 or "auto" in (cfg.method.peft, t.per_device_train_batch_size, t.gradient_checkpointing)
+    try:
+        spec = model_spec(cfg) if needs_size else None
+    except Exception as exc:  # noqa: BLE001 - the planner informs, it never blocks a run
+        spec = None
+        notes.append(f"the planner could not size `{cfg.model.name_or_path}` ({str(exc).splitlines()[0][:160]}); no predictions")
+    gpu = catalog_gpu(hw)
+    if hw.accelerator == "cuda" and gpu is None:
+        notes.append(f"GPU `{hw.device_names[0] if hw.device_names else '?'}` is not in the GPU catalog: sized as a CPU run")
+    return spec, gpu
+
+
+def _resolve_peft(cfg: RunConfig, spec, gpu, world: int, precision: str, decisions: list[Decision]) -> Setting:
+    """`method.peft: auto` by the method rule (full / LoRA / QLoRA by what fits), or as set."""
+    if cfg.method.peft != "auto":
+        return Setting(cfg.method.peft, _source(cfg.method, "peft"), "as set" if "peft" in cfg.method.model_fields_set else "the config's default")
+    peft_watch = ""
+    if spec is None:
+        cfg.method.peft, peft_rule = "lora", "auto without a model size: LoRA, the default"
+    elif gpu is not None:
+        limit = gpu.memory_bytes * (1 - D.HEADROOM)
+
+        def fits(m: str) -> bool:
+            s = replace(memory_setup(cfg, m, precision, world), micro_batch=1, grad_ckpt=True)
+            return any(estimate(spec, replace(s, strategy=st)).total_bytes <= limit for st in (["single"] if world == 1 else ["ddp", "zero2", "fsdp", "zero3"]))
+
+        d = D.decide_method(requested="auto", gpu_memory_gib=gpu.memory_gib, total_memory_gib=gpu.memory_gib * world,
+                            model_16bit_gib=D.model_16bit_gib(spec.total_params), fits=fits, examples=None)
+        cfg.method.peft, peft_rule, peft_watch = D.PEFT_OF_METHOD[d.value], d.rule, d.watch
+    else:
+        full = spec.total_params < 1e9
+        cfg.method.peft = "none" if full else "lora"
+        peft_rule, peft_watch = f"CPU: full fine-tune below 1B parameters ({spec.total_params / 1e6:.1f}M), else LoRA", D._watch_method("full" if full else "lora")
+    decisions.append(Decision("method.peft", cfg.method.peft, peft_rule, peft_watch))
+    return Setting(cfg.method.peft, "planner", peft_rule, peft_watch)
+
+
+def _resolve_accumulation(t, world: int, decisions: list[Decision]) -> tuple[Setting, Setting]:
+    """(accumulation, effective batch): `gradient_accumulation_steps` unset reaches `target_effective_batch_size`; the
+    effective batch is exactly micro-batch x accumulation x world size."""
     mb = t.per_device_train_batch_size
     if t.gradient_accumulation_steps is None:
         t.gradient_accumulation_steps, eff, rule = D.accumulation(mb, world, t.target_effective_batch_size)
@@ -291,12 +321,12 @@ def resolve(cfg: RunConfig, hw: Hardware, world_size: int | None = None, *, nnod
         if eff != t.target_effective_batch_size:
             rule += f" (not `training.target_effective_batch_size` {t.target_effective_batch_size}: accumulation is set explicitly)"
         acc_s = Setting(t.gradient_accumulation_steps, "config", rule)
-    eff_s = Setting(eff, "planner", f"micro-batch {mb} x accumulation {t.gradient_accumulation_steps} x world size {world} = {eff} examples per optimizer step")
+    return acc_s, Setting(eff, "planner", f"micro-batch {mb} x accumulation {t.gradient_accumulation_steps} x world size {world} = {eff} examples per optimizer step")
 
-    # 7. learning rate, scaled with the world size when asked
-    lr_s, scaling_s = _resolve_lr(cfg, world, decisions)
 
-    # 8. the rest
+def _resolve_rest(cfg: RunConfig, hw: Hardware, decisions: list[Decision]) -> None:
+    """Model dtype, save steps and output_dir."""
+    t = cfg.training
     if cfg.model.dtype == "auto":
         cfg.model.dtype = "bfloat16" if (hw.accelerator == "cuda" and hw.bf16_supported and cfg.method.peft not in ("none", "freeze")) else "float32"
         decisions.append(Decision("model.dtype", cfg.model.dtype, "bf16 base weights under adapters on bf16 GPUs; float32 otherwise (full and freeze fine-tunes keep fp32 master weights)"))
@@ -306,14 +336,6 @@ def resolve(cfg: RunConfig, hw: Hardware, world_size: int | None = None, *, nnod
     if cfg.output_dir is None:
         cfg.output_dir = f"runs/{cfg.name or 'run'}"
         decisions.append(Decision("output_dir", cfg.output_dir, "runs/<name>"))
-
-    predicted = predict(cfg, spec, gpu, world, precision, strategy_s.value, offload_s.value) if spec is not None and sizing else {}
-    if predicted.get("memory") and cfg.method.peft == "qlora" and cfg.method.quantization.upcast_rest:
-        notes.extend(_upcast_rest_note(cfg, spec, world, precision, strategy_s.value, offload_s.value, predicted["memory"]["total_bytes"]))
-    specs = build_specs(cfg, hw, world_size=world, effective_batch=eff, precision=precision)
-    return Plan(config=cfg, hardware=hw, world_size=world_s, nnodes=nodes_s, nproc_per_node=local_s, strategy=strategy_s, offload=offload_s, peft=peft_s,
-                micro_batch=mb_s, grad_accum=acc_s, effective_batch=eff_s, precision=precision_s, gradient_checkpointing=ck_s, learning_rate=lr_s,
-                lr_scaling=scaling_s, specs=specs, decisions=tuple(decisions), predicted=predicted, notes=tuple(notes))
 
 
 def _resolve_precision(cfg: RunConfig, hw: Hardware, decisions: list[Decision]) -> Setting:
