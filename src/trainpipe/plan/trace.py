@@ -68,7 +68,6 @@ import contextlib
 import functools
 import math
 import types
-import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -79,6 +78,7 @@ from trainpipe.model.losses import chunked_cross_entropy_sum, shift_labels
 from trainpipe.plan import memory
 from trainpipe.plan.catalog import ModelSpec, find_model
 from trainpipe.plan.memory import Setup
+from trainpipe.plan.trace_modes import cuda_like_dropout, live_bytes_tracker, real_data_paths
 
 TRACE_FRAMEWORKS = ("trainpipe", "transformers", "hf-bf16-loss")
 
@@ -100,128 +100,6 @@ class TraceResult:
     notes: list = field(default_factory=list)
     seconds: float = 0.0
     phase_bytes: dict = field(default_factory=dict)  # live bytes when each phase starts, e.g. "backward (step 1)"
-
-
-# ----------------------------------------------------------------------------------------------- the live-bytes tracker
-
-
-def _tracker_class():
-    import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_leaves
-    from torch.utils.weak import WeakIdKeyDictionary
-
-    class LiveBytes(TorchDispatchMode):
-        """Live tensor-storage bytes while ops run: what the caching allocator holds allocated."""
-
-        def __init__(self, record_events: bool = True):
-            super().__init__()
-            self.cur = 0
-            self.peak = 0
-            self.peak_phase = None
-            self.peak_event = 0
-            self.phase = "setup"
-            self.keys = WeakIdKeyDictionary()
-            self.next_key = 0
-            self.events: list = []
-            self.record = record_events
-
-        def key_of(self, t) -> int | None:
-            return self.keys.get(t.untyped_storage())
-
-        def add(self, t) -> None:
-            st = t.untyped_storage()
-            if st in self.keys:
-                return
-            n = st.nbytes()
-            k = self.next_key
-            self.next_key += 1
-            self.keys[st] = k
-            self.cur += n
-            self.events.append((k, n, 1))
-            weakref.finalize(st, self._free, k, n)
-            if self.cur > self.peak:
-                self.peak, self.peak_phase, self.peak_event = self.cur, self.phase, len(self.events)
-
-        def _free(self, k: int, n: int) -> None:
-            self.cur -= n
-            self.events.append((k, n, -1))
-
-        def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            for t in tree_leaves(out):
-                if isinstance(t, torch.Tensor) and t.device.type != "meta":
-                    self.add(t)
-            return out
-
-    return LiveBytes
-
-
-def live_bytes_tracker(record_events: bool = True):
-    """A fresh `LiveBytes` dispatch mode (enter it with `with`)."""
-    return _tracker_class()(record_events)
-
-
-# ----------------------------------------------------------------------------------------------- GPU fidelity
-
-
-@contextlib.contextmanager
-def cuda_like_dropout():
-    """Route `F.dropout` through `torch.native_dropout` (a bool mask, as CUDA's fused kernel keeps) and SDPA's attention
-    dropout to what CUDA's fused kernels keep (no mask) while tracing."""
-    import torch
-    import torch.nn.functional as F
-
-    orig = F.dropout
-
-    def dropout(input, p=0.5, training=True, inplace=False):
-        if not training or p == 0.0:
-            return input
-        return torch.native_dropout(input, p, True)[0]
-
-    orig_sdpa = F.scaled_dot_product_attention
-
-    def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, *args, **kwargs):
-        # CUDA's fused SDPA kernels (flash, memory-efficient) draw attention dropout inside the kernel from a Philox seed and
-        # save no mask; the CPU falls back to the math kernel for dropout_p > 0, which keeps the seq x seq probabilities and
-        # their mask. Traced as the fused kernel saves (dropout_p = 0: the same q, k, v, output and logsumexp).
-        return orig_sdpa(query, key, value, attn_mask, 0.0, *args, **kwargs)
-
-    F.dropout = dropout
-    F.scaled_dot_product_attention = sdpa
-    try:
-        yield
-    finally:
-        F.dropout = orig
-        F.scaled_dot_product_attention = orig_sdpa
-
-
-@contextlib.contextmanager
-def real_data_paths():
-    """transformers takes other code paths when it sees a FakeTensor (`is_tracing`): it builds an explicit causal mask,
-    so SDPA gets `attn_mask` and k/v are repeated to all heads (no `enable_gqa`). With real data and no padding it skips
-    the mask and passes `is_causal=True` + `enable_gqa`. During the trace the mask code takes the real-data path: fake
-    tensors do not count as tracing there, and the packed-sequence check (data-dependent) answers what unpacked
-    batches answer (no packed sequences)."""
-    from transformers import masking_utils as mu
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    orig_tracing, orig_packed = mu.is_tracing, getattr(mu, "find_packed_sequence_indices", None)
-
-    def is_tracing(tensor=None):
-        if isinstance(tensor, FakeTensor):
-            return orig_tracing(None)
-        return orig_tracing(tensor)
-
-    mu.is_tracing = is_tracing
-    if orig_packed is not None:
-        mu.find_packed_sequence_indices = lambda position_ids: None
-    try:
-        yield
-    finally:
-        mu.is_tracing = orig_tracing
-        if orig_packed is not None:
-            mu.find_packed_sequence_indices = orig_packed
 
 
 # ----------------------------------------------------------------------------------------------- emulated bitsandbytes kernel
@@ -467,6 +345,38 @@ def resolve_spec(spec_or_path):
     return find_model(str(spec_or_path), allow_hub=False)
 
 
+def _check_traceable(spec_or_path, setup) -> None:
+    """The tracer runs transformers + PEFT programs, one process on one device."""
+    if setup.framework not in TRACE_FRAMEWORKS:
+        raise TraceError(f"framework `{setup.framework}` is another program (not transformers + PEFT); the tracer runs {', '.join(TRACE_FRAMEWORKS)}.")
+    if setup.strategy not in ("single", "ddp") or setup.num_gpus > 1 or setup.offload != "none":
+        raise TraceError(f"strategy `{setup.strategy}` x {setup.num_gpus} GPUs (offload {setup.offload}) is not traced: the tracer runs one process on one device. Trace the single-GPU setup.")
+    if not spec_or_path:
+        raise TraceError("no model to trace")
+
+
+def _split_at_peak(events, best: int, param_keys: set, grad_keys: set, opt_keys: set) -> dict:
+    """Parameters, gradients, optimizer state and other bytes live at the global peak: the event stream replayed up to it."""
+    live: dict = {}
+    cur = 0
+    at = None
+    for k, nb, sgn in events:
+        if sgn > 0:
+            live[k] = nb
+            cur += nb
+        else:
+            live.pop(k, None)
+            cur -= nb
+        if cur == best and at is None:
+            at = dict(live)
+    if at is None:
+        return {}
+    split = {"params": sum(v for k, v in at.items() if k in param_keys), "gradients": sum(v for k, v in at.items() if k in grad_keys and k not in param_keys),
+             "optimizer": sum(v for k, v in at.items() if k in opt_keys and k not in param_keys)}
+    split["other"] = best - sum(split.values())
+    return split
+
+
 def trace_step(spec_or_path, setup, *, steps: int = 1, fake: bool = True, record_events: bool = True, seed: int = 0) -> TraceResult:
     """Run `steps` real training steps of `setup` for the model `spec_or_path` (a ModelSpec, catalog id or local folder) and
     count live tensor bytes. `fake=False` runs the same program on real CPU tensors (for checking the tracer; small models
@@ -477,12 +387,7 @@ def trace_step(spec_or_path, setup, *, steps: int = 1, fake: bool = True, record
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     t0 = time.time()
-    if setup.framework not in TRACE_FRAMEWORKS:
-        raise TraceError(f"framework `{setup.framework}` is another program (not transformers + PEFT); the tracer runs {', '.join(TRACE_FRAMEWORKS)}.")
-    if setup.strategy not in ("single", "ddp") or setup.num_gpus > 1 or setup.offload != "none":
-        raise TraceError(f"strategy `{setup.strategy}` x {setup.num_gpus} GPUs (offload {setup.offload}) is not traced: the tracer runs one process on one device. Trace the single-GPU setup.")
-    if not spec_or_path:
-        raise TraceError("no model to trace")
+    _check_traceable(spec_or_path, setup)
     spec = resolve_spec(spec_or_path)
     notes: list[str] = []
     model, half, autocast = _build(spec, setup, notes)
@@ -501,7 +406,6 @@ def trace_step(spec_or_path, setup, *, steps: int = 1, fake: bool = True, record
             return torch.randint(0, 256, shape, generator=gen, dtype=torch.int64).to(torch.uint8)
         return torch.zeros(shape, dtype=dtype)
 
-    split: dict = {}
     step_peaks: list = []
     phase_bytes: dict = {}
     with mode, cuda_like_dropout(), real_data_paths():
@@ -542,24 +446,8 @@ def trace_step(spec_or_path, setup, *, steps: int = 1, fake: bool = True, record
                 opt.zero_grad(set_to_none=True)
                 step_peaks.append(tr.peak)
                 phases.append(tr.peak_phase)
-    # the split at the global peak: replay the event stream up to it
     best = max(step_peaks) if step_peaks else weights
-    live: dict = {}
-    cur = 0
-    at = None
-    for k, nb, sgn in tr.events:
-        if sgn > 0:
-            live[k] = nb
-            cur += nb
-        else:
-            live.pop(k, None)
-            cur -= nb
-        if cur == best and at is None:
-            at = dict(live)
-    if at is not None:
-        split = {"params": sum(v for k, v in at.items() if k in param_keys), "gradients": sum(v for k, v in at.items() if k in grad_keys and k not in param_keys),
-                 "optimizer": sum(v for k, v in at.items() if k in opt_keys and k not in param_keys)}
-        split["other"] = best - sum(split.values())
+    split = _split_at_peak(tr.events, best, param_keys, grad_keys, opt_keys)
     # the phase of the global peak: the first step whose peak is largest
     phase = phases[step_peaks.index(best)] if step_peaks else "setup"
     return TraceResult(peak_bytes=int(best), phase=str(phase), weights_bytes=int(weights), split=split, step_peaks=step_peaks,
