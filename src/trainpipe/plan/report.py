@@ -29,9 +29,13 @@ def _gib(x) -> str:
 
 
 def print_plan(plan: dict) -> None:
-    from rich.table import Table
-
     con = ui.console()
+    for part in (_print_model, _print_decisions, _print_memory, _print_recommendation, _print_compute, _print_ranking):
+        part(con, plan)
+
+
+def _print_model(con, plan: dict) -> None:
+    """The model line and the plan's notes."""
     m = plan["model"]
     if m:
         trainable = f"{m['trainable_params']:,} trainable ({100 * m['trainable_params'] / max(1, m['params']):.2f} %)" if m.get("trainable_params") is not None else "trainable: not sized"
@@ -41,6 +45,12 @@ def print_plan(plan: dict) -> None:
             con.print(f"note: {m['note']}", markup=False, soft_wrap=True)
     for n in plan.get("notes") or ():
         con.print(f"note: {n}", markup=False, soft_wrap=True)
+
+
+def _print_decisions(con, plan: dict) -> None:
+    """Every decision with its rule: a table that cuts nothing, or one entry per choice when the console is narrow."""
+    from rich.table import Table
+
     with_source = any("source" in d for d in plan["decision"])
     t = Table(title="plan (what `trainpipe run` executes)" if with_source else "decisions")
     short = [[d["key"] for d in plan["decision"]], [str(d["value"]) for d in plan["decision"]]]
@@ -64,6 +74,12 @@ def print_plan(plan: dict) -> None:
             con.print(_indented(f"rule: {d['rule']}"))
             if d.get("watch"):
                 con.print(_indented(f"watch: {d['watch']}"))
+
+
+def _print_memory(con, plan: dict) -> None:
+    """The memory per device and what fits."""
+    from rich.table import Table
+
     pd = plan["memory"]["per_device"]
     if pd is None:
         pd = {}
@@ -81,6 +97,10 @@ def print_plan(plan: dict) -> None:
         con.print("fits: " + ", ".join(f"{g} {'yes' if ok else 'no'}" for g, ok in fits.items()), markup=False, soft_wrap=True)
     if plan.get("fits") is False:
         con.print(f"DOES NOT FIT: {plan.get('why_not')}", markup=False, soft_wrap=True)
+
+
+def _print_recommendation(con, plan: dict) -> None:
+    """The headline rule and the recommended (or closest) setup."""
     if plan.get("headline"):
         con.print(f"headline ({plan['headline']['objective']}): {plan['headline']['rule']}", markup=False, soft_wrap=True)
     r = plan["recommendation"]
@@ -88,6 +108,10 @@ def print_plan(plan: dict) -> None:
               f"{r['precision']}, micro-batch {r['micro_batch']} x accumulation {r['gradient_accumulation']} x "
               f"{str(plan['parallel']['data']) + ' data-parallel replica(s)' if plan.get('parallel') else str(r['num_gpus']) + ' device(s)'} = effective batch {r['effective_batch']}, "
               f"gradient checkpointing {'on' if r['gradient_checkpointing'] else 'off'}, lr {r['learning_rate']:g}", markup=False, soft_wrap=True)
+
+
+def _print_compute(con, plan: dict) -> None:
+    """Compute, time and cost (with the tokens known), else FLOPs per token."""
     c = plan.get("compute")
     if c:
         if c.get("tokens_known"):
@@ -98,6 +122,12 @@ def print_plan(plan: dict) -> None:
                       f"{cost['preemptions_per_hour']:g} preemptions/h)", markup=False, soft_wrap=True)
         else:
             con.print(f"compute: {c['flops_per_token']:.3g} FLOPs per token; give --tokens N (or --examples N --avg-len L) for time and cost", markup=False, soft_wrap=True)
+
+
+def _print_ranking(con, plan: dict) -> None:
+    """The setups that fit, cheapest (or fastest) first."""
+    from rich.table import Table
+
     if plan.get("ranking"):
         by_time = (plan.get("headline") or {}).get("objective") == "time"
         rt = Table(title="fastest setups that fit" if by_time else "cheapest setups that fit")
