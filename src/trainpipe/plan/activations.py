@@ -104,32 +104,14 @@ def _attention_output_proj(li) -> bool:
     return parts[0] in _ATTN_MODULES and li.leaf in _ATTN_OUT_LEAVES and len(parts) == 2
 
 
-def layer_activation_bytes(spec: ModelSpec, s: Setup, tokens: int, *, trained: bool | None = None) -> int:
-    """Bytes autograd saves in one decoder layer for `tokens` = micro_batch * seq_len tokens.
-
-    A Linear saves its input only when its weight trains (a frozen weight's backward needs the weight,
-    not the input), except an older bitsandbytes' 4-bit matmul (QLoRA), whose autograd function kept the input
-    for every call (`MatMul4Bit.forward`: ctx.tensors = (A, B)); see `bnb_saves_input`. Modules reading the same tensor share
-    one saved copy (q/k/v read the norm output, gate/up read the second norm output).
-    """
+def _linear_inputs_saved(saved: float, spec: ModelSpec, s: Setup, tokens: int, *, full_layer: bool, adapter_in: int, fp32_adapters: bool) -> float:
+    """``saved`` plus what one layer's linears keep for backward: the inputs of trained weights (shared inputs once), the
+    LoRA dropout masks and outputs, and the adapters' own inputs and outputs (added in the layer's order, as before)."""
     a = _act(s)
-    A = spec.arch
-    h, heads, kv, hd, i = A["hidden"], A["heads"], A["kv_heads"], A["head_dim"], A["intermediate"]
-    q_dim, kv_dim = heads * hd, kv * hd
-    k_act = A.get("experts_per_token") or 1
-    base_trained, adapted = _linear_lookup(spec, s)
-    full_layer = s.method == "full" or (s.method == "freeze" and trained)
+    _, adapted = _linear_lookup(spec, s)
     linears = [li for li in spec.linears if li.in_layers]
     per_layer = max(1, spec.layers)
-    autocast = s.precision in ("bf16", "fp16")
-    # PEFT upcasts adapters to fp32 and casts the adapter's input to fp32 before its dropout; litgpt and
-    # torchtune keep adapters in the model dtype. Under autocast the adapter input is the 16-bit cast.
-    fp32_adapters = s.framework in HF_MODULES and not autocast and a != 4
-    adapter_in = 4 if fp32_adapters else a
-
-    saved = 0.0
-    # two norms: the fp32 upcast of the input (HF RMSNorm/LayerNorm in 16-bit) + normalised output when the norm weight trains
-    saved += 2 * tokens * h * (4 + (a if full_layer else 0))
+    k_act = spec.arch.get("experts_per_token") or 1
     inputs_seen: set[tuple] = set()
     dropout_seen: set[tuple] = set()
     for li in linears:
@@ -160,6 +142,33 @@ def layer_activation_bytes(spec: ModelSpec, s: Setup, tokens: int, *, trained: b
                 saved += a * tokens * li.fan_in * count  # lora_A keeps the (shared) input itself
                 inputs_seen.add(group)
             saved += (4 if fp32_adapters else a) * tokens * s.lora_r * count  # lora_A output, lora_B's input
+    return saved
+
+
+def layer_activation_bytes(spec: ModelSpec, s: Setup, tokens: int, *, trained: bool | None = None) -> int:
+    """Bytes autograd saves in one decoder layer for `tokens` = micro_batch * seq_len tokens.
+
+    A Linear saves its input only when its weight trains (a frozen weight's backward needs the weight,
+    not the input), except an older bitsandbytes' 4-bit matmul (QLoRA), whose autograd function kept the input
+    for every call (`MatMul4Bit.forward`: ctx.tensors = (A, B)); see `bnb_saves_input`. Modules reading the same tensor share
+    one saved copy (q/k/v read the norm output, gate/up read the second norm output).
+    """
+    a = _act(s)
+    A = spec.arch
+    h, heads, kv, hd, i = A["hidden"], A["heads"], A["kv_heads"], A["head_dim"], A["intermediate"]
+    q_dim, kv_dim = heads * hd, kv * hd
+    k_act = A.get("experts_per_token") or 1
+    full_layer = s.method == "full" or (s.method == "freeze" and trained)
+    autocast = s.precision in ("bf16", "fp16")
+    # PEFT upcasts adapters to fp32 and casts the adapter's input to fp32 before its dropout; litgpt and
+    # torchtune keep adapters in the model dtype. Under autocast the adapter input is the 16-bit cast.
+    fp32_adapters = s.framework in HF_MODULES and not autocast and a != 4
+    adapter_in = 4 if fp32_adapters else a
+
+    saved = 0.0
+    # two norms: the fp32 upcast of the input (HF RMSNorm/LayerNorm in 16-bit) + normalised output when the norm weight trains
+    saved += 2 * tokens * h * (4 + (a if full_layer else 0))
+    saved = _linear_inputs_saved(saved, spec, s, tokens, full_layer=full_layer, adapter_in=adapter_in, fp32_adapters=fp32_adapters)
     # attention kernel: q, k, v (repeated to all heads except flash), output
     # transformers 5 (trainpipe's stack) calls SDPA with enable_gqa when no mask is needed (no padding: what the planner sizes),
     # so k/v are not repeated (integrations/sdpa_attention.py use_gqa_in_sdpa; traced in tests/unit/plan/test_plan_trace.py);
