@@ -41,7 +41,8 @@ def main() -> int:
     miss = [r for r in pub if abs(r["error"]) > 0.15]
     if miss:
         print("  published held-out rows outside +/-15 %: " + ", ".join(f"{r['id']} {100 * r['error']:+.1f}%" for r in miss))
-    from trainpipe.plan.command import PlanRequest, make_plan
+    from trainpipe.plan.request import PlanRequest
+    from trainpipe.plan.whatif import make_plan
 
     t = time.perf_counter()
     make_plan(PlanRequest(model="meta-llama/Llama-3.1-70B", gpu="H100", num_gpus=8, tokens=1e8))

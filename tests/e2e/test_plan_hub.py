@@ -102,7 +102,8 @@ def plan(args, tmp_path, *, endpoint=None, offline=False, driver=None):
 DRIVER = """
 import json, sys
 from trainpipe.errors import TrainpipeError
-from trainpipe.plan.command import PlanRequest, make_plan
+from trainpipe.plan.request import PlanRequest
+from trainpipe.plan.whatif import make_plan
 out = {}
 for repo in sys.argv[1:]:
     try:

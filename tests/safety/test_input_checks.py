@@ -71,8 +71,6 @@ PLAN_BAD = [
     (["--tokens", "-1e6"], "--tokens"),
     (["--tokens", "nan"], "not a finite number"),
     (["--tokens", "inf"], "not a finite number"),
-    (["--tokens", "1e6", "--epochs", "-1"], "--epochs"),
-    (["--tokens", "1e6", "--epochs", "nan"], "--epochs"),
     (["--tokens", "1e6", "--budget-usd", "nan"], "--budget-usd"),
     (["--tokens", "1e6", "--budget-usd", "-5"], "--budget-usd"),
     (["--tokens", "1e6", "--deadline-hours", "0"], "--deadline-hours"),
@@ -89,6 +87,15 @@ def test_plan_model_numeric_flag_out_of_range(tmp_path, monkeypatch, capsys, fla
     monkeypatch.chdir(tmp_path)
     out = refused(["plan", "--model", MODEL, "--gpu", "H100", *flags], capsys, tmp_path, expect=expect)
     assert "invalid option" in out
+
+
+@pytest.mark.parametrize("value", ["-1", "nan"])
+def test_plan_model_epochs_out_of_range(tmp_path, monkeypatch, capsys, value):
+    """The epochs of `plan --model` are the default run config's `training.num_train_epochs` (`--set`), checked as the config is."""
+    monkeypatch.chdir(tmp_path)
+    out = refused(["plan", "--model", MODEL, "--gpu", "H100", "--tokens", "1e6", "--set", f"training.num_train_epochs={value}"], capsys, tmp_path,
+                  expect="training.num_train_epochs")
+    assert "invalid config" in out
 
 
 @pytest.mark.parametrize("flags", [["--num-gpus", "0"], ["--nodes", "0"], ["--tokens", "nan"]])

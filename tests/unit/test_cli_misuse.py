@@ -107,7 +107,7 @@ TYPED = [(p, c, flag, bad) for p, c in COMMANDS for flag, bad in _typed_options(
 
 def test_typed_options_are_found():
     flags = {(" ".join(p), f) for p, _, f, _ in TYPED}
-    assert ("plan", "--seq-len") in flags and ("plan", "--budget-usd") in flags and ("data inspect", "-n") in flags
+    assert ("plan", "--num-gpus") in flags and ("plan", "--budget-usd") in flags and ("data inspect", "-n") in flags
 
 
 @pytest.mark.parametrize("path,cmd,flag,bad", TYPED, ids=[f"{' '.join(p)} {f}" for p, _, f, _ in TYPED])
@@ -141,7 +141,7 @@ def test_data_help_lists_only_what_exists(capsys):
     assert "prepare" in out and "inspect" in out
 
 
-@pytest.mark.parametrize("argv", [["tune"], ["data", "prepare"], ["run", "--bogus"], ["plan", "--seq-len", "abc"], ["export"]])
+@pytest.mark.parametrize("argv", [["tune"], ["data", "prepare"], ["run", "--bogus"], ["plan", "--num-gpus", "abc"], ["export"]])
 def test_real_process_exit_code(argv, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRAINPIPE_TEST_FAULTS"}
     p = subprocess.run([sys.executable, "-m", "trainpipe.cli", *argv], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)

@@ -11,7 +11,8 @@ import json
 
 import pytest
 
-from trainpipe.plan.command import PlanRequest, make_plan
+from trainpipe.plan.request import PlanRequest
+from trainpipe.plan.whatif import make_plan
 
 GIB = 1024**3
 

@@ -106,8 +106,8 @@ def test_method_auto_continued_halves_the_default_lr(tmp_path):
 def test_plan_cli_prints_the_objective_rule(capsys):
     from trainpipe.cli import main
 
-    assert main(["plan", "--model", "Qwen/Qwen2.5-0.5B", "--gpu", "A100-80GB", "--goal", "alignment", "--data", "preference",
-                 "--data", "instruction", "--kl-control", "high", "--json"]) == 0
+    assert main(["plan", "--model", "Qwen/Qwen2.5-0.5B", "--gpu", "A100-80GB", "--set", "method.goal=alignment", "--data", "preference",
+                 "--data", "instruction", "--set", "method.kl_control=high", "--json"]) == 0
     p = json.loads(capsys.readouterr().out)
     obj = next(d for d in p["decision"] if d["key"] == "objective")
     assert obj["value"] == "sft -> reward -> rl" and "KL" in obj["rule"] and obj["watch"]
@@ -134,7 +134,7 @@ def test_plan_config_with_method_auto_plans_the_first_stage(tmp_path, capsys):
     assert main(["plan", str(cfg), "--gpu", "A100-80GB", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["objective"]["stages"] == ["dpo"] and out["plan"]["learning_rate"]["value"] == 5e-6  # DPO's adapter lr, not SFT's
-    assert main(["plan", str(cfg), "--gpu", "A100-80GB", "--kl-control", "high", "--json"]) == 2  # SFT -> reward -> RL needs instruction data
+    assert main(["plan", str(cfg), "--gpu", "A100-80GB", "--set", "method.kl_control=high", "--json"]) == 2  # SFT -> reward -> RL needs instruction data
     assert "instruction data" in capsys.readouterr().out
 
 

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import tempfile
+from pathlib import Path
 
 from trainpipe.cli import main
 
@@ -21,8 +23,8 @@ def _method_rule(p: dict) -> str:
 
 # ------------------------------------------------------------------ --set with --model
 def test_set_max_length_changes_activation_memory(capsys):
-    short = _plan(capsys, "--set", "data.max_length=512", "--micro-batch", "1")
-    long = _plan(capsys, "--set", "data.max_length=4096", "--micro-batch", "1")
+    short = _plan(capsys, "--set", "data.max_length=512", "--set", "training.per_device_train_batch_size=1")
+    long = _plan(capsys, "--set", "data.max_length=4096", "--set", "training.per_device_train_batch_size=1")
     assert long["setup"]["seq_len"] == 4096 and short["setup"]["seq_len"] == 512
     assert long["memory"]["per_device"]["activations_bytes"] > 2 * short["memory"]["per_device"]["activations_bytes"]
 
@@ -36,8 +38,8 @@ def test_set_micro_batch_changes_memory_and_effective_batch(capsys):
 
 
 def test_set_lora_r_changes_trainable_params(capsys):
-    r16 = _plan(capsys, "--method", "lora")
-    r64 = _plan(capsys, "--method", "lora", "--set", "method.lora.r=64")
+    r16 = _plan(capsys, "--set", "method.peft=lora")
+    r64 = _plan(capsys, "--set", "method.peft=lora", "--set", "method.lora.r=64")
     assert r64["recommendation"]["lora_r"] == 64
     assert r64["model"]["trainable_params"] == 4 * r16["model"]["trainable_params"]
 
@@ -45,9 +47,13 @@ def test_set_lora_r_changes_trainable_params(capsys):
 def test_set_learning_rate_is_the_planned_learning_rate(capsys):
     p = _plan(capsys, "--set", "training.learning_rate=1e-4")
     assert p["recommendation"]["learning_rate"] == 1e-4
-    # on the decision-rules path too (bf16-true has no run-config equivalent, so it skips the resolver)
-    q = _plan(capsys, "--precision", "bf16-true", "--set", "training.learning_rate=3e-5")
-    assert q["recommendation"]["learning_rate"] == 3e-5
+    # on the decision-rules path too (a GPU only in --gpu-file is not in the resolver's catalog, so it skips the resolver)
+    gpus = Path(tempfile.mkdtemp()) / "gpus.json"
+    gpus.write_text(json.dumps({"gpus": [{"name": "MY-H100", "memory_gib": 80, "bf16": True, "bf16_tflops": 989, "fp16_tflops": 989,
+                                          "on_demand_usd": 2.0, "spot_usd": 1.0}]}))
+    assert main(["plan", "--model", MODEL, "--gpu", "MY-H100", "--gpu-file", str(gpus), "--set", "training.learning_rate=3e-5", "--json"]) == 0
+    q = json.loads(capsys.readouterr().out)
+    assert q["recommendation"]["gpu"] == "MY-H100" and q["recommendation"]["learning_rate"] == 3e-5
 
 
 def test_set_key_the_model_path_cannot_honour_is_one_paragraph(capsys):
@@ -72,24 +78,24 @@ def test_set_bad_value_is_one_paragraph(capsys):
 # ------------------------------------------------------------------ --method auto says its rule
 def test_method_auto_states_its_rule_on_several_gpus(capsys):
     for gpu in ("H100-80GB", "L4"):
-        assert main(["plan", "--model", MODEL, "--gpu", gpu, "--method", "auto", "--json"]) == 0
+        assert main(["plan", "--model", MODEL, "--gpu", gpu, "--set", "method.peft=auto", "--json"]) == 0
         rule = _method_rule(json.loads(capsys.readouterr().out))
         assert rule and "as requested" not in rule
 
 
 def test_method_auto_with_a_budget_states_the_ranking_rule(capsys):
-    p = _plan(capsys, "--method", "auto", "--tokens", "1e8", "--budget-usd", "100")
+    p = _plan(capsys, "--set", "method.peft=auto", "--tokens", "1e8", "--budget-usd", "100")
     rule = _method_rule(p)
-    assert "as requested" not in rule and "--method auto" in rule and "cheapest" in rule
+    assert "as requested" not in rule and "method.peft auto" in rule and "cheapest" in rule
 
 
 def test_method_auto_without_a_gpu_and_a_budget_states_the_ranking_rule(capsys):
-    assert main(["plan", "--model", "Qwen/Qwen2.5-1.5B", "--method", "auto", "--tokens", "1e8", "--budget-usd", "100", "--json"]) == 0
+    assert main(["plan", "--model", "Qwen/Qwen2.5-1.5B", "--set", "method.peft=auto", "--tokens", "1e8", "--budget-usd", "100", "--json"]) == 0
     assert "as requested" not in _method_rule(json.loads(capsys.readouterr().out))
 
 
 def test_explicit_method_stays_as_requested(capsys):
-    p = _plan(capsys, "--method", "lora")
+    p = _plan(capsys, "--set", "method.peft=lora")
     assert _method_rule(p) == "as requested"
-    p = _plan(capsys, "--method", "lora", "--tokens", "1e8", "--budget-usd", "100")
+    p = _plan(capsys, "--set", "method.peft=lora", "--tokens", "1e8", "--budget-usd", "100")
     assert _method_rule(p) == "as requested"

@@ -27,6 +27,7 @@ from trainpipe.config import RunConfig
 from trainpipe.plan.decisions import PlanError
 from trainpipe.plan.hardware import Hardware
 from trainpipe.plan.objective import expand_auto
+from trainpipe.plan.request import request_from_config, suggestions
 from trainpipe.plan.resolve import Plan, catalog_gpu, model_spec, resolve
 
 RunPlan = Plan  # the name `run` used before the one resolver
@@ -79,8 +80,6 @@ def compare(plan: Plan, run_dir: Path) -> dict:
 
 def what_would_fit(cfg: RunConfig, hw: Hardware) -> list[str]:
     """After an out-of-memory stop on a catalog GPU: the planner's nearest changes that fit (empty on the CPU)."""
-    from trainpipe.plan.command import request_from_config, suggestions
-
     gpu = catalog_gpu(hw)
     if gpu is None:
         return []

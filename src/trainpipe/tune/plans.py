@@ -10,7 +10,7 @@ from typing import Any
 from trainpipe.config import RunConfig, TuneConfig, build_config
 from trainpipe.plan import compute as C
 from trainpipe.plan import decisions as D
-from trainpipe.plan.command import _data_size
+from trainpipe.plan.request import _data_size
 from trainpipe.plan.gpus import find_gpu
 from trainpipe.plan.hardware import Hardware, detect
 from trainpipe.plan.resolve import CPU_MEMORY_SHARE, PLAN_METHOD, _ram_bytes, catalog_gpu, model_spec, resolve

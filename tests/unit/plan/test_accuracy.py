@@ -9,7 +9,8 @@
 import pytest
 
 from trainpipe.plan.accuracy import evaluate, measurements, share_within
-from trainpipe.plan.command import PlanRequest, make_plan
+from trainpipe.plan.request import PlanRequest
+from trainpipe.plan.whatif import make_plan
 
 @pytest.mark.parametrize("row", [m for m in measurements() if m["well_specified"]], ids=lambda m: m["id"])
 def test_measured_running_setups_are_planned_as_fitting(row):

@@ -17,7 +17,8 @@ import pytest
 
 from trainpipe.plan import memory as M
 from trainpipe.plan.catalog import find_model
-from trainpipe.plan.command import PlanRequest, make_plan, plan_3d
+from trainpipe.plan.request import PlanRequest, plan_3d
+from trainpipe.plan.whatif import make_plan
 from trainpipe.plan.gpus import find_gpu
 from trainpipe.plan.memory import Setup, estimate
 
@@ -99,7 +100,8 @@ def test_tp_pp_plan_short_context_keeps_the_flat_5_percent(spec):
 
 # ------------------------------------------------------------------ `trainpipe plan --model ... --json`
 def test_cli_single_gpu_long_context_agrees_with_estimate(spec, capsys):
-    p = _cli_json(capsys, ["--model", MODEL, "--method", "lora", "--micro-batch", "1", "--seq-len", "8192", "--grad-ckpt", "--gpu", "H100-80GB"])
+    p = _cli_json(capsys, ["--model", MODEL, "--set", "method.peft=lora", "--set", "training.per_device_train_batch_size=1", "--set", "data.max_length=8192",
+                           "--set", "training.gradient_checkpointing=true", "--gpu", "H100-80GB"])
     s = _setup_of(p)
     assert (s.strategy, s.micro_batch, s.seq_len, s.grad_ckpt) == ("single", 1, 8192, True)
     b = estimate(spec, s)
@@ -113,8 +115,8 @@ def test_cli_single_gpu_long_context_agrees_with_estimate(spec, capsys):
 def test_cli_sharded_long_context_reserve_is_one_layer_per_device(spec, capsys):
     """FSDP over 2 GPUs: each rank runs its own micro-batch, so the layer its allocator caches is the whole layer's
     activations of that micro-batch; the reserve is not divided by the sharding."""
-    p = _cli_json(capsys, ["--model", MODEL, "--method", "lora", "--micro-batch", "1", "--seq-len", "8192", "--grad-ckpt",
-                           "--gpu", "H100-80GB", "--num-gpus", "2", "--strategy", "fsdp"])
+    p = _cli_json(capsys, ["--model", MODEL, "--set", "method.peft=lora", "--set", "training.per_device_train_batch_size=1", "--set", "data.max_length=8192",
+                           "--set", "training.gradient_checkpointing=true", "--gpu", "H100-80GB", "--num-gpus", "2", "--set", "distributed.strategy=fsdp"])
     s = _setup_of(p)
     assert (s.strategy, s.num_gpus, s.grad_ckpt) == ("fsdp", 2, True)
     b = estimate(spec, s)
@@ -125,10 +127,11 @@ def test_cli_sharded_long_context_reserve_is_one_layer_per_device(spec, capsys):
 
 
 def test_cli_short_context_keeps_the_flat_5_percent(spec, capsys):
-    for ckpt in ("--no-grad-ckpt", "--grad-ckpt"):
-        p = _cli_json(capsys, ["--model", MODEL, "--method", "lora", "--micro-batch", "4", "--seq-len", "512", ckpt, "--gpu", "H100-80GB"])
+    for ckpt in (False, True):
+        p = _cli_json(capsys, ["--model", MODEL, "--set", "method.peft=lora", "--set", "training.per_device_train_batch_size=4", "--set", "data.max_length=512",
+                               "--set", f"training.gradient_checkpointing={str(ckpt).lower()}", "--gpu", "H100-80GB"])
         s = _setup_of(p)
-        assert s.grad_ckpt is (ckpt == "--grad-ckpt")
+        assert s.grad_ckpt is ckpt
         per = p["memory"]["per_device"]
         _assert_per_device_is_estimate(per, estimate(spec, s))
         assert per["fragmentation_bytes"] == _flat(per["allocated_bytes"])

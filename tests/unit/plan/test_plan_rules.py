@@ -8,7 +8,8 @@ import pytest
 from trainpipe.plan import compute as C
 from trainpipe.plan import decisions as D
 from trainpipe.plan.catalog import ModelNotFoundError, find_model
-from trainpipe.plan.command import PlanRequest, make_plan
+from trainpipe.plan.request import PlanRequest
+from trainpipe.plan.whatif import make_plan
 from trainpipe.plan.decisions import PlanError
 from trainpipe.plan.gpus import UnknownGPUError, find_gpu, normalise
 
@@ -229,7 +230,8 @@ def test_fits_nowhere_says_what_would_fit():
 def test_does_not_fit_is_exit_0_with_fits_false_in_json_and_table(capsys):
     from trainpipe.cli import main
 
-    args = ["plan", "--model", "meta-llama/Llama-3.1-70B", "--gpu", "A100-80GB", "--method", "full", "--micro-batch", "8", "--seq-len", "4096"]
+    args = ["plan", "--model", "meta-llama/Llama-3.1-70B", "--gpu", "A100-80GB", "--set", "method.peft=none", "--set", "training.per_device_train_batch_size=8",
+            "--set", "data.max_length=4096"]
     assert main(args + ["--json"]) == 0
     p = json.loads(capsys.readouterr().out)
     assert p["fits"] is False and p["why_not"]

@@ -187,14 +187,14 @@ def test_tracker_counts_live_storage_bytes():
 def test_cli_plan_trace_end_to_end(tiny, capsys):
     from trainpipe.cli import main
 
-    assert main(["plan", "--model", tiny, "--method", "lora", "--gpu", "A100-80GB", "--seq-len", "32", "--micro-batch", "2", "--trace", "--json"]) == 0
+    assert main(["plan", "--model", tiny, "--set", "method.peft=lora", "--gpu", "A100-80GB", "--set", "data.max_length=32", "--set", "training.per_device_train_batch_size=2", "--trace", "--json"]) == 0
     p = json.loads(capsys.readouterr().out)
     t = p["trace"]
     assert t["traced"] and t["planner_allocated_bytes"] == sum(p["memory"]["per_device"][k] for k in ("weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes"))
     s = M.Setup(**p["setup"])
     assert t["trace_peak_bytes"] == trace_step(tiny, s, steps=2, record_events=False).peak_bytes
     assert t["difference_pct"] == round(100 * (t["planner_allocated_bytes"] - t["trace_peak_bytes"]) / t["trace_peak_bytes"], 1)
-    assert main(["plan", "--model", tiny, "--method", "lora", "--gpu", "A100-80GB", "--seq-len", "32", "--micro-batch", "2", "--trace"]) == 0
+    assert main(["plan", "--model", tiny, "--set", "method.peft=lora", "--gpu", "A100-80GB", "--set", "data.max_length=32", "--set", "training.per_device_train_batch_size=2", "--trace"]) == 0
     out = capsys.readouterr().out
     assert "traced step (fake tensors" in out and "% off it" in out
 
