@@ -202,3 +202,14 @@ def test_every_yaml_example_in_the_docs_is_a_valid_config():
             except Exception as e:  # noqa: BLE001 - every failing block is reported
                 bad.append(f"{path.relative_to(REPO)}:\n{block}\n-> {e}")
     assert seen >= 3 and not bad, "\n\n".join(bad)
+
+
+def test_every_source_file_the_docs_name_exists():
+    """A `pkg/module.py` the README or docs/ name (relative to the repository or to src/trainpipe/) exists: code that
+    moves takes its docs along."""
+    bad = []
+    for path in _prose_files():
+        for m in re.finditer(r"`((?:src/)?[\w.-]+(?:/[\w.-]+)*/[\w-]+\.py)`", path.read_text(encoding="utf-8")):
+            if not any((base / m.group(1)).is_file() for base in (REPO, REPO / "src" / "trainpipe")):
+                bad.append(f"{path.relative_to(REPO)}: `{m.group(1)}`")
+    assert not bad, "no such file:\n" + "\n".join(bad)
