@@ -6,7 +6,7 @@ import re
 
 from pydantic import BaseModel, ConfigDict
 
-RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # `name`: what reaches a shell (distributed/launch.py) stays a plain word
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # `name`: what reaches a shell (launch.py) stays a plain word
 
 SECTIONS = ("model", "data", "method", "training", "eval", "output_dir", "name", "stages", "tracking", "pipeline")
 
