@@ -105,29 +105,7 @@ def make_plan(req: PlanRequest) -> dict:
         if tokens is None:
             raise PlanError("`--budget-usd`/`--deadline-hours` rank setups by cost or time, which needs the amount of data: add `--tokens N` or `--examples N --avg-len L`.")
         if not big:
-            ranking = _rank(spec, replace(req, gpu=req.gpu), tokens, examples)
-            out["ranking"] = ranking
-            objective = _objective(req)
-            limits = " and ".join(x for x in (f"the ${req.budget_usd:,.2f} budget" if req.budget_usd is not None else "",
-                                              f"the {req.deadline_hours:g} h deadline" if req.deadline_hours is not None else "") if x)
-            if ranking:
-                top = ranking[0]
-                r = replace(req, gpu=top["gpu"], num_gpus=top["num_gpus"], nodes=1, method=top["method"])
-                g = find_gpu(top["gpu"], req.gpu_file)
-                p = plan_on(spec, r, g, examples, obj_stage)
-                if req.method == "auto":  # the ranking chose the method, not the user: say by which rule
-                    p["decisions"] = [replace(d, rule=f"method.peft auto: the {'cheapest' if objective == 'cost' else 'fastest'} of full, LoRA and QLoRA "
-                                              f"that fits within {limits} (row 1 of the ranking: {top['num_gpus']} x {top['gpu']}, {top['method']})")
-                                      if d.key == "method" else d for d in p["decisions"]]
-                out = _assemble(spec, r, g, p, {g.name: p["fits"]}, tokens) | {"ranking": ranking}
-                why_not = None
-                rule = (f"the {'cheapest' if objective == 'cost' else 'fastest'} setup within {limits}: row 1 of the ranking "
-                        f"({top['num_gpus']} x {top['gpu']}, {top['method']}, ${top['on_demand_usd']:,.2f}, {top['hours']:.2f} h)")
-            else:
-                rule = f"no setup in the ranking fits {limits}: the headline is the plan as asked, outside them"
-            out["headline"] = {"objective": objective, "rule": rule}
-            out["recommendation"]["objective"] = objective
-            out["decision"].append({"key": "headline", "value": objective, "rule": rule, "watch": "prices move: re-plan with current prices (`--gpu-file`)"})
+            out, why_not = _headline(spec, req, out, why_not, tokens, examples, obj_stage)
     out["objective"] = {"stages": choice.stages, "value": choice.value, "rule": choice.rule, "watch": choice.watch, "continued": choice.continued,
                         "adapters": choice.adapters}
     out["decision"] = [asdict(d) for d in choice.decisions] + out["decision"]
@@ -136,6 +114,35 @@ def make_plan(req: PlanRequest) -> dict:
     if "parallel" in chosen:
         out["parallel"] = chosen["parallel"]
     return out
+
+
+def _headline(spec: ModelSpec, req: PlanRequest, out: dict, why_not: str | None, tokens: float, examples: int | None, obj_stage: str):
+    """With a budget or deadline: the ranking of GPU x count x method, and the headline plan its first row (the plan as asked
+    when nothing in the ranking fits); returns the plan and its why-not."""
+    ranking = _rank(spec, replace(req, gpu=req.gpu), tokens, examples)
+    out["ranking"] = ranking
+    objective = _objective(req)
+    limits = " and ".join(x for x in (f"the ${req.budget_usd:,.2f} budget" if req.budget_usd is not None else "",
+                                      f"the {req.deadline_hours:g} h deadline" if req.deadline_hours is not None else "") if x)
+    if ranking:
+        top = ranking[0]
+        r = replace(req, gpu=top["gpu"], num_gpus=top["num_gpus"], nodes=1, method=top["method"])
+        g = find_gpu(top["gpu"], req.gpu_file)
+        p = plan_on(spec, r, g, examples, obj_stage)
+        if req.method == "auto":  # the ranking chose the method, not the user: say by which rule
+            p["decisions"] = [replace(d, rule=f"method.peft auto: the {'cheapest' if objective == 'cost' else 'fastest'} of full, LoRA and QLoRA "
+                                      f"that fits within {limits} (row 1 of the ranking: {top['num_gpus']} x {top['gpu']}, {top['method']})")
+                              if d.key == "method" else d for d in p["decisions"]]
+        out = _assemble(spec, r, g, p, {g.name: p["fits"]}, tokens) | {"ranking": ranking}
+        why_not = None
+        rule = (f"the {'cheapest' if objective == 'cost' else 'fastest'} setup within {limits}: row 1 of the ranking "
+                f"({top['num_gpus']} x {top['gpu']}, {top['method']}, ${top['on_demand_usd']:,.2f}, {top['hours']:.2f} h)")
+    else:
+        rule = f"no setup in the ranking fits {limits}: the headline is the plan as asked, outside them"
+    out["headline"] = {"objective": objective, "rule": rule}
+    out["recommendation"]["objective"] = objective
+    out["decision"].append({"key": "headline", "value": objective, "rule": rule, "watch": "prices move: re-plan with current prices (`--gpu-file`)"})
+    return out, why_not
 
 
 def _reserve(allocated: int, fragmentation: int) -> dict:

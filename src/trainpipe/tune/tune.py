@@ -275,12 +275,17 @@ class Objective:
         final = summary.get("final") or {}
         if metric not in final:
             raise TuneError(f"trial {trial.number}'s summary has no final `{metric}` (it has {', '.join(final)}); set `tune.objective.metric` to one of those.")
-        trial.set_user_attr("seconds", round(time.time() - t0, 3))
-        trial.set_user_attr("train_steps", summary.get("train", {}).get("global_step"))
-        trial.set_user_attr("final", {k: v for k, v in final.items() if isinstance(v, (int, float))})
-        trial.set_user_attr("baseline", {k: v for k, v in (summary.get("baseline") or {}).items() if isinstance(v, (int, float))})
-        trial.set_user_attr("model", summary.get("artifacts", {}).get("model"))
+        _record(trial, summary, t0)
         return float(final[metric])
+
+
+def _record(trial, summary: dict, t0: float) -> None:
+    """What a finished trial keeps in the study: its time, steps, final and baseline metrics and its exported model."""
+    trial.set_user_attr("seconds", round(time.time() - t0, 3))
+    trial.set_user_attr("train_steps", summary.get("train", {}).get("global_step"))
+    trial.set_user_attr("final", {k: v for k, v in (summary.get("final") or {}).items() if isinstance(v, (int, float))})
+    trial.set_user_attr("baseline", {k: v for k, v in (summary.get("baseline") or {}).items() if isinstance(v, (int, float))})
+    trial.set_user_attr("model", summary.get("artifacts", {}).get("model"))
 
 
 class OverBudget(TuneError):
