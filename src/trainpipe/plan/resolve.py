@@ -41,6 +41,7 @@ from trainpipe.plan.gpus import find_gpu, gpu_from_device_name
 from trainpipe.plan.hardware import Hardware
 from trainpipe.plan.measure import predict_state_bytes
 from trainpipe.plan.memory import Setup, estimate
+from trainpipe.plan.objective import expand_auto
 from trainpipe.plan.specs import RunSpecs, build_specs
 
 # trainpipe `method.peft` -> the planner's memory method (same parameter, gradient and optimizer bytes)
@@ -264,6 +265,23 @@ def resolve(cfg: RunConfig, hw: Hardware, world_size: int | None = None, *, nnod
     return Plan(config=cfg, hardware=hw, world_size=world_s, nnodes=nodes_s, nproc_per_node=local_s, strategy=strategy_s, offload=offload_s, peft=peft_s,
                 micro_batch=mb_s, grad_accum=acc_s, effective_batch=eff_s, precision=precision_s, gradient_checkpointing=ck_s, learning_rate=lr_s,
                 lr_scaling=scaling_s, specs=specs, decisions=tuple(decisions), predicted=predicted, notes=tuple(notes))
+
+
+def plan_run(cfg: RunConfig, hw: Hardware, world_size: int | None = None, *, nnodes: int | None = None, sizing: bool = True) -> Plan:
+    """The plan `run` executes: `resolve` with this process's launcher environment (or ``world_size`` when the caller knows it).
+    DeepSpeed ZeRO set explicitly on several processes is refused here: trainpipe's loop runs single, DDP and FSDP2, and a
+    ZeRO run that silently trained as DDP would not be what the plan said."""
+    if cfg.method.name == "auto":  # the objective rule first (plan/objective.py), as `run` applies it: the first stage is planned
+        cfg, _ = expand_auto(cfg)
+    plan = resolve(cfg, hw, world_size, nnodes=nnodes, env=os.environ, sizing=sizing)
+    if plan.world_size.value > 1 and plan.strategy.value in ("zero2", "zero3"):
+        raise PlanError(
+            f"`distributed.strategy: {plan.strategy.value}`: `trainpipe run` executes `single`, `ddp` and `fsdp`, not DeepSpeed ZeRO. "
+            "Use `distributed.strategy: fsdp` (FSDP2 shards parameters, gradients and optimizer states as ZeRO-3 does; "
+            "`distributed.offload` moves them to CPU) or `auto`; `trainpipe.distributed.deepspeed.zero_config` writes the ZeRO "
+            "config for a DeepSpeed launcher of your own."
+        )
+    return plan
 
 
 def _size(cfg: RunConfig, hw: Hardware, world: int, sizing: bool, notes: list[str]):

@@ -1,7 +1,7 @@
 """Plan meets reality: `trainpipe run` resolves its plan through `plan.resolve` and records plan vs measured.
 
-`plan_run(cfg, hw, world_size)` is `resolve` with the launcher's environment (torchrun's WORLD_SIZE /
-LOCAL_WORLD_SIZE): the same function `trainpipe plan CONFIG` calls, so both print the same plan for the same
+`plan_run(cfg, hw, world_size)` (in plan/resolve.py, beside `resolve`) is `resolve` with the launcher's environment
+(torchrun's WORLD_SIZE / LOCAL_WORLD_SIZE): the same function `trainpipe plan CONFIG` calls, so both print the same plan for the same
 hardware. Its `predicted` block holds the planner's predictions for exactly this setup:
 
 - ``memory``: the per-device breakdown of `plan.memory.estimate` (weights, gradients, optimizer,
@@ -19,35 +19,15 @@ only leaves the predictions out, with the reason. It does stop a run whose confi
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict
 from pathlib import Path
 
 from trainpipe.config import RunConfig
-from trainpipe.plan.decisions import PlanError
 from trainpipe.plan.hardware import Hardware
-from trainpipe.plan.objective import expand_auto
 from trainpipe.plan.request import request_from_config, suggestions
-from trainpipe.plan.resolve import Plan, catalog_gpu, model_spec, resolve
+from trainpipe.plan.resolve import Plan, catalog_gpu, model_spec, plan_run
 
 RunPlan = Plan  # the name `run` used before the one resolver
-
-
-def plan_run(cfg: RunConfig, hw: Hardware, world_size: int | None = None, *, nnodes: int | None = None, sizing: bool = True) -> Plan:
-    """The plan `run` executes: `resolve` with this process's launcher environment (or ``world_size`` when the caller knows it).
-    DeepSpeed ZeRO set explicitly on several processes is refused here: trainpipe's loop runs single, DDP and FSDP2, and a
-    ZeRO run that silently trained as DDP would not be what the plan said."""
-    if cfg.method.name == "auto":  # the objective rule first (plan/objective.py), as `run` applies it: the first stage is planned
-        cfg, _ = expand_auto(cfg)
-    plan = resolve(cfg, hw, world_size, nnodes=nnodes, env=os.environ, sizing=sizing)
-    if plan.world_size.value > 1 and plan.strategy.value in ("zero2", "zero3"):
-        raise PlanError(
-            f"`distributed.strategy: {plan.strategy.value}`: `trainpipe run` executes `single`, `ddp` and `fsdp`, not DeepSpeed ZeRO. "
-            "Use `distributed.strategy: fsdp` (FSDP2 shards parameters, gradients and optimizer states as ZeRO-3 does; "
-            "`distributed.offload` moves them to CPU) or `auto`; `trainpipe.distributed.deepspeed.zero_config` writes the ZeRO "
-            "config for a DeepSpeed launcher of your own."
-        )
-    return plan
 
 
 def with_planned_batch(cfg: RunConfig, hw: Hardware) -> RunConfig:
