@@ -78,7 +78,7 @@ def test_sft_catalogue_candidates_halving_continues_and_the_loop_refuses_frozen_
     assert cands[str(a)]["trained"] == "True" and cands["HuggingFaceTB/SmolLM-135M"]["trained"] == "True"
     assert cands["HuggingFaceTB/SmolLM-135M"]["source"] == "catalogue"
     qwen = cands["Qwen/Qwen2.5-0.5B"]  # within automl.max_params, fits an A10G, no weights offline
-    assert qwen["trained"] == "False" and "no local weights" in qwen["reason"] and "--models ID=PATH" in qwen["reason"]
+    assert qwen["trained"] == "False" and "no local weights" in qwen["reason"] and "automl.models: [ID=PATH]" in qwen["reason"]
     assert qwen["method"] and float(qwen["memory_gib"]) > 0 and float(qwen["rung0_usd"]) > 0
     assert "automl.max_params" in cands["meta-llama/Llama-3.1-8B"]["reason"]
     assert not any(c["trained"] == "True" for c in cands.values() if c["model"] not in (str(a), "HuggingFaceTB/SmolLM-135M"))

@@ -301,7 +301,7 @@ print(json.dumps(out))
 
 
 def test_every_help_at_80_columns_cuts_no_word():
-    """`--help` of every command at COLUMNS=80 (and when piped): a choice list (`auto|full|freeze|lora|dora|qlora`) or
+    """`--help` of every command at COLUMNS=80 (and when piped): a choice list (`auto|none|freeze|lora|dora|qlora`) or
     `--set training.learning_rate=1e-4` folds onto the next line instead of ending in "…"."""
     env = {**_env(), "COLUMNS": "80"}
     p = subprocess.run([sys.executable, "-c", _ALL_HELP], capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
@@ -312,7 +312,7 @@ def test_every_help_at_80_columns_cuts_no_word():
     assert not any(cut.values()), {k: v for k, v in cut.items() if v}
     assert all(max(len(ln) for ln in v.splitlines()) <= 80 for v in helps.values())
     flat = "".join(ch for ch in helps["plan"] if ch not in " │\n")
-    assert "auto|full|freeze|lora|dora|qlora" in flat and "training.learning_rate=1e-4" in flat
+    assert "auto|none|freeze|lora|dora|qlora" in flat and "training.learning_rate=1e-4" in flat
 
 
 _PLAN_JSON: dict = {}

@@ -37,9 +37,9 @@ def plan(
 
     With a run config this is the plan `trainpipe run` executes (the same resolver), for this machine or the one
     `--gpu NAME --num-gpus N --nodes M` describes. With `--model`, the plan is built from the default run config with
-    that model; each `--set KEY=VALUE` changes it (method.peft, method.lora.r, method.lora.target_modules, data.max_length,
-    training.per_device_train_batch_size, training.gradient_checkpointing, training.optim, training.bf16,
-    distributed.strategy, distributed.offload, method.goal, ...); a key it cannot honour is refused.
+    that model; each `--set KEY=VALUE` changes it (`method.peft=auto|none|freeze|lora|dora|qlora`, method.lora.r,
+    method.lora.target_modules, data.max_length, training.per_device_train_batch_size, training.gradient_checkpointing,
+    training.optim, training.bf16, distributed.strategy, distributed.offload, method.goal, ...); a key it cannot honour is refused.
 
     Exit codes: 0 a plan, also one that does not fit (`fits: false` and the reason, with what would fit); 2 bad input."""
     from trainpipe.plan.command import plan_command
