@@ -151,7 +151,7 @@ def _peer_left(exc: BaseException) -> bool:
 class PeerLeft(TrainpipeError):
     """This rank waited for the others and one of them had ended (it printed why). Not the run's own error: the CLI
     reports it as one line on this rank's stderr, and `trainpipe run --nproc-per-node` not at all when the rank that
-    left said why (distributed/launch.py)."""
+    left said why (launch.py)."""
 
     exit_code = 5
     title = "another rank left the run"

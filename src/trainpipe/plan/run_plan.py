@@ -27,9 +27,6 @@ from trainpipe.plan.hardware import Hardware
 from trainpipe.plan.request import request_from_config, suggestions
 from trainpipe.plan.resolve import Plan, catalog_gpu, model_spec, plan_run
 
-RunPlan = Plan  # the name `run` used before the one resolver
-
-
 def with_planned_batch(cfg: RunConfig, hw: Hardware) -> RunConfig:
     """``cfg`` with `training.per_device_train_batch_size: auto` decided as `trainpipe run` decides it on ``hw`` (`plan_run`,
     no predictions), for the commands that prepare the data before any plan (`data prepare`, `data inspect`): data/ is handed
