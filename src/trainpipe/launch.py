@@ -28,7 +28,7 @@ from trainpipe import ownership, ui
 from trainpipe.distributed.env import PeerLeft
 from trainpipe.errors import TrainpipeError
 from trainpipe.plan.hardware import detect
-from trainpipe.plan.run_plan import plan_run
+from trainpipe.plan.resolve import plan_run
 from trainpipe.rundir import protected_paths
 
 EXIT_PREEMPTED = 75

@@ -41,7 +41,8 @@ from trainpipe.export import stop_token_ids
 from trainpipe.model.checkpoints import CheckpointManager
 from trainpipe.model.loading import check_model_source, check_peft, load_tokenizer
 from trainpipe.plan.hardware import detect
-from trainpipe.plan.run_plan import compare as compare_plan, plan_run, what_would_fit
+from trainpipe.plan.resolve import plan_run
+from trainpipe.plan.run_plan import compare as compare_plan, what_would_fit
 from trainpipe.redact import redact_obj
 from trainpipe.report.html import write_length_histogram, write_report
 from trainpipe.track import tracking

@@ -18,7 +18,7 @@ from trainpipe.config import load_yaml_text
 from trainpipe.errors import RunDirError
 from trainpipe.plan.decisions import default_learning_rate
 
-# What makes a folder a run directory: any of these (the ownership marker is train/checkpoints.RUN_MARKER).
+# What makes a folder a run directory: any of these (the ownership marker is rundir.MARKER).
 RUN_DIR_FILES = ("events.jsonl", "config.resolved.yaml", ".trainpipe-run")
 
 
