@@ -148,3 +148,20 @@ def test_real_process_exit_code(argv, tmp_path):
     out = p.stdout + p.stderr
     assert p.returncode == 2, out
     assert "Traceback" not in out and "Usage:" in out
+
+
+@pytest.mark.parametrize("argv,key", [(["plan", "--model", "m", "--method", "lora"], "--set method.peft=VALUE"),
+                                      (["plan", "--model", "m", "--seq-len", "512"], "--set data.max_length=VALUE"),
+                                      (["automl", "--task", "sft"], "--set automl.task=VALUE"),
+                                      (["automl", "-o", "out"], "--set automl.output_dir=VALUE")])
+def test_a_flag_that_became_a_config_key_names_it(capsys, argv, key):
+    """Issue 23: `plan --model` and `automl` take the settings that duplicated config keys through `--set`; the old flag
+    is a usage error (exit 2) that names the key."""
+    assert main(argv) == 2
+    assert key in " ".join(capsys.readouterr().err.replace("\u2502", " ").split())
+
+
+def test_the_one_prepare_command(capsys):
+    """`trainpipe prepare` was a second name of `trainpipe data prepare`: gone, and the usage error names the one left."""
+    assert main(["prepare", "x.yaml"]) == 2
+    assert "trainpipe data prepare CONFIG" in " ".join(capsys.readouterr().err.replace("\u2502", " ").split())

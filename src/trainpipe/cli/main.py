@@ -43,6 +43,23 @@ def _click_classes(name: str) -> tuple[type, ...]:
     return tuple(found) or (getattr(click.exceptions, name),)
 
 
+# flags that duplicated config keys, removed: the `--set` key each became (`trainpipe plan --model`, `trainpipe automl`)
+MOVED_TO_SET = {
+    **{("plan", flag): key for flag, key in (
+        ("--method", "method.peft"), ("--lora-r", "method.lora.r"), ("--lora-targets", "method.lora.target_modules"),
+        ("--precision", "training.bf16"), ("--micro-batch", "training.per_device_train_batch_size"), ("--seq-len", "data.max_length"),
+        ("--grad-ckpt", "training.gradient_checkpointing"), ("--no-grad-ckpt", "training.gradient_checkpointing"), ("--optimizer", "training.optim"),
+        ("--strategy", "distributed.strategy"), ("--offload", "distributed.offload"), ("--epochs", "training.num_train_epochs"),
+        ("--goal", "method.goal"), ("--kl-control", "method.kl_control"), ("--continued", "method.continued"))},
+    **{("automl", flag): f"automl.{key}" for flag, key in (
+        ("--task", "task"), ("--data", "data"), ("--models", "models"), ("-o", "output_dir"), ("--out", "output_dir"), ("--catalog", "catalog"),
+        ("--models-dir", "models_dir"), ("--gpus", "gpus"), ("--arms-per-model", "arms_per_model"), ("--lr-spread", "lr_spread"),
+        ("--seed", "seed"), ("--lr-range", "lr_range"), ("--proposer", "proposer"), ("--budget-usd", "budget_usd"),
+        ("--budget-hours", "budget_hours"), ("--gpu", "gpu"), ("--max-params", "max_params"), ("--min-steps", "min_steps"),
+        ("--rungs", "rungs"), ("--eta", "eta"), ("--eval-split", "eval_split"), ("--max-length", "max_length"), ("--batch-size", "batch_size"))},
+}
+
+
 def _usage_error(exc) -> int:
     """Print a CLI misuse as Typer does in standalone mode (usage line, `--help` hint, the error) and return its code:
     2 for every usage error. An unknown command also lists the commands that exist at that level."""
@@ -54,6 +71,11 @@ def _usage_error(exc) -> int:
     if ctx is not None and msg.startswith("No such command") and hasattr(ctx.command, "list_commands"):
         names = [n for n in ctx.command.list_commands(ctx) if not getattr(ctx.command.get_command(ctx, n), "hidden", False)]
         exc.message = f"{msg} `{ctx.command_path}` has: {', '.join(names)}."
+        if ctx.parent is None and "'prepare'" in msg:
+            exc.message += " The data step on its own is `trainpipe data prepare CONFIG`."
+    key = MOVED_TO_SET.get((ctx.command.name if ctx is not None else "", getattr(exc, "option_name", None) or ""))
+    if key:  # a flag that became a config key (issue 23): say which
+        exc.message = f"{exc.message}: a config key now, give it as `--set {key}=VALUE`."
     try:
         from typer import rich_utils
 
