@@ -6,8 +6,10 @@ Two questions, one set of rules (plan/decisions.py):
   `plan.resolve.resolve` (the function `run` calls), for this machine or a described one (`--gpu NAME --num-gpus N
   --nodes M`), and adds memory, time and cost; `--json` prints it with the resolved plan under `plan`, identical
   to what `run` records in its manifest for the same hardware.
-- `trainpipe plan --model NAME`: what-if exploration without a config. `make_plan(PlanRequest(...))` applies the
-  same decision rules across GPU types and counts (`plan_on`), ranks setups by cost or time and says what would fit.
+- `trainpipe plan --model NAME`: what-if exploration without a config file: the default run config with that model and
+  the `--set` overrides (validated as `run` validates it), read as a plan request (plan/request.py), which
+  `make_plan` (plan/whatif.py) plans across GPU types and counts (`plan_on`), ranks by cost or time, and says what
+  would fit.
 
 Both return one JSON-able dict (the `--json` contract: `decision`, `memory.per_device`, `memory.fits`, `compute`,
 `cost`, `recommendation`); `print_plan` renders the tables.

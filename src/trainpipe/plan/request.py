@@ -1,7 +1,9 @@
 """A what-if plan request (`trainpipe plan --model`): the model, the method and setup asked for, on one GPU type and
 count. `plan_on` plans it through the one resolver, `plan.resolve.resolve` (the request becomes the run config it
-stands for); `plan_3d` sizes tensor + pipeline parallelism above 100B parameters; `rank` orders GPU type x count x
-method by cost or time; `suggestions` says what would fit."""
+stands for; the decision rules directly for what no run config can express: a GPU only in `--gpu-file`, precision
+`bf16-true`, strategy `zero1`, the code of a published measurement); `plan_3d` sizes tensor + pipeline parallelism
+above 100B parameters; `_rank` orders GPU type x count x method by cost or time; `suggestions` says what would fit;
+`request_from_config` reads a run config as a request."""
 
 from __future__ import annotations
 
