@@ -46,7 +46,20 @@ from pathlib import Path
 
 from trainpipe import ownership as owned
 from trainpipe.errors import RunDirError
-from trainpipe.model.checkpoints import RUN_MARKER as MARKER, drop_manifest_tmp
+
+MARKER = ".trainpipe-run"  # the run folder's ownership marker (checkpoints/ below it: model/checkpoints.py reads it)
+
+
+def drop_manifest_tmp(folder: Path) -> None:
+    """Remove this process's half-written manifest temporaries in ``folder`` (ownership.py leaves one when its write of
+    `.trainpipe-owned.json` fails, e.g. on a full disk)."""
+    for p in Path(folder).glob(f"{owned.MANIFEST}.tmp-{os.getpid()}-*"):
+        try:
+            p.unlink()
+        except OSError:
+            pass
+
+
 LOCK = ".trainpipe.lock"
 MANIFEST = owned.MANIFEST
 # every name trainpipe writes at the top of a run folder (run.py's contract, stages/adapters roots, export, report)

@@ -1,6 +1,6 @@
 """The `gpu_utilization` gate's samples: on a GPU the loop writes `gpu_util` to metrics.jsonl at every logging step.
 
-FAKE GPU: this machine has no CUDA device, so `TrainLoop._gpu_util` (torch.cuda.utilization on a GPU) is replaced by
+FAKE GPU: this machine has no CUDA device, so `GpuUtilisation._gpu_util` (train/callbacks.py: torch.cuda.utilization on a GPU) is replaced by
 a function returning fixed figures; everything else (training, metrics, report) is real. The gate itself reads the
 manifest's accelerator, which says cpu here, so it stays `n/a`; tests/unit/test_gates.py checks its verdict on samples.
 """
@@ -16,10 +16,10 @@ pytestmark = pytest.mark.e2e
 
 
 def test_loop_samples_gpu_utilisation_for_the_gate_and_the_report(tmp_path, tiny_model_dir, monkeypatch):
-    from trainpipe.train.loop import TrainLoop
+    from trainpipe.train.callbacks import GpuUtilisation
 
     figures = iter([91.0, 40.0, 88.0, 87.0, 90.0, 86.0])
-    monkeypatch.setattr(TrainLoop, "_gpu_util", lambda self: next(figures))  # FAKE GPU (see the module docstring)
+    monkeypatch.setattr(GpuUtilisation, "_gpu_util", lambda self: next(figures))  # FAKE GPU (see the module docstring)
     cfg = make_config(tmp_path, tiny_model_dir, **{"training.max_steps": 6, "training.eval_steps": 3, "training.logging_steps": 1,
                                                    "training.per_device_train_batch_size": 4, "training.gradient_accumulation_steps": 1,
                                                    "eval.metrics": ["loss"]})

@@ -58,13 +58,13 @@ def test_clipping_spike_at_step_7_and_liger_fallback_on_the_cpu(tmp_path, base, 
 
 
 def test_gpu_run_without_pynvml_says_once_that_the_check_is_off(tmp_path, base, monkeypatch, capsys):
-    from trainpipe.train.loop import TrainLoop
+    from trainpipe.train.callbacks import GpuUtilisation
 
     def fake_gpu_without_pynvml(self):
         # FAKE GPU: this machine has no CUDA device; this is what torch.cuda.utilization raises on one without nvidia-ml-py
         raise ModuleNotFoundError("nvidia-ml-py does not seem to be installed or it can't be imported.")
 
-    monkeypatch.setattr(TrainLoop, "_gpu_util", fake_gpu_without_pynvml)
+    monkeypatch.setattr(GpuUtilisation, "_gpu_util", fake_gpu_without_pynvml)
     cfg = make_config(tmp_path, base, **{**SHORT, "training.max_steps": 6, "training.logging_steps": 1, "training.max_grad_norm": 1e6})
     assert main(["run", str(cfg)]) == 0
     out = capsys.readouterr().out

@@ -51,7 +51,7 @@ def test_packed_loss_equals_unpacked(tiny_model_dir, tiny_tokenizer):
     from transformers import AutoModelForCausalLM
 
     from trainpipe.data.packing import pack
-    from trainpipe.train.loop import TokenCrossEntropy
+    from trainpipe.train.objectives import TokenCrossEntropy
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
     rows = []

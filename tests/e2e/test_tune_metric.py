@@ -137,22 +137,24 @@ def test_end_only_objective_with_pruner_none_is_allowed_and_said(tmp_path, tiny_
         check_metric(cfg)
 
 
-def test_sft_generated_metric_reaches_the_eval_hooks(tmp_path, tiny_model_dir):
+def test_sft_generated_metric_reaches_the_eval_hooks(tmp_path, tiny_model_dir, monkeypatch):
     """With `eval.generate_in_training`, every in-training eval of an sft run hands exact_match (with loss and perplexity) to
     the hooks, equal to what metrics.jsonl records; a study prunes on it (objective exact_match, pruner median, 2 trials)."""
     p = _sft_cfg(tmp_path, tiny_model_dir, pruner="median", n_trials=2, sampler="random")
     raw = yaml.safe_load(p.read_text())
     raw["eval"]["generate_in_training"] = True
     p.write_text(yaml.safe_dump(raw, sort_keys=False))
-    from trainpipe.train import loop as L
+    from trainpipe.train.callbacks import EvalHook
 
     seen = []
-    hook = lambda loop, step, loss: seen.append((step, dict(loop.eval_metrics)))  # noqa: E731
-    L.EVAL_HOOKS.append(hook)
-    try:
-        assert main(["tune", str(p)]) == 0
-    finally:
-        L.EVAL_HOOKS.remove(hook)
+    pruner = EvalHook.on_eval  # what tune's pruner callback sees at every in-training eval of a trial
+
+    def spy(self, loop, step, loss):
+        seen.append((step, dict(loop.eval_metrics)))
+        pruner(self, loop, step, loss)
+
+    monkeypatch.setattr(EvalHook, "on_eval", spy)
+    assert main(["tune", str(p)]) == 0
     assert len(seen) >= 2 and all({"loss", "perplexity", "exact_match"} <= set(m) for _, m in seen), seen
     trials = optuna.load_study(study_name="tune", storage=f"sqlite:///{tmp_path / 'study' / 'study.db'}").get_trials()
     t = trials[0]
@@ -160,12 +162,13 @@ def test_sft_generated_metric_reaches_the_eval_hooks(tmp_path, tiny_model_dir):
     assert t.intermediate_values and all(v == evals[s]["eval_exact_match"] for s, v in t.intermediate_values.items())
 
 
-def test_dpo_in_training_eval_hands_the_hooks_its_preference_metrics(tmp_path, tiny_model_dir):
+def test_dpo_in_training_eval_hands_the_hooks_its_preference_metrics(tmp_path, tiny_model_dir, monkeypatch):
     """A dpo run's in-training evals give the hooks (and metrics.jsonl) every preference metric of its final eval, among
     them `margin_per_token` and `reward_accuracy` (TRL's `rewards/accuracies`), not only the loss."""
     from tiny import preference_records
 
-    from trainpipe.train import loop as L
+    from trainpipe.train import sft
+    from trainpipe.train.callbacks import EvalHook
     from trainpipe.tune.tune import IN_TRAINING_METRICS
 
     write_jsonl(tmp_path / "pairs.jsonl", preference_records(40, seed=7))
@@ -181,11 +184,9 @@ def test_dpo_in_training_eval_hands_the_hooks_its_preference_metrics(tmp_path, t
     p.write_text(yaml.safe_dump(cfg))
     seen = []
     hook = lambda loop, step, loss: seen.append((step, loss, dict(loop.eval_metrics)))  # noqa: E731
-    L.EVAL_HOOKS.append(hook)
-    try:
-        assert main(["run", str(p)]) == 0
-    finally:
-        L.EVAL_HOOKS.remove(hook)
+    every_runs = sft.default_callbacks
+    monkeypatch.setattr(sft, "default_callbacks", lambda t, device: [*every_runs(t, device), EvalHook(hook)])  # a callback beside every run's
+    assert main(["run", str(p)]) == 0
     assert [s for s, _, _ in seen] == [2, 4]
     evals = _metrics(tmp_path / "run")
     for step, loss, m in seen:

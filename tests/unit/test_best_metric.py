@@ -12,7 +12,8 @@ import torch
 from trainpipe.config import build_config
 from trainpipe.errors import ConfigError
 from trainpipe.model.checkpoints import CheckpointManager
-from trainpipe.train.loop import LoopState, best_labels, best_metric_of, rank_update
+from trainpipe.train.best import best_labels, best_metric_of, rank_update
+from trainpipe.train.state import LoopState
 
 
 def _t(name="loss", greater=None):

@@ -62,7 +62,7 @@ def window_gradients(model, obj, examples, micro: int):
 def test_tiny_model_chunked_equals_one_piece_across_accumulation(tiny_model_dir, tiny_tokenizer, window, monkeypatch):
     from transformers import AutoModelForCausalLM
 
-    from trainpipe.train.loop import TokenCrossEntropy
+    from trainpipe.train.objectives import TokenCrossEntropy
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)

@@ -4,7 +4,7 @@ import pytest
 
 
 def test_loss_spike_rule_needs_a_ratio_and_an_absolute_jump():
-    from trainpipe.train.loop import is_loss_spike
+    from trainpipe.train.recovery import is_loss_spike
 
     hist = [1.0] * 10
     assert is_loss_spike(3.5, hist, 3.0, 0.1) == 1.0  # 3.5x and +2.5: a spike
@@ -24,7 +24,8 @@ def test_preference_losses_are_judged_against_their_own_scale_not_3x_a_median_ne
     import math
 
     from trainpipe.config import PreferenceConfig
-    from trainpipe.train.loop import TokenCrossEntropy, is_loss_spike
+    from trainpipe.train.objectives import TokenCrossEntropy
+    from trainpipe.train.recovery import is_loss_spike
     from trainpipe.train.preference import KTOObjective, PairObjective
     from trainpipe.train.reward import BradleyTerry
 

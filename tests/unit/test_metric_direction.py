@@ -9,7 +9,7 @@ import yaml
 from trainpipe.cli import main
 from trainpipe.config import build_config
 from trainpipe.errors import ConfigError
-from trainpipe.train.loop import best_metric_of
+from trainpipe.train.best import best_metric_of
 from trainpipe.tune import tune as T
 
 BASE = {"model": {"name_or_path": "org/model"}, "data": {"sources": [{"path": "train.jsonl"}]}}

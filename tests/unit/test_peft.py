@@ -28,7 +28,7 @@ def test_loss_aligns_with_peft_own_loss_despite_virtual_tokens(peft, tiny_model_
     from transformers import AutoModelForCausalLM
 
     from trainpipe.evaluate.evaluator import eval_loss
-    from trainpipe.train.loop import TokenCrossEntropy
+    from trainpipe.train.objectives import TokenCrossEntropy
     from trainpipe.model.loading import apply_peft
 
     torch.manual_seed(0)
@@ -134,12 +134,13 @@ def test_precision_fallback_error_stops(capsys):
 def _loop(tmp_path, model, **training):
     from trainpipe.config import TrainingConfig
     from trainpipe.events import EventLog
-    from trainpipe.train.loop import TrainLoop
+    from types import SimpleNamespace
+
+    from trainpipe.train.sft import build_loop
 
     t = TrainingConfig(learning_rate=1e-3, gradient_accumulation_steps=1, save_steps=50, max_steps=2, **training)
-    return TrainLoop(model=model, train_data=[{"input_ids": [1, 2, 3], "labels": [1, 2, 3]}], pad_id=0, t=t, checkpoint_dir=tmp_path / "ck",
-                     run_dir=tmp_path, events=EventLog(tmp_path / "events.jsonl"), config_yaml="", evaluate=lambda m: 0.0,
-                     metrics_path=tmp_path / "metrics.jsonl")
+    return build_loop(model, SimpleNamespace(pad_token_id=0), [{"input_ids": [1, 2, 3], "labels": [1, 2, 3]}], t, run_dir=tmp_path,
+                      events=EventLog(tmp_path / "events.jsonl"), config_yaml="", evaluate=lambda m: 0.0)
 
 
 @pytest.mark.parametrize("optim,cls", [("adamw_8bit", "AdamW8bit"), ("paged_adamw_8bit", "AdamW8bit"), ("adafactor", "Adafactor"), ("sgd", "SGD"), ("adamw_torch", "AdamW")])

@@ -41,14 +41,22 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainpipe import faults
+from trainpipe import faults, ownership
+from trainpipe.errors import TrainpipeError
 from trainpipe.hashing import file_sha256
+from trainpipe.rundir import MARKER as RUN_MARKER, drop_manifest_tmp  # the run folder's marker (the parent of checkpoints/)
 
 WEIGHTS = "weights.safetensors"
 STATE = "state.pt"
 MANIFEST = "manifest.json"
-RUN_MARKER = ".trainpipe-run"  # written by rundir.py into the run folder, the parent of checkpoints/
 _NAME = re.compile(r"^step-(\d+)$")
+
+
+class CheckpointFailed(TrainpipeError):
+    """A checkpoint could not be written and `training.on_checkpoint_error: stop` (every rank of a run raises it alike)."""
+
+    exit_code = 1
+    title = "checkpoint failed"
 
 
 class CheckpointWriteError(OSError):
@@ -79,20 +87,6 @@ def write_error(exc: BaseException, where: Path | None = None) -> OSError | None
         if full:
             return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     return None
-
-
-
-
-def drop_manifest_tmp(folder: Path) -> None:
-    """Remove this process's half-written manifest temporaries in ``folder`` (ownership.py leaves one when its write of
-    `.trainpipe-owned.json` fails, e.g. on a full disk)."""
-    from trainpipe import ownership
-
-    for p in Path(folder).glob(f"{ownership.MANIFEST}.tmp-{os.getpid()}-*"):
-        try:
-            p.unlink()
-        except OSError:
-            pass
 
 
 def _fsync_file(path: Path) -> None:
@@ -278,13 +272,11 @@ class CheckpointManager:
     # ----------------------------------------------------------------- the run folder's manifest (ownership.py)
     def _owned(self) -> bool:
         """Whether the run folder keeps a manifest (a run lays one out; a bare folder of a unit test does not)."""
-        from trainpipe import ownership
 
         return (self.root.parent / ownership.MANIFEST).is_file()
 
     def _intend(self, name: str) -> None:
         """Register ``checkpoints/<name>`` (or `checkpoints/` itself, new to the manifest) as about to be written."""
-        from trainpipe import ownership
 
         if not self._owned():
             return
@@ -296,7 +288,6 @@ class CheckpointManager:
         """Fingerprint ``checkpoints/`` as it is now (after a save's rename, after a rotation) into the run's manifest. A
         manifest that cannot be rewritten (a full disk) leaves the checkpoint complete and its entry pending: still
         provably the run's; the run's own seal at its end tries again."""
-        from trainpipe import ownership
 
         if self._owned() and self.root.is_dir():
             try:

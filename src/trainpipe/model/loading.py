@@ -19,6 +19,7 @@ import os
 import warnings
 from pathlib import Path
 
+from trainpipe import ui
 from trainpipe.config import LoraConfig, ModelConfig
 from trainpipe.errors import ModelLoadError
 
@@ -289,7 +290,6 @@ def freeze_layers(model, fz, *, quiet: bool = False):
     """`peft: freeze`: everything frozen but the last `trainable_layers` blocks, the final norm and the LM head (and
     the input embeddings with `train_embeddings`). A head tied to the input embeddings is one tensor: it trains only
     with `train_embeddings`, so that `train_embeddings: false` always keeps the embeddings as they were."""
-    from trainpipe import ui
 
     model.requires_grad_(False)
     for name in freeze_plan(model, fz.trainable_layers):

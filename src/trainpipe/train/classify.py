@@ -18,15 +18,16 @@ from pathlib import Path
 from trainpipe import ui
 from trainpipe.errors import ConfigError, DataError
 from trainpipe.train.context import RunContext
-from trainpipe.train.loop import Objective
+from trainpipe.train.objectives import Objective
 from trainpipe.train.sft import artifacts, build_loop, train, worker_summary
+from trainpipe.model.loading import DTYPES, check_model_source, parameter_counts, resolve_lora_targets
+from trainpipe.export import base_model_dir, export_folder, model_card
+from trainpipe.data.collate import right_pad
 
 PEFT_KINDS = ("none", "lora", "rslora", "dora")
 
 
 def run(ctx: RunContext) -> dict:
-    from trainpipe.model.loading import parameter_counts
-
     cfg, data, tok = ctx.cfg, ctx.data, ctx.tokenizer
     bs = cfg.training.per_device_eval_batch_size
 
@@ -51,7 +52,7 @@ def run(ctx: RunContext) -> dict:
     # 4. train: the best checkpoint by `training.metric_for_best` (HF's metric_for_best_model; the eval loss by default)
     loop = build_loop(
         model, tok, data.train, cfg.training, run_dir=ctx.run_dir, events=ctx.events, config_yaml=ctx.config_yaml,
-        evaluate=lambda m: evaluate(m, objective, data.eval, batch_size=bs), objective=objective, dist=ctx.dist,  # loss, accuracy, macro_f1 (the hooks see all)
+        evaluate=lambda m: evaluate(m, objective, data.eval, batch_size=bs), objective=objective, dist=ctx.dist, callbacks=ctx.callbacks,  # loss, accuracy, macro_f1 (the hooks see all)
     )
     outcome = train(loop, ctx.resume_from)
     if not ctx.is_main:
@@ -91,8 +92,6 @@ def load_classifier_base(model_cfg, dtype: str, pad_token_id: int, labels: list[
     from transformers import AutoModelForSequenceClassification
     from transformers.utils import logging
 
-    from trainpipe.model.loading import DTYPES, check_model_source
-
     check_model_source(model_cfg)
     verbosity = logging.get_verbosity()
     logging.set_verbosity_error()  # "score.weight newly initialized" is the point here
@@ -112,8 +111,6 @@ def build_classifier(model_cfg, method, pad_token_id: int, labels: list[str]):
     if method.peft == "none":
         return model
     from peft import LoraConfig, get_peft_model
-
-    from trainpipe.model.loading import resolve_lora_targets
 
     lora = method.lora
     head = "classifier" if hasattr(model, "classifier") and not hasattr(model, "score") else "score"
@@ -138,8 +135,6 @@ class ClassCrossEntropy(Objective):
 
     def collate(self, examples: list[dict]) -> dict:
         import torch
-
-        from trainpipe.data.collate import right_pad
 
         batch = right_pad([list(ex["input_ids"]) for ex in examples], self.pad_id)
         batch["class_ids"] = torch.tensor([self.label2id[str(ex["class_label"])] for ex in examples], dtype=torch.long)
@@ -193,7 +188,6 @@ def evaluate(model, objective: ClassCrossEntropy, rows, *, batch_size: int) -> d
 def export_classifier(*, run_dir: Path, model, tokenizer, base, peft: str, labels: list[str], card: dict) -> Path:
     """`RUN_DIR/model/`: safetensors (LoRA and the trained head merged into a float32 base), id2label, the tokenizer, a card
     and `adapter/`; written to `model.tmp/` and renamed at the end."""
-    from trainpipe.export import base_model_dir, export_folder, model_card
 
     final = run_dir / "model"
     with export_folder(final, run_dir=run_dir, card=card, protect=base_model_dir(base)) as tmp:

@@ -1,6 +1,6 @@
 """What every recipe (sft, pretrain, dpo/orpo/kto, reward, rl) receives from `trainpipe run`.
 
-`pipeline/run.py` checks the inputs, lays out the run directory, loads the tokenizer, prepares
+`run.py` (one run) checks the inputs, lays out the run directory, loads the tokenizer, prepares
 the data and writes the manifest; then it hands a RunContext to the recipe of
 `method.name`, whose `run(ctx)` trains, evaluates, exports and returns the summary.
 """
@@ -44,7 +44,8 @@ class RunContext:
     data: Any  # trainpipe.data.prepare.PreparedData
     resume_from: Any = None  # trainpipe.model.checkpoints.CheckpointInfo | None
     hardware: Any = None
-    extra: dict = field(default_factory=dict)  # e.g. the plan's predictions, filled by pipeline/run.py
+    extra: dict = field(default_factory=dict)  # e.g. the plan's predictions, filled by run.py
+    callbacks: tuple = ()  # the loop's callbacks beside every run's (train/callbacks.py): e.g. `trainpipe tune`'s pruner
 
     @property
     def dist(self) -> DistRuntime | None:

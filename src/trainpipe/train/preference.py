@@ -61,15 +61,15 @@ from trainpipe import ui
 from trainpipe.errors import ConfigError
 from trainpipe.distributed.ddp import unwrap
 from trainpipe.train.context import RunContext
-from trainpipe.train.loop import Objective
+from trainpipe.train.objectives import Objective
 from trainpipe.train.sft import artifacts, build_loop, train, worker_summary
+from trainpipe.evaluate import suite
+from trainpipe.export import export_model
+from trainpipe.model.loading import build_model, parameter_counts
+from trainpipe.evaluate import shard as sharding
 
 
 def run(ctx: RunContext) -> dict:
-    from trainpipe.evaluate import suite
-    from trainpipe.export import export_model
-    from trainpipe.model.loading import build_model, parameter_counts
-
     cfg, data, tok = ctx.cfg, ctx.data, ctx.tokenizer
     method, pref = cfg.method.name, cfg.method.preference
     bs = cfg.training.per_device_eval_batch_size
@@ -98,7 +98,7 @@ def run(ctx: RunContext) -> dict:
     loop = build_loop(
         model, tok, train_rows, cfg.training, run_dir=ctx.run_dir, events=ctx.events, config_yaml=ctx.config_yaml,
         evaluate=suite.in_training(ctx, extra, lambda m: evaluate(m, objective, eval_rows, batch_size=bs), lambda: loop.state.step),  # loss and every preference metric
-        objective=objective, dist=ctx.dist,
+        objective=objective, dist=ctx.dist, callbacks=ctx.callbacks,
     )
     outcome = train(loop, ctx.resume_from)
     if not ctx.is_main:  # rank 0 evaluates, exports and reports for the run
@@ -428,7 +428,6 @@ def evaluate(model, objective: Objective, rows, *, batch_size: int) -> dict:
     device = next(model.parameters()).device
     total, weight = 0.0, objective.weight(rows)  # the whole eval set is one window: NLL token means over all of it
     parts: dict[str, list] = {}
-    from trainpipe.evaluate import shard as sharding
 
     todo, shard = sharding.batches(len(rows), batch_size)  # several processes in training: this rank's batches (evaluate/shard.py)
     done: dict[int, tuple] = {}

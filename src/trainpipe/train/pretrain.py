@@ -10,7 +10,7 @@ text -> final held-out perplexity with the best checkpoint -> export.
 - From scratch: `model.init_from_config` names a config.json (or a folder with one); the
   architecture is built with random weights seeded by `training.seed`, and `model.name_or_path`
   supplies only the tokenizer.
-- New tokens: `pipeline/run.py` adds them to the tokenizer right after loading it, so the data
+- New tokens: `run.py` adds them to the tokenizer right after loading it, so the data
   is tokenized with them (each is one id). Here the embeddings are resized and each new row
   starts at the mean of the existing rows (input and, when untied, output embeddings); the rows
   of the old tokens are left as they were. Under a full fine-tune (`peft: none`) every row
@@ -29,17 +29,16 @@ from trainpipe.config import ModelConfig, RunConfig
 from trainpipe.errors import ConfigError
 from trainpipe.train import sft
 from trainpipe.train.context import RunContext
+from trainpipe.evaluate import suite
+from trainpipe.evaluate.evaluator import evaluate_lm
+from trainpipe.export import export_model
+from trainpipe.model.loading import apply_peft, check_peft, load_base, parameter_counts, quantization_config
 
 # PEFT methods that keep the embeddings frozen and can train chosen token rows (PEFT's `trainable_token_indices`)
 TOKEN_ROW_PEFT = ("lora", "rslora", "dora", "ia3")
 
 
 def run(ctx: RunContext) -> dict:
-    from trainpipe.evaluate import suite
-    from trainpipe.evaluate.evaluator import evaluate_lm
-    from trainpipe.export import export_model
-    from trainpipe.model.loading import apply_peft, check_peft, load_base, parameter_counts, quantization_config
-
     cfg, data, tok = ctx.cfg, ctx.data, ctx.tokenizer
     bs = cfg.training.per_device_eval_batch_size
     check_method(cfg)
@@ -68,7 +67,7 @@ def run(ctx: RunContext) -> dict:
     loop = sft.build_loop(
         model, tok, data.train, cfg.training, run_dir=ctx.run_dir, events=ctx.events, config_yaml=ctx.config_yaml,
         evaluate=suite.in_training(ctx, extra, lambda m: sft.lm_in_training(m, tok, data, ev, batch_size=bs, stop_ids=ctx.stop_ids), lambda: loop.state.step),
-        dist=ctx.dist,
+        dist=ctx.dist, callbacks=ctx.callbacks,
     )
     outcome = sft.train(loop, ctx.resume_from)
     if not ctx.is_main:  # rank 0 evaluates, exports and reports for the run
@@ -113,7 +112,7 @@ def check_method(cfg: RunConfig) -> None:
 
 
 def new_token_ids(tokenizer, cfg: RunConfig) -> list[int]:
-    """Ids of `method.pretrain.new_tokens` that are new to the base tokenizer (pipeline/run.py added them before
+    """Ids of `method.pretrain.new_tokens` that are new to the base tokenizer (run.py added them before
     tokenizing; tokens the base already had are not new and keep their trained rows)."""
     tokens = cfg.method.pretrain.new_tokens
     if not tokens:

@@ -25,15 +25,18 @@ from pathlib import Path
 from trainpipe import ui
 from trainpipe.errors import ConfigError
 from trainpipe.train.context import RunContext
-from trainpipe.train.loop import Objective
+from trainpipe.train.objectives import Objective
 from trainpipe.train.sft import artifacts, build_loop, train, worker_summary
+from trainpipe.model.loading import DTYPES, check_model_source, parameter_counts, resolve_lora_targets
+from trainpipe.data.collate import right_pad
+from trainpipe.evaluate import shard as sharding
+from trainpipe.export import base_model_dir, export_folder, model_card
+from trainpipe.data.tokenize import _encode, Template
 
 PEFT_KINDS = ("none", "lora", "rslora", "dora")
 
 
 def run(ctx: RunContext) -> dict:
-    from trainpipe.model.loading import parameter_counts
-
     cfg, data, tok = ctx.cfg, ctx.data, ctx.tokenizer
     bs = cfg.training.per_device_eval_batch_size
 
@@ -53,7 +56,7 @@ def run(ctx: RunContext) -> dict:
     # 4. train: the best checkpoint by `training.metric_for_best` (HF's metric_for_best_model; the eval loss by default)
     loop = build_loop(
         model, tok, data.train, cfg.training, run_dir=ctx.run_dir, events=ctx.events, config_yaml=ctx.config_yaml,
-        evaluate=lambda m: evaluate(m, objective, data.eval, batch_size=bs), objective=objective, dist=ctx.dist,  # loss, accuracy, margin, rewards
+        evaluate=lambda m: evaluate(m, objective, data.eval, batch_size=bs), objective=objective, dist=ctx.dist, callbacks=ctx.callbacks,  # loss, accuracy, margin, rewards
     )
     outcome = train(loop, ctx.resume_from)
     if not ctx.is_main:  # rank 0 evaluates, exports and reports for the run
@@ -85,8 +88,6 @@ def load_sequence_classifier(model_cfg, dtype: str, pad_token_id: int):
     from transformers import AutoModelForSequenceClassification
     from transformers.utils import logging
 
-    from trainpipe.model.loading import DTYPES, check_model_source
-
     check_model_source(model_cfg)
     verbosity = logging.get_verbosity()
     logging.set_verbosity_error()  # "score.weight newly initialized" is the point here, not a warning
@@ -107,8 +108,6 @@ def build_reward_model(model_cfg, method, pad_token_id: int):
         return model
     from peft import LoraConfig, get_peft_model
 
-    from trainpipe.model.loading import resolve_lora_targets
-
     lora = method.lora
     peft_cfg = LoraConfig(
         r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=resolve_lora_targets(model, lora.target_modules),
@@ -122,7 +121,6 @@ def build_reward_model(model_cfg, method, pad_token_id: int):
 
 def collate_pairs(examples: list[dict], pad_id: int) -> dict:
     """[prompt + chosen for each pair; prompt + rejected for each pair], right-padded."""
-    from trainpipe.data.collate import right_pad
 
     seqs = [list(ex["prompt_input_ids"]) + list(ex[k]) for k in ("chosen_input_ids", "rejected_input_ids") for ex in examples]
     return right_pad(seqs, pad_id)
@@ -166,7 +164,6 @@ def evaluate(model, objective: BradleyTerry, rows: list[dict], *, batch_size: in
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    from trainpipe.evaluate import shard as sharding
 
     todo, shard = sharding.batches(len(rows), batch_size)  # several processes in training: this rank's batches (evaluate/shard.py)
     done: dict[int, tuple] = {}
@@ -192,7 +189,6 @@ def evaluate(model, objective: BradleyTerry, rows: list[dict], *, batch_size: in
 def export_reward_model(*, run_dir: Path, model, tokenizer, base, peft: str, card: dict) -> Path:
     """`RUN_DIR/model/`: the reward model as safetensors (LoRA and the trained head merged into a float32 base),
     the tokenizer, a model card and `adapter/`; written to `model.tmp/` and renamed at the end."""
-    from trainpipe.export import base_model_dir, export_folder, model_card
 
     final = run_dir / "model"
     with export_folder(final, run_dir=run_dir, card=card, protect=base_model_dir(base)) as tmp:  # refuses what is not ours; a full disk leaves no model.tmp
@@ -224,7 +220,6 @@ def load_reward_model(path: str | Path):
 
 def encode(tokenizer, prompt: str, completion: str) -> list[int]:
     """Token ids of the user turn ``prompt`` + the assistant reply ``completion``, as the data step builds them."""
-    from trainpipe.data.tokenize import Template, _encode
 
     tpl = Template(tokenizer)
     user = [{"role": "user", "content": prompt}]

@@ -53,7 +53,15 @@ from trainpipe.data.collate import IGNORE_INDEX
 from trainpipe.errors import ConfigError, DataError, TrainpipeError
 from trainpipe.train import sft
 from trainpipe.train.context import RunContext
-from trainpipe.train.loop import Objective
+from trainpipe.train.objectives import Objective
+from trainpipe.evaluate import suite
+from trainpipe.export import export_model
+from trainpipe.model.loading import build_model, parameter_counts
+from trainpipe.evaluate import shard as sharding
+from trainpipe.data.collate import right_pad
+from trainpipe.train.reward import load_reward_model
+from trainpipe.data.tokenize import _encode, end_of_turn_ids, Template
+from trainpipe.distributed.fsdp import is_sharded
 
 RewardFn = Callable[[list[str], list[str]], list[float]]  # a user's reward function: (prompts, completions) -> rewards
 # what the objective calls: (prompts, completions, prompt token ids, completion token ids) -> rewards
@@ -62,10 +70,6 @@ Reward = Callable[[list[str], list[str], list[list[int]], list[list[int]]], list
 
 def run(ctx: RunContext) -> dict:
     from peft import PeftModel
-
-    from trainpipe.evaluate import suite
-    from trainpipe.export import export_model
-    from trainpipe.model.loading import build_model, parameter_counts
 
     cfg, data, tok = ctx.cfg, ctx.data, ctx.tokenizer
     rl = cfg.method.rl
@@ -99,7 +103,7 @@ def run(ctx: RunContext) -> dict:
     loop = sft.build_loop(
         model, tok, data.train, t, run_dir=ctx.run_dir, events=ctx.events, config_yaml=ctx.config_yaml,
         evaluate=suite.in_training(ctx, extra, lambda m: rl_in_training(measure(m)[0], rl.kl_coef), lambda: loop.state.step),
-        objective=objective, dist=ctx.dist,
+        objective=objective, dist=ctx.dist, callbacks=ctx.callbacks,
     )
     outcome = sft.train(loop, ctx.resume_from)
     if not ctx.is_main:  # rank 0 evaluates, exports and reports for the run
@@ -229,7 +233,6 @@ class PolicyGradient(Objective):
             max_new_tokens=rl.max_new_tokens, eos_token_id=self.stop_ids, pad_token_id=self.pad_id,
         )
         model = unwrap(model)  # DDP has no generate; sampling needs no gradient sync
-        from trainpipe.distributed.fsdp import is_sharded
 
         # FSDP: every forward gathers each layer from all ranks, so every rank keeps stepping until all ranks' completions end
         synced = {"synced_gpus": True} if is_sharded(model) else {}
@@ -307,8 +310,6 @@ def evaluate_policy(model, obj: PolicyGradient, prompts: list[list[int]], *, bat
     (in-training evals under several processes are sharded: evaluate/shard.py)."""
     import torch
 
-    from trainpipe.evaluate import shard as sharding
-
     G = obj.rl.num_generations
     device = next(model.parameters()).device
     todo, shard = sharding.batches(len(prompts), batch_size)
@@ -381,9 +382,6 @@ def reward_model_scorer(path: Path, device, tokenizer) -> Reward:
     the reward `logits[:, 0]` at the last non-pad token (train/reward.py's pooling). Needs the policy's vocabulary."""
     import torch
 
-    from trainpipe.data.collate import right_pad
-    from trainpipe.train.reward import load_reward_model
-
     rm, rtok = load_reward_model(str(path))
     if rtok.get_vocab() != tokenizer.get_vocab():
         raise ConfigError(
@@ -400,8 +398,6 @@ def reward_model_scorer(path: Path, device, tokenizer) -> Reward:
         with torch.no_grad():
             return rm(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device)).logits[:, 0].float().tolist()
 
-    from trainpipe.data.tokenize import end_of_turn_ids
-
     stops = set(end_of_turn_ids(tokenizer)) | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
     return checked(score, str(path))
 
@@ -409,7 +405,6 @@ def reward_model_scorer(path: Path, device, tokenizer) -> Reward:
 def turn_suffix_ids(tokenizer) -> list[int]:
     """Token ids the chat template writes after an assistant turn's end-of-turn token (ChatML: a newline), which the
     preference pairs the reward model learned from end with."""
-    from trainpipe.data.tokenize import Template, _encode
 
     tpl = Template(tokenizer)
     msgs = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]

@@ -11,23 +11,31 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from trainpipe import ui
 from trainpipe.config import TrainingConfig
 from trainpipe.events import EventLog
-from trainpipe.model.checkpoints import CheckpointInfo
+from trainpipe.distributed.strategy import make as make_strategy
+from trainpipe.model.checkpoints import CheckpointInfo, CheckpointManager
+from trainpipe.train.callbacks import Callback, default_callbacks
 from trainpipe.train.context import DistRuntime, RunContext
-from trainpipe.train.loop import FitResult, Objective, TrainLoop
+from trainpipe.train.loop import TrainLoop
+from trainpipe.train.objectives import Objective, TokenCrossEntropy
+from trainpipe.train.optim import build_optimizer, build_scheduler, trainable
+from trainpipe.train.prepare import device_of, prepare_model
+from trainpipe.train.state import FitResult
+from trainpipe.train.window import WindowPlan
 from trainpipe.train.progress import TrainProgress
+from trainpipe.evaluate import suite
+from trainpipe.evaluate.evaluator import evaluate_lm
+from trainpipe.export import export_model
+from trainpipe.model.loading import build_model, parameter_counts
+from trainpipe.evaluate.evaluator import eval_loss
+from trainpipe.evaluate.metrics import GENERATED
 
 
 def run(ctx: RunContext) -> dict:
-    from trainpipe.evaluate import suite
-    from trainpipe.evaluate.evaluator import evaluate_lm
-    from trainpipe.export import export_model
-    from trainpipe.model.loading import build_model, parameter_counts
-
     cfg, data, tok = ctx.cfg, ctx.data, ctx.tokenizer
     bs = cfg.training.per_device_eval_batch_size
 
@@ -46,7 +54,7 @@ def run(ctx: RunContext) -> dict:
     loop = build_loop(
         model, tok, data.train, cfg.training, run_dir=ctx.run_dir, events=ctx.events, config_yaml=ctx.config_yaml,
         evaluate=suite.in_training(ctx, extra, lambda m: lm_in_training(m, tok, data, cfg.eval, batch_size=bs, stop_ids=ctx.stop_ids), lambda: loop.state.step),
-        dist=ctx.dist,
+        dist=ctx.dist, callbacks=ctx.callbacks,
     )
     outcome = train(loop, ctx.resume_from)
     if not ctx.is_main:  # rank 0 evaluates, exports and reports for the run
@@ -73,8 +81,6 @@ def run(ctx: RunContext) -> dict:
 def lm_in_training(model, tok, data, ev, *, batch_size: int, stop_ids: list[int]) -> dict:
     """sft/pretrain's in-training eval, what the loop's eval hooks (tune's pruner) see: loss and perplexity on the eval split;
     with `eval.generate_in_training` also the generated metrics of `eval.metrics` (exact_match, accuracy, rouge_l, bleu)."""
-    from trainpipe.evaluate.evaluator import eval_loss, evaluate_lm
-    from trainpipe.evaluate.metrics import GENERATED
 
     generated = [m for m in ev.metrics if m == "exact_match" or m in GENERATED]
     if ev.generate_in_training and generated and data.eval_generation:
@@ -96,11 +102,24 @@ def worker_summary(cfg, outcome: FitResult) -> dict:
 
 
 def build_loop(model, tokenizer, train_data, t: TrainingConfig, *, run_dir: Path, events: EventLog, config_yaml: str,
-               evaluate: Callable[[object], float], objective: Objective | None = None, dist: DistRuntime | None = None) -> TrainLoop:
+               evaluate: Callable[[object], float], objective: Objective | None = None, dist: DistRuntime | None = None,
+               callbacks: Sequence[Callback] = ()) -> TrainLoop:
+    """Every recipe's training set-up, in order: the strategy (one process, DDP or FSDP2), the model prepared for training
+    (kernels, sharding, precision), the window plan, the optimizer and scheduler, the strategy's wrapper, then the loop
+    with the run's callbacks (the clipping report, the GPU check, and ``callbacks``: e.g. tune's pruner)."""
+    ckpt = CheckpointManager(run_dir / "checkpoints", keep_last=t.save_total_limit, keep_best=t.keep_best)
+    strategy = make_strategy(dist)
+    objective = objective if objective is not None else TokenCrossEntropy(tokenizer.pad_token_id)
+    device = device_of(model)
+    prepare_model(model, t, objective, strategy, train_data)
+    plan = WindowPlan.of(t, len(train_data), strategy.world)
+    optimizer = build_optimizer(trainable(model), t, device.type)
+    scheduler = build_scheduler(optimizer, t, plan.total_windows)
+    strategy.wrap(model, device)
     return TrainLoop(
-        model=model, train_data=train_data, pad_id=tokenizer.pad_token_id, t=t, checkpoint_dir=run_dir / "checkpoints", run_dir=run_dir,
-        events=events, config_yaml=config_yaml, evaluate=evaluate, metrics_path=run_dir / "metrics.jsonl", progress=TrainProgress(),
-        objective=objective, dist=dist,
+        model=model, device=device, optimizer=optimizer, scheduler=scheduler, plan=plan, strategy=strategy, objective=objective, train_data=train_data,
+        t=t, ckpt=ckpt, run_dir=run_dir, events=events, config_yaml=config_yaml, evaluate=evaluate, metrics_path=run_dir / "metrics.jsonl",
+        progress=TrainProgress(), callbacks=[*default_callbacks(t, device), *callbacks],
     )
 
 

@@ -1,8 +1,8 @@
 """`trainpipe lr-find CONFIG`: the LR range test (Smith 2015; fastai's `lr_find`).
 
 The run's model and training data exactly as `trainpipe run` builds them (plan, tokenizer, chat template, data step,
-PEFT) -> AdamW steps on successive micro-batches with the learning rate growing exponentially from `--start` to `--end`
--> the loss smoothed (exponential moving average, bias-corrected) -> stop when the smoothed loss exceeds `--diverge`
+PEFT) -> steps of the run's optimizer (train/optim.py, as `training.optim` builds it) on successive micro-batches
+with the learning rate growing exponentially from `--start` to `--end` -> the loss smoothed (exponential moving average, bias-corrected) -> stop when the smoothed loss exceeds `--diverge`
 times its minimum (or is not finite) -> the suggestion is the learning rate where the smoothed loss falls fastest
 (the most negative slope against log lr, ignoring the first and last points). Writes `lr_find.json` and `lr_find.svg`
 (loss against lr, the suggestion marked) into the output folder, and prints the suggestion as a `--set` line. No
@@ -17,6 +17,7 @@ from pathlib import Path
 from trainpipe import ownership, ui
 from trainpipe.config import RunConfig
 from trainpipe.errors import ConfigError
+from trainpipe.train.optim import build_optimizer, trainable
 
 
 def load_probe(cfg: RunConfig):
@@ -25,7 +26,7 @@ def load_probe(cfg: RunConfig):
     from trainpipe.data.tokenize import setup_chat_template
     from trainpipe.plan.hardware import detect
     from trainpipe.plan.run_plan import plan_run
-    from trainpipe.train.loop import TokenCrossEntropy
+    from trainpipe.train.objectives import TokenCrossEntropy
     from trainpipe.model.loading import build_model, load_tokenizer
 
     if cfg.method.name not in ("sft", "pretrain"):
@@ -72,8 +73,8 @@ def lr_find(cfg: RunConfig, *, start: float = 1e-7, end: float = 10.0, steps: in
         ownership.check_writable(out / name, what=f"the range test's `{name}`", reads=reads)
     out = ownership.make_dir(out, what="the range test's output folder", reads=reads)
     device = next(model.parameters()).device
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=start, weight_decay=cfg.training.weight_decay)
+    params = [p for _, p in trainable(model)]
+    opt = build_optimizer(trainable(model), cfg.training, device.type, lr=start)  # the run's own optimizer (train/optim.py)
     mb = int(cfg.training.per_device_train_batch_size)
     mult = (end / start) ** (1 / (steps - 1))
     g = torch.Generator().manual_seed(cfg.training.seed)

@@ -1,0 +1,64 @@
+"""The window plan: which examples each optimizer step reads, and how many steps a run has. Pure arithmetic of
+(seed, number of examples, effective batch, `max_steps` / `num_train_epochs`).
+
+Window ``w`` of epoch ``e`` is the ``w``-th slice of ``effective`` examples of a permutation seeded with ``seed + e``. The
+loop position is therefore just the next window, and a resumed run reads exactly the examples the uninterrupted one
+would have, none twice and none skipped.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+
+@dataclass(frozen=True)
+class WindowPlan:
+    examples: int  # training examples
+    effective: int  # examples per optimizer step, every rank together
+    seed: int
+    max_steps: int  # > 0: the optimizer steps asked for; else epochs
+    epochs: float
+    _perm: dict = field(default_factory=dict, compare=False, repr=False)  # the permutation of the epoch read last
+
+    @classmethod
+    def of(cls, t, examples: int, world: int) -> "WindowPlan":
+        """From the training settings: micro-batch x accumulation x world size examples per step."""
+        effective = t.per_device_train_batch_size * t.gradient_accumulation_steps * world
+        return cls(examples=examples, effective=effective, seed=t.seed, max_steps=t.max_steps, epochs=t.num_train_epochs)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return max(1, math.ceil(self.examples / self.effective))
+
+    @property
+    def total_windows(self) -> int:
+        """The scheduler's length: `max_steps`, or every window of the epochs."""
+        return self.max_steps if self.max_steps > 0 else max(1, math.ceil(self.epochs * self.steps_per_epoch))
+
+    def with_effective(self, effective: int) -> "WindowPlan":
+        """The plan with a checkpoint's effective batch (a resume under another world size keeps it)."""
+        return replace(self, effective=effective, _perm={})
+
+    def indices(self, w: int) -> list[int]:
+        """The example indices of window ``w``."""
+        import torch
+
+        epoch, k = divmod(w, self.steps_per_epoch)
+        if epoch not in self._perm:
+            g = torch.Generator().manual_seed(self.seed + epoch)
+            self._perm.clear()
+            self._perm[epoch] = torch.randperm(self.examples, generator=g).tolist()
+        perm = self._perm[epoch]
+        return perm[k * self.effective : (k + 1) * self.effective]
+
+    def finished(self, step: int, window: int) -> bool:
+        """`max_steps`: the optimizer steps asked for are trained (a window skipped after a rollback is made up by the next
+        window); epochs: every window of them has been read (a skipped one is not repeated)."""
+        if self.max_steps > 0:
+            return step >= self.max_steps
+        return window >= self.total_windows
+
+    def accumulation(self, micro_batch: int, world: int = 1) -> int:
+        """Micro-steps per optimizer step (per rank) at this micro-batch."""
+        return math.ceil(self.effective / (micro_batch * world))
