@@ -16,19 +16,20 @@ from pathlib import Path
 
 from trainpipe import ownership, ui
 from trainpipe.config import RunConfig
+from trainpipe.data.prepare import prepare
+from trainpipe.data.tokenize import setup_chat_template
 from trainpipe.errors import ConfigError
+from trainpipe.model.loading import build_model, load_tokenizer
+from trainpipe.plan.hardware import detect
+from trainpipe.plan.run_plan import plan_run
+from trainpipe.rundir import protected_paths
+from trainpipe.train.objectives import TokenCrossEntropy
 from trainpipe.train.optim import build_optimizer, trainable
+from trainpipe.tune.leaderboard import svg_plot
 
 
 def load_probe(cfg: RunConfig):
     """(resolved cfg, model, tokenizer, prepared data, objective) as `trainpipe run` would build them, without a run directory."""
-    from trainpipe.data.prepare import prepare
-    from trainpipe.data.tokenize import setup_chat_template
-    from trainpipe.plan.hardware import detect
-    from trainpipe.plan.run_plan import plan_run
-    from trainpipe.train.objectives import TokenCrossEntropy
-    from trainpipe.model.loading import build_model, load_tokenizer
-
     if cfg.method.name not in ("sft", "pretrain"):
         raise ConfigError(f"`lr-find` / `batch-find` measure the next-token loss of `method.name: sft` or `pretrain` runs, got `{cfg.method.name}`. Run them on the SFT stage's config.")
     plan = plan_run(cfg, detect())
@@ -122,8 +123,6 @@ def lr_find(cfg: RunConfig, *, start: float = 1e-7, end: float = 10.0, steps: in
         "start": start, "end": end, "steps_run": len(lrs), "micro_batch": mb, "beta": beta, "train_records": len(data.train),
         "points": [{"lr": a, "loss": b, "smoothed": c} for a, b, c in zip(lrs, losses, smoothed)],
     }
-    from trainpipe.tune.leaderboard import svg_plot
-
     svg = svg_plot([{"points": list(zip(lrs, losses)), "color": "#bbbbbb", "line": True, "label": "loss"},
                     {"points": finite, "color": "#1f77b4", "line": True, "label": "smoothed"}],
                    logx=True, xlabel="learning rate", ylabel="loss", title=f"LR range test: suggested {suggestion:.3g}",
@@ -140,6 +139,4 @@ def lr_find(cfg: RunConfig, *, start: float = 1e-7, end: float = 10.0, steps: in
 def input_paths(cfg: RunConfig) -> list[tuple[Path, str]]:
     """What a probe of ``cfg`` reads (its data, the model folder): never written over. The working and home directories are
     not inputs here (output folders usually live below them)."""
-    from trainpipe.rundir import protected_paths
-
     return [(p, w) for p, w in protected_paths(cfg, None) if w not in ("the working directory", "the home directory")]

@@ -223,7 +223,7 @@ class StudyRun:
     """The study's run in MLflow (`tracking.backend` mlflow): one parent run per study in the study's experiment
     (`tracking.experiment`, else the study config's `name`), its id kept in the study's storage (`mlflow_parent_run_id`)
     so every worker and every later `trainpipe tune` of the study nests its trials under the same run. Each trial's run
-    is created as its child (`mlflow.parentRunId`, track/tracking.py `PARENT_RUN`). An unreachable tracker warns once
+    is created as its child (`mlflow.parentRunId`, the run's `parent_run`). An unreachable tracker warns once
     and the study goes on (the trials' own runs keep their metrics for `trainpipe track sync`)."""
 
     ATTR = "mlflow_parent_run_id"
