@@ -126,29 +126,12 @@ def batch_find(cfg: RunConfig, *, max_memory_gib: float | None = None, max_batch
             return False
 
     model.train()
-    good, bad = 0, None
-    mb = 1
-    while mb <= max_batch:
-        if fits(mb):
-            good = mb
-            mb *= 2
-        else:
-            bad = mb
-            break
+    good, bad = largest_fitting(fits, max_batch)
     if good == 0:
         raise ConfigError(
             f"not even a micro-batch of 1 at `data.max_length` {seq} fits ({tries[-1].get('why')}). Lower `data.max_length`, turn on "
             "`training.gradient_checkpointing`, use `method.peft: lora` or `qlora`, or raise `--max-memory-gib`."
         )
-    if bad is not None:  # binary search in (good, bad)
-        lo, hi = good, bad
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if fits(mid):
-                lo = mid
-            else:
-                hi = mid
-        good = lo
     largest = min(good, max_batch)
     target = cfg.training.target_effective_batch_size
     world = _world_size(cfg)
@@ -161,17 +144,47 @@ def batch_find(cfg: RunConfig, *, max_memory_gib: float | None = None, max_batch
         "set": [f"--set training.per_device_train_batch_size={mb}", f"--set training.gradient_accumulation_steps={accum}"],
     }
     out = Path(out_dir or (Path(cfg.output_dir).parent / f"{Path(cfg.output_dir).name}-batch-find")).resolve()
-
     reads = input_paths(cfg)
     out = ownership.make_dir(out, what="batch-find's output folder", reads=reads)
     ownership.write_json(out / "batch_find.json", result, what="batch-find's `batch_find.json`", reads=reads)
+    _print(result, on_gpu)
+    return result | {"out_dir": str(out)}
+
+
+def largest_fitting(fits, max_batch: int) -> tuple[int, int | None]:
+    """(the largest micro-batch that fits, the smallest that does not, or None when `max_batch` fits): doubling from 1, then a
+    binary search between the last that fit and the first that did not. 0 when not even 1 fits."""
+    good, bad = 0, None
+    mb = 1
+    while mb <= max_batch:
+        if fits(mb):
+            good = mb
+            mb *= 2
+        else:
+            bad = mb
+            break
+    if good and bad is not None:  # binary search in (good, bad)
+        lo, hi = good, bad
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if fits(mid):
+                lo = mid
+            else:
+                hi = mid
+        good = lo
+    return good, bad
+
+
+def _print(result: dict, on_gpu: bool) -> None:
+    mb, accum, world, target, largest = (result[k] for k in ("micro_batch", "gradient_accumulation_steps", "world_size", "target_effective_batch",
+                                                             "largest_fitting_micro_batch"))
     con = ui.console()
     how = "CUDA OOM caught" if on_gpu else "CPU: simulated OOM from the planner's peak estimate against the cap"
-    con.print(f"batch-find: the largest micro-batch that fits is {largest} at {seq} tokens ({how}; {len(tries)} tries)", markup=False, highlight=False)
+    con.print(f"batch-find: the largest micro-batch that fits is {largest} at {result['seq_len']} tokens ({how}; {len(result['tries'])} tries)",
+              markup=False, highlight=False)
     world_part = f" x {world} processes" if world > 1 else ""
     con.print(f"batch-find: keeping the effective batch {target}: micro-batch {mb} x accumulation {accum}{world_part} = {mb * accum * world}"
               + (f" (the largest that fits and divides {target // world}; {largest} fits but would change the effective batch)" if mb != largest else ""),
               markup=False, highlight=False)
     for line in result["set"]:
         con.print(line, markup=False, highlight=False)
-    return result | {"out_dir": str(out)}
