@@ -32,7 +32,7 @@ RECS = [{"instruction": "Reverse the order of the words.", "input": f"apple rive
 def test_prepare_writes_and_prints_the_report(tmp_path, base, capsys):
     recs = RECS + [RECS[0], {"instruction": "Mail me.", "output": "write to ann@annmail.net"}]
     cfg = make(tmp_path, base, recs)
-    assert main(["prepare", str(cfg)]) == 0
+    assert main(["data", "prepare", str(cfg)]) == 0
     out = capsys.readouterr().out
     report = json.loads((tmp_path / "out" / "data" / "report.json").read_text())
     for key in ("records_read", "records_kept", "dropped", "pii", "splits"):
@@ -41,7 +41,7 @@ def test_prepare_writes_and_prints_the_report(tmp_path, base, capsys):
     assert report["dropped"] == {"exact_duplicate": 1} and report["pii"] == {"email": 1}
     assert report["splits"]["eval"]["records"] == 3 and report["splits"]["train"]["records"] == 28
     assert "records read 32, kept 31, dropped 1" in out and "pii replaced: email 1" in out and "holds" in out
-    assert main(["prepare", str(cfg), "--json"]) == 0
+    assert main(["data", "prepare", str(cfg), "--json"]) == 0
     again = json.loads(capsys.readouterr().out)
     assert again["cache"]["hit"] is True and again["splits"] == report["splits"]
 
@@ -62,11 +62,11 @@ def test_data_inspect_shows_trained_tokens(tmp_path, base, capsys):
 
 def test_bad_data_exit_2_without_traceback_and_skip_writes_rejected(tmp_path, base, capsys):
     cfg = make(tmp_path, base, RECS[:5] + ['{"instruction": "broken"'] + RECS[5:])
-    assert main(["prepare", str(cfg)]) == 2
+    assert main(["data", "prepare", str(cfg)]) == 2
     out = capsys.readouterr().out
     assert "data.jsonl` line 6: not valid JSON" in out and "Traceback" not in out and "on_error: skip" in out
     cfg = make(tmp_path, base, RECS[:5] + ['{"instruction": "broken"', json.dumps({"messages": [{"role": "user", "content": "hi"}]})] + RECS[5:], on_error="skip")
-    assert main(["prepare", str(cfg)]) == 0
+    assert main(["data", "prepare", str(cfg)]) == 0
     rows = [json.loads(x) for x in (tmp_path / "out" / "data" / "rejected.jsonl").read_text().splitlines()]
     assert [(r["line"], r["kind"]) for r in rows] == [(6, "invalid_json"), (7, "format_mismatch")]
     assert "missing field `instruction`" in rows[1]["reason"] and "looks like chat" in rows[1]["reason"]
