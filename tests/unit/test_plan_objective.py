@@ -47,7 +47,7 @@ def test_first_time_vs_continued():
     [
         ({"goal": "knowledge", "data": {"instruction"}}, "raw domain text"),
         ({"data": {"preference"}, "kl_control": "high"}, "instruction data"),
-        ({"goal": "bogus", "data": {"instruction"}}, "--goal bogus"),
+        ({"goal": "bogus", "data": {"instruction"}}, "method.goal=bogus"),
         ({"data": set()}, "--data"),
     ],
 )

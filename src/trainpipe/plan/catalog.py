@@ -37,7 +37,7 @@ class LoraTargetError(TrainpipeError):
     title = "invalid LoRA targets"
 
 
-# Generic module names (`--lora-targets q,k,v,o,gate,up,down`) -> leaf names by architecture.
+# Generic module names (`method.lora.target_modules: [q, k, v, o, gate, up, down]`) -> leaf names by architecture.
 GENERIC_TARGETS: dict[str, dict[str, list[str]]] = {
     "llama": {"q": ["q_proj"], "k": ["k_proj"], "v": ["v_proj"], "o": ["o_proj"], "gate": ["gate_proj"], "up": ["up_proj"], "down": ["down_proj"]},
     "phi": {"q": ["q_proj"], "k": ["k_proj"], "v": ["v_proj"], "o": ["dense"], "up": ["fc1"], "down": ["fc2"]},
@@ -129,7 +129,7 @@ class ModelSpec:
         if targets == "attention":
             found = [li for li in lins if any(k in part.lower() for part in (li.path or li.name).split(".")[:-1] for k in ("attn", "attention"))]
             if not found:
-                raise LoraTargetError(f"`{self.id}` has no attention projections trainpipe recognises; pass module names, e.g. --lora-targets {','.join(sorted({li.leaf for li in lins})[:4])}.")
+                raise LoraTargetError(f"`{self.id}` has no attention projections trainpipe recognises; name the modules in `method.lora.target_modules`, e.g. `--set method.lora.target_modules={','.join(sorted({li.leaf for li in lins})[:4])}`.")
             return found
         names = [t.strip() for t in (targets if isinstance(targets, list) else str(targets).split(",")) if t.strip()]
         fam = GENERIC_TARGETS.get(_TARGET_FAMILY.get(self.model_type, self.model_type), {})

@@ -137,15 +137,15 @@ class Decision:
 def decide_precision(gpu: GPU | None, requested: str = "auto") -> Decision:
     if gpu is None:
         if requested not in ("auto", "fp32"):
-            raise PlanError(f"Precision `{requested}` needs a GPU; on CPU trainpipe trains in fp32. Use `--precision fp32` (or `auto`), or plan for a GPU with `--gpu`.")
+            raise PlanError(f"Precision `{requested}` needs a GPU; on CPU trainpipe trains in fp32. Use `--set training.bf16=false --set training.fp16=false` (fp32, or leave both unset for `auto`), or plan for a GPU with `--gpu`.")
         return Decision("precision", "fp32", auto_precision(False, False)[1], "nothing: fp32 has no overflow")
     if requested in ("bf16", "bf16-true") and not gpu.bf16:
         raise PlanError(
             f"Precision `{requested}` needs bfloat16 tensor cores, which the {gpu.name} ({gpu.arch}) lacks. "
-            "Use `--precision fp16` (mixed precision with loss scaling) or `auto`, or a bf16 GPU (A100, H100, L4, A10G, RTX 30xx/40xx)."
+            "Use `training.fp16: true` (`--set training.fp16=true`: mixed precision with loss scaling) or leave `training.bf16`/`training.fp16` unset (`auto`), or a bf16 GPU (A100, H100, L4, A10G, RTX 30xx/40xx)."
         )
     if requested == "fp16" and not gpu.fp16_tflops:
-        raise PlanError(f"Precision `fp16` needs fp16 tensor cores, which the {gpu.name} lacks in the GPU catalog. Use `--precision bf16` or `fp32`.")
+        raise PlanError(f"Precision `fp16` needs fp16 tensor cores, which the {gpu.name} lacks in the GPU catalog. Use `training.bf16: true` (`--set training.bf16=true`) or fp32 (`training.fp16: false`).")
     if requested != "auto":
         return Decision("precision", requested, "as requested", _watch_precision(requested))
     p, rule = auto_precision(True, gpu.bf16, f"{gpu.name} ({gpu.arch})")
@@ -254,7 +254,7 @@ def decide_strategy(*, requested: str, num_gpus: int, params: int, fits_replicat
     b = params / 1e9
     if requested != "auto":
         if requested == "single" and num_gpus > 1:
-            raise PlanError(f"`distributed.strategy: single` (`--strategy single`) with {num_gpus} processes: a single-device run uses one GPU. "
+            raise PlanError(f"`distributed.strategy: single` (`--set distributed.strategy=single`) with {num_gpus} processes: a single-device run uses one GPU. "
                             f"Use `ddp`, `fsdp`, `zero2` or `zero3` (or `auto`), or one process (`--num-gpus 1`, `distributed.nproc_per_node: 1`).")
         return Decision("strategy", requested, "as requested", _watch_strategy(requested)), "none"
     check_scale(params, requested)
@@ -316,7 +316,7 @@ def decide_batch(*, requested_micro_batch: int | None, requested_ckpt: bool | No
                  target_effective: int = 32) -> list[Decision]:
     """Micro-batch, gradient checkpointing and accumulation, as three decisions."""
     if requested_micro_batch is not None and requested_micro_batch < 1:
-        raise PlanError(f"`--micro-batch` must be >= 1, got {requested_micro_batch}. Use 1 for the least memory, or leave it out and the planner picks the largest that fits.")
+        raise PlanError(f"`training.per_device_train_batch_size` (the micro-batch) must be >= 1, got {requested_micro_batch}. Use 1 for the least memory, or leave it out and the planner picks the largest that fits.")
     ckpt_options = [requested_ckpt] if requested_ckpt is not None else [False, True]
     mb_options = [requested_micro_batch] if requested_micro_batch else list(MICRO_BATCHES)
     chosen = None

@@ -1,6 +1,6 @@
 """The objective rule: which training objective(s) a goal and its data call for (issue 15 item 1).
 
-One decision tree, used by `trainpipe plan --goal/--data` and by `method.name: auto` in `trainpipe run`
+One decision tree, used by `trainpipe plan --model` (`--set method.goal=...`, `--data`) and by `method.name: auto` in `trainpipe run`
 (`expand_auto`), each branch returning the objective stages, the rule that chose them and what to watch:
 
     first time or continued   continued training of a model that was already fine-tuned keeps its objective, starts
@@ -65,12 +65,12 @@ def choose_objective(*, goal: str = "auto", data: set[str] | frozenset[str] | li
     """The seeds' decision tree (see the module docstring). ``data``: the kinds of data at hand."""
     kinds = set(data)
     if goal not in GOALS:
-        raise PlanError(f"`--goal {goal}` (`method.goal`) is not a goal trainpipe knows; use one of {', '.join(GOALS)}.")
+        raise PlanError(f"`method.goal: {goal}` (`--set method.goal={goal}`) is not a goal trainpipe knows; use one of {', '.join(GOALS)}.")
     bad = kinds - set(DATA_KINDS)
     if bad:
         raise PlanError(f"data kind `{sorted(bad)[0]}` is unknown; use {', '.join(DATA_KINDS)} (or a data file whose format says it).")
     if kl_control not in KL_CONTROL:
-        raise PlanError(f"`--kl-control {kl_control}` (`method.kl_control`) must be `low` or `high`.")
+        raise PlanError(f"`method.kl_control: {kl_control}` (`--set method.kl_control={kl_control}`) must be `low` or `high`.")
     if not kinds:
         raise PlanError("the objective rule needs to know the data: give `--data instruction|preference|text` (or a data file), or a config with `data.sources`.")
     decisions: list[Decision] = []
@@ -89,7 +89,7 @@ def choose_objective(*, goal: str = "auto", data: set[str] | frozenset[str] | li
         why = {"knowledge": "new knowledge", "vocabulary": "a new vocabulary (new domain terms or tokens)"}.get(goal, "raw domain text only")
         if "text" not in kinds:
             raise PlanError(f"the goal is {why}: continued pre-training needs raw domain text (`format: text` records), and the data has only "
-                            f"{', '.join(sorted(kinds))} records. Add a text source, or use `--goal task` for instruction tuning alone.")
+                            f"{', '.join(sorted(kinds))} records. Add a text source, or use `method.goal: task` (`--set method.goal=task`) for instruction tuning alone.")
         if "instruction" in kinds:
             c = ObjectiveChoice(["pretrain", "sft"], f"{why}: continued pre-training on the raw domain text first (the model learns the domain), "
                                 "then instruction tuning (SFT) on the instruction data (it learns to answer with it)",
@@ -102,7 +102,7 @@ def choose_objective(*, goal: str = "auto", data: set[str] | frozenset[str] | li
             if "instruction" not in kinds:
                 raise PlanError("preference data with high KL-control importance calls for SFT -> reward model -> RL, and the SFT stage needs "
                                 "instruction data (prompt + response records) next to the preference pairs. Add an instruction source, "
-                                "or `--kl-control low` (`method.kl_control: low`) for DPO on the pairs alone.")
+                                "or `method.kl_control: low` (`--set method.kl_control=low`) for DPO on the pairs alone.")
             c = ObjectiveChoice(["sft", "reward", "rl"], "preference data and KL control matters (the policy must stay close to the SFT model): "
                                 "the PPO-class pipeline in 3 stages: SFT, a reward model trained on the pairs, then online RL (GRPO/RLOO) "
                                 "against it with a KL penalty to the SFT policy",

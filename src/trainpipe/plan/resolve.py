@@ -411,8 +411,8 @@ def _resolve_strategy(cfg: RunConfig, spec, gpu, world: int, method: str, precis
         d, _ = D.decide_strategy(requested=requested, num_gpus=world, params=spec.total_params if spec else 0, fits_replicated=True, fits_zero2=True, fits_zero3=True)
         if spec is not None and spec.total_params > D.BEYOND_SHARDING:
             decisions.append(Decision("strategy", requested, f"`{requested}` as set (data-parallel sharding, which trainpipe runs); at {spec.total_params / 1e9:.0f}B params the "
-                                      "standard is tensor + pipeline parallel with Megatron-LM or torchtitan instead (`trainpipe plan --model` without "
-                                      "`--strategy` sizes its TP x PP x DP)", d.watch))
+                                      "standard is tensor + pipeline parallel with Megatron-LM or torchtitan instead (`trainpipe plan --model` with "
+                                      "`distributed.strategy: auto` sizes its TP x PP x DP)", d.watch))
         else:
             decisions.append(Decision("strategy", requested, "as set", d.watch))
         return (Setting(requested, "config", decisions[-1].rule, d.watch),
