@@ -44,7 +44,7 @@ from trainpipe.pipeline.stages import stage_plan
 from trainpipe.pipeline.steps import STEPS, PipelineError
 from trainpipe.pipeline.store import ArtifactStore, digest_of, sha256_bytes
 from trainpipe.plan.objective import expand_auto
-from trainpipe.redact import redact_obj
+from trainpipe.redact import redact_obj, resolve_config_text, resolve_references
 from trainpipe.track.manifest import git_state, package_versions, write_json
 from trainpipe.track.tracking import flatten
 
@@ -359,6 +359,12 @@ def run_step_in_store(config_yaml: str, step_id: str, store: str, upstream: dict
         entries[src] = look.entry
     entry, _ = execute_step(step, entries, cache, use_cache=use_cache, prev=None, config_path=None)
     return f"{step.kind}:{entry['key']}"
+
+
+def run_task(config_yaml: str, step_id: str, store: str, upstream: dict[str, str], use_cache: bool) -> str:
+    """A Kubeflow task's call (kfp_compile.py components): `run_step_in_store` with the references the config and the
+    store carry (`$(TRAINPIPE_SECRET_...)`) put back from the task's environment, in memory only."""
+    return run_step_in_store(resolve_config_text(config_yaml), step_id, resolve_references(store), upstream, use_cache=use_cache)
 
 
 def _why_ran(prev: dict | None, parts: dict, section: dict, warning: str | None) -> str:

@@ -29,8 +29,8 @@ import trainpipe
 from trainpipe import ownership
 from trainpipe.errors import ConfigError
 from trainpipe.launch import cluster_layout
-from trainpipe.pipeline.dag import build_dag, default_store, run_step_in_store
-from trainpipe.redact import redact_obj, resolve_config_text, resolve_references, SecretRefs
+from trainpipe.pipeline.dag import build_dag, default_store
+from trainpipe.redact import redact_obj, SecretRefs
 from trainpipe.rundir import protected_paths
 
 
@@ -43,33 +43,45 @@ def pinned_image(image: str) -> str:
 
 
 # The components. Lightweight Python components: their source runs in the task's container (the trainpipe image), each
-# calling the one step function. Inputs are the `kind:key` cache entries of the steps they read ("" when unused). The
+# calling the one step function (dag.py `run_task`, imported by name: the source is all the task has). Inputs are the `kind:key` cache entries of the steps they read ("" when unused). The
 # config and the store hold references (`$(TRAINPIPE_SECRET_...)`) where the user's URLs hold credentials; the task's
 # environment has their values (from the Kubernetes Secret), put back in memory here.
 
 
 def prepare(config_yaml: str, step_id: str, store: str, use_cache: bool, base_model: str) -> str:
-    return run_step_in_store(resolve_config_text(config_yaml), step_id, resolve_references(store), {"base_model": base_model}, use_cache=use_cache)
+    import importlib  # the component's source runs on its own in the task's container: trainpipe is imported there
+
+    return importlib.import_module("trainpipe.pipeline.dag").run_task(config_yaml, step_id, store, {"base_model": base_model}, use_cache)
 
 
 def train(config_yaml: str, step_id: str, store: str, use_cache: bool, data: str, base_model: str, reward_model: str) -> str:
-    return run_step_in_store(resolve_config_text(config_yaml), step_id, resolve_references(store), {"data": data, "base_model": base_model, "reward_model": reward_model}, use_cache=use_cache)
+    import importlib  # the component's source runs on its own in the task's container: trainpipe is imported there
+
+    return importlib.import_module("trainpipe.pipeline.dag").run_task(config_yaml, step_id, store, {"data": data, "base_model": base_model, "reward_model": reward_model}, use_cache)
 
 
 def evaluate(config_yaml: str, step_id: str, store: str, use_cache: bool, run: str, data: str) -> str:
-    return run_step_in_store(resolve_config_text(config_yaml), step_id, resolve_references(store), {"run": run, "data": data}, use_cache=use_cache)
+    import importlib  # the component's source runs on its own in the task's container: trainpipe is imported there
+
+    return importlib.import_module("trainpipe.pipeline.dag").run_task(config_yaml, step_id, store, {"run": run, "data": data}, use_cache)
 
 
 def export(config_yaml: str, step_id: str, store: str, use_cache: bool, run: str, metrics: str) -> str:
-    return run_step_in_store(resolve_config_text(config_yaml), step_id, resolve_references(store), {"run": run, "metrics": metrics}, use_cache=use_cache)
+    import importlib  # the component's source runs on its own in the task's container: trainpipe is imported there
+
+    return importlib.import_module("trainpipe.pipeline.dag").run_task(config_yaml, step_id, store, {"run": run, "metrics": metrics}, use_cache)
 
 
 def register(config_yaml: str, step_id: str, store: str, use_cache: bool, model: str, run: str) -> str:
-    return run_step_in_store(resolve_config_text(config_yaml), step_id, resolve_references(store), {"model": model, "run": run}, use_cache=use_cache)
+    import importlib  # the component's source runs on its own in the task's container: trainpipe is imported there
+
+    return importlib.import_module("trainpipe.pipeline.dag").run_task(config_yaml, step_id, store, {"model": model, "run": run}, use_cache)
 
 
 def report(config_yaml: str, step_id: str, store: str, use_cache: bool, run: str, metrics: str) -> str:
-    return run_step_in_store(resolve_config_text(config_yaml), step_id, resolve_references(store), {"run": run, "metrics": metrics}, use_cache=use_cache)
+    import importlib  # the component's source runs on its own in the task's container: trainpipe is imported there
+
+    return importlib.import_module("trainpipe.pipeline.dag").run_task(config_yaml, step_id, store, {"run": run, "metrics": metrics}, use_cache)
 
 
 FUNCS = {"prepare": prepare, "train": train, "evaluate": evaluate, "export": export, "register": register, "report": report}
