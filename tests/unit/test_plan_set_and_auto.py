@@ -47,7 +47,7 @@ def test_set_lora_r_changes_trainable_params(capsys):
 def test_set_learning_rate_is_the_planned_learning_rate(capsys):
     p = _plan(capsys, "--set", "training.learning_rate=1e-4")
     assert p["recommendation"]["learning_rate"] == 1e-4
-    # on the decision-rules path too (a GPU only in --gpu-file is not in the resolver's catalog, so it skips the resolver)
+    # a GPU only in --gpu-file: the resolver takes its spec with the hardware (the same path as a catalog GPU)
     gpus = Path(tempfile.mkdtemp()) / "gpus.json"
     gpus.write_text(json.dumps({"gpus": [{"name": "MY-H100", "memory_gib": 80, "bf16": True, "bf16_tflops": 989, "fp16_tflops": 989,
                                           "on_demand_usd": 2.0, "spot_usd": 1.0}]}))

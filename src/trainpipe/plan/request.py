@@ -1,7 +1,7 @@
 """A what-if plan request (`trainpipe plan --model`): the model, the method and setup asked for, on one GPU type and
 count. `plan_on` plans it through the one resolver, `plan.resolve.resolve` (the request becomes the run config it
-stands for; the decision rules directly for what no run config can express: a GPU only in `--gpu-file`, precision
-`bf16-true`, strategy `zero1`, the code of a published measurement); `plan_3d` sizes tensor + pipeline parallelism
+stands for; the GPU spec goes with the hardware, so a GPU only in `--gpu-file` is planned as a catalog one; precision
+`bf16-true` and a published measurement's attention and framework are what-if inputs of the memory estimate); `plan_3d` sizes tensor + pipeline parallelism
 above 100B parameters; `_rank` orders GPU type x count x method by cost or time; `suggestions` says what would fit;
 `request_from_config` reads a run config as a request."""
 
@@ -123,71 +123,6 @@ def _runs(b: Breakdown, gpu: GPU) -> bool:
     return b.total_bytes <= gpu.memory_bytes
 
 
-def _best_strategy_fit(spec: ModelSpec, s: Setup, gpu: GPU, world: int, requested: str) -> tuple[bool, str, str]:
-    """Does `s` fit somewhere at this world size? Returns (fits, strategy, offload)."""
-    if world == 1:
-        return _fits(estimate(spec, replace(s, strategy="single")), gpu), "single", s.offload
-    options = [requested] if requested != "auto" else ["ddp", "zero2", "fsdp", "zero3"]
-    for st in options:
-        for off in ([s.offload] if s.offload != "none" or requested != "auto" else ["none", "optimizer"]):
-            if off != "none" and st in ("ddp", "single"):
-                continue
-            if _fits(estimate(spec, replace(s, strategy=st, offload=off)), gpu):
-                return True, st, off
-    return False, options[-1], s.offload
-
-
-def _plan_on_rules(spec: ModelSpec, req: PlanRequest, gpu: GPU | None, examples: int | None) -> dict:
-    """Every decision for one GPU type and count from the decision rules directly (the CPU, a GPU from `--gpu-file`,
-    and the inputs a run config cannot express: precision `bf16-true`, strategy `zero1`, the code that ran a published
-    measurement); `plan_on` otherwise."""
-    world = req.num_gpus * req.nodes
-    precision = D.decide_precision(gpu, req.precision)
-    decisions: list[Decision] = [precision]
-    if gpu is None:
-        method = req.method if req.method != "auto" else ("full" if spec.total_params < 1e9 else "lora")
-        if method == "qlora":
-            raise PlanError("QLoRA needs a CUDA GPU for training speed and memory; on CPU use `--set method.peft=lora`, or plan for a GPU with `--gpu NAME`.")
-        decisions.append(Decision("method", method, "as requested" if req.method != "auto" else "CPU: full fine-tune below 1B parameters, else LoRA", D._watch_method(method)))
-        s = replace(_setup(req, method, "fp32", 1), micro_batch=req.micro_batch or 4, grad_ckpt=bool(req.grad_ckpt))
-        decisions.append(Decision("strategy", "single", "CPU: one process", ""))
-        decisions += D.decide_batch(requested_micro_batch=s.micro_batch, requested_ckpt=s.grad_ckpt, world=1, fits=lambda mb, ck: True, target_effective=req.target_effective_batch)
-        decisions.append(_learning_rate(req, method))
-        return {"decisions": decisions, "setup": s, "memory": estimate(spec, s), "fits": True}
-    base_prec = precision.value
-
-    def fits_method(m: str) -> bool:
-        s = replace(_setup(req, m, base_prec, world), micro_batch=1, grad_ckpt=True if req.grad_ckpt is None else req.grad_ckpt)
-        return _best_strategy_fit(spec, s, gpu, world, req.strategy)[0]
-
-    mdec = D.decide_method(requested=req.method, gpu_memory_gib=gpu.memory_gib, total_memory_gib=gpu.memory_gib * world,
-                           model_16bit_gib=D.model_16bit_gib(spec.total_params), fits=fits_method, max_quality=req.max_quality, examples=examples)
-    decisions.append(mdec)
-    method = mdec.value
-    probe = replace(_setup(req, method, base_prec, world), micro_batch=1, grad_ckpt=True if req.grad_ckpt is None else req.grad_ckpt)
-    fr = world > 1 and _fits(estimate(spec, replace(probe, strategy="ddp", offload="none")), gpu)
-    fz2 = world > 1 and _fits(estimate(spec, replace(probe, strategy="zero2", offload="none")), gpu)
-    fz3 = world > 1 and _fits(estimate(spec, replace(probe, strategy="zero3", offload="none")), gpu)
-    sdec, offload = D.decide_strategy(requested=req.strategy, num_gpus=world, params=spec.total_params, fits_replicated=fr, fits_zero2=fz2, fits_zero3=fz3)
-    if req.offload != "none":
-        offload = req.offload
-    decisions.append(sdec)
-    if offload != "none":
-        decisions.append(Decision("offload", offload, "as requested" if req.offload != "none" else "the sharded state still does not fit the GPUs: optimizer states to CPU",
-                                  "CPU RAM must hold the offloaded states; step time grows with the PCIe transfers (expect 1.5-3x)"))
-    base = replace(_setup(req, method, base_prec, world), strategy=sdec.value, offload=offload)
-
-    def fits_batch(mb: int, ck: bool) -> bool:
-        return _fits(estimate(spec, replace(base, micro_batch=mb, grad_ckpt=ck)), gpu)
-
-    bdec = D.decide_batch(requested_micro_batch=req.micro_batch, requested_ckpt=req.grad_ckpt, world=world, fits=fits_batch, target_effective=req.target_effective_batch)
-    decisions += bdec
-    decisions.append(_learning_rate(req, method))
-    s = replace(base, micro_batch=bdec[0].value, grad_ckpt=bdec[1].value)
-    b = estimate(spec, s)
-    return {"decisions": decisions, "setup": s, "memory": b, "fits": _runs(b, gpu), "within_headroom": _fits(b, gpu)}
-
-
 def _learning_rate(req: PlanRequest, method: str) -> Decision:
     """The learning-rate decision: the planner's default, or the one `--set training.learning_rate=X` gave."""
     if req.learning_rate is None:
@@ -199,14 +134,6 @@ def _learning_rate(req: PlanRequest, method: str) -> Decision:
 _PEFT_KEY = {"full": "none", "freeze": "freeze", "lora": "lora", "dora": "dora", "qlora": "qlora"}
 _OFFLOAD_KEY = {"none": "none", "optimizer": "optimizer", "params": "optimizer+params"}
 _OPTIM_OF = {"adamw": "adamw_torch", "adamw_8bit": "adamw_8bit", "paged_adamw_8bit": "paged_adamw_8bit", "adafactor": "adafactor", "sgd": "sgd"}
-
-
-def _resolvable(req: PlanRequest, gpu: GPU | None) -> bool:
-    """Whether the what-if request has a run-config equivalent that `plan.resolve.resolve` can take."""
-    if gpu is None or req.precision == "bf16-true" or req.strategy == "zero1":
-        return False
-
-    return gpu_from_device_name(gpu.name) == gpu.name  # a catalog GPU (not only in --gpu-file): the resolver finds it by name
 
 
 def config_for_request(req: PlanRequest, method: str, objective: str = "sft"):
@@ -226,7 +153,7 @@ def _config_for_request(model, lora_targets, micro_batch, grad_ckpt, optimizer, 
                       "gradient_checkpointing": grad_ckpt if grad_ckpt is not None else "auto",
                       "optim": _OPTIM_OF[optimizer], "target_effective_batch_size": target_effective_batch, "num_train_epochs": epochs}
     if precision != "auto":
-        training |= {"bf16": precision == "bf16", "fp16": precision == "fp16"}
+        training |= {"bf16": precision in ("bf16", "bf16-true"), "fp16": precision == "fp16"}
     if learning_rate is not None:
         training["learning_rate"] = learning_rate
     dist: dict = {"strategy": strategy}
@@ -242,13 +169,16 @@ def _config_for_request(model, lora_targets, micro_batch, grad_ckpt, optimizer, 
     })
 
 
-def plan_on(spec: ModelSpec, req: PlanRequest, gpu: GPU | None, examples: int | None, objective: str = "sft") -> dict:
+def plan_on(spec: ModelSpec, req: PlanRequest, gpu: GPU, examples: int | None, objective: str = "sft") -> dict:
     """Every decision for one GPU type and count, through the one resolver `plan.resolve.resolve` (as `plan CONFIG` and
-    `run`): the request becomes the run config it stands for (`config_for_request`) on a described machine."""
-    if not _resolvable(req, gpu):
-        return _plan_on_rules(spec, req, gpu, examples)
-
+    `run`): the request becomes the run config it stands for (`config_for_request`) on the described machine, whose GPU
+    spec the resolver takes as given (a GPU only in `--gpu-file` too). The what-if inputs a run config has no key for
+    are given with the hardware: precision `bf16-true` (the config's bf16, with the whole model in bf16 for the memory
+    estimate), and a published measurement's attention kernel and framework (`attention`, `framework`)."""
     D.decide_precision(gpu, req.precision)  # the same one-paragraph errors (bf16 on a GPU without it)
+    if req.strategy == "zero1":
+        raise PlanError("`zero1` is not a strategy a run config takes (`distributed.strategy`: single, ddp, fsdp, zero2, zero3 or auto): "
+                        "ZeRO-2 also shards the gradients, at the same communication; use `zero2`.")
     world = req.num_gpus * req.nodes
     method, pre = req.method, []
     if method == "auto" and (req.max_quality or (examples or 0) > D.LARGE_DATA):
@@ -266,10 +196,12 @@ def plan_on(spec: ModelSpec, req: PlanRequest, gpu: GPU | None, examples: int | 
         method, pre = d.value, [d]
     cfg = config_for_request(req, method, objective)
     hw = Hardware("cuda", req.num_gpus, (gpu.name,) * req.num_gpus, gpu.bf16, 1, f"described by --gpu {gpu.name}")
-    plan = resolve(cfg, hw, world, nnodes=req.nodes, env={})
+    plan = resolve(cfg, hw, world, nnodes=req.nodes, env={}, gpu=gpu)
     rc = plan.config
     m = PLAN_METHOD.get(rc.method.peft, "lora")
-    s = memory_setup(rc, m, plan.precision.value, world, plan.strategy.value, plan.offload.value)
+    s = replace(memory_setup(rc, m, plan.precision.value, world, plan.strategy.value, plan.offload.value), attention=req.attention, framework=req.framework)
+    if req.precision == "bf16-true":
+        s = replace(s, precision="bf16-true")
     b = estimate(spec, s)
     st = plan.settings()
 
@@ -280,7 +212,7 @@ def plan_on(spec: ModelSpec, req: PlanRequest, gpu: GPU | None, examples: int | 
     def dec(key: str, setting, value=None) -> Decision:
         return Decision(key, setting.value if value is None else value, setting.rule, setting.watch or fallback_watch.get(key, ""))
 
-    decisions = [dec("precision", st["precision"])]
+    decisions = [D.decide_precision(gpu, req.precision) if req.precision == "bf16-true" else dec("precision", st["precision"])]
     decisions.append(pre[0] if pre else Decision("method", m, st["peft"].rule if st["peft"].source == "planner" else "as requested", st["peft"].watch or D._watch_method(m)))
     decisions.append(dec("strategy", st["strategy"]))
     if plan.offload.value != "none":

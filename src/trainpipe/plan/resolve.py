@@ -211,7 +211,7 @@ def _source(section, key: str) -> str:
 
 # --------------------------------------------------------------------------- the one resolver
 def resolve(cfg: RunConfig, hw: Hardware, world_size: int | None = None, *, nnodes: int | None = None,
-            env: Mapping[str, str] | None = None, sizing: bool = True) -> Plan:
+            env: Mapping[str, str] | None = None, sizing: bool = True, gpu=None) -> Plan:
     """Resolve every `auto`/unset choice of ``cfg`` for ``hw`` and a world size (see the module docstring for the order).
 
     ``world_size``/``nnodes``: given by the caller (`trainpipe plan --num-gpus N --nodes M`); otherwise read from
@@ -219,7 +219,10 @@ def resolve(cfg: RunConfig, hw: Hardware, world_size: int | None = None, *, nnod
     is loaded when the config asks for something the strategy, method or machine cannot do.
 
     ``sizing=False`` (`trainpipe config show`): no predictions, and the model is sized (a meta-device build through
-    transformers) only when a decision needs its size: `auto` method, micro-batch or checkpointing, or several processes."""
+    transformers) only when a decision needs its size: `auto` method, micro-batch or checkpointing, or several processes.
+
+    ``gpu``: the GPU's spec (plan/gpus.py) when the caller describes the machine with one, e.g. a GPU only in `--gpu-file`;
+    otherwise the catalog entry of ``hw``'s first device."""
     cfg = cfg.model_copy(deep=True)
     t, dist = cfg.training, cfg.distributed
     decisions: list[Decision] = []
@@ -230,7 +233,7 @@ def resolve(cfg: RunConfig, hw: Hardware, world_size: int | None = None, *, nnod
     world = world_s.value
     if hw.accelerator == "cpu" and world > 1:
         notes.append(f"{world} processes share this machine's CPU cores (gloo backend)")
-    spec, gpu = _size(cfg, hw, world, sizing, notes)
+    spec, gpu = _size(cfg, hw, world, sizing, notes, gpu)
 
     # 2. precision
     precision_s = _resolve_precision(cfg, hw, decisions)
@@ -284,8 +287,8 @@ def plan_run(cfg: RunConfig, hw: Hardware, world_size: int | None = None, *, nno
     return plan
 
 
-def _size(cfg: RunConfig, hw: Hardware, world: int, sizing: bool, notes: list[str]):
-    """(the model's catalog spec or None, the GPU's catalog entry or None). The model is sized when predictions are asked
+def _size(cfg: RunConfig, hw: Hardware, world: int, sizing: bool, notes: list[str], gpu=None):
+    """(the model's catalog spec or None, the GPU's spec: ``gpu`` when given, else its catalog entry, or None). The model is sized when predictions are asked
     for or a decision needs its size; a model the planner cannot size leaves a note, never an error."""
     t = cfg.training
     needs_size = sizing or world > 1 or "auto" in (cfg.method.peft, t.per_device_train_batch_size, t.gradient_checkpointing)
@@ -294,7 +297,7 @@ def _size(cfg: RunConfig, hw: Hardware, world: int, sizing: bool, notes: list[st
     except Exception as exc:  # noqa: BLE001 - the planner informs, it never blocks a run
         spec = None
         notes.append(f"the planner could not size `{cfg.model.name_or_path}` ({str(exc).splitlines()[0][:160]}); no predictions")
-    gpu = catalog_gpu(hw)
+    gpu = gpu or catalog_gpu(hw)
     if hw.accelerator == "cuda" and gpu is None:
         notes.append(f"GPU `{hw.device_names[0] if hw.device_names else '?'}` is not in the GPU catalog: sized as a CPU run")
     return spec, gpu
