@@ -134,8 +134,8 @@ class DataConfig(_Section):
     """Longest tokenized example in tokens; longer examples are dropped (or truncated, see `truncation`) and counted in the data report."""
     max_record_bytes: int | None = Field(default=None, ge=1024)
     """Largest record read, in bytes (a JSONL line, or the text of a JSON/Parquet/CSV/hub/SQL record), measured before it is parsed or tokenized; a larger record is dropped and counted as `too_big` (never held whole in memory). Default: the larger of 4 MiB and 128 bytes per `max_length` token."""
-    truncation: Literal["drop", "truncate"] = "drop"
-    """Over-long examples: `drop` (default) or `truncate` (cut the prompt from the left, keeping the response; the response itself is cut only when it alone is too long; preference/KTO pairs follow TRL's DPO rule: the prompt keeps its start within a budget of half `max_length`, then the replies keep their start to fit, dropped only when no reply token fits or chosen and rejected become the same)."""
+    truncation: Literal["auto", "drop", "truncate"] = "auto"
+    """Over-long examples: `auto` (default: `truncate` for preference/KTO pairs, so long pairs are kept as TRL keeps them; `drop` for conversations and text, since a silently cut SFT target is worse than a counted drop), `drop` (every kind), or `truncate` (cut the prompt from the left, keeping the response; the response itself is cut only when it alone is too long; preference/KTO pairs follow TRL's DPO rule: the prompt keeps its start within a budget of half `max_length`, then the replies keep their start to fit, dropped only when no reply token fits or chosen and rejected become the same)."""
     chat_template: Literal["auto", "tokenizer", "chatml", "llama-3", "mistral", "alpaca"] = "auto"
     """`tokenizer`: the tokenizer's own template (error if it has none); a built-in name: that template (its special tokens must be in the vocabulary); `auto`: the tokenizer's, else ChatML."""
     system_prompt: str | None = None
@@ -152,6 +152,8 @@ class DataConfig(_Section):
     """Exact and near-duplicate removal across all sources, before the split."""
     decontamination: DecontamConfig = Field(default_factory=DecontamConfig)
     """n-gram decontamination of the training split against eval/test and benchmark files."""
+    pretrain_blocks: Literal["stream", "document"] = "stream"
+    """Raw text (continued pretraining) in `max_length` blocks: `stream` (default, as HF `run_clm`'s `group_texts`: the split's documents joined, each ending with EOS, and cut into `max_length` blocks, all full but the last; a block's position ids restart at each document start so packed attention keeps documents apart, and the first token of a document inside a block is not a target) or `document` (each document cut on its own, its last block short). No token is lost either way; the data report counts documents, blocks and boundaries."""
     packing: Literal["none", "pack", "padding_free"] = "none"
     """Batching: `none` (dynamic padding to the longest in the batch), `pack` (several examples per row of `max_length`, position ids reset per example), `padding_free` (same as `none` for storage, batches concatenated without padding by the collator)."""
     cache_dir: str | None = None

@@ -17,6 +17,7 @@ from collections import Counter
 
 from trainpipe.config import DataConfig
 from trainpipe.data import formats
+from trainpipe.data.blocks import BlockStream
 from trainpipe.data.dedup import Decontaminator
 from trainpipe.data.intake import Intake, Stages, check_read
 from trainpipe.data.lengths import row_loss_tokens, row_tokens
@@ -86,11 +87,13 @@ class _Build:
         self.dropped = self.intake.dropped
         self.stages = Stages()
         self.fh = None
-        self.opts = dict(train_on=train_on, max_length=cfg.max_length, truncation=cfg.truncation, min_tokens=cfg.filters.min_tokens, max_tokens=cfg.filters.max_tokens)
+        self.opts = dict(train_on=train_on, max_length=cfg.max_length, truncation=cfg.truncation, min_tokens=cfg.filters.min_tokens, max_tokens=cfg.filters.max_tokens,
+                         pretrain_blocks=cfg.pretrain_blocks)
         self.decon_report: dict = {"enabled": cfg.decontamination.enabled}
         self.split_stats: dict[str, dict] = {}
         self.truncated = 0
         self.chunked = self.blocks = 0  # raw-text documents over max_length, and the max_length blocks they became
+        self.streams: dict[str, BlockStream] = {}  # `pretrain_blocks: stream`: each split's raw-text block stream
         self.train_lengths: list[int] = []
         self.gens: list[dict] = []
         self.repeat_rng = random.Random(f"{seed}:repeat")
@@ -210,6 +213,8 @@ class _Build:
         jobs = (([self.load(i) for i in c], name == "eval") for c in chunks)
         results = workers.imap(work, jobs) if workers is not None else (encode_chunk(self.tokenizer, self.tpl, self.opts, exs, g) for exs, g in jobs)
         out = f"{name}.arrow.tmp" if (name == "train" and self.cfg.packing == "pack") else f"{name}.arrow"
+        if self.cfg.pretrain_blocks == "stream" and any(self.intake.meta[i][5] for i in idx):
+            self.streams[name] = BlockStream(self.cfg.max_length)
         for c, encs in zip(chunks, results):
             rows: list[dict] = []
             for i, enc in zip(c, encs):
@@ -217,6 +222,9 @@ class _Build:
             self.writer.write_rows(out, rows)
             if progress:
                 progress(len(c))
+        stream = self.streams.get(name)
+        if stream is not None:  # the split's last, short block
+            self.writer.write_rows(out, self._emit(name, stream.flush(), 1, st, [], out))
         self.split_stats[name] = st
         if name == "train":
             self.stages.mark("tokenize", len(idx) - st["records"], st["records"])
@@ -236,11 +244,22 @@ class _Build:
         if name == "train" and w is not None and w > 1:
             copies = int(w) + (1 if self.repeat_rng.random() < w - int(w) else 0)
             self.repeated += copies - 1
+        if enc.generation is not None:
+            self.gens.append(enc.generation)
+        if enc.doc:  # a raw-text document joins the split's stream (`pretrain_blocks: stream`), once per copy
+            stream = self.streams[name]
+            return self._emit(name, [b for _ in range(copies) for b in stream.add(enc.row)], 1, st, rows, out)
         if enc.more:  # a raw-text document longer than max_length, cut into blocks
             self.chunked += 1
             self.blocks += 1 + len(enc.more)
-        for block in [enc.row, *enc.more]:
+        return self._emit(name, [enc.row, *enc.more], copies, st, rows, out)
+
+    def _emit(self, name: str, blocks: list[dict], copies: int, st: dict, rows: list[dict], out: str) -> list[dict]:
+        """Add ``blocks`` (``copies`` times each) to ``rows`` and ``st``, streaming full chunks out to ``out``."""
+        for block in blocks:
             n_tok, n_loss = row_tokens(block), row_loss_tokens(block)
+            if name in self.streams and "input_ids" in block and "position_ids" not in block:  # one schema for the split
+                block = {**block, "position_ids": list(range(n_tok))}
             row = {**block, "padding_free": 1} if (name == "train" and self.cfg.packing == "padding_free") else block
             for _ in range(copies):
                 rows.append(row)
@@ -252,8 +271,6 @@ class _Build:
             st["rows"] += copies
             st["tokens"] += n_tok * copies
             st["loss_tokens"] += n_loss * copies
-        if enc.generation is not None:
-            self.gens.append(enc.generation)
         return rows
 
     # 5. batching layout for the training split
@@ -327,7 +344,8 @@ class _Build:
                 "dropped_too_long": dropped.get("too_long", 0) + dropped.get("too_long_chars", 0),
                 "dropped_before_tokenizing": dropped.get("too_long_chars", 0), "cut_before_tokenizing": self.intake.cut_early,
                 "max_chars": self.intake.chars, "max_record_bytes": self.intake.limits.max_record_bytes, "truncated": self.truncated,
-                "policy": cfg.truncation, "chunked_documents": self.chunked, "chunk_blocks": self.blocks}
+                "policy": cfg.truncation, "chunked_documents": self.chunked, "chunk_blocks": self.blocks,
+                "pretrain_blocks": cfg.pretrain_blocks, "stream": {k: v.report() for k, v in self.streams.items()}}
 
     def write(self, report: dict) -> None:
         """The entry's report, eval generations, rejected records and duplicates; the spill file is removed."""

@@ -34,7 +34,7 @@ from trainpipe import ownership
 from trainpipe.hashing import file_sha256
 from trainpipe.redact import redact_obj
 
-DATA_CODE_VERSION = "5"  # bump when a change to trainpipe/data changes prepared output
+DATA_CODE_VERSION = "6"  # bump when a change to trainpipe/data changes prepared output
 HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:6]
 _TMP = re.compile(r"^[0-9a-f]{32}\.tmp-(\d+)-([0-9a-f]{6})-[0-9a-f]{8}$")
 

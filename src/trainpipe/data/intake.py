@@ -110,7 +110,7 @@ class Intake:
         self.chars = max_chars(cfg.max_length)
         self.cut_early = 0  # examples cut to `chars` characters before tokenizing (truncation: truncate)
         self.offsets: list[int] = []
-        self.meta: list[tuple] = []  # (source index, role, line, stratum, source)
+        self.meta: list[tuple] = []  # (source index, role, line, stratum, source, raw text for the block stream)
         self.sources_info: list[dict] = []
         self.n_read = 0
 
@@ -234,7 +234,7 @@ class Intake:
         self.offsets.append(self._spill.tell())
         self._spill.write(json.dumps(ex, ensure_ascii=False).encode() + b"\n")
         stratum = data.get(cfg.stratify_by) if cfg.stratify_by else None
-        self.meta.append((si, src.role, item.line, stratum, item.source))
+        self.meta.append((si, src.role, item.line, stratum, item.source, ex["kind"] == "text" and "label" not in ex))
         return 1
 
     def _duplicate(self, ex: dict, at: str) -> bool:

@@ -3,7 +3,8 @@ token counts of stored rows.
 
 An example with more than ``max_length`` x :data:`CHARS_PER_TOKEN` characters is dropped as ``too_long_chars``
 (``truncation: drop``), or cut to that many characters (``truncation: truncate``: raw text keeps its start, a
-conversation its end) by :func:`bound_example`.
+conversation its end) by :func:`bound_example`. ``truncation: auto`` (the default) is :func:`policy`: ``truncate``
+for preference and KTO examples (TRL's DPO rule keeps the pair), ``drop`` for everything else.
 """
 
 from __future__ import annotations
@@ -19,6 +20,18 @@ MIN_CHARS = 1 << 16  # below this, tokenizing costs nothing: the tokens decide (
 def max_chars(max_length: int) -> int:
     """Characters an example may hold before it is tokenized: max_length x CHARS_PER_TOKEN, at least MIN_CHARS."""
     return max(max_length * CHARS_PER_TOKEN, MIN_CHARS)
+
+
+PAIR_KINDS = ("preference", "kto")
+
+
+def policy(truncation: str, kind: str) -> str:
+    """The rule an example of ``kind`` follows under ``data.truncation``: ``auto`` is ``truncate`` for preference and
+    KTO pairs (TRL's DPO rule: the prompt keeps its start, the completions are cut, the pair is kept) and ``drop`` for
+    conversations and text (a silently cut SFT target is worse than a counted drop); ``drop``/``truncate`` as given."""
+    if truncation != "auto":
+        return truncation
+    return "truncate" if kind in PAIR_KINDS else "drop"
 
 
 def _content_len(m) -> int:
@@ -54,6 +67,7 @@ def bound_example(ex: dict, limit: int, truncation: str) -> tuple[dict | None, b
     the earliest one cut from its start, as the token truncation cuts the prompt from the left); a preference or KTO
     example keeps its replies whole (one longer than ``limit`` alone is dropped) and cuts its prompt the same way."""
     kind = ex["kind"]
+    truncation = policy(truncation, kind)
     if kind == "text" and "label" not in ex:  # raw text is cut into max_length blocks after tokenizing, never dropped
         return ex, False
     if kind == "text":

@@ -38,14 +38,17 @@ def pack_bins(lengths: list[int], max_length: int) -> list[list[int]]:
 
 
 def pack_rows(rows: list[dict]) -> dict:
-    """One packed row from tokenized rows: concatenated, position ids reset, first label of each masked."""
+    """One packed row from tokenized rows: concatenated, position ids reset, first label of each masked. A row that
+    carries its own position ids (a pretraining stream block, data/blocks.py: they restart at each document in it)
+    keeps them, so its document boundaries stay boundaries."""
     ids, labels, pos = [], [], []
     for r in rows:
         ids.extend(r["input_ids"])
         lab = list(r["labels"])
         lab[0] = IGNORE_INDEX
         labels.extend(lab)
-        pos.extend(range(len(r["input_ids"])))
+        own = r.get("position_ids")
+        pos.extend(own if own is not None else range(len(r["input_ids"])))
     return {"input_ids": ids, "labels": labels, "position_ids": pos}
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from trainpipe.data.lengths import CHARS_PER_TOKEN, MIN_CHARS, bound_example, max_chars, row_loss_tokens, row_tokens, truncate_pair
+from trainpipe.data.lengths import CHARS_PER_TOKEN, MIN_CHARS, bound_example, max_chars, policy, row_loss_tokens, row_tokens, truncate_pair
 from trainpipe.data.packing import IGNORE_INDEX
 from trainpipe.data.sandbox import TEMPLATE_MAX_CHARS, TEMPLATE_SECONDS, template_watch
 from trainpipe.data.templates import (
@@ -92,18 +92,20 @@ class Encoded:
     truncated: bool = False
     generation: dict | None = None
     more: list = field(default_factory=list)  # raw text longer than max_length: the blocks after ``row``
+    doc: bool = False  # a whole raw-text document for the split's block stream (``pretrain_blocks: stream``, data/blocks.py)
 
 
 def encode_batch(tokenizer, tpl: Template, examples: list[dict], *, train_on: str, max_length: int, truncation: str,
-                 min_tokens: int, max_tokens: int | None, with_generation: bool = False) -> list[Encoded]:
-    """Tokenize a batch of examples (any kind) into stored rows, or a drop reason for each."""
+                 min_tokens: int, max_tokens: int | None, with_generation: bool = False, pretrain_blocks: str = "document") -> list[Encoded]:
+    """Tokenize a batch of examples (any kind) into stored rows, or a drop reason for each. Raw text under
+    ``pretrain_blocks: stream`` comes back whole (``Encoded.doc``) for the caller's block stream (data/blocks.py)."""
     with template_watch():  # one periodic alarm for the batch, not one per render
         return _encode_batch(tokenizer, tpl, examples, train_on=train_on, max_length=max_length, truncation=truncation,
-                             min_tokens=min_tokens, max_tokens=max_tokens, with_generation=with_generation)
+                             min_tokens=min_tokens, max_tokens=max_tokens, with_generation=with_generation, pretrain_blocks=pretrain_blocks)
 
 
 def _encode_batch(tokenizer, tpl: Template, examples: list[dict], *, train_on: str, max_length: int, truncation: str,
-                  min_tokens: int, max_tokens: int | None, with_generation: bool = False) -> list[Encoded]:
+                  min_tokens: int, max_tokens: int | None, with_generation: bool = False, pretrain_blocks: str = "document") -> list[Encoded]:
     out: list[Encoded | None] = [None] * len(examples)
     sft, pairs = _render(tokenizer, tpl, examples, train_on)
     if sft:
@@ -111,6 +113,8 @@ def _encode_batch(tokenizer, tpl: Template, examples: list[dict], *, train_on: s
         for i, enc, (spans, masked) in zip(sft_i, _encode(tokenizer, list(sft_texts)), sft_spans):
             out[i] = _sft_row(tokenizer, tpl, examples[i], enc, spans, masked, max_length=max_length, truncation=truncation,
                               min_tokens=min_tokens, max_tokens=max_tokens, with_generation=with_generation)
+            if pretrain_blocks == "stream" and examples[i]["kind"] == "text" and "label" not in examples[i] and out[i].row is not None:
+                out[i] = _whole(out[i])
     if pairs:
         flat = [t for _, parts in pairs for t in parts]
         encs = _encode(tokenizer, flat)
@@ -163,7 +167,7 @@ def _sft_row(tokenizer, tpl: Template, ex: dict, enc, spans, masked, *, max_leng
         blocks = [{"input_ids": ids[k : k + max_length], "labels": labels[k : k + max_length]} for k in range(0, len(ids), max_length)]
         return Encoded(blocks[0], None, False, None, blocks[1:])
     if len(ids) > max_length:
-        if truncation == "drop":
+        if policy(truncation, ex["kind"]) == "drop":
             return Encoded(None, "too_long")
         if ex["kind"] == "text":
             ids, labels = ids[:max_length], labels[:max_length]
@@ -185,12 +189,19 @@ def _sft_row(tokenizer, tpl: Template, ex: dict, enc, spans, masked, *, max_leng
     return Encoded(row, None, truncated, gen)
 
 
+def _whole(enc: Encoded) -> Encoded:
+    """A raw-text document's row, its blocks joined again: the whole document for the split's stream."""
+    parts = [enc.row, *enc.more]
+    row = {"input_ids": [t for p in parts for t in p["input_ids"]], "labels": [t for p in parts for t in p["labels"]]}
+    return Encoded(row, None, False, None, [], True)
+
+
 def _pair_row(ex: dict, prompt: list[int], replies: list[list[int]], *, max_length: int, truncation: str, min_tokens: int) -> Encoded:
     """A preference pair's or KTO example's row (prompt and reply tokens), or the reason it is dropped."""
     truncated = False
     longest = max(len(r) for r in replies)
     if len(prompt) + longest > max_length:
-        if truncation == "drop":
+        if policy(truncation, ex["kind"]) == "drop":
             return Encoded(None, "too_long")
         prompt, replies = truncate_pair(prompt, replies, max_length)
         if prompt is None:

@@ -68,7 +68,9 @@ def test_txt_files_are_raw_text_records(tmp_path, tok):
     d.mkdir()
     for k in range(12):
         (d / f"b{k}.txt").write_text(f"Chapter {k}. The river ran past stone number {k} and the garden {k}.\n")
-    data = prepare(DataConfig(sources=[{"path": str(d)}], eval_split=2, cache_dir=str(tmp_path / "c")), tok, train_on="assistant", seed=0)
+    # one row per text (`pretrain_blocks: document`; the default `stream` joins them into blocks, tests/unit/data/test_public_like.py)
+    data = prepare(DataConfig(sources=[{"path": str(d)}], eval_split=2, cache_dir=str(tmp_path / "c"), pretrain_blocks="document"), tok,
+                   train_on="assistant", seed=0)
     assert data.report["sources"][0]["format"] == "text" and data.report["records_kept"] == 12
     row = data.train[0]
     assert all(l != -100 for l in row["labels"]) and row["input_ids"][-1] == tok.eos_token_id  # EOS appended and trained

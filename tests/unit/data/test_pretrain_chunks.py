@@ -27,14 +27,15 @@ LONG = " ".join(f"Sentence {k} tells of river {k * 3} and hill {k * 7}." for k i
 
 
 @pytest.mark.parametrize("packing", ["none", "pack"])
-def test_long_document_becomes_blocks_and_no_token_is_lost(tmp_path, tok, packing):
+def test_long_document_becomes_blocks_and_no_token_is_lost(  # `pretrain_blocks: document` (default now `stream`)
+        tmp_path, tok, packing):
     docs = [{"text": LONG}, {"text": "A short note about the weather today."}]
     train = tmp_path / "t.jsonl"
     train.write_text("".join(json.dumps(d) + "\n" for d in docs))
     ev = tmp_path / "e.jsonl"
     ev.write_text(json.dumps({"text": "Held out text for evaluation, a few words long."}) + "\n")
     cfg = DataConfig(sources=[{"path": str(train), "format": "text"}, {"path": str(ev), "format": "text", "role": "eval"}],
-                     max_length=128, packing=packing, min_eval_records=1, cache_dir=str(tmp_path / "c"))
+                     max_length=128, packing=packing, min_eval_records=1, cache_dir=str(tmp_path / "c"), pretrain_blocks="document")
     data = prepare(cfg, tok, train_on="all", seed=0, for_method="pretrain")
     want = n_tokens(tok, LONG)
     assert want > 4 * 128
