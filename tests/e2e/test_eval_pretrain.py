@@ -21,6 +21,7 @@ def test_pretrain_measures_forgetting_and_the_test_split(tmp_path, tiny_model_di
     cfg_path = write_config(tmp_path, tiny_model_dir, method={"peft": "none"}, steps=8, lr=3e-3)
     cfg = yaml.safe_load(cfg_path.read_text())
     cfg["data"]["test_split"] = 16
+    cfg["data"]["pretrain_blocks"] = "document"  # one test row per record (the default `stream` joins the 16 into blocks)
     cfg["eval"] = {"metrics": ["loss", "perplexity", "rouge_l"], "forgetting": [{"path": str(GENERAL), "max_samples": 40}], "forgetting_threshold": 0.01}
     cfg_path.write_text(yaml.safe_dump(cfg))
     assert main(["run", str(cfg_path)]) == 0
