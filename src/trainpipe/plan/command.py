@@ -267,8 +267,9 @@ def plan_for_config(config, overrides: list[str], *, model=None, gpu=None, num_g
     if cfg.method.name == "auto":  # the objective rule, as `run` applies it: plan the first stage
         cfg, choice = expand_auto(cfg)
     hw, world, nodes = config_hardware(cfg, gpu=gpu, num_gpus=num_gpus, nodes=nodes, gpu_file=gpu_file)
+    described = find_gpu(gpu, gpu_file) if gpu else None  # the resolver takes its spec: a GPU only in `--gpu-file` too
     try:
-        plan = resolve(cfg, hw, world, nnodes=nodes, env={})
+        plan = resolve(cfg, hw, world, nnodes=nodes, env={}, gpu=described)
     except PlanError as exc:
         # > 100B with `strategy: auto`: `run` stops (trainpipe runs no tensor/pipeline parallelism), the plan sizes TP x PP x DP
         if cfg.distributed.strategy != "auto" or "Megatron-LM" not in exc.message:
@@ -279,7 +280,7 @@ def plan_for_config(config, overrides: list[str], *, model=None, gpu=None, num_g
         out = make_plan(req)
         out["notes"] = [f"`trainpipe run` stops on this config: {exc.message}"]
         return out
-    out, rc, spec, g, mem = _config_plan(plan, hw, find_gpu(gpu, gpu_file) if gpu else catalog_gpu(hw))
+    out, rc, spec, g, mem = _config_plan(plan, hw, described or catalog_gpu(hw))
     world, method = plan.world_size.value, out["recommendation"]["method"]
     if g is not None and spec is not None and mem:
         ex, avg = (examples, avg_len) if examples is not None else _data_size(rc)
