@@ -23,6 +23,8 @@ loss from the last hidden states and the LM head chunk by chunk, so the logits a
 
 from __future__ import annotations
 
+import functools
+
 IGNORE_INDEX = -100
 CHUNK_ELEMENTS = 1 << 26  # logits per float32 chunk: 256 MiB (512 tokens at a 128k vocabulary)
 
@@ -31,7 +33,9 @@ def _chunk_rows(batch: int, vocab: int, chunk_elements: int) -> int:
     return max(1, chunk_elements // max(1, batch * vocab))
 
 
+@functools.lru_cache(maxsize=1)
 def _make_function():
+    """The autograd Function, made once on first use (torch is imported lazily)."""
     import torch
 
     class ChunkedCrossEntropySum(torch.autograd.Function):
@@ -73,18 +77,12 @@ def _make_function():
     return ChunkedCrossEntropySum
 
 
-_FN = None
-
-
 def chunked_cross_entropy_sum(logits, labels, chunk_elements: int | None = None):
     """Sum of next-token cross-entropy over the labelled positions. ``logits``: batch x T x vocabulary (any float dtype, a
     view is fine); ``labels``: batch x T, already aligned with ``logits`` (position t predicts ``labels[:, t]``),
     ``IGNORE_INDEX`` where there is no loss. Computed in float32 one chunk of about ``chunk_elements`` logits at a time."""
-    global _FN
-    if _FN is None:
-        _FN = _make_function()
     step = _chunk_rows(logits.size(0), logits.size(-1), chunk_elements or CHUNK_ELEMENTS)
-    return _FN.apply(logits, labels, step)
+    return _make_function().apply(logits, labels, step)
 
 
 def shift_labels(labels):
