@@ -311,7 +311,7 @@ def plan_for_config(config, overrides: list[str], *, model=None, gpu=None, num_g
     if mem and mem.get("cpu_bytes"):
         b = Breakdown(mem["weights_bytes"], mem["gradients_bytes"], mem["optimizer_bytes"], mem["activations_bytes"], mem["overhead_bytes"],
                       mem["total_params"], mem["trainable_params"], mem["cpu_bytes"], fragmentation_bytes=mem.get("fragmentation_bytes"))
-        ok, ram_rule = host_ram_check(b, PlanRequest(model="", host_ram_gib=flags.get("host_ram_gib")))
+        ok, ram_rule = host_ram_check(b, flags.get("host_ram_gib"))
         out["decision"].append({"key": "host_ram", "value": "enough" if ok else "too little", "rule": ram_rule, "source": "planner", "watch": ""})
         if not ok and why_not is None:
             why_not = ram_rule

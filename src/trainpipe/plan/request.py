@@ -282,7 +282,7 @@ def _rank(spec: ModelSpec, req: PlanRequest, tokens: float, examples: int | None
                     p = plan_on(spec, r, g, examples)
                 except PlanError:
                     continue
-                if not p.get("within_headroom", p["fits"]) or not host_ram_check(p["memory"], r)[0]:
+                if not p.get("within_headroom", p["fits"]) or not host_ram_check(p["memory"], req.host_ram_gib)[0]:
                     continue
                 s: Setup = p["setup"]
                 comp = C.compute(spec, m, tokens, s.seq_len, s.grad_ckpt, g, n, s.precision, req.mfu, p["memory"].trainable_params)
@@ -307,13 +307,14 @@ def _checkpoint_bytes(b: Breakdown) -> float:
     return float(b.weights_bytes + b.optimizer_bytes) * 1.0 if b.trainable_params == b.total_params else float(b.trainable_params * 12)
 
 
-def host_ram_check(b: Breakdown, req: PlanRequest) -> tuple[bool, str]:
-    """(enough, rule): an offload plan needs host RAM per GPU for the offloaded states plus the process itself."""
+def host_ram_check(b: Breakdown, host_ram_gib: float | None) -> tuple[bool, str]:
+    """(enough, rule): an offload plan needs host RAM per GPU for the offloaded states plus the process itself
+    (``host_ram_gib``: `--host-ram-gib`, None for the default)."""
     if not b.cpu_bytes:
         return True, ""
-    have = req.host_ram_gib if req.host_ram_gib is not None else DEFAULT_HOST_RAM_GIB
+    have = host_ram_gib if host_ram_gib is not None else DEFAULT_HOST_RAM_GIB
     need = b.cpu_bytes / GIB + HOST_PROCESS_GIB
-    given = "--host-ram-gib" if req.host_ram_gib is not None else "the default of 64 GB per GPU, the low end of the 64-128 GB per GPU offload plans need; give --host-ram-gib"
+    given = "--host-ram-gib" if host_ram_gib is not None else "the default of 64 GB per GPU, the low end of the 64-128 GB per GPU offload plans need; give --host-ram-gib"
     if need <= have:
         return True, f"host RAM: the offloaded states take {b.cpu_bytes / GIB:.1f} GiB per GPU + {HOST_PROCESS_GIB:g} GiB for the process = {need:.1f} of {have:g} GiB per GPU ({given})"
     return False, (f"the host lacks the RAM this offload plan needs: {b.cpu_bytes / GIB:.1f} GiB of offloaded states per GPU + {HOST_PROCESS_GIB:g} GiB for the "

@@ -96,7 +96,7 @@ def make_plan(req: PlanRequest) -> dict:
                                 f"{gpu.memory_gib:g} GiB GPU but not with the planner's {int(D.HEADROOM * 100)} % headroom",
                                 "watch": "long examples may hit `cuda_oom` (trainpipe halves the micro-batch itself); a micro-batch of 1 or gradient checkpointing leave room"})
     if why_not is None:
-        ok, ram_rule = host_ram_check(chosen["memory"], req)
+        ok, ram_rule = host_ram_check(chosen["memory"], req.host_ram_gib)
         if ram_rule:
             out["decision"].append({"key": "host_ram", "value": "enough" if ok else "too little", "rule": ram_rule, "watch": "swap or the OOM killer on the host means too little RAM"})
         if not ok:
