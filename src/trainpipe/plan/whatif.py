@@ -1,5 +1,5 @@
-"""`trainpipe plan --model NAME`: what-if exploration without a config. `make_plan(PlanRequest(...))` applies the
-decision rules across GPU types and counts (`plan_on`), ranks setups by cost or time and says what would fit; it returns
+"""`trainpipe plan --model NAME`: what-if exploration without a config. `make_plan(PlanRequest(...))` plans the
+request through the one resolver on each GPU type and count (`plan_on`), ranks setups by cost or time and says what would fit; it returns
 the one JSON-able dict of the `--json` contract (`decision`, `memory.per_device`, `memory.fits`, `compute`, `cost`,
 `recommendation`)."""
 
