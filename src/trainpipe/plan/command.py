@@ -58,7 +58,7 @@ def plan_command(*, config=None, overrides=(), model=None, as_json=False, gpu=No
         kw = {k: v for k, v in flags.items() if k in PlanRequest.__dataclass_fields__ and v is not None}
         if "data" in kw:
             kw["data"] = tuple(kw["data"])
-        kw |= request_overrides(model, list(overrides))
+        kw |= request_fields(model, list(overrides))
         out = make_plan(PlanRequest(model=model, gpu=gpu, num_gpus=num_gpus or 1, nodes=nodes or 1, **kw))
     if trace:
         out["trace"] = trace_plan(out)
@@ -68,8 +68,12 @@ def plan_command(*, config=None, overrides=(), model=None, as_json=False, gpu=No
     return out
 
 
-# `--set KEY=VALUE` with `--model`: the run-config keys the what-if request stands for (config_for_request), each
-# with the PlanRequest field it sets and how to read it off the validated default config (None: no plan equivalent)
+# the default run config of `trainpipe plan --model`: the planner decides the method, the micro-batch and checkpointing
+# (`auto`), for one epoch; `--set KEY=VALUE` changes it
+WHATIF_DEFAULTS = {"method": {"peft": "auto"}, "training": {"per_device_train_batch_size": "auto", "gradient_checkpointing": "auto", "num_train_epochs": 1.0}}
+
+# the run-config keys the what-if request stands for (config_for_request), each with the PlanRequest field it sets and
+# how to read it off the validated config (None: no plan equivalent)
 _SET_FIELDS = {
     "data.max_length": ("seq_len", lambda c: c.first_data().max_length),
     "training.per_device_train_batch_size": ("micro_batch", lambda c: None if c.training.per_device_train_batch_size == "auto" else c.training.per_device_train_batch_size),
@@ -94,20 +98,18 @@ _SET_FIELDS = {
 
 
 def _precision(t) -> str:
-    """The plan's precision of `training.bf16` / `training.fp16`: mixed bf16 or fp16, fp32 when both are off, else `auto`."""
-    return "bf16" if t.bf16 else "fp16" if t.fp16 else ("auto" if t.bf16 is None and t.fp16 is None else "fp32")
+    """The plan's precision of `training.bf16` / `training.fp16`: mixed bf16 or fp16, `auto` while `bf16` is unset (as
+    `run` resolves it), else fp32."""
+    return "bf16" if t.bf16 else "fp16" if t.fp16 else ("auto" if t.bf16 is None else "fp32")
 
 
-def request_overrides(model: str, overrides: list[str]) -> dict:
-    """`trainpipe plan --model NAME --set KEY=VALUE`: each override applied to the default run config the plan is built
-    from (validated as `run` validates it: a bad key or value is the config's one-paragraph error), and returned as the
-    PlanRequest fields it sets. A key this what-if path has no input for is refused (PlanError, exit 2), never ignored."""
-    if not overrides:
-        return {}
-
-    cfg = build_config({"model": {"name_or_path": model}, "data": {"sources": [{"path": "planned.jsonl"}]}},
+def request_fields(model: str, overrides: list[str]) -> dict:
+    """`trainpipe plan --model NAME --set KEY=VALUE`: the default run config with that model (WHATIF_DEFAULTS) and each
+    override (validated as `run` validates it: a bad key or value is the config's one-paragraph error), read as the
+    PlanRequest fields it stands for. A key this what-if path has no input for is refused (PlanError, exit 2), never ignored."""
+    cfg = build_config({"model": {"name_or_path": model}, "data": {"sources": [{"path": "planned.jsonl"}]}, **WHATIF_DEFAULTS},
                        source="the default run config of `trainpipe plan --model`", overrides=overrides)
-    out: dict = {}
+    out = {field: read(cfg) for field, read in _SET_FIELDS.values()}
     for text in overrides:
         path, _ = parse_override(text)
         key = ".".join(path)
