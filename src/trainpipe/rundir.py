@@ -44,6 +44,7 @@ import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
+from trainpipe import __version__
 from trainpipe import ownership as owned
 from trainpipe.errors import RunDirError
 
@@ -86,8 +87,6 @@ def read_marker(folder: Path) -> dict | None:
 
 def write_marker(folder: Path, *, legacy: bool = False) -> dict:
     """Name ``folder``'s run with a new run id (atomically: a reader sees the old marker or the new one)."""
-    from trainpipe import __version__
-
     marker = {"run_id": uuid.uuid4().hex, "created": time.time(), "trainpipe": __version__, "pid": os.getpid(), "host": socket.gethostname()}
     if legacy:
         marker["accepts_unlabelled_checkpoints"] = True  # adopted from a trainpipe without markers: its checkpoints carry no run id
