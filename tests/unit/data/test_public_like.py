@@ -161,3 +161,14 @@ def test_padding_free_batches_keep_stream_boundaries(tmp_path, tok):
     assert batch["position_ids"][0].tolist() == [p for r in rows for p in r["position_ids"]]  # boundaries inside blocks kept
     unpadded = PadCollator(tok.pad_token_id or 0)([{k: v for k, v in r.items() if k != "padding_free"} for r in rows])
     assert "attention_mask" not in unpadded and unpadded["position_ids"][0].tolist()[:256] == list(rows[0]["position_ids"])
+
+
+def test_auto_policy_per_kind():
+    from trainpipe.data.lengths import bound_example, policy
+
+    assert [policy("auto", k) for k in ("preference", "kto", "sft", "text")] == ["truncate", "truncate", "drop", "drop"]
+    assert policy("drop", "kto") == "drop" and policy("truncate", "sft") == "truncate"
+    kto = {"kind": "kto", "prompt": [{"role": "user", "content": "q " * 400}], "completion": [{"role": "assistant", "content": "a"}], "label": True}
+    cut, was_cut = bound_example(kto, 300, "auto")
+    assert was_cut and cut["completion"] == kto["completion"]  # the long KTO prompt cut, the example kept
+    assert bound_example(kto, 300, "drop") == (None, False)
