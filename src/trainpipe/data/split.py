@@ -15,41 +15,10 @@ def _count(share: float, n: int) -> int:
 
 
 def split_indices(n: int, eval_share: float, test_share: float, seed: int, strata: list | None = None) -> tuple[list[int], list[int], list[int]]:
-    """(train, eval, test) positions in ``range(n)``; train in a seeded random order, eval and test sorted."""
-    n_eval, n_test = _count(eval_share, n), _count(test_share, n)
-    if n - n_eval - n_test < 1:
-        raise DataError(
-            f"There are {n} usable records, too few to hold out {n_eval} for evaluation and {n_test} for test and still train. "
-            "Add data, or lower `data.eval_split` / `data.test_split`."
-        )
-    rng = random.Random(seed)
-    if strata is None:
-        order = list(range(n))
-        rng.shuffle(order)
-        ev, te, tr = order[:n_eval], order[n_eval : n_eval + n_test], order[n_eval + n_test :]
-    else:
-        groups: dict = defaultdict(list)
-        for i, v in enumerate(strata):
-            groups[str(v)].append(i)
-        ev, te, tr = [], [], []
-        # largest remainder per group so the totals are exact
-        keys = sorted(groups)
-        for want, dest in ((n_eval, ev), (n_test, te)):
-            if not want:
-                continue
-            quotas = {k: want * len(groups[k]) / n for k in keys}
-            take = {k: int(q) for k, q in quotas.items()}
-            for k in sorted(keys, key=lambda k: (-(quotas[k] - take[k]), k))[: want - sum(take.values())]:
-                take[k] += 1
-            for k in keys:
-                members = groups[k]
-                rng.shuffle(members)
-                dest.extend(members[: take[k]])
-                groups[k] = members[take[k] :]
-        for k in keys:
-            tr.extend(groups[k])
-        rng.shuffle(tr)
-    return tr, sorted(ev), sorted(te)
+    """(train, eval, test) positions in ``range(n)``; train in a seeded random order, eval and test sorted: the split of
+    :func:`split_surviving` when every record survives."""
+    tr, ev, te, _ = split_surviving(n, eval_share, test_share, seed, lambda todo: [True] * len(todo), strata)
+    return tr, ev, te
 
 
 def split_surviving(n: int, eval_share: float, test_share: float, seed: int, survives, strata: list | None = None
@@ -57,7 +26,7 @@ def split_surviving(n: int, eval_share: float, test_share: float, seed: int, sur
     """Like :func:`split_indices`, but eval and test are drawn only from records for which ``survives`` (a list of
     positions -> a list of bools: does it pass the length rules) is true, walking the same seeded order, so the sizes
     asked for are met while enough records survive. Records that fail stay in train (where they are dropped with their
-    reason). When every record survives the result equals :func:`split_indices`'s. Returns (train, eval, test, info)
+    reason). Returns (train, eval, test, info)
     with ``info = {"eval_asked", "test_asked", "candidates_failed"}``."""
     n_eval, n_test = _count(eval_share, n), _count(test_share, n)
     if n - n_eval - n_test < 1:
