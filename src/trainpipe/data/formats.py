@@ -215,17 +215,21 @@ def _arguments(value, where: str) -> dict:
     return value
 
 
-def _tool_calls(value, where: str) -> list[dict]:
-    """Tool calls as ``[{"type": "function", "function": {"name", "arguments": {...}}}]`` from the OpenAI/HF form or
-    a bare ``{"name", "arguments"}`` (one or a list)."""
+def _parsed(value, where: str, hint: str):
+    """``value`` with a JSON string parsed and one object made a list of one; invalid JSON is a FormatError naming
+    ``where`` and saying what is expected (``hint``)."""
     if isinstance(value, str):
         try:
             value = json.loads(value)
         except json.JSONDecodeError as exc:
-            raise FormatError(f"{where} is not valid JSON ({exc.msg} at character {exc.pos}); a function call is "
-                              "`{\"name\": ..., \"arguments\": {...}}` (or a list of them)") from None
-    if isinstance(value, dict):
-        value = [value]
+            raise FormatError(f"{where} is not valid JSON ({exc.msg} at character {exc.pos}); {hint}") from None
+    return [value] if isinstance(value, dict) else value
+
+
+def _tool_calls(value, where: str) -> list[dict]:
+    """Tool calls as ``[{"type": "function", "function": {"name", "arguments": {...}}}]`` from the OpenAI/HF form or
+    a bare ``{"name", "arguments"}`` (one or a list)."""
+    value = _parsed(value, where, "a function call is `{\"name\": ..., \"arguments\": {...}}` (or a list of them)")
     if not isinstance(value, list) or not value:
         raise FormatError(f"{where} must be a function call `{{\"name\": ..., \"arguments\": {{...}}}}` or a non-empty list of them")
     out = []
@@ -243,14 +247,8 @@ def tools_of(record: dict) -> list[dict] | None:
     value = record.get("tools")
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise FormatError(f"field `tools` is not valid JSON ({exc.msg} at character {exc.pos}); give a list of function "
-                              "schemas (`[{\"name\": ..., \"description\": ..., \"parameters\": {...}}]`) or a JSON string of one") from None
-    if isinstance(value, dict):
-        value = [value]
+    value = _parsed(value, "field `tools`", "give a list of function schemas (`[{\"name\": ..., \"description\": ..., "
+                    "\"parameters\": {...}}]`) or a JSON string of one")
     if not isinstance(value, list):
         raise FormatError(f"field `tools` must be a list of function schemas, got {type(value).__name__}")
     for k, tool in enumerate(value):
