@@ -154,8 +154,8 @@ class DataConfig(_Section):
     """n-gram decontamination of the training split against eval/test and benchmark files."""
     pretrain_blocks: Literal["stream", "document"] = "stream"
     """Raw text (continued pretraining) in `max_length` blocks: `stream` (default, as HF `run_clm`'s `group_texts`: the split's documents joined, each ending with EOS, and cut into `max_length` blocks, all full but the last; a block's position ids restart at each document start so packed attention keeps documents apart, and the first token of a document inside a block is not a target) or `document` (each document cut on its own, its last block short). No token is lost either way; the data report counts documents, blocks and boundaries."""
-    packing: Literal["none", "pack", "padding_free"] = "none"
-    """Batching: `none` (dynamic padding to the longest in the batch), `pack` (several examples per row of `max_length`, position ids reset per example), `padding_free` (same as `none` for storage, batches concatenated without padding by the collator)."""
+    packing: Literal["auto", "none", "pack", "padding_free"] = "none"
+    """Batching: `none` (dynamic padding to the longest in the batch), `pack` (several examples per row of `max_length`, position ids reset per example), `padding_free` (same as `none` for storage, batches concatenated without padding by the collator, position ids restarting per example), `auto` (`padding_free` when the objective packs and the attention path keeps examples apart, else `none`; the choice and why are printed at the start of the run). Packed and padding-free rows need an attention path that keeps examples apart (`model.attn_implementation`: flash-attention varlen, flex attention's document mask, or SDPA/eager with a block-diagonal mask); one that would let examples attend to each other is refused."""
     cache_dir: str | None = None
     """Where prepared datasets are cached (default: `$TRAINPIPE_CACHE`, else `$XDG_CACHE_HOME/trainpipe/data`)."""
     cache: bool = True

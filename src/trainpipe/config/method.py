@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from trainpipe.config.base import _Section
 from trainpipe.config.data import DataConfig
+
+
+ATTN_IMPLEMENTATIONS = ("auto", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention", "eager")  # `model.attn_implementation`
 
 
 class ModelConfig(_Section):
@@ -23,6 +27,15 @@ class ModelConfig(_Section):
     """Train from scratch: a `config.json` (or a folder with one) whose architecture is built with random weights; `name_or_path` then only supplies the tokenizer."""
     pad_token: str | None = None
     """Token used for padding when the tokenizer has none (e.g. its EOS token); padding never carries loss."""
+    attn_implementation: str = "auto"
+    """Attention kernel the model is loaded with: `auto` (default: on a GPU, `flash_attention_3` on Hopper when `flash_attn_3` is installed, else `flash_attention_2` on Ampere or newer when `flash_attn` is installed, else `sdpa`; on the CPU `sdpa`; the choice and its rule are printed at the start of the run and recorded in the manifest), `sdpa` (PyTorch's scaled-dot-product attention), `flash_attention_2`, `flash_attention_3`, `flex_attention`, `eager` (the plain matmul-softmax-matmul, which holds the whole attention matrix in memory), or a hub kernel `kernels-community/NAME` (needs the `kernels` package). Padding-free and packed batches need a kernel that keeps examples apart (see `data.packing`)."""
+
+    @field_validator("attn_implementation")
+    @classmethod
+    def _attn_known(cls, v: str) -> str:
+        if v in ATTN_IMPLEMENTATIONS or re.fullmatch(r"[\w.-]+/[\w.-]+(@[\w.-]+)?(:[\w]+)?", v):
+            return v
+        raise ValueError(f"unknown attention implementation {v!r}: give one of {', '.join(ATTN_IMPLEMENTATIONS)}, or a hub kernel such as `kernels-community/flash-attn`")
 
 
 class LoraConfig(_Section):
