@@ -23,11 +23,12 @@ activations tensors autograd saves for the backward pass, per decoder layer, cou
             one layer at a time.
 sharding    ZeRO-1 divides optimizer states by the data-parallel size N, ZeRO-2 also gradients,
             ZeRO-3/FSDP also weights, plus the gathered 16-bit weights of the layers in flight;
-            offload moves optimizer states (and for `params` the weights) to CPU memory.
+            offload moves optimizer states (for `params` the weights too, and under FSDP, whose CPUOffloadPolicy has
+            no optimizer-only mode, the gradients) to CPU memory.
 overhead    `overhead_bytes`: the CUDA context, the caching allocator's reserve (`fragmentation_bytes`: the flat 5 % of
             allocated, under gradient checkpointing at least one layer's activations as the device holds them) and
             NCCL's buffers with more than one process. The one term for every path: `estimate` and the tensor +
-            pipeline-parallel plan's per-GPU share (plan/command.py plan_3d, one layer's activations / TP there);
+            pipeline-parallel plan's per-GPU share (plan/parallel3d.py, one layer's activations / TP there);
             tests/unit/plan/test_plan_reserved_paths.py.
 
 The constants that are not from first principles (context size, fragmentation) are calibrated
@@ -100,7 +101,8 @@ from trainpipe.plan.setup import (
 
 __all__ = [  # the whole memory model, as `plan.memory` has always exposed it
     "ATTENTION", "CUDA_CONTEXT", "FRAGMENTATION", "FRAMEWORKS", "GIB", "HF_MODULES", "LOSS_CHUNK_ELEMENTS", "METHODS", "NCCL_BUFFERS", "OFFLOADS",
-    "OPTIMIZERS", "PRECISIONS", "STRATEGIES", "Breakdown", "Setup", "_act", "_attention_output_proj", "_dequant_bytes", "_is_zero",
+    "OPTIMIZERS", "PRECISIONS", "STRATEGIES", "Breakdown", "Setup", "_act", "activation_peak", "gradients_after_activations",
+    "_attention_output_proj", "_dequant_bytes", "_is_zero",
     "_linear_lookup", "_litgpt_head_params", "_python_tanh_gelu", "_qlora_fp32_rest", "act_bytes", "activation_bytes", "bnb_saves_input",
     "estimate", "fits", "fragmentation_bytes", "freeze_trained_params", "gradient_bytes", "kbit_prepared_fp32", "keeps_previous_graph",
     "layer_activation_bytes", "lingering_matmul4bit_inputs", "logits_bytes", "nf4_bytes", "optimizer_bytes", "overhead_bytes",
@@ -250,6 +252,25 @@ def overhead_bytes(s: Setup, allocated: int, per_layer: int, processes: int = 1)
     return CUDA_CONTEXT + frag + (NCCL_BUFFERS if processes > 1 else 0), frag
 
 
+def gradients_after_activations(s: Setup) -> bool:
+    """trainpipe zeroes gradients with set_to_none: at the backward's start (the activation peak) no gradient exists yet and
+    autocast's weight casts are alive; at the optimizer step every gradient is, the activations and casts are gone. The
+    peak is the larger of the two, not their sum (traced: plan/trace.py, benchmarks/plan_trace.py). The published
+    transformers rows (Trainer 4.x of 2020-22, BERT-large) were measured with zero-filled gradients that stay allocated
+    between steps, so other frameworks keep the sum (applying this to them moves those rows from -3..+3 % to -10..-15 %)."""
+    return s.framework == "trainpipe" and s.method in ("full", "freeze") and s.strategy in ("single", "ddp") and s.offload == "none"
+
+
+def activation_peak(s: Setup, activations: int, gradients: int, step_temp: int, autocast_copies: int) -> int:
+    """The activations term of the allocated peak: the saved activations or the optimizer step's temporaries, whichever is
+    larger, or, where gradients come after the activations (`gradients_after_activations`), the larger of the two phases
+    less the gradients and autocast's weight casts the other terms already count. `estimate` and the tensor + pipeline-
+    parallel share (plan/parallel3d.py, each argument as one GPU holds it) both take it from here."""
+    if gradients_after_activations(s):
+        return max(0, max(activations + autocast_copies, gradients + step_temp) - gradients - autocast_copies)
+    return max(activations, step_temp)
+
+
 def estimate(spec: ModelSpec, s: Setup) -> Breakdown:
     """Peak memory per device for `spec` trained as `s`."""
     N = spec.total_params
@@ -281,6 +302,11 @@ def estimate(spec: ModelSpec, s: Setup) -> Breakdown:
     if s.offload == "params":
         cpu += W - detail.get("gathered_bytes", 0)
         W = detail.get("gathered_bytes", 2 * 2 * spec.layer_params)
+        if st == "fsdp":  # FSDP2's CPUOffloadPolicy keeps the sharded gradients on the host too: one layer's in flight
+            layer_grads = min(G, gradient_bytes(spec, s, trainable) // max(1, spec.layers))
+            cpu += G - layer_grads
+            G = layer_grads
+            detail["gradients_offloaded"] = True
     # the optimizer step's temporaries (foreach AdamW: one fp32 tensor list of the trainable size) vs the activations
     step_temp = 0
     if s.optimizer in ("adamw",) and not s.fused_optimizer and s.offload == "none":
@@ -289,16 +315,9 @@ def estimate(spec: ModelSpec, s: Setup) -> Breakdown:
             step_temp //= n
         if _is_zero(st):
             step_temp = 0  # DeepSpeed's fused Adam
-    A_peak = max(A, step_temp)
     detail["optimizer_step_temporaries"] = step_temp
-    if s.framework == "trainpipe" and s.method in ("full", "freeze") and st in ("single", "ddp") and s.offload == "none":
-        # trainpipe zeroes gradients with set_to_none: at the backward's start (the activation peak) no gradient exists yet and
-        # autocast's weight casts are alive; at the optimizer step every gradient is, the activations and casts are gone. The
-        # peak is the larger of the two, not their sum (traced: plan/trace.py, benchmarks/plan_trace.py). The published
-        # transformers rows (Trainer 4.x of 2020-22, BERT-large) were measured with zero-filled gradients that stay allocated
-        # between steps, so other frameworks keep the sum (applying this to them moves those rows from -3..+3 % to -10..-15 %)
-        copies = wd.get("autocast_copies", 0)
-        A_peak = max(0, max(A + copies, G + step_temp) - G - copies)
+    A_peak = activation_peak(s, A, G, step_temp, wd.get("autocast_copies", 0))
+    if gradients_after_activations(s):
         detail["gradients_after_activations"] = True
     allocated = W + G + O + A_peak
     overhead, frag = overhead_bytes(s, allocated, ad.get("per_layer", 0), n)
