@@ -311,7 +311,8 @@ class _Build:
             "length": self._length(),
             "batching": {"mode": cfg.packing, "non_pad_share": round(share, 4),
                          "basis": {"pack": "tokens / (packed rows x max_length)", "padding_free": "no padding at all",
-                                   "none": f"dynamic padding, batches of {batch_size_hint} in seeded random order"}[cfg.packing],
+                                   "none": f"dynamic padding, batches of {batch_size_hint} in seeded random order"}.get(
+                                       cfg.packing, f"dynamic padding (`{cfg.packing}` not resolved by a plan), batches of {batch_size_hint}"),
                          "padded_to_max_length_share": round(non_pad_share(self.train_lengths, mode="max_length", max_length=cfg.max_length), 4)},
             "repeated": self.repeated,
             "changed_while_read": intake.changed,  # prepared from what was read, cached under its hash

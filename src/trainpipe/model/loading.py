@@ -22,6 +22,7 @@ from pathlib import Path
 from trainpipe import ui
 from trainpipe.config import LoraConfig, ModelConfig
 from trainpipe.errors import ModelLoadError
+from trainpipe.model.attention import for_this_machine
 
 DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
@@ -110,6 +111,7 @@ def load_model(cfg: ModelConfig, dtype: str, *, quantization=None, on_accelerato
             use_safetensors=True,
             quantization_config=quantization,
             device_map=device_map,
+            attn_implementation=for_this_machine(cfg.attn_implementation),
         )
     except OSError as exc:
         if Path(cfg.name_or_path).exists():
@@ -371,7 +373,8 @@ def init_model(cfg: ModelConfig, seed: int):
     mcfg = AutoConfig.from_pretrained(str(src), trust_remote_code=cfg.trust_remote_code)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(mcfg, dtype=getattr(torch, DTYPES[cfg.dtype if cfg.dtype in DTYPES else "float32"]), trust_remote_code=cfg.trust_remote_code)
+        model = AutoModelForCausalLM.from_config(mcfg, dtype=getattr(torch, DTYPES[cfg.dtype if cfg.dtype in DTYPES else "float32"]), trust_remote_code=cfg.trust_remote_code,
+                                                 attn_implementation=for_this_machine(cfg.attn_implementation))
     if torch.cuda.is_available():  # where load_model puts pretrained weights: this process's GPU
         model = model.to(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}")
     return model

@@ -18,6 +18,7 @@ class Hardware:
     bf16_supported: bool = False
     cpu_count: int = 1
     platform: str = ""
+    compute_capability: float = 0.0  # the first CUDA device's (8.0 A100, 9.0 H100); 0.0: not a CUDA GPU, or not known
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -33,7 +34,8 @@ def detect() -> Hardware:
     if torch.cuda.is_available():
         n = torch.cuda.device_count()
         names = tuple(torch.cuda.get_device_name(i) for i in range(n))
-        return Hardware("cuda", n, names, bool(torch.cuda.is_bf16_supported()), cpus, plat)
+        major, minor = torch.cuda.get_device_capability(0)
+        return Hardware("cuda", n, names, bool(torch.cuda.is_bf16_supported()), cpus, plat, float(f"{major}.{minor}"))
     if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
         return Hardware("mps", 1, ("Apple MPS",), False, cpus, plat)
     return Hardware("cpu", 1, (platform.processor() or platform.machine(),), False, cpus, plat)
@@ -85,7 +87,7 @@ def detect_without_torch() -> Hardware:
         except (IndexError, ValueError):
             return 0.0
 
-    return Hardware("cuda", len(rows), names, all(cap(r) >= 8.0 for r in rows), cpus, plat)
+    return Hardware("cuda", len(rows), names, all(cap(r) >= 8.0 for r in rows), cpus, plat, cap(rows[0]))
 
 
 CPU = Hardware("cpu", 1, ("cpu",), False, 1, "")

@@ -35,6 +35,7 @@ from trainpipe.config import RunConfig
 from trainpipe.errors import ConfigError
 from trainpipe.plan import compute as C
 from trainpipe.plan import decisions as D
+from trainpipe.plan.attention import memory_attention, resolve_attention
 from trainpipe.plan.catalog import find_model
 from trainpipe.plan.decisions import Decision, PlanError
 from trainpipe.plan.gpus import find_gpu, gpu_from_device_name
@@ -192,7 +193,7 @@ def memory_setup(cfg: RunConfig, method: str, precision: str, world: int, strate
         seq_len=cfg.first_data().max_length, grad_ckpt=tr.gradient_checkpointing is True, strategy=strategy, num_gpus=world,
         offload=PLAN_OFFLOAD[offload], lora_r=meth.lora.r, lora_targets=targets if isinstance(targets, str) else list(targets), lora_dropout=meth.lora.dropout,
         double_quant=meth.quantization.double_quant, freeze_layers=meth.freeze.trainable_layers, train_embeddings=meth.freeze.train_embeddings, lm_head=meth.name != "reward",
-        qlora_upcast_rest=meth.quantization.upcast_rest or qlora_loads_fp32(cfg, precision),
+        qlora_upcast_rest=meth.quantization.upcast_rest or qlora_loads_fp32(cfg, precision), attention=memory_attention(cfg.model.attn_implementation),
     )
 
 
@@ -346,8 +347,9 @@ def _resolve_accumulation(t, world: int, decisions: list[Decision]) -> tuple[Set
 
 
 def _resolve_rest(cfg: RunConfig, hw: Hardware, decisions: list[Decision]) -> None:
-    """Model dtype, save steps and output_dir."""
+    """Model dtype, attention kernel and batching (plan/attention.py), save steps and output_dir."""
     t = cfg.training
+    resolve_attention(cfg, hw, decisions)
     if cfg.model.dtype == "auto":
         cfg.model.dtype = "bfloat16" if (hw.accelerator == "cuda" and hw.bf16_supported and cfg.method.peft not in ("none", "freeze")) else "float32"
         decisions.append(Decision("model.dtype", cfg.model.dtype, "bf16 base weights under adapters on bf16 GPUs; float32 otherwise (full and freeze fine-tunes keep fp32 master weights)"))

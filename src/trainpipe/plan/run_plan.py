@@ -23,6 +23,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from trainpipe.config import RunConfig
+from trainpipe.plan.attention import resolve_attention
 from trainpipe.plan.hardware import Hardware
 from trainpipe.plan.request import request_from_config, suggestions
 from trainpipe.plan.resolve import Plan, catalog_gpu, model_spec, plan_run
@@ -30,7 +31,10 @@ from trainpipe.plan.resolve import Plan, catalog_gpu, model_spec, plan_run
 def with_planned_batch(cfg: RunConfig, hw: Hardware) -> RunConfig:
     """``cfg`` with `training.per_device_train_batch_size: auto` decided as `trainpipe run` decides it on ``hw`` (`plan_run`,
     no predictions), for the commands that prepare the data before any plan (`data prepare`, `data inspect`): data/ is handed
-    the micro-batch the run will use, never `auto`. A config the planner refuses is refused here too (PlanError)."""
+    the micro-batch and the batching (`data.packing`) the run will use, never `auto`. A config the planner refuses is refused here too (PlanError)."""
+    if cfg.data is not None and cfg.data.packing == "auto":  # the batching the run will use (plan/attention.py)
+        cfg = cfg.model_copy(deep=True)
+        resolve_attention(cfg, hw, [])
     if cfg.training.per_device_train_batch_size != "auto":
         return cfg
     plan = plan_run(cfg, hw, sizing=False)

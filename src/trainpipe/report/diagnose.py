@@ -74,10 +74,29 @@ def diagnose(run_dir: str | Path) -> list[Finding]:
     out: list[Finding] = []
     try:
         _findings(run, events, metrics, cfg, out)
+        _name_eager(cfg, out)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError, ZeroDivisionError) as exc:  # a record of an unexpected shape
         out.append(Finding("damaged_log", "warning", "a record in the run directory has an unexpected shape; the diagnosis stopped at it",
                            f"{type(exc).__name__}: {exc}"[:300], DAMAGED_FIX))
     return out + damage_findings(run, {"events.jsonl": bad_events, "metrics.jsonl": bad_metrics})
+
+
+EAGER_KINDS = ("oom", "oom_eval", "oom_recovered", "slow_training", "input_bound")
+
+
+def _name_eager(cfg: dict, out: list[Finding]) -> None:
+    """A memory or speed finding of a run with eager attention names the choice: eager holds every layer's attention
+    matrix (batch x heads x length x length) for the backward and runs unfused, where sdpa and flash attention do not."""
+    impl = (cfg.get("model") or {}).get("attn_implementation")
+    if impl != "eager":
+        return
+    for f in out:
+        if f.kind in EAGER_KINDS:
+            f.evidence += "; attention: eager (`model.attn_implementation: eager`)"
+            f.fix += (" First, `model.attn_implementation: eager` holds every layer's attention matrix and runs it unfused: set it to "
+                      "`sdpa` or `auto` (flash attention where the GPU and the installed packages allow).")
+            if "model.attn_implementation" not in f.settings:
+                f.settings.append("model.attn_implementation")
 
 
 DAMAGED_FIX = ("Nothing to fix when only the last line is torn (the run was killed mid-write). Otherwise the files were damaged after the "
