@@ -8,7 +8,9 @@
   (``compute`` / ``wait`` in a collective / ``eval``) and for how long it has made no progress, in the
   launcher's key-value store. A rank computing without progress for longer than ``distributed.timeout_seconds``
   is named; every rank dumps its stacks, rank 0 writes ``distributed_hang`` (``nccl_timeout`` under NCCL)
-  naming it, and all exit with ``EXIT_HANG``.
+  naming it, and all exit with ``EXIT_HANG``. A rank whose record stops changing for longer than the timeout (its
+  process or its whole node is gone) is named the same way; a rank whose collective failed because the peer's
+  connection closed waits for that verdict instead of crashing (:meth:`HangWatchdog.stop`).
 """
 
 from __future__ import annotations
@@ -16,10 +18,13 @@ from __future__ import annotations
 import faulthandler
 import json
 import os
+import sys
 import threading
 import time
 from pathlib import Path
 from typing import Callable
+
+from trainpipe.distributed.env import PeerLeft, peer_gone
 
 EXIT_HANG = 5
 POWERSGD_START_STEP = 10  # plain all-reduce for the first steps (PowerSGD's warm-up, its paper's advice), then rank-1 compression
@@ -113,11 +118,21 @@ class HangWatchdog:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="trainpipe-hang-watchdog", daemon=True)
         self.interval = min(max(timeout / 6, 0.2), 1.0)
+        self._waiting = False  # the training thread found a peer gone and waits for the verdict
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop publishing. The loop calls this in its ``finally``; when the loop is unwinding because a collective
+        found another rank's connection closed (a process or a node gone), this rank instead waits like a rank in a
+        collective, so that the watchdog names the rank that went silent (``distributed_hang``, exit ``EXIT_HANG``)
+        within the timeout. Without the key-value store (its host is the node that went), `PeerLeft` (exit 5)."""
+        exc = sys.exc_info()[1]
+        if exc is not None and peer_gone(exc) and self._thread.is_alive():
+            self._waiting = True
+            self._thread.join(timeout=2 * self.timeout + 30)  # the watchdog ends the process when it fires
+            raise PeerLeft(self.rank, exc) from exc
         self._stop.set()
         self._thread.join(timeout=5)
 
@@ -127,31 +142,46 @@ class HangWatchdog:
         except Exception as exc:  # noqa: BLE001 - without the store there is no cross-rank view; the backend's timeout still applies
             print(f"trainpipe: rank {self.rank}: hang watchdog off (no key-value store: {exc})", flush=True)
             return
+        seen: dict[int, tuple[bytes, float]] = {}  # each rank's last record and when (this process's clock) it changed
         while not self._stop.wait(self.interval):
             step, phase, since = self.progress()
             stalled = time.time() - since
-            store.set(f"trainpipe/hb/{self.rank}", json.dumps({"step": step, "phase": phase, "stalled": stalled}))
-            keys = [f"trainpipe/hb/{r}" for r in range(self.world)]
-            if not store.check(keys):
-                continue
-            recs = [json.loads(store.get(k)) for k in keys]
-            culprits = self.culprits(recs, self.timeout)
-            if culprits:
-                self._fire(store, step, recs, culprits)
+            phase = "wait" if self._waiting else phase
+            try:
+                store.set(f"trainpipe/hb/{self.rank}", json.dumps({"step": step, "phase": phase, "stalled": stalled}))
+                keys = [f"trainpipe/hb/{r}" for r in range(self.world)]
+                if not store.check(keys):
+                    continue
+                raw = [store.get(k) for k in keys]
+            except Exception:  # noqa: BLE001 - the store's host is gone: stop() says PeerLeft
                 return
+            now = time.monotonic()
+            for r, x in enumerate(raw):
+                if seen.get(r, (None, 0.0))[0] != x:
+                    seen[r] = (x, now)
+            recs = [json.loads(x) for x in raw]
+            silent = [r for r in range(self.world) if r != self.rank and recs[r]["phase"] != "done" and now - seen[r][1] > self.timeout]
+            culprits = silent or self.culprits(recs, self.timeout)
+            if culprits:
+                self._fire(store, step, recs, culprits, silent)
+                return
+        try:  # left the loop: a rank that stops publishing now is not silent
+            store.set(f"trainpipe/hb/{self.rank}", json.dumps({"step": self.progress()[0], "phase": "done", "stalled": 0.0}))
+        except Exception:  # noqa: BLE001
+            pass
 
     @staticmethod
     def culprits(recs: list[dict], timeout: float) -> list[int]:
         """Ranks computing (not waiting in a collective, not evaluating on rank 0's behalf) with no progress for longer
         than ``timeout``; every rank when all of them have been stuck that long (a collective nobody completes)."""
-        slow = [r for r, x in enumerate(recs) if x["phase"] not in ("wait", "eval") and x["stalled"] > timeout]
+        slow = [r for r, x in enumerate(recs) if x["phase"] not in ("wait", "eval", "done") and x["stalled"] > timeout]
         if slow:
             return slow
-        if all(x["stalled"] > timeout and x["phase"] != "eval" for x in recs):
+        if all(x["stalled"] > timeout and x["phase"] not in ("eval", "done") for x in recs):
             return list(range(len(recs)))
         return []
 
-    def _fire(self, store, step: int, recs: list[dict], culprits: list[int]) -> None:
+    def _fire(self, store, step: int, recs: list[dict], culprits: list[int], silent: list[int]) -> None:
         path = self.run_dir / f"hang-stacks-rank{self.rank}-step{step}.txt"
         with open(path, "w") as fh:
             fh.write(f"rank {self.rank}: step {step}, phase {recs[self.rank]['phase']}, {recs[self.rank]['stalled']:.1f} s without progress\n")
@@ -159,15 +189,16 @@ class HangWatchdog:
         store.set(f"trainpipe/dumped/{self.rank}", str(path))
         if self.rank == 0:
             deadline = time.time() + 10
-            keys = [f"trainpipe/dumped/{r}" for r in range(self.world)]
+            keys = [f"trainpipe/dumped/{r}" for r in range(self.world) if r not in silent]  # a silent rank dumps nothing
             while time.time() < deadline and not store.check(keys):
                 time.sleep(0.1)
             stacks = [store.get(k).decode() for k in keys if store.check([k])]
             if self.emit is not None:
                 self.emit(
                     self.event, step=step, level="fatal", ranks=culprits,
-                    phases={str(r): f"{x['phase']} at step {x['step']}, {x['stalled']:.1f} s without progress" for r, x in enumerate(recs)},
-                    seconds_without_progress=round(max(recs[r]["stalled"] for r in culprits), 1), timeout_seconds=self.timeout, stacks=stacks,
+                    phases={str(r): "gone (no heartbeat)" if r in silent else f"{x['phase']} at step {x['step']}, {x['stalled']:.1f} s without progress"
+                            for r, x in enumerate(recs)},
+                    seconds_without_progress=round(max(recs[r]["stalled"] for r in culprits), 1), gone=silent, timeout_seconds=self.timeout, stacks=stacks,
                     message=f"rank(s) {culprits} stopped answering at step {step}",
                 )
             store.set("trainpipe/reported", "1")
@@ -175,8 +206,6 @@ class HangWatchdog:
             deadline = time.time() + 15
             while time.time() < deadline and not store.check(["trainpipe/reported"]):
                 time.sleep(0.1)
-        import sys
-
         print(
             f"trainpipe: rank {self.rank}: {self.event}: rank(s) {culprits} made no progress for more than {self.timeout:g} s "
             f"(`distributed.timeout_seconds`) at step {step}; stacks in {path}. Exiting with {self.exit_code}.",

@@ -14,6 +14,8 @@ from __future__ import annotations
 import datetime
 import math
 import os
+import sys
+import time
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -90,7 +92,30 @@ def init(backend: str = "auto", timeout_seconds: float = 600.0) -> DistEnv:
     dist.init_process_group(backend=be, timeout=datetime.timedelta(seconds=2 * timeout_seconds + 30))
     if not env.is_main:
         silence_console()
+    follow_agent()
     return env
+
+
+def follow_agent(environ: dict | None = None) -> None:
+    """A worker of torch's elastic agent (torchrun, `trainpipe run --nproc-per-node`, accelerate) ends when its agent
+    is killed: an agent killed outright (SIGKILL, its node going down) leaves its workers behind, training on with the
+    other nodes, which then wait for that node's agent forever. The worker stops as a lost node does (exit 5, nothing
+    written); the other ranks see its connection close and name it (`distributed_hang`)."""
+    import threading
+
+    e = os.environ if environ is None else environ
+    if "TORCHELASTIC_RUN_ID" not in e:
+        return
+    agent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == agent:
+            time.sleep(0.5)
+        print(f"trainpipe: rank {detect().rank}: this node's launcher (pid {agent}) is gone; stopping as a lost node (exit 5).",
+              file=sys.stderr, flush=True)
+        os._exit(5)
+
+    threading.Thread(target=watch, name="trainpipe-follow-agent", daemon=True).start()
 
 
 def check_single_process_launch(environ: dict | None = None) -> None:
@@ -144,7 +169,8 @@ def fit_accumulation(micro_batch: int, target_effective: int, world: int) -> int
 PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator was aborted")
 
 
-def _peer_left(exc: BaseException) -> bool:
+def peer_gone(exc: BaseException) -> bool:
+    """Whether a collective failed because another rank's process (or its node) ended."""
     return isinstance(exc, RuntimeError) and any(p in str(exc) for p in PEER_GONE)
 
 
@@ -168,7 +194,7 @@ def barrier() -> None:
         try:
             dist.barrier()
         except RuntimeError as exc:  # torch's DistBackendError too
-            if not _peer_left(exc):
+            if not peer_gone(exc):
                 raise
             raise PeerLeft(dist.get_rank(), exc) from exc
 
