@@ -1,0 +1,178 @@
+"""Running one trainpipe run (`trainpipe run CONFIG`), one plain TRL SFTTrainer run, or a timed GRPO run, and reading
+what each measured. On a GPU each run is its own process (a clean CUDA peak per run, a timeout that can kill a hung
+run); in `--cpu-smoke` they run in this process (one import of torch instead of one per run).
+
+Throughput is read the same way for both trainers: tokens (non-pad, as each counts them) between the log record after
+the warm-up steps and the last step's, over the wall time between them."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+
+
+class RunFailed(RuntimeError):
+    """A run that exited non-zero, timed out or wrote no summary; the message says why (the log's tail)."""
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+                "PYTHONPATH": os.pathsep.join([str(HERE)] + [p for p in [env.get("PYTHONPATH")] if p])})
+    return env
+
+
+def _tail(path: Path, n: int = 1200) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")[-n:]
+    except OSError:
+        return ""
+
+
+def call(argv: list[str], log: Path, timeout: float, isolate: bool, inprocess) -> None:
+    """Run ``argv`` (a Python script and its arguments) as a process, or ``inprocess()`` here; RunFailed with the log's
+    tail when it fails or runs past ``timeout``."""
+    if timeout < 5:
+        raise RunFailed("skipped: the check's time budget is spent")
+    if not isolate:
+        try:
+            rc = inprocess()
+        except Exception as exc:  # noqa: BLE001 - reported in the JSON, the check goes on
+            raise RunFailed(f"{type(exc).__name__}: {str(exc)[:600]}") from exc
+        if rc not in (0, None):
+            raise RunFailed(f"exit status {rc}")
+        return
+    with open(log, "w", encoding="utf-8") as fh:
+        try:
+            proc = subprocess.run([sys.executable, *argv], stdout=fh, stderr=subprocess.STDOUT, timeout=timeout, env=_env(), check=False)
+        except subprocess.TimeoutExpired as exc:
+            raise RunFailed(f"timed out after {timeout:.0f} s (the check's time guard); log tail: {_tail(log, 600)}") from exc
+    if proc.returncode != 0:
+        raise RunFailed(f"exit status {proc.returncode}; log tail: {_tail(log)}")
+
+
+# --------------------------------------------------------------------------- trainpipe
+def trainpipe_run(cfg: dict, work: Path, name: str, timeout: float, isolate: bool, warmup: int, wrapper: list[str] | None = None) -> dict:
+    """`trainpipe run` on ``cfg``; returns its figures. The run folder keeps only its small files afterwards (checkpoints
+    and the exported model of a 1B full fine-tune are ~10 GB each)."""
+    cfg = dict(cfg)
+    run_dir = work / "runs" / name
+    cfg["output_dir"] = str(run_dir)
+    path = work / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
+    argv = wrapper or ["-m", "trainpipe.cli", "run", str(path), "--overwrite"]
+
+    def here():
+        from trainpipe.cli import main
+
+        return main(["run", str(path), "--overwrite"])
+
+    t = time.time()
+    try:
+        call(argv, work / f"{name}.log", timeout, isolate, here)
+    finally:
+        for sub in ("checkpoints", "model"):
+            shutil.rmtree(run_dir / sub, ignore_errors=True)
+    return read_run(run_dir, warmup) | {"wall_s": round(time.time() - t, 1)}
+
+
+def throughput(records: list[dict], warmup: int, tokens_key: str) -> dict:
+    """Tokens/s between the record of step ``warmup`` and the last step's (one record per step)."""
+    recs = [r for r in records if isinstance(r.get(tokens_key), (int, float)) and "step" in r]
+    if not recs:
+        return {"tokens_per_s": None, "why": "no per-step records"}
+    start = next((r for r in recs if r["step"] >= warmup), recs[0]) if len(recs) > 1 else None
+    last = recs[-1]
+    if start is None or last["step"] <= start["step"] or last["time"] <= start["time"]:
+        return {"tokens_per_s": None, "why": f"too few steps after the {warmup} warm-up steps"}
+    dt = last["time"] - start["time"]
+    tok = last[tokens_key] - start[tokens_key]
+    return {"tokens_per_s": round(tok / dt, 1), "timed_steps": last["step"] - start["step"], "timed_seconds": round(dt, 3),
+            "step_seconds": round(dt / (last["step"] - start["step"]), 4), "tokens": tok}
+
+
+def read_run(run_dir: Path, warmup: int) -> dict:
+    summary_path = run_dir / "summary.json"
+    if not summary_path.exists():
+        raise RunFailed(f"{run_dir.name}: no summary.json (the run did not finish)")
+    summary = json.loads(summary_path.read_text())
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()] \
+        if (run_dir / "metrics.jsonl").exists() else []
+    steps = [m for m in metrics if "tokens_seen" in m]
+    mm = json.loads((run_dir / "measured_memory.json").read_text()) if (run_dir / "measured_memory.json").exists() else {}
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines() if line.strip()] \
+        if (run_dir / "events.jsonl").exists() else []
+    out = throughput(steps, warmup, "tokens_seen")
+    out.update({
+        "run_dir": str(run_dir), "parameters": summary.get("parameters"), "final_loss": (steps[-1]["loss"] if steps else None),
+        "cuda_max_memory_allocated": mm.get("cuda_max_memory_allocated"), "cuda_max_memory_reserved": mm.get("cuda_max_memory_reserved"),
+        "plan": summary.get("plan") or {}, "gates": summary.get("gates") or {}, "gpu_util_samples": [m["gpu_util"] for m in metrics if "gpu_util" in m],
+        "events": [e for e in events if e.get("event") not in ("checkpoint_saved", "eval_done")],
+    })
+    return out
+
+
+# --------------------------------------------------------------------------- plain TRL
+def trl_run(cfg_path: Path, out_json: Path, timeout: float, isolate: bool, work: Path, warmup: int) -> dict:
+    argv = [str(HERE / "trl_sft.py"), str(cfg_path), str(out_json), str(warmup)]
+
+    def here():
+        import trl_sft
+
+        return trl_sft.main(argv[1:])
+
+    t = time.time()
+    call(argv, work / "trl.log", timeout, isolate, here)
+    res = json.loads(out_json.read_text())
+    return res | {"wall_s": round(time.time() - t, 1)}
+
+
+# --------------------------------------------------------------------------- GRPO with the rollout timed
+def grpo_run(cfg: dict, work: Path, name: str, timeout: float, isolate: bool, warmup: int) -> dict:
+    """A GRPO run whose generation calls are timed (`timed_rl.py` wraps trainpipe's sampling, nothing else changes).
+    Rollout share = time in training-time generation / wall time of the timed steps."""
+    timing = work / f"{name}.timing.json"
+    path = work / f"{name}.yaml"
+    run_dir = work / "runs" / name
+    wrapper = [str(HERE / "timed_rl.py"), str(path), str(timing)]
+    if not isolate:
+        import timed_rl
+
+        def here():
+            return timed_rl.main([str(path), str(timing)])
+
+        cfg = dict(cfg, output_dir=str(run_dir))
+        path.write_text(yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
+        try:
+            call(wrapper, work / f"{name}.log", timeout, False, here)
+        finally:
+            shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+        res = read_run(run_dir, warmup)
+    else:
+        res = trainpipe_run(cfg, work, name, timeout, True, warmup, wrapper=wrapper)
+    calls = json.loads(timing.read_text()) if timing.exists() else []
+    return res | rollout_share(calls, run_dir, warmup)
+
+
+def rollout_share(calls: list[dict], run_dir: Path, warmup: int) -> dict:
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()] \
+        if (run_dir / "metrics.jsonl").exists() else []
+    steps = [m for m in metrics if "tokens_seen" in m]
+    if len(steps) < 2:
+        return {"rollout_share": None, "why": "fewer than two logged steps"}
+    start = next((r for r in steps if r["step"] >= warmup), steps[0])
+    if start is steps[-1]:
+        start = steps[-2]
+    t0, t1 = start["time"], steps[-1]["time"]
+    gen = sum(c["seconds"] for c in calls if c["sampling"] and t0 < c["start"] < t1)
+    return {"rollout_share": round(gen / max(t1 - t0, 1e-9), 4), "generation_seconds": round(gen, 3), "step_seconds": round((t1 - t0) / max(1, steps[-1]["step"] - start["step"]), 4),
+            "timed_steps": steps[-1]["step"] - start["step"], "generate_calls": sum(1 for c in calls if c["sampling"])}
