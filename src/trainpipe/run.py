@@ -421,7 +421,7 @@ def _steps(cfg: RunConfig, plan, hw, run_dir: Path, events: EventLog, config_pat
         write_length_histogram(run_dir, data.train)  # lengths.json: the report's length histogram
 
     # 3. the recipe of `method.name` trains, evaluates, exports and returns the summary
-    ctx = RunContext(cfg=cfg, run_dir=run_dir, events=events, tokenizer=tokenizer, template=template, stop_ids=stop_ids, data=data,
+    ctx = RunContext(cfg=cfg, run_dir=run_dir, events=events, tokenizer=tokenizer, template=template, stop_ids=stop_ids, data=data, specs=plan.specs,
                      resume_from=resume_from, hardware=hw, callbacks=tuple(callbacks))
     summary = recipe_for(cfg.method.name).run(ctx)
     if not main:  # rank 0 writes the summary

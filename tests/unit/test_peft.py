@@ -132,14 +132,16 @@ def test_precision_fallback_error_stops(capsys):
 
 
 def _loop(tmp_path, model, **training):
-    from trainpipe.config import TrainingConfig
+    from trainpipe.config import build_config
     from trainpipe.events import EventLog
     from types import SimpleNamespace
 
+    from trainpipe.plan import resolve
     from trainpipe.train.sft import build_loop
 
-    t = TrainingConfig(learning_rate=1e-3, gradient_accumulation_steps=1, save_steps=50, max_steps=2, **training)
-    return build_loop(model, SimpleNamespace(pad_token_id=0), [{"input_ids": [1, 2, 3], "labels": [1, 2, 3]}], t, run_dir=tmp_path,
+    t = dict(learning_rate=1e-3, gradient_accumulation_steps=1, per_device_train_batch_size=4, save_steps=50, max_steps=2, **training)
+    specs = resolve(build_config({"model": {"name_or_path": "tiny"}, "data": {"sources": [{"path": "t.jsonl"}]}, "training": t}), CPU, sizing=False).specs
+    return build_loop(model, SimpleNamespace(pad_token_id=0), [{"input_ids": [1, 2, 3], "labels": [1, 2, 3]}], specs, run_dir=tmp_path,
                       events=EventLog(tmp_path / "events.jsonl"), config_yaml="", evaluate=lambda m: 0.0)
 
 

@@ -62,7 +62,8 @@ def rank_update(st: "LoopState", name: str, value: float, score: float, patience
 
 class BestTracker:
     """Ranks each in-training eval by `training.metric_for_best` (lower-is-better scores) and says which way the best
-    checkpoint's metric points."""
+    checkpoint's metric points; ``t`` is the resolved :class:`~trainpipe.plan.specs.CadenceSpec` (`plan.specs.cadence`:
+    the metric's key and its decided direction)."""
 
     def __init__(self, t):
         self.t = t

@@ -121,6 +121,6 @@ class EvalHook(Callback):
         self.fn(loop, step, eval_loss)
 
 
-def default_callbacks(t, device) -> list[Callback]:
-    """Every run's: the clipping report and the GPU utilisation check."""
-    return [ClippingReport(t.max_grad_norm, t.logging_steps), GpuUtilisation(device)]
+def default_callbacks(specs, device) -> list[Callback]:
+    """Every run's: the clipping report and the GPU utilisation check (``specs``: the run's `plan.specs`)."""
+    return [ClippingReport(specs.optimizer.max_grad_norm, specs.cadence.logging_steps), GpuUtilisation(device)]

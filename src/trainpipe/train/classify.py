@@ -29,7 +29,7 @@ PEFT_KINDS = ("none", "lora", "rslora", "dora")
 
 def run(ctx: RunContext) -> dict:
     cfg, data, tok = ctx.cfg, ctx.data, ctx.tokenizer
-    bs = cfg.training.per_device_eval_batch_size
+    bs = ctx.specs.batch.eval_micro_batch
 
     # 1. settings and classes
     if cfg.method.peft not in PEFT_KINDS:
@@ -51,7 +51,7 @@ def run(ctx: RunContext) -> dict:
 
     # 4. train: the best checkpoint by `training.metric_for_best` (HF's metric_for_best_model; the eval loss by default)
     loop = build_loop(
-        model, tok, data.train, cfg.training, run_dir=ctx.run_dir, events=ctx.events, config_yaml=ctx.config_yaml,
+        model, tok, data.train, ctx.specs, run_dir=ctx.run_dir, events=ctx.events, config_yaml=ctx.config_yaml,
         evaluate=lambda m: evaluate(m, objective, data.eval, batch_size=bs), objective=objective, dist=ctx.dist, callbacks=ctx.callbacks,  # loss, accuracy, macro_f1 (the hooks see all)
     )
     outcome = train(loop, ctx.resume_from)

@@ -1,8 +1,9 @@
 """What every recipe (sft, pretrain, dpo/orpo/kto, reward, rl) receives from `trainpipe run`.
 
-`run.py` (one run) checks the inputs, lays out the run directory, loads the tokenizer, prepares
+`run.py` (one run) checks the inputs, resolves the plan, lays out the run directory, loads the tokenizer, prepares
 the data and writes the manifest; then it hands a RunContext to the recipe of
-`method.name`, whose `run(ctx)` trains, evaluates, exports and returns the summary.
+`method.name`, whose `run(ctx)` trains, evaluates, exports and returns the summary. The recipe builds the optimizer,
+stepper and loop from `ctx.specs` (the plan's resolved specs), not from `ctx.cfg.training`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any, Callable
 from trainpipe.config import DistributedConfig, RunConfig, dump_yaml
 from trainpipe.distributed.env import DistEnv, detect
 from trainpipe.events import EventLog
+from trainpipe.plan.specs import RunSpecs
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,7 @@ class RunContext:
     template: str
     stop_ids: list[int]
     data: Any  # trainpipe.data.prepare.PreparedData
+    specs: RunSpecs  # the resolved plan's specs (`plan.specs`): what the recipe hands the optimizer, stepper and loop
     resume_from: Any = None  # trainpipe.model.checkpoints.CheckpointInfo | None
     hardware: Any = None
     extra: dict = field(default_factory=dict)  # e.g. the plan's predictions, filled by run.py

@@ -1,8 +1,9 @@
 """trainpipe's training loop: every optimizer step under its control, so that it can be checkpointed, resumed to the bit,
 retried after an OOM and rolled back after divergence.
 
-The recipe (train/sft.py `build_loop`) builds what the loop receives: the model prepared for training (train/prepare.py),
-the optimizer and scheduler (train/optim.py), the window plan (train/window.py: which examples each step reads), the
+The recipe (train/sft.py `build_loop`) builds what the loop receives from the resolved specs (`plan.specs`, never the
+user's config): the model prepared for training (train/prepare.py), the optimizer and scheduler (train/optim.py), the
+stepper (train/stepper.py: the micro-batch), the window plan (train/window.py: which examples each step reads), the
 objective (train/objectives.py), the :class:`~trainpipe.distributed.strategy.Strategy` (one process, DDP or FSDP2: the
 loop never asks which) and the callbacks (train/callbacks.py). The loop delegates each step's forward and backward passes
 to the stepper (train/stepper.py: micro-batches, exact denominators), asks the recovery policies (train/recovery.py) what
@@ -22,13 +23,14 @@ from typing import Callable
 from trainpipe.distributed.env import NullEventLog
 from trainpipe.events import EventLog
 from trainpipe.model.checkpoints import CheckpointInfo, CheckpointManager
+from trainpipe.plan.specs import RunSpecs
 from trainpipe.train.best import BestTracker, best_labels, eval_metrics, rank_update
 from trainpipe.train.callbacks import Callback, MetricsLog
 from trainpipe.train.checkpointing import CheckpointWriter
 from trainpipe.train.errors import Preempted, TrainingDiverged
 from trainpipe.train.objectives import Objective, shards_eval
 from trainpipe.train.optim import build_scheduler, scale_lr, trainable
-from trainpipe.train.preemption import Heartbeat, Preemption, Watchdog
+from trainpipe.train.preemption import Watchdog
 from trainpipe.train.prepare import gradient_checkpointing
 from trainpipe.train.recovery import DivergenceGuard, OomPolicy, evaluate_or_stop
 from trainpipe.train.state import FitResult, LoopState, capture_rng, restore_rng
@@ -38,13 +40,12 @@ from trainpipe.train.window import WindowPlan
 
 
 class TrainLoop:
-    def __init__(self, *, model, device, optimizer, scheduler, plan: WindowPlan, strategy, objective: Objective, train_data: list[dict], t,
-                 ckpt: CheckpointManager, run_dir: Path, events: EventLog, config_yaml: str, evaluate: Callable[[object], object],
-                 metrics_path: Path, progress=None, callbacks: list[Callback] = ()):
-        import torch
-
+    def __init__(self, *, model, device, optimizer, scheduler, plan: WindowPlan, strategy, objective: Objective, train_data: list[dict],
+                 stepper: Stepper, specs: RunSpecs, ckpt: CheckpointManager, run_dir: Path, events: EventLog, config_yaml: str,
+                 evaluate: Callable[[object], object], metrics_path: Path, progress=None, callbacks: list[Callback] = ()):
         self.model, self.optimizer, self.scheduler, self.plan, self.strategy = model, optimizer, scheduler, plan, strategy
-        self.objective, self.data, self.t, self.ckpt, self.run_dir = objective, train_data, t, ckpt, Path(run_dir)
+        self.objective, self.data, self.ckpt, self.run_dir = objective, train_data, ckpt, Path(run_dir)
+        self.specs, self.cadence, self.resilience = specs, specs.cadence, specs.resilience  # resolved by the plan: no `auto` here
         self.config_yaml, self.evaluate, self.callbacks = config_yaml, evaluate, list(callbacks)
         self.is_main = strategy.is_main
         self.events = events if self.is_main else NullEventLog()  # rank 0 speaks for the run: events, metrics, progress
@@ -53,16 +54,14 @@ class TrainLoop:
         self.device = device  # where the model was before any wrapping
         self.params = trainable(model)
         self.base_lrs = [g["initial_lr"] for g in optimizer.param_groups]  # the schedule's base rates, before any rollback scaling
-        self.scaler = torch.amp.GradScaler("cuda") if (t.fp16 and self.device.type == "cuda") else None
-        self.state = LoopState(micro_batch=t.per_device_train_batch_size, gradient_checkpointing=t.gradient_checkpointing,
+        self.stepper, self.scaler, self.heartbeat, self.preemption = stepper, stepper.scaler, stepper.heartbeat, stepper.preemption
+        self.state = LoopState(micro_batch=stepper.micro_batch, gradient_checkpointing=specs.batch.gradient_checkpointing,
                                effective_batch=plan.effective, world_size=strategy.world)
-        self.heartbeat, self.preemption = Heartbeat(), Preemption(t.preemption_grace_seconds)
-        self.stepper = Stepper(objective=objective, strategy=strategy, device=self.device, t=t, optimizer=optimizer, params=self.params,
-                               scaler=self.scaler, heartbeat=self.heartbeat, preemption=self.preemption)
-        self.oom, self.guard, self.best = OomPolicy(t.oom_recovery), DivergenceGuard(t, getattr(objective, "spike_floor", 0.0)), BestTracker(t)
+        res = self.resilience
+        self.oom, self.guard, self.best = OomPolicy(res.oom_recovery), DivergenceGuard(res, getattr(objective, "spike_floor", 0.0)), BestTracker(self.cadence)
         self.eval_metrics: dict = {}  # the latest in-training eval: {"loss": ..., other metrics} (the callbacks read it)
         self._last_labels: dict = {}  # the latest eval's metric_name / metric_value / eval_loss: what a scored checkpoint is labelled with
-        self.writer = CheckpointWriter(ckpt, self.events, config_yaml, t.on_checkpoint_error)
+        self.writer = CheckpointWriter(ckpt, self.events, config_yaml, res.on_checkpoint_error)
         self._measured = self._resuming = False
         self._resumed_world: int | None = None
         self._powersgd_note: str | None = None  # what a resume did with PowerSGD's state (restored / re-warmed and why)
@@ -97,7 +96,7 @@ class TrainLoop:
                 for cb in self.callbacks:
                     cb.on_step_end(self, self.state.step, loss, gnorm)
                 self.heartbeat.beat()
-                if self.state.step % self.t.logging_steps == 0:
+                if self.state.step % self.cadence.logging_steps == 0:
                     self._log(loss, gnorm)
                 if self.progress:
                     self.progress.update(self.state.step, loss)
@@ -125,12 +124,12 @@ class TrainLoop:
         self.model.train()
         self.events.emit(
             "training_started", step=self.state.step, max_steps=self.plan.total_windows, micro_batch=self.state.micro_batch,
-            gradient_accumulation_steps=self.t.gradient_accumulation_steps, effective_batch=self.plan.effective,
-            learning_rate=self.t.learning_rate, examples=len(self.data), resumed=resume_from is not None, **self._world_fields(),
+            gradient_accumulation_steps=self.stepper.grad_accum, effective_batch=self.plan.effective,
+            learning_rate=self.specs.optimizer.learning_rate, examples=len(self.data), resumed=resume_from is not None, **self._world_fields(),
         )
         if self._world_fields() and self.is_main:
             record_world(self.run_dir, self.strategy, self.state, self.plan.effective, self._resumed_world, self._powersgd_note)
-        if resume_from is None and self.t.max_recoveries > 0:
+        if resume_from is None and self.resilience.max_recoveries > 0:
             self.save(metric=None)  # step 0: a rollback target before the first regular save
 
     def _start_watchdog(self):
@@ -138,8 +137,8 @@ class TrainLoop:
         hb = self.heartbeat
         watchdog = self.strategy.hang_watchdog(run_dir=self.run_dir, progress=lambda: (self.state.step, hb.phase, hb.time),
                                                emit=self.events.emit if self.is_main else None)
-        if watchdog is None and self.t.hang_timeout_seconds:
-            watchdog = Watchdog(self.t.hang_timeout_seconds, self.run_dir, lambda: (self.state.step, hb.time), self.events.emit)
+        if watchdog is None and self.resilience.hang_timeout_seconds:
+            watchdog = Watchdog(self.resilience.hang_timeout_seconds, self.run_dir, lambda: (self.state.step, hb.time), self.events.emit)
         if watchdog:
             watchdog.start()
         return watchdog
@@ -163,7 +162,7 @@ class TrainLoop:
         st.step += 1
         st.window += 1
         st.tokens_seen += n_tok
-        st.recent_losses = (st.recent_losses + [loss])[-self.t.loss_spike_window :]
+        st.recent_losses = (st.recent_losses + [loss])[-self.resilience.loss_spike_window :]
 
     def _log(self, loss: float, gnorm: float) -> None:
         """One `metrics.jsonl` record every `logging_steps`; the callbacks add their figures and report on it."""
@@ -191,19 +190,19 @@ class TrainLoop:
         eval (so the best checkpoint holds the evaluated weights); stop on a signal (Preempted) or early. True: stop now."""
         st, metric = self.state, None
         last = self._finished()
-        if st.step % self.t.eval_steps == 0 or last:
+        if st.step % self.cadence.eval_steps == 0 or last:
             metric = self._eval()
             last = last or st.stopped_early
         stop = self.strategy.stop_signal(self.preemption.signal, self.stepper.agreed_stop)  # all ranks stop at the step they agreed on
-        best_now = metric is not None and st.best_step == st.step and self.t.keep_best > 0
-        if st.step % self.t.save_steps == 0 or last or stop or best_now:
+        best_now = metric is not None and st.best_step == st.step and self.cadence.keep_best > 0
+        if st.step % self.cadence.save_steps == 0 or last or stop or best_now:
             self.save(metric)
         saved = str(self.writer.last_saved.path) if self.writer.last_saved else None
         if stop:
             self.events.emit("preempted", step=st.step, level="warning", signal=stop, checkpoint=saved, **self._world_fields())
             raise Preempted(st.step, saved, stop)
         if st.stopped_early:
-            self.events.emit("early_stopped", step=st.step, best_metric=st.best_metric, best_step=st.best_step, patience=self.t.early_stopping_patience,
+            self.events.emit("early_stopped", step=st.step, best_metric=st.best_metric, best_step=st.best_step, patience=self.cadence.early_stopping_patience,
                              best_metric_name=st.best_metric_name or "loss", best_metric_value=st.best_metric_value)
         return st.stopped_early
 
@@ -299,13 +298,13 @@ class TrainLoop:
         self.metrics.write({"time": time.time(), "step": st.step, "eval_loss": metric, **{f"eval_{k}": v for k, v in more.items()}})
         name, value, score = self.best.rank(self.eval_metrics, st.step)
         self._last_labels = {"metric_name": name, "metric_value": value, "eval_loss": metric}
-        rank_update(st, name, value, score, self.t.early_stopping_patience)  # best so far and early stopping, by the chosen metric
+        rank_update(st, name, value, score, self.cadence.early_stopping_patience)  # best so far and early stopping, by the chosen metric
         for cb in self.callbacks:
             cb.on_eval(self, st.step, metric)
         return score
 
     def _evaluate_or_stop(self):
-        return evaluate_or_stop(self.evaluate, self.model, self.state.step, self.events, self.t.per_device_eval_batch_size)
+        return evaluate_or_stop(self.evaluate, self.model, self.state.step, self.events, self.specs.batch.eval_micro_batch)
 
     # ------------------------------------------------------------------ state and checkpoints
     def state_dict(self, gathered: dict | None = None) -> dict:
@@ -351,7 +350,7 @@ class TrainLoop:
         eff = loop.get("effective_batch") or 0
         if eff and eff != self.plan.effective:
             self.plan = self.plan.with_effective(eff)
-            self.scheduler = build_scheduler(self.optimizer, self.t, self.plan.total_windows)
+            self.scheduler = build_scheduler(self.optimizer, self.specs.optimizer, self.plan.total_windows)
 
     def save(self, metric: float | None) -> CheckpointInfo | None:
         """Save a checkpoint (every rank calls this; the strategy gathers what rank 0 writes)."""

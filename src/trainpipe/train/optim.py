@@ -1,4 +1,5 @@
-"""The one optimizer and scheduler builder: the recipe (train/sft.py `build_loop`) and lr-find (tune/lrfind.py) call it.
+"""The one optimizer and scheduler builder: the recipe (train/sft.py `build_loop`) and lr-find (tune/lrfind.py) call it
+with the resolved :class:`~trainpipe.plan.specs.OptimizerSpec` (`plan.specs.optimizer`), never the user's config.
 
 Weight decay applies to matrices only (biases and norms have none); `training.optim` picks AdamW (fused on CUDA with
 `adamw_torch_fused`), SGD with momentum, bitsandbytes' 8-bit AdamW (paged on CUDA) or Adafactor; the scheduler is
@@ -7,10 +8,9 @@ transformers' `training.lr_scheduler_type` with its warmup over the run's optimi
 
 from __future__ import annotations
 
-import math
-
 from trainpipe import ui
 from trainpipe.errors import TrainpipeError
+from trainpipe.plan.specs import OptimizerSpec
 
 
 def trainable(model) -> list[tuple[str, object]]:
@@ -18,21 +18,21 @@ def trainable(model) -> list[tuple[str, object]]:
     return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
 
 
-def build_optimizer(params: list[tuple[str, object]], t, device_type: str, lr: float | None = None):
-    """`training.optim` over ``params`` ((name, parameter) pairs) at `training.learning_rate` (or ``lr``)."""
+def build_optimizer(params: list[tuple[str, object]], spec: OptimizerSpec, device_type: str, lr: float | None = None):
+    """`spec.name` over ``params`` ((name, parameter) pairs) at the resolved `spec.learning_rate` (or ``lr``)."""
     import torch
 
     decay = [p for n, p in params if p.ndim >= 2]
     no_decay = [p for n, p in params if p.ndim < 2]
-    groups = [g for g in ({"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}) if g["params"]]
-    lr = t.learning_rate if lr is None else lr
-    if t.optim in ("adamw_torch", "adamw_torch_fused"):
-        fused = t.optim == "adamw_torch_fused" and device_type == "cuda"
+    groups = [g for g in ({"params": decay, "weight_decay": spec.weight_decay}, {"params": no_decay, "weight_decay": 0.0}) if g["params"]]
+    lr = spec.learning_rate if lr is None else lr
+    if spec.name in ("adamw_torch", "adamw_torch_fused"):
+        fused = spec.name == "adamw_torch_fused" and device_type == "cuda"
         return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-8, fused=fused or None)
-    if t.optim == "sgd":
+    if spec.name == "sgd":
         return torch.optim.SGD(groups, lr=lr, momentum=0.9)
-    if t.optim in ("adamw_8bit", "paged_adamw_8bit"):
-        return adamw_8bit(groups, lr, t.optim, device_type)
+    if spec.name in ("adamw_8bit", "paged_adamw_8bit"):
+        return adamw_8bit(groups, lr, spec.name, device_type)
     from transformers.optimization import Adafactor
 
     return Adafactor(groups, lr=lr, scale_parameter=False, relative_step=False, warmup_init=False)
@@ -59,12 +59,11 @@ def adamw_8bit(groups: list[dict], lr: float, optim: str, device_type: str):
     return cls(groups, lr=lr, betas=(0.9, 0.999), eps=1e-8)
 
 
-def build_scheduler(optimizer, t, total_steps: int):
-    """`training.lr_scheduler_type` over ``total_steps`` optimizer steps, warming up for `warmup_steps` (or `warmup_ratio`)."""
+def build_scheduler(optimizer, spec: OptimizerSpec, total_steps: int):
+    """`spec.lr_scheduler_type` over ``total_steps`` optimizer steps, warming up for `warmup_steps` (or `warmup_ratio`)."""
     from transformers import get_scheduler
 
-    warm = t.warmup_steps if t.warmup_steps is not None else math.ceil(t.warmup_ratio * total_steps)
-    return get_scheduler(t.lr_scheduler_type, optimizer, num_warmup_steps=warm, num_training_steps=total_steps)
+    return get_scheduler(spec.lr_scheduler_type, optimizer, num_warmup_steps=spec.warmup_for(total_steps), num_training_steps=total_steps)
 
 
 def scale_lr(scheduler, optimizer, base_lrs: list[float], scale: float) -> None:

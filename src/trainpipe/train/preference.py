@@ -60,6 +60,7 @@ from dataclasses import asdict
 from trainpipe import ui
 from trainpipe.errors import ConfigError
 from trainpipe.distributed.ddp import unwrap
+from trainpipe.train import fused_preference as fused
 from trainpipe.train.context import RunContext
 from trainpipe.train.objectives import Objective
 from trainpipe.train.sft import artifacts, build_loop, train, worker_summary
@@ -72,10 +73,10 @@ from trainpipe.evaluate import shard as sharding
 def run(ctx: RunContext) -> dict:
     cfg, data, tok = ctx.cfg, ctx.data, ctx.tokenizer
     method, pref = cfg.method.name, cfg.method.preference
-    bs = cfg.training.per_device_eval_batch_size
+    bs = ctx.specs.batch.eval_micro_batch
 
     # 1. settings and data kind (the data step already checked that the kind fits the method)
-    check_settings(method, pref, cfg.training.per_device_train_batch_size)
+    check_settings(method, pref, ctx.specs.batch.micro_batch)
     train_rows, eval_rows = data.train, data.eval
     if method == "kto" and len(train_rows) and "chosen_input_ids" in train_rows[0]:  # pairs: unpair them, as TRL does
         train_rows, eval_rows = Unpaired(train_rows), list(Unpaired(eval_rows))
@@ -96,13 +97,16 @@ def run(ctx: RunContext) -> dict:
 
     # 5. train: the best checkpoint by the objective's eval loss (every in-training eval measures the forgetting sets too)
     loop = build_loop(
-        model, tok, train_rows, cfg.training, run_dir=ctx.run_dir, events=ctx.events, config_yaml=ctx.config_yaml,
+        model, tok, train_rows, ctx.specs, run_dir=ctx.run_dir, events=ctx.events, config_yaml=ctx.config_yaml,
         evaluate=suite.in_training(ctx, extra, lambda m: evaluate(m, objective, eval_rows, batch_size=bs), lambda: loop.state.step),  # loss and every preference metric
         objective=objective, dist=ctx.dist, callbacks=ctx.callbacks,
     )
+    if ctx.is_main:
+        fused.record(ctx.run_dir, objective)  # which loss ran (trainpipe's or Liger's chunked one), in the manifest
     outcome = train(loop, ctx.resume_from)
     if not ctx.is_main:  # rank 0 evaluates, exports and reports for the run
         return worker_summary(cfg, outcome)
+    fused.record(ctx.run_dir, objective)  # again: a fall-back during training (FSDP) is recorded too
 
     # 6. final eval on the same split, with the best checkpoint loaded
     final = evaluate(model, objective, eval_rows, batch_size=bs)
@@ -230,6 +234,18 @@ class Reference:
                     return sequence_logps(model, input_ids, attention_mask, loss_mask)[0]
             return sequence_logps(self.frozen, input_ids, attention_mask, loss_mask)[0]
 
+    def hidden(self, model, input_ids, attention_mask):
+        """(last hidden states, LM head weight, bias) of π_ref without gradients: what Liger's chunked losses read
+        (`training.use_liger_kernel`, train/fused_preference.py)."""
+        import torch
+
+        with torch.no_grad():
+            if self.frozen is None:
+                model = unwrap(model)
+                with model.disable_adapter():
+                    return (fused.last_hidden(model, input_ids, attention_mask), *fused.lm_head(model))
+            return (fused.last_hidden(self.frozen, input_ids, attention_mask), *fused.lm_head(self.frozen))
+
 
 # ------------------------------------------------------------------------------ the losses (per unit, as in TRL)
 
@@ -305,6 +321,7 @@ class PairObjective(Objective):
     """dpo (sigmoid / ipo / hinge / simpo, + optional `sft_weight`) and orpo on preference pairs; weight = pairs."""
 
     shards_eval = True  # in-training evals under several processes: each rank evaluates its batches (evaluate/shard.py)
+    fused = None  # Liger's chunked loss for training (`training.use_liger_kernel`: fused_preference.setup); evaluation keeps `terms`
 
     def __init__(self, method: str, pref, reference: Reference | None, pad_id: int):
         self.method, self.pref, self.reference, self.pad_id = method, pref, reference, pad_id
@@ -350,6 +367,8 @@ class PairObjective(Objective):
                 "logp_chosen": pc.detach(), "logp_rejected": pr.detach(), "tokens_chosen": len_c, "tokens_rejected": len_r}
 
     def loss_sum(self, model, batch: dict):
+        if self.fused is not None:
+            return self.fused.pair_loss_sum(self, model, batch)
         t = self.terms(model, batch)
         margin = t["rewards_chosen"] - t["rewards_rejected"]
         figures = {
@@ -363,6 +382,8 @@ class KTOObjective(Objective):
     """kto on unpaired rows {prompt, completion, label}; weight = examples."""
 
     shards_eval = True
+    method = "kto"
+    fused = None  # as PairObjective.fused
 
     def __init__(self, pref, reference: Reference, pad_id: int):
         self.pref, self.reference, self.pad_id = pref, reference, pad_id
@@ -403,6 +424,8 @@ class KTOObjective(Objective):
         return {"losses": losses, "logps": logps.detach(), "lengths": lens, "rewards": rewards, "label": batch["label"], "kl": kl}
 
     def loss_sum(self, model, batch: dict):
+        if self.fused is not None:
+            return self.fused.kto_loss_sum(self, model, batch)
         t = self.terms(model, batch)
         right = torch_where_sign(t["rewards"], t["label"])
         return t["losses"].sum(), {"kl": float(t["kl"]) * len(t["losses"]), "rewards/accuracy": float(right.sum())}

@@ -8,15 +8,17 @@ from trainpipe import ui
 from trainpipe.errors import TrainpipeError
 from trainpipe.model.loading import enable_gradient_checkpointing
 from trainpipe.model.losses import setup_liger
+from trainpipe.train import fused_preference
+from trainpipe.plan.specs import PrecisionSpec
 from trainpipe.train.objectives import Objective, TokenCrossEntropy, prefix_tuned
 
 
-def prepare_model(model, t, objective: Objective, strategy, train_data: list[dict]) -> None:
+def prepare_model(model, precision: PrecisionSpec, objective: Objective, strategy, train_data: list[dict]) -> None:
     """Kernels, then the strategy's sharding (FSDP2 shards in place, before the optimizer), then precision, then the
-    packing check: the order the loop has always prepared a model in."""
-    use_kernels(model, objective, t.use_liger_kernel, device_of(model).type, strategy.is_main)
+    packing check: the order the loop has always prepared a model in. ``precision`` is `plan.specs.precision`."""
+    use_kernels(model, objective, precision.use_liger_kernel, device_of(model).type, strategy.is_main)
     strategy.shard(model)
-    set_precision(model, t)
+    set_precision(model, precision)
     check_packing(model, train_data)
 
 
@@ -34,23 +36,26 @@ def use_kernels(model, objective: Objective, enabled: bool, device_type: str, sp
         if speak:
             ui.console().print(f"[yellow]note:[/] {text}", markup=True, soft_wrap=True)
 
+    if getattr(objective, "method", None) in ("dpo", "orpo", "kto"):  # preference objectives: Liger's chunked losses (CPU or GPU)
+        fused_preference.setup(objective, model, device_type, say=say)
+        return
     if not isinstance(objective, TokenCrossEntropy):
-        say(f"`training.use_liger_kernel: true` applies to the token cross-entropy of `sft` and `pretrain`; this objective "
-            f"({type(objective).__name__}) computes its own loss, so it is not used here.")
+        say(f"`training.use_liger_kernel: true` applies to the token cross-entropy of `sft` and `pretrain` and to the "
+            f"preference losses; this objective ({type(objective).__name__}) computes its own loss, so it is not used here.")
         return
     objective.fused = setup_liger(model, device_type, True, say=say)
 
 
-def set_precision(model, t) -> None:
-    """TF32 matmuls on CUDA (`training.tf32`; unset: on) and `torch.compile` of the model (`training.torch_compile`,
+def set_precision(model, precision: PrecisionSpec) -> None:
+    """TF32 matmuls on CUDA (`precision.tf32`: `training.tf32`, unset: on) and `torch.compile` of the model (`training.torch_compile`,
     in place: parameter names, and so checkpoints, stay the same). bf16/fp16 autocast is applied per step; on
     hardware without it the plan has already fallen back to fp32 (plan.resolve)."""
     import torch
 
     if device_of(model).type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = t.tf32 is not False
-        torch.backends.cudnn.allow_tf32 = t.tf32 is not False
-    if t.torch_compile:
+        torch.backends.cuda.matmul.allow_tf32 = precision.tf32
+        torch.backends.cudnn.allow_tf32 = precision.tf32
+    if precision.torch_compile:
         model.compile()
 
 

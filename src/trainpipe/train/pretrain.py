@@ -40,7 +40,7 @@ TOKEN_ROW_PEFT = ("lora", "rslora", "dora", "ia3")
 
 def run(ctx: RunContext) -> dict:
     cfg, data, tok = ctx.cfg, ctx.data, ctx.tokenizer
-    bs = cfg.training.per_device_eval_batch_size
+    bs = ctx.specs.batch.eval_micro_batch
     check_method(cfg)
     ev = cfg.eval if data.eval_generation else cfg.eval.model_copy(update={"metrics": [m for m in cfg.eval.metrics if m != "exact_match"]})
 
@@ -65,7 +65,7 @@ def run(ctx: RunContext) -> dict:
 
     # 3. train: next-token cross-entropy on every token (packed rows carry position ids; the loop's collator keeps them)
     loop = sft.build_loop(
-        model, tok, data.train, cfg.training, run_dir=ctx.run_dir, events=ctx.events, config_yaml=ctx.config_yaml,
+        model, tok, data.train, ctx.specs, run_dir=ctx.run_dir, events=ctx.events, config_yaml=ctx.config_yaml,
         evaluate=suite.in_training(ctx, extra, lambda m: sft.lm_in_training(m, tok, data, ev, batch_size=bs, stop_ids=ctx.stop_ids), lambda: loop.state.step),
         dist=ctx.dist, callbacks=ctx.callbacks,
     )

@@ -86,7 +86,8 @@ class OomPolicy:
 
 class DivergenceGuard:
     """Judges each step's loss and gradient norm (`training.loss_spike_*`) and how many rollbacks the run may take
-    (`training.max_recoveries`, each scaling the learning rate by `training.recovery_lr_factor`)."""
+    (`training.max_recoveries`, each scaling the learning rate by `training.recovery_lr_factor`): ``t`` is the resolved
+    :class:`~trainpipe.plan.specs.ResilienceSpec` (`plan.specs.resilience`)."""
 
     def __init__(self, t, spike_floor: float):
         self.t = t

@@ -39,6 +39,7 @@ to build on); GRPO and RLOO need no value model and are TRL's maintained online 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import importlib
 import importlib.util
 import math
@@ -93,15 +94,15 @@ def run(ctx: RunContext) -> dict:
     objective = PolicyGradient(tok, reward, rl, stop_ids=ctx.stop_ids, reference=reference)
 
     # 2. baseline: mean reward and KL to the reference on held-out prompts
-    bs = cfg.training.per_device_eval_batch_size
+    bs = ctx.specs.batch.eval_micro_batch
     measure = lambda m: evaluate_policy(m, objective, ev_prompts, batch_size=bs, seed=cfg.training.seed)  # noqa: E731
     baseline, base_samples = ctx.baseline_once(lambda: measure(model))
     extra = suite.before_training(ctx, model)  # the policy is a causal LM: forgetting sets and benchmarks on it too (evaluate/suite.py)
 
     # 3. train: sample num_generations completions per prompt, score, one policy-gradient step per window
-    t = cfg.training.model_copy(update={"loss_spike_factor": 0.0})
+    specs = dataclasses.replace(ctx.specs, resilience=dataclasses.replace(ctx.specs.resilience, loss_spike_factor=0.0))
     loop = sft.build_loop(
-        model, tok, data.train, t, run_dir=ctx.run_dir, events=ctx.events, config_yaml=ctx.config_yaml,
+        model, tok, data.train, specs, run_dir=ctx.run_dir, events=ctx.events, config_yaml=ctx.config_yaml,
         evaluate=suite.in_training(ctx, extra, lambda m: rl_in_training(measure(m)[0], rl.kl_coef), lambda: loop.state.step),
         objective=objective, dist=ctx.dist, callbacks=ctx.callbacks,
     )

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from trainpipe import ui
-from trainpipe.config import TrainingConfig
 from trainpipe.events import EventLog
 from trainpipe.distributed.strategy import make as make_strategy
 from trainpipe.model.checkpoints import CheckpointInfo, CheckpointManager
@@ -22,7 +21,10 @@ from trainpipe.train.callbacks import Callback, default_callbacks
 from trainpipe.train.context import DistRuntime, RunContext
 from trainpipe.train.loop import TrainLoop
 from trainpipe.train.objectives import Objective, TokenCrossEntropy
+from trainpipe.plan.specs import RunSpecs
 from trainpipe.train.optim import build_optimizer, build_scheduler, trainable
+from trainpipe.train.preemption import Heartbeat, Preemption
+from trainpipe.train.stepper import Stepper
 from trainpipe.train.prepare import device_of, prepare_model
 from trainpipe.train.state import FitResult
 from trainpipe.train.window import WindowPlan
@@ -37,7 +39,8 @@ from trainpipe.evaluate.metrics import GENERATED
 
 def run(ctx: RunContext) -> dict:
     cfg, data, tok = ctx.cfg, ctx.data, ctx.tokenizer
-    bs = cfg.training.per_device_eval_batch_size
+    specs = ctx.specs
+    bs = specs.batch.eval_micro_batch
 
     # 1. model (+ PEFT)
     model = build_model(cfg.model, cfg.method, tokenizer=tok)
@@ -52,7 +55,7 @@ def run(ctx: RunContext) -> dict:
 
     # 3. train (every in-training eval measures the forgetting sets too)
     loop = build_loop(
-        model, tok, data.train, cfg.training, run_dir=ctx.run_dir, events=ctx.events, config_yaml=ctx.config_yaml,
+        model, tok, data.train, specs, run_dir=ctx.run_dir, events=ctx.events, config_yaml=ctx.config_yaml,
         evaluate=suite.in_training(ctx, extra, lambda m: lm_in_training(m, tok, data, cfg.eval, batch_size=bs, stop_ids=ctx.stop_ids), lambda: loop.state.step),
         dist=ctx.dist, callbacks=ctx.callbacks,
     )
@@ -101,25 +104,32 @@ def worker_summary(cfg, outcome: FitResult) -> dict:
     return {"name": cfg.name, "method": cfg.method.name, "train": asdict(outcome), "artifacts": {}}
 
 
-def build_loop(model, tokenizer, train_data, t: TrainingConfig, *, run_dir: Path, events: EventLog, config_yaml: str,
+def build_loop(model, tokenizer, train_data, specs: RunSpecs, *, run_dir: Path, events: EventLog, config_yaml: str,
                evaluate: Callable[[object], float], objective: Objective | None = None, dist: DistRuntime | None = None,
                callbacks: Sequence[Callback] = ()) -> TrainLoop:
-    """Every recipe's training set-up, in order: the strategy (one process, DDP or FSDP2), the model prepared for training
-    (kernels, sharding, precision), the window plan, the optimizer and scheduler, the strategy's wrapper, then the loop
-    with the run's callbacks (the clipping report, the GPU check, and ``callbacks``: e.g. tune's pruner)."""
-    ckpt = CheckpointManager(run_dir / "checkpoints", keep_last=t.save_total_limit, keep_best=t.keep_best)
+    """Every recipe's training set-up from the resolved specs (`plan.specs`; no `auto` is left in them), in order: the
+    strategy (one process, DDP or FSDP2), the model prepared for training (kernels, sharding, precision), the window plan
+    (the batch spec), the optimizer and scheduler (the optimizer spec), the strategy's wrapper, the stepper (the batch and
+    precision specs), then the loop with the cadence and resilience specs and the run's callbacks (the clipping report,
+    the GPU check, and ``callbacks``: e.g. tune's pruner)."""
+    cad, batch = specs.cadence, specs.batch
+    ckpt = CheckpointManager(run_dir / "checkpoints", keep_last=cad.save_total_limit, keep_best=cad.keep_best)
     strategy = make_strategy(dist)
     objective = objective if objective is not None else TokenCrossEntropy(tokenizer.pad_token_id)
     device = device_of(model)
-    prepare_model(model, t, objective, strategy, train_data)
-    plan = WindowPlan.of(t, len(train_data), strategy.world)
-    optimizer = build_optimizer(trainable(model), t, device.type)
-    scheduler = build_scheduler(optimizer, t, plan.total_windows)
+    prepare_model(model, specs.precision, objective, strategy, train_data)
+    plan = WindowPlan.of(batch, len(train_data), strategy.world)
+    optimizer = build_optimizer(trainable(model), specs.optimizer, device.type)
+    scheduler = build_scheduler(optimizer, specs.optimizer, plan.total_windows)
     strategy.wrap(model, device)
+    optimizer = strategy.attach(optimizer, specs.optimizer.max_grad_norm)  # DeepSpeed: its engine steps the partitions
+    stepper = Stepper(objective=objective, strategy=strategy, device=device, batch=batch, precision=specs.precision,
+                      max_grad_norm=specs.optimizer.max_grad_norm, optimizer=optimizer, params=trainable(model), heartbeat=Heartbeat(),
+                      preemption=Preemption(specs.resilience.preemption_grace_seconds))
     return TrainLoop(
         model=model, device=device, optimizer=optimizer, scheduler=scheduler, plan=plan, strategy=strategy, objective=objective, train_data=train_data,
-        t=t, ckpt=ckpt, run_dir=run_dir, events=events, config_yaml=config_yaml, evaluate=evaluate, metrics_path=run_dir / "metrics.jsonl",
-        progress=TrainProgress(), callbacks=[*default_callbacks(t, device), *callbacks],
+        stepper=stepper, specs=specs, ckpt=ckpt, run_dir=run_dir, events=events, config_yaml=config_yaml, evaluate=evaluate,
+        metrics_path=run_dir / "metrics.jsonl", progress=TrainProgress(), callbacks=[*default_callbacks(specs, device), *callbacks],
     )
 
 

@@ -14,6 +14,7 @@ import time
 from contextlib import nullcontext
 
 from trainpipe import faults
+from trainpipe.plan.specs import BatchSpec, PrecisionSpec
 from trainpipe.train.errors import OutOfMemoryPlan
 from trainpipe.train.objectives import Objective
 from trainpipe.train.preemption import Heartbeat, Preemption
@@ -22,15 +23,22 @@ from trainpipe.train.recovery import is_oom
 
 class Stepper:
     """Forward and backward over one window; :meth:`run` returns (loss, tokens, gradient norm) and leaves the gradients
-    (clipped to `training.max_grad_norm`) for the optimizer step. ``figures`` holds the objective's figures of the last
-    window, per unit of weight; ``input_seconds`` the time spent preparing inputs since the loop last read it."""
+    (clipped to the optimizer spec's `max_grad_norm`) for the optimizer step. The recipe builds it with the resolved
+    batch and precision (`plan.specs`): ``micro_batch`` is the micro-batch the run starts with (the loop's state takes
+    it from here, halves it after an OOM and hands the current one to :meth:`run`). ``figures`` holds the objective's
+    figures of the last window, per unit of weight; ``input_seconds`` the time spent preparing inputs since the loop
+    last read it."""
 
-    def __init__(self, *, objective: Objective, strategy, device, t, optimizer, params: list, scaler, heartbeat: Heartbeat,
-                 preemption: Preemption):
+    def __init__(self, *, objective: Objective, strategy, device, batch: BatchSpec, precision: PrecisionSpec, max_grad_norm: float,
+                 optimizer, params: list, heartbeat: Heartbeat, preemption: Preemption):
+        import torch
+
         self.objective, self.strategy, self.device, self.optimizer, self.params = objective, strategy, device, optimizer, params
-        self.max_grad_norm, self.scaler, self.heartbeat, self.preemption = t.max_grad_norm, scaler, heartbeat, preemption
-        self.amp = device.type == "cuda" and (t.bf16 or t.fp16)
-        self.bf16 = t.bf16
+        self.micro_batch, self.grad_accum = batch.micro_batch, batch.grad_accum
+        self.max_grad_norm, self.heartbeat, self.preemption = max_grad_norm, heartbeat, preemption
+        self.amp = device.type == "cuda" and precision.mixed in ("bf16", "fp16")
+        self.bf16 = precision.bf16
+        self.scaler = torch.amp.GradScaler("cuda") if (precision.fp16 and device.type == "cuda") else None  # fp16's loss scaling
         self.figures: dict[str, float] = {}
         self.input_seconds = 0.0
         self.agreed_stop: str | None = None  # the stop signal as all ranks agreed it

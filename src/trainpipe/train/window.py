@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from trainpipe.plan.specs import BatchSpec
+
 
 @dataclass(frozen=True)
 class WindowPlan:
@@ -22,10 +24,10 @@ class WindowPlan:
     _perm: dict = field(default_factory=dict, compare=False, repr=False)  # the permutation of the epoch read last
 
     @classmethod
-    def of(cls, t, examples: int, world: int) -> "WindowPlan":
-        """From the training settings: micro-batch x accumulation x world size examples per step."""
-        effective = t.per_device_train_batch_size * t.gradient_accumulation_steps * world
-        return cls(examples=examples, effective=effective, seed=t.seed, max_steps=t.max_steps, epochs=t.num_train_epochs)
+    def of(cls, batch: BatchSpec, examples: int, world: int) -> "WindowPlan":
+        """From the resolved batch (`plan.specs.batch`): micro-batch x accumulation x the strategy's world size examples per step."""
+        effective = batch.micro_batch * batch.grad_accum * world
+        return cls(examples=examples, effective=effective, seed=batch.seed, max_steps=batch.max_steps, epochs=batch.num_train_epochs)
 
     @property
     def steps_per_epoch(self) -> int:

@@ -82,7 +82,7 @@ def batch_find(cfg: RunConfig, *, max_memory_gib: float | None = None, max_batch
     if max_batch < 1:
         raise ConfigError(f"`--max-batch {max_batch}` must be at least 1.")
     keep_effective_batch(1, cfg.training.target_effective_batch_size, _world_size(cfg))  # a target no split can keep: refused before the model loads
-    cfg, model, tok, data, objective = load_probe(cfg)
+    cfg, model, tok, data, objective, _ = load_probe(cfg)
     device = next(model.parameters()).device
     on_gpu = device.type == "cuda"
     cap = max_memory_gib * 1024**3 if max_memory_gib else (None if on_gpu else _ram_bytes() * CPU_MEMORY_SHARE)

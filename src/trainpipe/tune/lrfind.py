@@ -29,7 +29,8 @@ from trainpipe.tune.leaderboard import svg_plot
 
 
 def load_probe(cfg: RunConfig):
-    """(resolved cfg, model, tokenizer, prepared data, objective) as `trainpipe run` would build them, without a run directory."""
+    """(resolved cfg, model, tokenizer, prepared data, objective, resolved specs) as `trainpipe run` would build them,
+    without a run directory."""
     if cfg.method.name not in ("sft", "pretrain"):
         raise ConfigError(f"`lr-find` / `batch-find` measure the next-token loss of `method.name: sft` or `pretrain` runs, got `{cfg.method.name}`. Run them on the SFT stage's config.")
     plan = plan_run(cfg, detect())
@@ -37,11 +38,11 @@ def load_probe(cfg: RunConfig):
     tok = load_tokenizer(cfg.model, cfg.model.pad_token)
     template = setup_chat_template(tok, cfg.data.chat_template, cfg.model.name_or_path)
     data = prepare(cfg.data, tok, train_on=cfg.method.train_on, seed=cfg.training.seed, template_name=template,
-                   batch_size_hint=cfg.training.per_device_train_batch_size, for_method=cfg.method.name)
+                   batch_size_hint=plan.specs.batch.micro_batch, for_method=cfg.method.name)
     if not data.train:
         raise ConfigError("the data step left no training examples; `trainpipe data inspect CONFIG` shows why.")
     model = build_model(cfg.model, cfg.method, tokenizer=tok, seed=cfg.training.seed)
-    return cfg, model, tok, data, TokenCrossEntropy(tok.pad_token_id)
+    return cfg, model, tok, data, TokenCrossEntropy(tok.pad_token_id), plan.specs
 
 
 def steepest(lrs: list[float], smoothed: list[float], skip_start: int | None = None, skip_end: int = 3) -> int:
@@ -67,7 +68,7 @@ def lr_find(cfg: RunConfig, *, start: float = 1e-7, end: float = 10.0, steps: in
     if steps < 10:
         raise ConfigError(f"`--steps {steps}` is too few for a range test; use at least 10 (100 is usual).")
     torch.manual_seed(cfg.training.seed)
-    cfg, model, tok, data, objective = load_probe(cfg)
+    cfg, model, tok, data, objective, specs = load_probe(cfg)
     out = Path(out_dir or (Path(cfg.output_dir).parent / f"{Path(cfg.output_dir).name}-lr-find")).resolve()
     reads = input_paths(cfg)
     for name in ("lr_find.json", "lr_find.svg"):  # a file of the user's there is refused before the sweep, not after it
@@ -75,8 +76,8 @@ def lr_find(cfg: RunConfig, *, start: float = 1e-7, end: float = 10.0, steps: in
     out = ownership.make_dir(out, what="the range test's output folder", reads=reads)
     device = next(model.parameters()).device
     params = [p for _, p in trainable(model)]
-    opt = build_optimizer(trainable(model), cfg.training, device.type, lr=start)  # the run's own optimizer (train/optim.py)
-    mb = int(cfg.training.per_device_train_batch_size)
+    opt = build_optimizer(trainable(model), specs.optimizer, device.type, lr=start)  # the run's own optimizer (train/optim.py)
+    mb = specs.batch.micro_batch
     mult = (end / start) ** (1 / (steps - 1))
     g = torch.Generator().manual_seed(cfg.training.seed)
     order = torch.randperm(len(data.train), generator=g).tolist()
@@ -94,7 +95,7 @@ def lr_find(cfg: RunConfig, *, start: float = 1e-7, end: float = 10.0, steps: in
         loss = loss_sum / max(objective.weight(examples), 1)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, cfg.training.max_grad_norm)
+        torch.nn.utils.clip_grad_norm_(params, specs.optimizer.max_grad_norm)
         opt.step()
         value = float(loss.detach())
         lrs.append(lr)
