@@ -109,13 +109,20 @@ class TrainingConfig(_Section):
         return self
 
 
+# the `distributed.offload` values each strategy has (the planner's decisions.OFFLOADS_OF is this table): FSDP2's
+# CPUOffloadPolicy moves parameters, gradients and the optimizer step together; ZeRO-2 offloads optimizer states only;
+# ZeRO-3 optimizer states, and with `optimizer+params` the parameters too
+OFFLOADS_OF_STRATEGY = {"single": ("none",), "ddp": ("none",), "fsdp": ("none", "optimizer+params"), "zero2": ("none", "optimizer"),
+                        "zero3": ("none", "optimizer", "optimizer+params")}
+
+
 class DistributedConfig(_Section):
     """How many processes train and how they share the model (issue 10: one resolved plan, executed by `run`)."""
 
     strategy: Literal["auto", "single", "ddp", "fsdp", "zero2", "zero3"] = "auto"
     """`auto`: by model size and world size (one process: `single`; <1B: `ddp`; 1-10B: `fsdp`; 10-100B: `zero3` with checkpointing and offload; >100B: stop and name Megatron-LM / torchtitan). `ddp` replicates the model; `fsdp` shards parameters, gradients and optimizer state (FSDP2); `zero2`/`zero3` are DeepSpeed ZeRO stages."""
     offload: Literal["none", "optimizer", "optimizer+params"] = "none"
-    """CPU offload of optimizer state (and parameters) under `fsdp` / `zero2` / `zero3`; needs host RAM (the plan checks it)."""
+    """CPU offload, as each strategy has it: `zero2` `optimizer`; `zero3` `optimizer` or `optimizer+params`; `fsdp` `optimizer+params` only (FSDP2's CPUOffloadPolicy moves parameters, gradients and the optimizer step together); `single`/`ddp` none. Needs host RAM (the plan checks it)."""
     nproc_per_node: int | Literal["auto"] = "auto"
     """Processes per machine. `auto`: the launcher's world (torchrun / `--nproc-per-node`), else 1."""
     nnodes: int = Field(default=1, ge=1)
@@ -126,3 +133,15 @@ class DistributedConfig(_Section):
     """DDP communication hook for communication-bound runs: gradients all-reduced in fp16/bf16, or PowerSGD low-rank compression."""
     timeout_seconds: float = Field(default=600.0, gt=0)
     """A collective that waits longer than this names the rank that stopped answering (`nccl_timeout` / `distributed_hang`) and exits non-zero."""
+
+    @model_validator(mode="after")
+    def _offload_of_strategy(self) -> "DistributedConfig":
+        has = OFFLOADS_OF_STRATEGY.get(self.strategy)  # `auto`: checked once the planner has chosen the strategy
+        if has is not None and self.offload not in has:
+            others = [s for s in ("zero3", "zero2", "fsdp") if self.offload in OFFLOADS_OF_STRATEGY[s]]
+            raise ValueError(
+                f"`distributed.offload: {self.offload}` is not an offload `distributed.strategy: {self.strategy}` has (it has "
+                f"{', '.join(f'`{o}`' for o in has)}; FSDP2 offloads parameters, gradients and optimizer states together, ZeRO-2 "
+                f"optimizer states only, ZeRO-3 either). Set `distributed.offload` to one of those, or `distributed.strategy` to "
+                f"{' or '.join(f'`{s}`' for s in others)}")
+        return self

@@ -11,6 +11,9 @@ strategy    one process: single; < 1B parameters, or a training state that fits 
             1-10B: ZeRO-2 if the replicated weights fit, else FSDP; 10-100B: ZeRO-3 with gradient checkpointing (+ CPU
             offload of the optimizer when still short); > 100B: stop, this is tensor + pipeline parallel territory
             (Megatron-LM, torchtitan). `check_strategy` refuses what a strategy cannot run (FSDP_PEFT, ZERO3_PEFT).
+offload     per strategy only what it has (OFFLOADS_OF, the config's table): fsdp none or `optimizer+params` (FSDP2's
+            CPUOffloadPolicy moves parameters, gradients and optimizer states together); zero2 none or `optimizer`; zero3
+            none, `optimizer` or `optimizer+params`; single and ddp none.
 precision   bf16 on Ampere and newer (and MI300X); fp16 with loss scaling before; fp32 on CPU (`auto_precision`).
 batch       the largest micro-batch of 8, 4, 2, 1 that fits with 10 % headroom without gradient checkpointing; if none,
             checkpointing on and the same search; accumulation = ceil(target / (micro-batch x world size)), so the
@@ -27,6 +30,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Callable
 
+from trainpipe.config.training import OFFLOADS_OF_STRATEGY
 from trainpipe.errors import TrainpipeError
 from trainpipe.plan.gpus import GIB, GPU
 
@@ -236,6 +240,19 @@ BEYOND_SHARDING = 100e9  # parameters above which data-parallel sharding alone i
 # bitsandbytes weights (qlora8) cannot be sharded; IA3 is not documented under either.
 FSDP_PEFT = ("none", "freeze", "lora", "rslora", "dora", "qlora")
 ZERO3_PEFT = ("none", "freeze", "lora", "rslora", "dora", "qlora", "ia3")
+# the strategies trainpipe's loop runs, and the `distributed.offload` values each one has: FSDP2's CPUOffloadPolicy moves
+# parameters, gradients and the optimizer step to the host together (no optimizer-only mode); DeepSpeed ZeRO-2 offloads
+# the optimizer states (it does not partition parameters); ZeRO-3 the optimizer states, and with `optimizer+params` the
+# parameters too. The memory model's names for them: resolve.PLAN_OFFLOAD.
+TRAINABLE_STRATEGIES = ("single", "ddp", "fsdp", "zero2", "zero3")
+OFFLOADS_OF = OFFLOADS_OF_STRATEGY  # the config's table: `distributed.offload` is validated against it when the strategy is set
+_OFFLOAD_WHY = {
+    "single": "a single-device run keeps everything on the device",
+    "ddp": "DDP replicates the whole training state on every device",
+    "fsdp": "FSDP2's CPUOffloadPolicy moves parameters, gradients and the optimizer step to the host together (it has no optimizer-only offload)",
+    "zero2": "ZeRO-2 offloads optimizer states but does not partition parameters",
+    "zero3": "",
+}
 
 
 def check_scale(params: int | None, requested: str) -> None:
@@ -286,18 +303,21 @@ def check_strategy(*, strategy: str, offload: str, peft: str, world: int, accele
         raise PlanError(f"`distributed.strategy: zero3` with `method.peft: {peft}`: ZeRO-3 partitions every parameter, and "
                         f"{'the soft prompt embedding PEFT prepends is read outside the partitioned forward' if peft in ('prompt_tuning', 'prefix_tuning') else '8-bit bitsandbytes weights cannot be partitioned'}. "
                         f"Use `distributed.strategy: ddp` or `zero2` (both keep whole parameters on every device), or a method ZeRO-3 runs: {', '.join(ZERO3_PEFT)}.")
-    if strategy in ("zero2", "zero3") and accelerator != "cuda":
-        raise PlanError(f"`distributed.strategy: {strategy}` needs CUDA GPUs (DeepSpeed ZeRO); this machine has {accelerator}. "
-                        "Use `distributed.strategy: ddp` or `fsdp` (both run on the CPU with gloo), or plan for GPUs with `trainpipe plan CONFIG --gpu NAME`.")
-    if offload != "none" and strategy in ("single", "ddp"):
-        raise PlanError(f"`distributed.offload: {offload}` needs a sharded strategy (`fsdp`, `zero2` or `zero3`); `distributed.strategy` "
-                        f"resolved to `{strategy}`, which keeps everything on the device. Set `distributed.offload: none`, or `distributed.strategy: zero3`.")
-    if offload == "optimizer+params" and strategy == "zero2":
-        raise PlanError("`distributed.offload: optimizer+params` needs ZeRO-3 or FSDP (ZeRO-2 does not partition parameters). "
-                        "Use `distributed.offload: optimizer` with `zero2`, or `distributed.strategy: zero3`.")
+    if strategy in OFFLOADS_OF and offload not in OFFLOADS_OF[strategy]:
+        raise PlanError(offload_error(strategy, offload))
     if offload != "none" and peft in ("qlora", "qlora8"):
         raise PlanError(f"`distributed.offload: {offload}` with `method.peft: {peft}`: bitsandbytes quantized weights cannot be offloaded. "
                         "Set `distributed.offload: none`, or use `method.peft: lora` with offload.")
+
+
+def offload_error(strategy: str, offload: str) -> str:
+    """The one-paragraph error for a `distributed.offload` the strategy does not have (OFFLOADS_OF), naming both keys."""
+    has = [o for o in OFFLOADS_OF[strategy] if o != "none"]
+    others = [s for s in ("zero3", "zero2", "fsdp") if offload in OFFLOADS_OF[s]]
+    fix = f"Set `distributed.offload: none`{' or ' + ' or '.join(f'`{o}`' for o in has) if has else ''}"
+    return (f"`distributed.offload: {offload}` with `distributed.strategy: {strategy}`: {_OFFLOAD_WHY[strategy]}, so `{strategy}` offers "
+            f"{', '.join(f'`{o}`' for o in OFFLOADS_OF[strategy])} only. {fix}, or use a strategy that has `{offload}`: "
+            f"{', '.join(f'`distributed.strategy: {s}`' for s in others)}.")
 
 
 def _watch_strategy(s: str) -> str:
@@ -347,5 +367,5 @@ def model_16bit_gib(params: int) -> float:
     return 2 * params / GIB
 
 
-__all__ = ["Decision", "PlanError", "accumulation", "auto_precision", "check_scale", "check_strategy", "decide_batch", "decide_learning_rate",
+__all__ = ["OFFLOADS_OF", "TRAINABLE_STRATEGIES", "Decision", "PlanError", "accumulation", "offload_error", "auto_precision", "check_scale", "check_strategy", "decide_batch", "decide_learning_rate",
            "decide_method", "decide_objective", "decide_precision", "decide_strategy", "default_learning_rate", "scale_learning_rate", "replace"]

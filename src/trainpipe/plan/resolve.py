@@ -273,19 +273,11 @@ def resolve(cfg: RunConfig, hw: Hardware, world_size: int | None = None, *, nnod
 
 def plan_run(cfg: RunConfig, hw: Hardware, world_size: int | None = None, *, nnodes: int | None = None, sizing: bool = True) -> Plan:
     """The plan `run` executes: `resolve` with this process's launcher environment (or ``world_size`` when the caller knows it).
-    DeepSpeed ZeRO set explicitly on several processes is refused here: trainpipe's loop runs single, DDP and FSDP2, and a
-    ZeRO run that silently trained as DDP would not be what the plan said."""
+    DeepSpeed ZeRO (`zero2`, `zero3`) runs as a strategy of trainpipe's loop (distributed/zero.py), on GPUs or on the CPU
+    with gloo."""
     if cfg.method.name == "auto":  # the objective rule first (plan/objective.py), as `run` applies it: the first stage is planned
         cfg, _ = expand_auto(cfg)
-    plan = resolve(cfg, hw, world_size, nnodes=nnodes, env=os.environ, sizing=sizing)
-    if plan.world_size.value > 1 and plan.strategy.value in ("zero2", "zero3"):
-        raise PlanError(
-            f"`distributed.strategy: {plan.strategy.value}`: `trainpipe run` executes `single`, `ddp` and `fsdp`, not DeepSpeed ZeRO. "
-            "Use `distributed.strategy: fsdp` (FSDP2 shards parameters, gradients and optimizer states as ZeRO-3 does; "
-            "`distributed.offload` moves them to CPU) or `auto`; `trainpipe.distributed.deepspeed.zero_config` writes the ZeRO "
-            "config for a DeepSpeed launcher of your own."
-        )
-    return plan
+    return resolve(cfg, hw, world_size, nnodes=nnodes, env=os.environ, sizing=sizing)
 
 
 def _size(cfg: RunConfig, hw: Hardware, world: int, sizing: bool, notes: list[str], gpu=None):
@@ -416,7 +408,7 @@ def _resolve_strategy(cfg: RunConfig, spec, gpu, world: int, method: str, precis
         d, _ = D.decide_strategy(requested=requested, num_gpus=world, params=spec.total_params if spec else 0, fits_replicated=True, fits_zero2=True, fits_zero3=True)
         if spec is not None and spec.total_params > D.BEYOND_SHARDING:
             decisions.append(Decision("strategy", requested, f"`{requested}` as set (data-parallel sharding, which trainpipe runs); at {spec.total_params / 1e9:.0f}B params the "
-                                      "standard is tensor + pipeline parallel with Megatron-LM or torchtitan instead (`trainpipe plan --model` with "
+                                      "standard is tensor + pipeline parallel with Megatron-LM or torchtitan, outside trainpipe (`trainpipe plan --model` with "
                                       "`distributed.strategy: auto` sizes its TP x PP x DP)", d.watch))
         else:
             decisions.append(Decision("strategy", requested, "as set", d.watch))
@@ -439,26 +431,42 @@ def _resolve_strategy(cfg: RunConfig, spec, gpu, world: int, method: str, precis
     d, offload = D.decide_strategy(requested="auto", num_gpus=world, params=spec.total_params,
                                    fits_replicated=fits("ddp"), fits_zero2=fits("zero2"), fits_zero3=fits("zero3"))
     matrix = d.value
-    if matrix in ("zero2", "zero3"):  # the matrix's ZeRO sharding, run by the engine trainpipe's loop executes: FSDP2
-        usable = cfg.method.peft in D.FSDP_PEFT  # qlora too: its 4-bit storage is sharded as floats (distributed/fsdp.py)
-        value = "fsdp" if usable or not fits("ddp") else "ddp"
-        d = replace(d, value=value, watch=D._watch_strategy(value), rule=d.rule + (
-            f"; run as `{value}`: trainpipe's loop executes FSDP2 (parameters, gradients and optimizer states sharded, as ZeRO-3), "
-            "not DeepSpeed (its ZeRO config is written by `trainpipe.distributed.deepspeed` for other launchers)"
-            if value == "fsdp" else f"; run as `ddp`: `method.peft: {cfg.method.peft}` does not run under FSDP and the replicated state fits"))
+    value, why_value = _runnable(matrix, cfg.method.peft, dist.offload if off_set else None, world)
+    if value != matrix:
+        d = replace(d, value=value, watch=D._watch_strategy(value), rule=f"{d.rule}; run as `{value}`: {why_value}")
     decisions.append(Decision("strategy", d.value, d.rule, d.watch))
     strategy_s = Setting(d.value, "planner", d.rule, d.watch)
+    dropped = offload != "none" and (cfg.method.peft in ("qlora", "qlora8") or offload not in D.OFFLOADS_OF[value])
+    if dropped:  # bitsandbytes' quantized weights stay on the device (check_strategy), or the strategy has no such offload
+        offload = "none"
     if off_set or offload == "none":
         why = "as set" if off_set else (f"nothing to offload: `{d.value}` keeps the whole state on each device" if d.value in ("single", "ddp")
+                                        else f"nothing offloaded: `method.peft: {cfg.method.peft}` keeps its quantized weights on the device" if dropped
                                         else "nothing offloaded: the sharded state fits the devices")
         offload_s = Setting(dist.offload, _source(dist, "offload"), why)
     else:
-        why = "the ZeRO-3-sharded state does not fit the devices: optimizer states offloaded to CPU"
+        why = f"the {'ZeRO-3' if value == 'zero3' else value}-sharded state does not fit the devices: optimizer states offloaded to CPU"
         watch = "CPU RAM must hold the offloaded states; step time grows with the PCIe transfers (expect 1.5-3x)"
         decisions.append(Decision("distributed.offload", offload, why, watch))
         offload_s = Setting(offload, "planner", why, watch)
     ckpt = matrix == "zero3" and spec.total_params > 10e9
     return strategy_s, offload_s, ckpt
+
+
+def _runnable(matrix: str, peft: str, offload: str | None, world: int) -> tuple[str, str]:
+    """The strategy trainpipe runs for the matrix's choice: the matrix's own unless `method.peft` does not run under it
+    (FSDP_PEFT, ZERO3_PEFT: ZeRO-2 keeps whole parameters and runs every method) or the config sets a `distributed.offload`
+    it does not have (OFFLOADS_OF: the nearest strategy that has it). Returns (strategy, why it differs)."""
+    if world > 1 and offload is not None and offload not in D.OFFLOADS_OF[matrix]:
+        for s in ("zero3", "zero2", "fsdp"):
+            if offload in D.OFFLOADS_OF[s] and (s != "zero3" or peft in D.ZERO3_PEFT) and (s != "fsdp" or peft in D.FSDP_PEFT):
+                return s, f"`distributed.offload: {offload}` is set and `{matrix}` has no such offload ({', '.join(D.OFFLOADS_OF[matrix])}); `{s}` has it"
+    if matrix == "zero3" and peft not in D.ZERO3_PEFT:
+        return "zero2", f"`method.peft: {peft}` does not run under ZeRO-3 (it partitions every parameter); ZeRO-2 keeps whole parameters"
+    if matrix == "fsdp" and peft not in D.FSDP_PEFT:
+        value = "zero3" if peft in D.ZERO3_PEFT else "zero2"
+        return value, f"`method.peft: {peft}` does not run under FSDP; {'ZeRO-3' if value == 'zero3' else 'ZeRO-2'} runs it"
+    return matrix, ""
 
 
 def _resolve_batch(cfg: RunConfig, spec, gpu, world: int, local: int, method: str, precision: str, strategy: str, offload: str,
