@@ -26,6 +26,8 @@ import json
 import os
 from pathlib import Path
 
+from trainpipe.distributed.ddp import unwrap
+
 IGNORE_INDEX = -100
 RULE = ("Liger's chunked preference losses are plain PyTorch: they run on the CPU and on a GPU (torch.compile'd on CUDA "
         "only), from the last hidden state and the LM head, so the full logits are never materialised.")
@@ -58,8 +60,6 @@ def implementation(method: str, pref) -> str:
 def lm_head(model):
     """(weight, bias) of the LM head the last hidden state goes through (the base model's under PEFT and DDP)."""
     from peft import PeftModel
-
-    from trainpipe.distributed.ddp import unwrap
 
     model = unwrap(model)
     base = model.get_base_model() if isinstance(model, PeftModel) else model
