@@ -120,7 +120,7 @@ class DistributedConfig(_Section):
     """How many processes train and how they share the model (issue 10: one resolved plan, executed by `run`)."""
 
     strategy: Literal["auto", "single", "ddp", "fsdp", "zero2", "zero3"] = "auto"
-    """`auto`: by model size and world size (one process: `single`; <1B: `ddp`; 1-10B: `fsdp`; 10-100B: `zero3` with checkpointing and offload; >100B: stop and name Megatron-LM / torchtitan). `ddp` replicates the model; `fsdp` shards parameters, gradients and optimizer state (FSDP2); `zero2`/`zero3` are DeepSpeed ZeRO stages."""
+    """`auto`: by model size and world size (one process: `single`; <1B or a state that fits one device: `ddp`; 1-10B: `zero2` where the replicated weights fit, else `fsdp`; 10-100B: `zero3` with checkpointing, and optimizer offload when still short; >100B: stop and name Megatron-LM / torchtitan, outside trainpipe). `ddp` replicates the model; `fsdp` shards parameters, gradients and optimizer state (FSDP2); `zero2`/`zero3` are DeepSpeed ZeRO stages."""
     offload: Literal["none", "optimizer", "optimizer+params"] = "none"
     """CPU offload, as each strategy has it: `zero2` `optimizer`; `zero3` `optimizer` or `optimizer+params`; `fsdp` `optimizer+params` only (FSDP2's CPUOffloadPolicy moves parameters, gradients and the optimizer step together); `single`/`ddp` none. Needs host RAM (the plan checks it)."""
     nproc_per_node: int | Literal["auto"] = "auto"
