@@ -40,5 +40,9 @@ def test_batch_arithmetic_follows_the_world_size():
 
 
 def test_param_offload_needs_zero3():
-    with pytest.raises(TrainpipeError, match="needs ZeRO-3"):
-        zero_config(config(strategy="zero2", offload="optimizer+params"), world_size=2)
+    """ZeRO-2 does not partition parameters: the config itself refuses `optimizer+params` with it, naming both keys."""
+    from trainpipe.config import build_config
+
+    with pytest.raises(TrainpipeError, match="`distributed.offload: optimizer\\+params` is not an offload `distributed.strategy: zero2` has"):
+        build_config({"model": {"name_or_path": "m"}, "data": {"sources": [{"path": "d.jsonl"}]},
+                      "distributed": {"strategy": "zero2", "offload": "optimizer+params"}})
