@@ -2,7 +2,7 @@
 
     python benchmarks/gpu/timed_rl.py RUN_CONFIG.yaml TIMING.json
 
-Wraps `PolicyGradient.sample` (train/rl.py: the only place the policy generates) with a clock, synchronising the GPU
+Wraps `PolicyGradient.sample` (train/rl_policy.py: the only place the policy generates under `method.rl.rollout: generate`) with a clock, synchronising the GPU
 before and after, and writes one row per call ({start, seconds, sampling}); `sampling` is true for the training-time
 rollouts (evaluation generates greedily). Nothing else of the run changes.
 """
@@ -27,12 +27,12 @@ def main(argv: list[str] | None = None) -> int:
     original = rl.PolicyGradient.sample
 
     @functools.wraps(original)
-    def timed(self, model, p_ids, p_mask, *, do_sample: bool):
+    def timed(self, model, p_ids, p_mask, *, do_sample: bool, **kw):
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         t = time.time()
         try:
-            return original(self, model, p_ids, p_mask, do_sample=do_sample)
+            return original(self, model, p_ids, p_mask, do_sample=do_sample, **kw)
         finally:
             if torch.cuda.is_available():
                 torch.cuda.synchronize()

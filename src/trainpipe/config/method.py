@@ -99,8 +99,28 @@ class PreferenceConfig(_Section):
 
 
 class RLConfig(_Section):
-    algorithm: Literal["grpo", "rloo"] = "grpo"
-    """Online policy optimisation: `grpo` (group-normalised advantages) or `rloo` (leave-one-out baseline), both without a value model. There is no `ppo`: TRL 1.x removed PPOTrainer and no maintained PPO implementation remains to build on (train/rl.py)."""
+    algorithm: Literal["grpo", "rloo", "ppo"] = "grpo"
+    """Online policy optimisation: `grpo` (group-normalised advantages) or `rloo` (leave-one-out baseline), both without a value model; `ppo` (a value head on the policy's last hidden state, GAE advantages, clipped policy and value losses, the KL to the reference paid in the reward, as TRL's experimental PPOTrainer)."""
+    loss_type: Literal["grpo", "dapo", "dr_grpo", "bnpo"] = "grpo"
+    """How grpo/rloo normalise the per-token loss over a step: `grpo` (mean over each completion's tokens, then over completions), `dapo` and `bnpo` (mean over every completion token of the step), `dr_grpo` (token sum / `max_new_tokens`, mean over completions). Exact over the whole step whatever the micro-batching (TRL's `bnpo` normalises per micro-batch)."""
+    num_iterations: int = Field(default=1, ge=1, le=16)
+    """Optimizer steps on each batch of rollouts (TRL's `num_iterations`, PPO's epochs): the rollouts' log-probs are kept as the old policy's and the ratio to them is clipped. With more than 1, one window in `num_iterations` brings new prompts."""
+    epsilon: float = Field(default=0.2, gt=0, lt=1)
+    """Lower clip of the probability ratio: 1 - epsilon (and the upper one unless `epsilon_high` is set; PPO's cliprange)."""
+    epsilon_high: float | None = Field(default=None, gt=0)
+    """Upper clip of the ratio: 1 + epsilon_high (DAPO's clip-higher, e.g. 0.28); unset: `epsilon`."""
+    gamma: float = Field(default=1.0, ge=0, le=1)
+    """`ppo`: discount of the rewards over completion tokens."""
+    lam: float = Field(default=0.95, ge=0, le=1)
+    """`ppo`: GAE's lambda."""
+    vf_coef: float = Field(default=0.1, ge=0)
+    """`ppo`: weight of the value loss."""
+    value_clip: float = Field(default=0.2, gt=0)
+    """`ppo`: the value prediction is clipped to within this of the rollout's value (TRL's cliprange_value)."""
+    rollout: Literal["auto", "generate", "vllm"] = "auto"
+    """Who samples the completions: `generate` (the training model's `generate`, every device), `vllm` (a vLLM engine colocated on the training GPU: sleeps during the update, weights synced every step), `auto` (vllm when it is installed and the run is on CUDA, else generate, the reason printed)."""
+    vllm_gpu_memory_utilization: float = Field(default=0.3, gt=0, lt=1)
+    """`rollout: vllm`: share of the GPU memory the colocated vLLM engine may take (its KV cache; freed while it sleeps)."""
     reward_model: str | None = None
     """Folder of a reward model trained by `method.name: reward` (its `model/`), scoring prompt + completion."""
     reward_function: str | None = None
@@ -135,7 +155,7 @@ class AdapterConfig(_Section):
 
 class MethodConfig(_Section):
     name: Literal["auto", "sft", "pretrain", "dpo", "orpo", "kto", "reward", "rl", "classification"] = "sft"
-    """Training objective. `sft`: supervised fine-tuning, loss on the responses; `pretrain`: continued pretraining on raw text; `dpo` (with `preference.loss_type` sigmoid/ipo/hinge/simpo), `orpo`, `kto`: preference optimisation; `reward`: a reward model from preference pairs; `rl`: online RL (GRPO/RLOO) against a reward model or function; `auto`: the objective rule (plan/objective.py) on `goal`, `kl_control`, `continued` and the data's kinds, expanded to `stages:` where it says several (e.g. pretrain -> sft, sft -> reward -> rl)."""
+    """Training objective. `sft`: supervised fine-tuning, loss on the responses; `pretrain`: continued pretraining on raw text; `dpo` (with `preference.loss_type` sigmoid/ipo/hinge/simpo), `orpo`, `kto`: preference optimisation; `reward`: a reward model from preference pairs; `rl`: online RL (GRPO/RLOO/PPO) against a reward model or function; `auto`: the objective rule (plan/objective.py) on `goal`, `kl_control`, `continued` and the data's kinds, expanded to `stages:` where it says several (e.g. pretrain -> sft, sft -> reward -> rl)."""
     goal: Literal["auto", "task", "knowledge", "vocabulary", "alignment", "multitask"] = "auto"
     """What the training is for, read by `name: auto`: `task` adaptation (SFT), new `knowledge` or `vocabulary` (continued pretraining first, then SFT), `alignment` (preference data), `multitask` (one adapter per task); `auto`: from the data's kinds."""
     kl_control: Literal["low", "high"] = "low"

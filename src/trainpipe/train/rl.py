@@ -1,23 +1,29 @@
 """Online RL against a reward, with KL control to the reference, top to bottom: reward (a
-reward model folder or a Python function) -> policy (+ PEFT) and reference -> baseline mean
-reward and KL on held-out prompts -> train (sample, score, policy-gradient step) -> final
-mean reward and KL with the best checkpoint -> export.
+reward model folder or a Python function) -> policy (+ PEFT; + a value head for PPO) and reference ->
+the rollout engine -> baseline mean reward and KL on held-out prompts -> train (roll out, score, update)
+-> final mean reward and KL with the best checkpoint -> export.
 
-Algorithms (`method.rl.algorithm`), both on-policy with one update per batch of samples, as
-TRL's GRPOTrainer / RLOOTrainer do by default:
+Algorithms (`method.rl.algorithm`; the objective is train/rl_policy.py, the losses train/rl_losses.py):
 - `grpo`: advantage of completion i of a prompt = (r_i - mean(r)) / (std(r) + 1e-4) over the
   `num_generations` completions of that prompt (group-normalised, DeepSeekMath).
 - `rloo`: advantage = r_i - mean of the other completions' rewards (leave-one-out baseline).
+- `ppo`: a value head on the policy's last hidden state (zero at the start, trained with the policy,
+  removed before export), the KL to the reference paid per token in the reward (k1, `kl_coef`), the
+  score at the end, GAE (`gamma`, `lam`) advantages whitened over the step, the clipped policy loss
+  and `vf_coef` x the clipped value loss - TRL's experimental PPOTrainer's step.
 
-Per completion token t: loss_t = -A * ratio_t + kl_coef * KL_t, with ratio_t = exp(logp_t -
-sg(logp_t)) (value 1, gradient of logp_t) and KL_t the k3 estimator exp(ref_t - logp_t) -
-(ref_t - logp_t) - 1 of KL(policy || reference) (TRL GRPO). A completion's loss is the mean
-over its tokens, a prompt's the mean over its completions, and a step's the mean over its
-prompts (`Objective.weight` = prompts), so any micro-batch split of a window is exact.
+grpo/rloo per completion token t: loss_t = -min(ratio_t A, clip(ratio_t, 1 - epsilon, 1 + epsilon_high)
+A) + kl_coef * ratio_t * KL_t, ratio_t = exp(logp_t - old_t) to the rollout's policy (value 1 when each
+rollout serves one step) and KL_t the k3 estimator exp(ref_t - logp_t) - (ref_t - logp_t) - 1 of
+KL(policy || reference), as TRL 1.16's GRPOTrainer computes it; normalised over the whole step by
+`loss_type` (grpo, dapo, dr_grpo, bnpo). `num_iterations` > 1 reuses a step's rollouts for that many
+optimizer steps, their log-probs the old policy's. Any micro-batch split of a step is exact.
 
-TRL 1.x removed PPOTrainer (and trainpipe offers no PPO: there is no maintained implementation
-to build on); GRPO and RLOO need no value model and are TRL's maintained online methods.
-
+- Rollouts (`method.rl.rollout`, train/rollout.py): the model's `generate`, or a vLLM engine colocated
+  on the GPU (asleep during the update, the weights synced before each rollout); every prompt samples
+  under its own seed (training.seed, the rollout's index, the prompt), so a resumed run samples exactly
+  what the uninterrupted one would have. Evaluation samples with fixed seeds of its own
+  (`training.seed` + the batch's index) and leaves the training RNG untouched.
 - Reference: with PEFT the base with the adapter switched off (`model.disable_adapter()`, no
   second copy); under a full fine-tune a frozen copy of the starting model.
 - Reward: `method.rl.reward_function` (`package.module:function` or `path/to/file.py:function`),
@@ -29,16 +35,12 @@ to build on); GRPO and RLOO need no value model and are TRL's maintained online 
   share the policy's vocabulary (it does when trained from the same base, as in stages).
 - Prompts: SFT rows give the tokens before the first labelled token (the conversation up to the
   first reply); preference and KTO rows their `prompt_input_ids`.
-- Sampling draws from the torch RNG, which the loop checkpoints: a resumed run samples exactly
-  what the uninterrupted one would have. Evaluation samples with fixed seeds of its own
-  (`training.seed` + the batch's index) and leaves the training RNG untouched.
 - The loop's loss-spike rollback is off here: an RL loss (about kl_coef x KL, its policy part
   zero in value) is no divergence signal. NaN/Inf detection stays on.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import importlib
 import importlib.util
@@ -49,25 +51,21 @@ from typing import Callable
 
 from trainpipe import ui
 from trainpipe.config import RLConfig
-from trainpipe.distributed.ddp import unwrap
-from trainpipe.data.collate import IGNORE_INDEX
-from trainpipe.errors import ConfigError, DataError, TrainpipeError
+from trainpipe.errors import ConfigError, TrainpipeError
 from trainpipe.train import sft
 from trainpipe.train.context import RunContext
-from trainpipe.train.objectives import Objective
 from trainpipe.evaluate import suite
 from trainpipe.export import export_model
 from trainpipe.model.loading import build_model, parameter_counts
 from trainpipe.evaluate import shard as sharding
 from trainpipe.data.collate import right_pad
 from trainpipe.train.reward import load_reward_model
+from trainpipe.train.rl_policy import (PolicyGradient, Reward, advantages, attach_value_head, completion_mask, frozen_copy,  # noqa: F401
+                                       left_pad, prompt_ids)
+from trainpipe.train.rollout import VLLMRollout, choose_rollout, vllm_installed
 from trainpipe.data.tokenize import _encode, end_of_turn_ids, Template
-from trainpipe.distributed.fsdp import is_sharded
 
 RewardFn = Callable[[list[str], list[str]], list[float]]  # a user's reward function: (prompts, completions) -> rewards
-# what the objective calls: (prompts, completions, prompt token ids, completion token ids) -> rewards
-Reward = Callable[[list[str], list[str], list[list[int]], list[list[int]]], list[float]]
-
 
 def run(ctx: RunContext) -> dict:
     from peft import PeftModel
@@ -88,10 +86,22 @@ def run(ctx: RunContext) -> dict:
     reward, reward_source = load_reward(rl)
     model = build_model(cfg.model, cfg.method, tokenizer=tok, seed=cfg.training.seed)
     reference = None if isinstance(model, PeftModel) else frozen_copy(model)  # PEFT: the base with the adapter off
-    reward = reward(next(model.parameters()).device, tok)
+    device = next(model.parameters()).device
+    reward = reward(device, tok)
     params = parameter_counts(model)
     ui.console().print(f"  parameters: {params['trainable']:,} trainable of {params['total']:,} ({params['trainable_pct']:.2f} %)")
-    objective = PolicyGradient(tok, reward, rl, stop_ids=ctx.stop_ids, reference=reference)
+    if rl.algorithm == "ppo":
+        attach_value_head(model)  # trained with the policy (the optimizer and checkpoints hold it), removed before export
+    rollout, rollout_reason = choose_rollout(rl.rollout, device_type=device.type, installed=vllm_installed(),
+                                             sharded=ctx.dist is not None and ctx.dist.strategy == "fsdp")
+    ui.console().print(f"  rollouts: {rollout} ({rollout_reason})")
+    engine = None
+    if rollout == "vllm":
+        engine = VLLMRollout(model_path=str(cfg.model.name_or_path), rl=rl, stop_ids=ctx.stop_ids, seed=cfg.training.seed,
+                             max_model_len=ctx.specs.batch.max_length + rl.max_new_tokens, trust_remote_code=cfg.model.trust_remote_code)
+    objective = PolicyGradient(tok, reward, rl, stop_ids=ctx.stop_ids, reference=reference, seed=cfg.training.seed,
+                               step=lambda: loop.state.step, rollout=engine)
+    objective.policy = model
 
     # 2. baseline: mean reward and KL to the reference on held-out prompts
     bs = ctx.specs.batch.eval_micro_batch
@@ -99,7 +109,7 @@ def run(ctx: RunContext) -> dict:
     baseline, base_samples = ctx.baseline_once(lambda: measure(model))
     extra = suite.before_training(ctx, model)  # the policy is a causal LM: forgetting sets and benchmarks on it too (evaluate/suite.py)
 
-    # 3. train: sample num_generations completions per prompt, score, one policy-gradient step per window
+    # 3. train: roll out num_generations completions per prompt, score, num_iterations updates on each window's rollouts
     specs = dataclasses.replace(ctx.specs, resilience=dataclasses.replace(ctx.specs.resilience, loss_spike_factor=0.0))
     loop = sft.build_loop(
         model, tok, data.train, specs, run_dir=ctx.run_dir, events=ctx.events, config_yaml=ctx.config_yaml,
@@ -117,12 +127,14 @@ def run(ctx: RunContext) -> dict:
     more = suite.after_training(ctx, model, extra, step=outcome.global_step,  # test prompts (reward, KL), forgetting sets, benchmarks
                                 measure_test=lambda m: evaluate_policy(m, objective, test_prompts, batch_size=bs, seed=cfg.training.seed)[0])
 
-    # 5. export the policy
+    # 5. export the policy (without PPO's value head)
+    if hasattr(model, "v_head"):
+        del model.v_head
     model_dir = export_model(run_dir=ctx.run_dir, model=model, tokenizer=tok, base=cfg.model, peft=cfg.method.peft, stop_ids=ctx.stop_ids,
                              card=ctx.card(baseline, final, reward=reward_source, algorithm=rl.algorithm))
     ctx.events.emit("model_exported", step=outcome.global_step, path=str(model_dir))
     return {
-        "name": cfg.name, "method": cfg.method.name, "peft": cfg.method.peft, "algorithm": rl.algorithm, "reward": reward_source,
+        "name": cfg.name, "method": cfg.method.name, "peft": cfg.method.peft, "algorithm": rl.algorithm, "rollout": rollout, "reward": reward_source,
         "baseline": baseline, "final": final, "train": asdict(outcome), "parameters": params, "data": ctx.data_summary(),
         "samples": [{**f, "baseline_completion": b["completion"], "baseline_reward": b["reward"]} for f, b in zip(final_samples[:20], base_samples[:20])],
         "artifacts": sft.artifacts(ctx.run_dir, model_dir, cfg.method.peft), **more,
@@ -138,166 +150,6 @@ def rl_in_training(metrics: dict, kl_coef: float) -> dict:
 def regularised_reward(metrics: dict, kl_coef: float) -> float:
     """What the policy maximises: mean reward minus kl_coef x KL (the eval figure the best checkpoint is chosen by)."""
     return metrics["reward"] - kl_coef * metrics["kl"]
-
-
-# ------------------------------------------------------------------------------ prompts
-
-
-def prompt_ids(row: dict) -> list[int]:
-    """The prompt of a data row: `prompt_input_ids` (preference, KTO), or the tokens of an SFT row before its first labelled token."""
-    if row.get("prompt_input_ids") is not None:
-        return list(row["prompt_input_ids"])
-    labels = row["labels"]
-    k = next((i for i, x in enumerate(labels) if x != IGNORE_INDEX), len(labels))
-    if k == 0:
-        raise DataError(
-            "`method.name: rl` needs prompts, but a data row carries loss on its very first token (raw text, or "
-            "`method.train_on: all`): there is no prompt to complete. Give chat, alpaca, ShareGPT, preference or KTO data "
-            "and keep `method.train_on: assistant`."
-        )
-    return list(row["input_ids"][:k])
-
-
-def left_pad(prompts: list[list[int]], pad_id: int):
-    import torch
-
-    n = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), n), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), n), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, n - len(p):] = torch.tensor(p, dtype=torch.long)
-        mask[i, n - len(p):] = 1
-    return ids, mask
-
-
-# ------------------------------------------------------------------------------ the objective
-
-
-class PolicyGradient(Objective):
-    """GRPO / RLOO as a loop objective: a unit is a prompt; `loss_sum` samples, scores and returns the summed per-prompt losses."""
-
-    shards_eval = True  # in-training evals under several processes: each rank samples and scores its prompts (evaluate/shard.py)
-
-    def __init__(self, tokenizer, reward: Reward, rl: RLConfig, *, stop_ids: list[int], reference=None):
-        self.tok, self.reward, self.rl = tokenizer, reward, rl
-        self.stop_ids = list(stop_ids) or [tokenizer.eos_token_id]
-        self.reference = reference
-        self.pad_id = tokenizer.pad_token_id
-
-    def weight(self, examples: list[dict]) -> int:
-        return len(examples)
-
-    def tokens(self, examples: list[dict]) -> int:
-        return sum(len(prompt_ids(ex)) for ex in examples)
-
-    def collate(self, examples: list[dict]) -> dict:
-        ids, mask = left_pad([prompt_ids(ex) for ex in examples], self.pad_id)
-        return {"input_ids": ids, "attention_mask": mask}
-
-    def loss_sum(self, model, batch: dict):
-        import torch
-
-        G, rl = self.rl.num_generations, self.rl
-        B = batch["input_ids"].shape[0]
-        # 1. sample G completions per prompt (no grad, the torch RNG)
-        p_ids = batch["input_ids"].repeat_interleave(G, 0)
-        p_mask = batch["attention_mask"].repeat_interleave(G, 0)
-        comp = self.sample(model, p_ids, p_mask, do_sample=True)
-        c_mask = completion_mask(comp, self.stop_ids)
-        # 2. score, advantages within each prompt's group
-        rewards = torch.tensor(self.score(p_ids, p_mask, comp, c_mask), dtype=torch.float32, device=comp.device).view(B, G)
-        adv = advantages(rewards, rl.algorithm).view(-1, 1)
-        # 3. per-token log-probs under the policy (grad) and the reference, k3 KL, per-token loss
-        logp = self.logprobs(model, p_ids, p_mask, comp, c_mask)
-        with torch.no_grad():
-            ref = self.reference_logprobs(model, p_ids, p_mask, comp, c_mask)
-        kl = torch.exp(ref - logp) - (ref - logp) - 1
-        per_token = -torch.exp(logp - logp.detach()) * adv + rl.kl_coef * kl
-        m = c_mask.float()
-        lengths = m.sum(1).clamp(min=1)
-        per_prompt = ((per_token * m).sum(1) / lengths).view(B, G).mean(1)
-        seq_kl = ((kl.detach() * m).sum(1) / lengths).view(B, G).mean(1)
-        return per_prompt.sum(), {
-            "reward": float(rewards.mean(1).sum()), "reward_std": float(rewards.std(1).sum()), "kl": float(seq_kl.sum()),
-            "completion_length": float(m.sum(1).view(B, G).mean(1).sum()),
-        }
-
-    # ---------------------------------------------------------------- pieces
-    def sample(self, model, p_ids, p_mask, *, do_sample: bool):
-        """Completions (right-padded after their stop token) for left-padded prompts; eval mode, no grad."""
-        import torch
-        from transformers import GenerationConfig
-
-        rl = self.rl
-        gen = GenerationConfig(
-            do_sample=do_sample, temperature=rl.temperature if do_sample else None, top_k=0 if do_sample else None, top_p=1.0 if do_sample else None,
-            max_new_tokens=rl.max_new_tokens, eos_token_id=self.stop_ids, pad_token_id=self.pad_id,
-        )
-        model = unwrap(model)  # DDP has no generate; sampling needs no gradient sync
-
-        # FSDP: every forward gathers each layer from all ranks, so every rank keeps stepping until all ranks' completions end
-        synced = {"synced_gpus": True} if is_sharded(model) else {}
-        was = model.training
-        model.eval()
-        try:
-            with torch.no_grad():
-                out = model.generate(input_ids=p_ids, attention_mask=p_mask, generation_config=gen, **synced)
-        finally:
-            model.train(was)
-        return out[:, p_ids.shape[1]:]
-
-    def score(self, p_ids, p_mask, comp, c_mask) -> list[float]:
-        """Rewards of the completions: the reward sees the prompt and completion as text and as the token ids the policy
-        read and wrote (prompt without padding + completion through its stop token)."""
-        prompt_tokens = [ids[m.bool()].tolist() for ids, m in zip(p_ids, p_mask)]
-        completion_tokens = [ids[m.bool()].tolist() for ids, m in zip(comp, c_mask)]
-        prompts = [self.tok.decode(t, skip_special_tokens=False) for t in prompt_tokens]
-        completions = [self.tok.decode(t, skip_special_tokens=True) for t in completion_tokens]
-        return self.reward(prompts, completions, prompt_tokens, completion_tokens)
-
-    def logprobs(self, model, p_ids, p_mask, comp, c_mask):
-        """log p(completion token | prefix) per completion position (temperature-scaled logits, as sampled)."""
-        import torch
-
-        ids = torch.cat([p_ids, comp], dim=1)
-        attn = torch.cat([p_mask, c_mask.long()], dim=1)
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)  # as generate() numbered the left-padded positions
-        T = comp.shape[1]  # the last T+1 positions predict the completion (soft-prompt methods prepend virtual tokens in front)
-        logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, -T - 1 : -1].float() / self.rl.temperature
-        return torch.log_softmax(logits, dim=-1).gather(-1, comp.unsqueeze(-1)).squeeze(-1)
-
-    def reference_logprobs(self, model, p_ids, p_mask, comp, c_mask):
-        if self.reference is not None:
-            return self.logprobs(self.reference, p_ids, p_mask, comp, c_mask)
-        model = unwrap(model)  # the adapter switch lives on the PEFT model inside DDP
-        with model.disable_adapter():
-            return self.logprobs(model, p_ids, p_mask, comp, c_mask)
-
-
-def completion_mask(comp, stop_ids: list[int]):
-    """1 for the tokens of each completion up to and including its first stop token, 0 after."""
-    import torch
-
-    is_stop = torch.zeros_like(comp, dtype=torch.bool)
-    for s in stop_ids:
-        is_stop |= comp == s
-    after = (is_stop.long().cumsum(1) - is_stop.long()) > 0  # positions after the first stop
-    return (~after).long()
-
-
-def advantages(rewards, algorithm: str):
-    """[prompts, G] rewards -> advantages: GRPO (r - mean) / (std + 1e-4) within the group; RLOO r - mean of the others."""
-    G = rewards.shape[1]
-    if algorithm == "grpo":
-        return (rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True) + 1e-4)
-    return rewards - (rewards.sum(1, keepdim=True) - rewards) / (G - 1)
-
-
-def frozen_copy(model):
-    ref = copy.deepcopy(model)
-    for p in ref.parameters():
-        p.requires_grad_(False)
-    return ref.eval()
 
 
 # ------------------------------------------------------------------------------ evaluation
