@@ -26,6 +26,7 @@ from typing import Callable, Protocol
 
 from trainpipe.distributed import ddp as ddp_mod
 from trainpipe.distributed import fsdp as fsdp_mod
+from trainpipe.distributed import zero as zero_mod
 from trainpipe.distributed.env import all_reduce_sum, broadcast_object, gather_objects, sharded_eval
 from trainpipe.errors import TrainpipeError
 from trainpipe.model.checkpoints import CheckpointFailed
@@ -43,6 +44,7 @@ class Strategy(Protocol):
 
     def shard(self, model) -> None: ...
     def wrap(self, model, device) -> None: ...
+    def attach(self, optimizer, max_grad_norm: float): ...
     def no_sync(self): ...
     def scale_loss(self, loss): ...
     def before_sync_backward(self, mark: Mark) -> None: ...
@@ -75,6 +77,11 @@ class Single:
 
     def wrap(self, model, device) -> None:
         self.forward = model
+
+    def attach(self, optimizer, max_grad_norm: float):
+        """The optimizer the loop and the stepper step (DeepSpeed: its engine's step over the partitions); ``optimizer``
+        itself everywhere else."""
+        return optimizer
 
     def no_sync(self):
         return nullcontext()
@@ -322,8 +329,75 @@ class FSDP(DDP):
         return True
 
 
+class DeepSpeed(DDP):
+    """Several processes under DeepSpeed's ZeRO engine (distributed/zero.py): ZeRO-2 partitions the optimizer state and the
+    gradients (every rank keeps the whole model: rank 0 evaluates), ZeRO-3 the parameters too (every forward gathers them:
+    every rank evaluates, as under FSDP). The loop's window, denominators, schedule and checkpoints stay trainpipe's."""
+
+    def __init__(self, dist):
+        super().__init__(dist)
+        self.stage = 3 if dist.strategy == "zero3" else 2
+        self.name, self.sharded = dist.strategy, self.stage == 3
+        self.engine = self.model = self.base = self.zopt = None
+        self.groups: list[list[str]] = []
+        zero_mod.hook_state(self)
+
+    def wrap(self, model, device) -> None:
+        self.model = model  # the engine is built in attach, when the optimizer exists
+
+    def attach(self, optimizer, max_grad_norm: float):
+        # the micro-batch in DeepSpeed's config is bookkeeping only (its batch-size check); the loop's stepper sizes the batches
+        cfg = zero_mod.engine_config(self.stage, 1, self.world, max_grad_norm, self.dist.offload)
+        self.engine, self.zopt, self.groups = zero_mod.initialize(self.model, optimizer, cfg)
+        self.base, self.forward = optimizer, self.engine
+        return self.zopt
+
+    def no_sync(self):
+        return nullcontext()  # the loop owns the boundary: each backward reduces into the partitions, the step is the boundary
+
+    def scale_loss(self, loss):
+        return loss * self.world  # ZeRO averages the gradients over the ranks; the window's gradient is their sum
+
+    def oom_action(self, forwarding: bool) -> str:
+        # every backward reduces (a collective) and a ZeRO-3 forward gathers: an OOM inside either leaves the other ranks
+        # waiting; one before the forward keeps every rank in step and this rank joins the window with zero losses
+        return "fatal" if forwarding else "join"
+
+    def grad_norm(self, gnorm):
+        return self.zopt.grad_norm()
+
+    def _gather_full(self, model, optimizer):
+        weights, osd = zero_mod.full_state(model, self.groups, self.base, self.engine.optimizer)
+        return (weights, osd) if self.is_main else ({}, {})
+
+    def load(self, model, optimizer, weights: dict, optim_state: dict, trainable: set, path) -> None:
+        """Every rank reads the full state and sets its partitions from it."""
+        missing = trainable - set(weights)
+        unexpected = sorted(set(weights) - {n for n, _ in model.named_parameters()})
+        if unexpected or missing:
+            raise TrainpipeError(f"Checkpoint {path} does not match the model (missing {sorted(missing)[:3]}, unexpected {unexpected[:3]}).")
+        zero_mod.load_full_state(model, self.groups, self.base, self.engine.optimizer, weights, optim_state, self.stage)
+
+    def evaluate(self, run, shards: bool, mark: Mark) -> tuple[object, dict]:
+        return self._sharded_eval(run, mark) if self.sharded else super().evaluate(run, shards, mark)
+
+    def release(self, model) -> bool:
+        """Every parameter whole and plain on every rank, DeepSpeed off the model (so that rank 0 evaluates and exports)."""
+        if self.engine is None:
+            return False
+        zero_mod.release(self.engine, model, self.stage)
+        self.engine, self.sharded, self.forward = None, False, model
+        return True
+
+    def describe(self) -> dict:
+        return {**super().describe(), "zero_stage": self.stage, "offload": self.dist.offload}
+
+
 def make(dist) -> Strategy:
-    """The strategy of a run: one process (``dist`` None or a world of 1), FSDP2 (`distributed.strategy: fsdp`), else DDP."""
+    """The strategy of a run: one process (``dist`` None or a world of 1), FSDP2 (`distributed.strategy: fsdp`), DeepSpeed
+    ZeRO (`zero2`, `zero3`), else DDP."""
     if dist is None or dist.env.world_size <= 1:
         return Single()
+    if dist.strategy in ("zero2", "zero3"):
+        return DeepSpeed(dist)
     return FSDP(dist) if dist.strategy == "fsdp" else DDP(dist)

@@ -123,6 +123,7 @@ def build_loop(model, tokenizer, train_data, specs: RunSpecs, *, run_dir: Path, 
     scheduler = build_scheduler(optimizer, specs.optimizer, plan.total_windows)
     strategy.wrap(model, device)
     optimizer = strategy.attach(optimizer, specs.optimizer.max_grad_norm)  # DeepSpeed: its engine steps the partitions
+    optimizer = strategy.attach(optimizer, specs.optimizer.max_grad_norm)  # DeepSpeed: its engine steps the partitions
     stepper = Stepper(objective=objective, strategy=strategy, device=device, batch=batch, precision=specs.precision,
                       max_grad_norm=specs.optimizer.max_grad_norm, optimizer=optimizer, params=trainable(model), heartbeat=Heartbeat(),
                       preemption=Preemption(specs.resilience.preemption_grace_seconds))
