@@ -78,15 +78,17 @@ def generate_rollout(sample, model, prompts: list[list[int]], seeds: list[int], 
 
 
 class VLLMRollout:
-    """A vLLM engine colocated with training (see the module docstring). ``llm`` may be given (a stand-in in tests);
-    otherwise it is vLLM's ``LLM`` built from ``model_path``."""
+    """A vLLM engine colocated with training (see the module docstring): vLLM's ``LLM`` built from ``model_path`` and its
+    ``SamplingParams``, or ``llm`` and ``sampling_params`` given (a stand-in in tests, where vLLM cannot run)."""
 
     def __init__(self, *, model_path: str, rl, stop_ids: list[int], seed: int, max_model_len: int, dtype: str = "auto",
-                 trust_remote_code: bool = False, llm=None):
+                 trust_remote_code: bool = False, llm=None, sampling_params=None):
         self.rl, self.stop_ids = rl, list(stop_ids)
+        self.sampling_params = sampling_params
         if llm is None:
-            from vllm import LLM
+            from vllm import LLM, SamplingParams
 
+            self.sampling_params = SamplingParams
             llm = LLM(model=model_path, dtype=dtype, enable_sleep_mode=True, gpu_memory_utilization=rl.vllm_gpu_memory_utilization,
                       max_model_len=max_model_len, seed=seed, trust_remote_code=trust_remote_code, max_num_batched_tokens=4096)
         self.llm = llm
@@ -104,9 +106,7 @@ class VLLMRollout:
             self.llm.sleep(level=2)
 
     def _params(self, G: int, seed: int):
-        from vllm import SamplingParams
-
-        return SamplingParams(n=G, seed=seed, temperature=self.rl.temperature, top_p=1.0, top_k=-1, max_tokens=self.rl.max_new_tokens,
+        return self.sampling_params(n=G, seed=seed, temperature=self.rl.temperature, top_p=1.0, top_k=-1, max_tokens=self.rl.max_new_tokens,
                               stop_token_ids=self.stop_ids)
 
     def sync(self, model, step: int) -> None:
