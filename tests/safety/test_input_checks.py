@@ -228,10 +228,12 @@ def test_seed_minus_one_in_the_config_stops_before_training(proj, capsys):
 
 
 def test_data_prepare_with_auto_batch_size(proj, capsys, tmp_path, monkeypatch):
-    """`per_device_train_batch_size: auto` is valid (the planner picks it at `run`); `data prepare` ended in a raw TypeError."""
+    """`--set training.per_device_train_batch_size=auto` on `data prepare` (it once ended in a raw TypeError) is a usage
+    error: the data step does not choose the micro-batch, `trainpipe run` does on the machine that trains."""
     monkeypatch.setenv("TRAINPIPE_CACHE", str(tmp_path / "cache"))
-    assert main(["data", "prepare", str(proj), "--set", "training.per_device_train_batch_size=auto"]) == 0
-    assert "Traceback" not in capsys.readouterr().out
+    out = refused(["data", "prepare", str(proj), "--set", "training.per_device_train_batch_size=auto"], capsys, proj.parent,
+                  expect="does not choose the micro-batch")
+    assert "`trainpipe run`" in out and "give a number" in out
 
 
 def test_output_dir_is_a_file(proj, capsys):

@@ -1,6 +1,7 @@
-"""`trainpipe data prepare CONFIG --set training.per_device_train_batch_size=auto`: the planner decides the micro-batch
-before the data step (as `trainpipe run` does), so data/ is never handed `auto` (it once ended in a raw TypeError), and the
-report's padding estimate is for the batch the run will use."""
+"""`trainpipe data prepare CONFIG --set training.per_device_train_batch_size=auto` is a usage error (exit 2, one paragraph):
+the data commands do not choose the micro-batch, `trainpipe run` does on the machine that trains (it once ended in a raw
+TypeError). A config FILE that says `auto` is a run config and still prepares: the planner decides the micro-batch for
+this machine before the data step (as `run` does), so data/ is never handed `auto`, and the output says so."""
 
 import json
 import shutil
@@ -32,15 +33,31 @@ def project(tmp_path, monkeypatch):
     return tmp_path / "run.yaml"
 
 
-def test_data_prepare_with_auto_batch_size_uses_the_planners_micro_batch(project, capsys):
-    assert main(["data", "prepare", str(project), "--json", "--set", "training.per_device_train_batch_size=auto"]) == 0
-    out = capsys.readouterr().out
-    assert "Traceback" not in out and "TypeError" not in out
-    report = json.loads(out)
-    planned = with_planned_batch(load_config(project, ["training.per_device_train_batch_size=auto"]), detect())
-    mb = planned.training.per_device_train_batch_size
+@pytest.mark.parametrize("command", ["prepare", "inspect"])
+@pytest.mark.parametrize("override", ["training.per_device_train_batch_size=auto", "training.gradient_accumulation_steps=auto",
+                                      "training.per_device_train_batch_size=AUTO"])
+def test_an_explicit_auto_batch_on_the_data_commands_is_a_usage_error(project, capsys, command, override):
+    assert main(["data", command, str(project), "--set", override]) == 2
+    cap = capsys.readouterr()
+    out = (cap.out + cap.err).strip()
+    assert "Traceback" not in out and "\n\n" not in out  # one paragraph
+    assert f"--set {override}" in out and "does not choose the micro-batch" in out and "`trainpipe run`" in out
+    assert "give a number" in out  # the fix
+    assert not (project.parent / "runs").exists() and not (project.parent / "cache").exists()  # nothing prepared, nothing written
+
+
+def test_a_config_file_with_auto_still_prepares_at_the_planners_micro_batch(project, capsys):
+    data = yaml.safe_load(project.read_text())
+    data["training"]["per_device_train_batch_size"] = "auto"
+    project.write_text(yaml.safe_dump(data))
+    assert main(["data", "prepare", str(project), "--json"]) == 0
+    cap = capsys.readouterr()
+    assert "Traceback" not in cap.out + cap.err and "TypeError" not in cap.out + cap.err
+    report = json.loads(cap.out)  # stdout is the JSON alone; the note goes to stderr
+    mb = with_planned_batch(load_config(project, []), detect()).training.per_device_train_batch_size
     assert isinstance(mb, int) and mb >= 1
     assert f"batches of {mb} " in json.dumps(report)
+    assert "`training.per_device_train_batch_size: auto`" in cap.err and f"on this machine ({mb})" in cap.err
 
 
 def test_with_planned_batch_decides_auto_and_leaves_a_number_alone():
@@ -51,8 +68,10 @@ def test_with_planned_batch_decides_auto_and_leaves_a_number_alone():
         assert isinstance(out.training.per_device_train_batch_size, int) and out.training.per_device_train_batch_size >= 1
         assert out.training.learning_rate is None and out.method.peft == "lora"  # only the micro-batch is decided here
     assert cfg.training.per_device_train_batch_size == "auto"  # the caller's config is not changed
-    fixed = build_config(base, overrides=["training.per_device_train_batch_size=6"])
+    fixed = build_config(base, overrides=["training.per_device_train_batch_size=6", "data.packing=none"])
     assert with_planned_batch(fixed, CPU) is fixed
+    auto_packing = build_config(base, overrides=["training.per_device_train_batch_size=6"])  # `data.packing: auto` decided as the run will
+    assert with_planned_batch(auto_packing, CPU).data.packing == "padding_free" and auto_packing.data.packing == "auto"
 
 
 def test_with_planned_batch_refuses_what_the_planner_refuses():

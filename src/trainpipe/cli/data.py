@@ -11,6 +11,42 @@ import typer
 
 from trainpipe.cli._app import ConfigArg, SetOpt, _numbers, data_app
 
+BATCH_KEYS = ("training.per_device_train_batch_size", "training.gradient_accumulation_steps")
+
+
+def _refuse_auto_batch(sets: list[str], command: str) -> None:
+    """An explicit `--set training.per_device_train_batch_size=auto` (or the accumulation's) on the data commands is a
+    usage error: they do not choose the micro-batch, the run does, on the machine that trains."""
+    from trainpipe.numbers import OptionError
+
+    for item in sets:
+        key, _, value = item.partition("=")
+        if key.strip() in BATCH_KEYS and value.strip().strip("'\"").lower() == "auto":
+            raise OptionError(
+                f"`--set {item.strip()}`: `trainpipe data {command}` prepares the data and does not choose the micro-batch; "
+                f"`auto` is decided by `trainpipe run` (or `trainpipe plan`) on the machine that trains, from its memory. "
+                f"Drop the --set (a config file that says `auto` still prepares, its padding estimate at the planner's "
+                f"micro-batch for this machine), or give a number, e.g. `--set {key.strip()}=8`."
+            )
+
+
+def _data_config(config: Path, sets: list[str], command: str, as_json: bool):
+    """(config, the micro-batch the report's padding estimate assumes). A config file's `auto` is planned for this machine
+    as `trainpipe run` would plan it (data/ is never handed `auto`), and the output says so."""
+    from trainpipe.config import load_config
+    from trainpipe.plan.hardware import detect
+    from trainpipe.plan.run_plan import with_planned_batch
+
+    _refuse_auto_batch(sets, command)
+    raw = load_config(config, sets)
+    cfg = with_planned_batch(raw, detect())  # `auto` decided by the planner, as `run` will (and `data.packing: auto`)
+    micro = cfg.training.per_device_train_batch_size
+    if raw.training.per_device_train_batch_size == "auto":
+        note = (f"note: `training.per_device_train_batch_size: auto` in {config}: the padding estimate assumes the micro-batch "
+                f"the planner picks on this machine ({micro}); `trainpipe run` decides it again on the machine that trains.")
+        typer.echo(note, err=as_json)
+    return cfg, micro
+
 
 @data_app.command("prepare")
 def data_prepare(
@@ -20,14 +56,11 @@ def data_prepare(
 ) -> None:
     """Read, clean, dedup, split and tokenize the data into the cache, and write `output_dir/data/report.json`; no model
     weights are loaded and nothing trains (the same step `trainpipe run` starts with, so the run reuses the cache)."""
-    from trainpipe.config import load_config
     from trainpipe.data.commands import prepare_command
     from trainpipe.model.loading import load_tokenizer
-    from trainpipe.plan.hardware import detect
-    from trainpipe.plan.run_plan import with_planned_batch
 
-    cfg = with_planned_batch(load_config(config, set_ or []), detect())  # `auto` decided by the planner, as `run` will
-    prepare_command(cfg, load_tokenizer(cfg.model, cfg.model.pad_token), as_json=json_)
+    cfg, micro = _data_config(config, set_ or [], "prepare", json_)
+    prepare_command(cfg, load_tokenizer(cfg.model, cfg.model.pad_token), batch_size_hint=micro, as_json=json_)
 
 
 @data_app.command("inspect")
@@ -39,15 +72,12 @@ def data_inspect(
     seed: Annotated[int, typer.Option("--seed", help="Seed of the random choice of examples.")] = 0,
 ) -> None:
     """Show random prepared training examples with the trained tokens highlighted and special tokens visible."""
-    from trainpipe.config import load_config
     from trainpipe.data.commands import inspect_command
     from trainpipe.model.loading import load_tokenizer
-    from trainpipe.plan.hardware import detect
-    from trainpipe.plan.run_plan import with_planned_batch
 
     _numbers(("-n", n, "how many examples to show", 1))
-    cfg = with_planned_batch(load_config(config, set_ or []), detect())
-    inspect_command(cfg, load_tokenizer(cfg.model, cfg.model.pad_token), n=n, as_json=json_, seed=seed)
+    cfg, micro = _data_config(config, set_ or [], "inspect", json_)
+    inspect_command(cfg, load_tokenizer(cfg.model, cfg.model.pad_token), batch_size_hint=micro, n=n, as_json=json_, seed=seed)
 
 @data_app.command("review")
 def data_review(

@@ -40,7 +40,9 @@ def _prepare_folder(cfg: RunConfig) -> Path:
     return out
 
 
-def run_prepare(cfg: RunConfig, tokenizer, *, quiet: bool = False):
+def run_prepare(cfg: RunConfig, tokenizer, *, batch_size_hint: int, quiet: bool = False):
+    """The data step of ``cfg``; ``batch_size_hint`` is the micro-batch its report's padding estimate assumes (the CLI
+    decides it: a number from the config, or the planner's choice for a config file's `auto`; data/ never sees `auto`)."""
     out = _prepare_folder(cfg)
     template = setup_chat_template(tokenizer, cfg.data.chat_template, cfg.model.name_or_path)
     with ui.progress() as bar:
@@ -48,8 +50,7 @@ def run_prepare(cfg: RunConfig, tokenizer, *, quiet: bool = False):
         data = prepare(
             cfg.data, tokenizer, train_on=cfg.method.train_on, seed=cfg.training.seed, rejected_path=out / "rejected.jsonl",
             report_path=out / "report.json", progress=lambda n: bar.advance(task, n), on_total=lambda n: bar.update(task, total=n),
-            template_name=template,  # `auto` is the planner's choice at `run`; the report's padding estimate then assumes 8 (as pipeline/dag.py)
-            batch_size_hint=cfg.training.per_device_train_batch_size if isinstance(cfg.training.per_device_train_batch_size, int) else 8,
+            template_name=template, batch_size_hint=batch_size_hint,
         )
     dups = data.cache_path / "duplicates.jsonl"
     if dups.exists():
@@ -74,16 +75,16 @@ def _stdout_is_for_json(as_json: bool):
     return contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext()
 
 
-def prepare_command(cfg: RunConfig, tokenizer, *, as_json: bool = False) -> None:
+def prepare_command(cfg: RunConfig, tokenizer, *, batch_size_hint: int, as_json: bool = False) -> None:
     with _stdout_is_for_json(as_json):
-        data = run_prepare(cfg, tokenizer, quiet=as_json)
+        data = run_prepare(cfg, tokenizer, batch_size_hint=batch_size_hint, quiet=as_json)
     if as_json:
         print(json.dumps(data.report, indent=2))
 
 
-def inspect_command(cfg: RunConfig, tokenizer, *, n: int = 20, as_json: bool = False, seed: int = 0) -> None:
+def inspect_command(cfg: RunConfig, tokenizer, *, batch_size_hint: int, n: int = 20, as_json: bool = False, seed: int = 0) -> None:
     with _stdout_is_for_json(as_json):
-        data = run_prepare(cfg, tokenizer, quiet=True)
+        data = run_prepare(cfg, tokenizer, batch_size_hint=batch_size_hint, quiet=True)
         examples = inspect_examples(data, tokenizer, n=n, seed=seed)
     if as_json:
         print(json.dumps(examples, ensure_ascii=False))
