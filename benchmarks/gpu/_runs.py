@@ -138,8 +138,8 @@ def trl_run(cfg_path: Path, out_json: Path, timeout: float, isolate: bool, work:
 
 # --------------------------------------------------------------------------- GRPO with the rollout timed
 def grpo_run(cfg: dict, work: Path, name: str, timeout: float, isolate: bool, warmup: int) -> dict:
-    """A GRPO run whose generation calls are timed (`timed_rl.py` wraps trainpipe's sampling, nothing else changes).
-    Rollout share = time in training-time generation / wall time of the timed steps."""
+    """A GRPO run whose rollouts are timed (`timed_rl.py` wraps trainpipe's rollout generation, nothing else changes).
+    Rollout share = time generating inside the timed training steps / their wall time."""
     timing = work / f"{name}.timing.json"
     path = work / f"{name}.yaml"
     run_dir = work / "runs" / name
@@ -173,6 +173,7 @@ def rollout_share(calls: list[dict], run_dir: Path, warmup: int) -> dict:
     if start is steps[-1]:
         start = steps[-2]
     t0, t1 = start["time"], steps[-1]["time"]
-    gen = sum(c["seconds"] for c in calls if c["sampling"] and t0 < c["start"] < t1)
+    inside = [c for c in calls if t0 < c["start"] < t1 and c.get("sampling", True)]
+    gen = sum(c["seconds"] for c in inside)
     return {"rollout_share": round(gen / max(t1 - t0, 1e-9), 4), "generation_seconds": round(gen, 3), "step_seconds": round((t1 - t0) / max(1, steps[-1]["step"] - start["step"]), 4),
-            "timed_steps": steps[-1]["step"] - start["step"], "generate_calls": sum(1 for c in calls if c["sampling"])}
+            "timed_steps": steps[-1]["step"] - start["step"], "generate_calls": len(inside), "paths": sorted({c.get("path", "?") for c in inside})}

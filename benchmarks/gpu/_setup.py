@@ -17,8 +17,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/_s
 LLAMA_1B = {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,
             "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192, "rope_theta": 500000.0,
             "tie_word_embeddings": True, "rms_norm_eps": 1e-5}
+# vocab_size above the tokenizer's (1024 rows for 400 tokens), as the 1B's 128256 rows are for the 8000-token tokenizer
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "vocab_size": None, "max_position_embeddings": 512, "tie_word_embeddings": True}
+        "vocab_size": 1024, "max_position_embeddings": 512, "tie_word_embeddings": True}
 
 
 @dataclass
@@ -159,10 +160,10 @@ def mfu(params: int, tokens_per_s: float | None, gpu: dict) -> dict:
     """Model FLOPs utilisation: 6 x parameters x tokens/s over the GPU's dense bf16 peak (attention FLOPs left out, as
     the usual 6N estimate does). Null with the reason when there is no peak."""
     if not tokens_per_s:
-        return {"mfu": None, "why": "no tokens/s measured"}
+        return {"mfu": None, "mfu_why": "no tokens/s measured"}
     peak = gpu.get("peak_bf16_tflops")
     if not peak:
-        return {"mfu": None, "why": gpu.get("peak_reason", "no peak FLOP/s known")}
+        return {"mfu": None, "mfu_why": gpu.get("peak_reason", "no peak FLOP/s known")}
     return {"mfu": round(6 * params * tokens_per_s / (peak * 1e12), 4), "formula": "6 * parameters * tokens_per_s / peak_bf16", "peak_bf16_tflops": peak}
 
 
@@ -185,8 +186,10 @@ def run_config(p: Profile, model_dir: Path, data: Path, cache: Path, out: Path, 
         "method": {"name": "sft", "peft": "none"},
         "training": {"max_steps": p.steps, "eval_steps": 10_000, "logging_steps": 1, "per_device_train_batch_size": p.batch,
                      "gradient_accumulation_steps": 1, "learning_rate": 1e-5, "warmup_steps": 0, "early_stopping_patience": None,
-                     "gradient_checkpointing": False, "seed": 0},
+                     "gradient_checkpointing": False, "seed": 0,
+                     "per_device_eval_batch_size": 1},  # the evals' peak (full-vocabulary logits) stays below training's
         "eval": {"metrics": ["loss"], "test_split": False},
+        "distributed": {"strategy": "single", "nproc_per_node": 1},  # one GPU even where the machine has several
         "gates": {"on_fail": "warn"},
         "tracking": {"backend": "none"},
         "output_dir": str(out),

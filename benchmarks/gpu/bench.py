@@ -154,19 +154,18 @@ class Check:
         return out
 
     def batching(self) -> dict:
+        """Padded (dynamic padding to the batch's longest), padding-free and packed rows of the same data, tokens/s of
+        real (non-pad) tokens and MFU each; a mode that fails (e.g. no attention path that keeps examples apart) says why."""
         out: dict = {"status": "ok", "batch": self.p.batch, "max_length": self.p.max_length, "attention": self.attn["implementation"]}
         padded = self.runs.get("padded")
-        out["padded"] = _figures(padded, 1, {}) if padded else {"reason": "the padded run of sft_vs_trl did not finish"}
+        params = self.model["parameters"]
+        out["padded"] = _figures(padded, params, self.gpu) if padded else {"reason": "the padded run of sft_vs_trl did not finish"}
         for mode in ("padding_free", "pack"):
             try:
                 r = self.tp(mode, data__packing=mode)
-                out[mode] = {k: v for k, v in _figures(r, 1, {}).items() if k not in ("mfu", "why") or v} | {
-                    "ratio_over_padded": _ratio(r.get("tokens_per_s"), (padded or {}).get("tokens_per_s"))}
+                out[mode] = _figures(r, params, self.gpu) | {"ratio_over_padded": _ratio(r.get("tokens_per_s"), (padded or {}).get("tokens_per_s"))}
             except RunFailed as exc:
                 out[mode], out["status"] = {"reason": str(exc)}, "partial"
-        for k in ("padded", "padding_free", "pack"):
-            out[k].pop("mfu", None)
-            out[k].pop("why", None) if out[k].get("tokens_per_s") else None
         return out
 
     def liger(self) -> dict:
@@ -240,32 +239,47 @@ class Check:
                        "allocated_error_pct": _pct(pred.get("predicted_allocated_bytes"), r.get("cuda_max_memory_allocated")), "wall_s": r.get("wall_s")}
 
     def grpo(self) -> dict:
-        vllm = self._vllm_status()
+        """GRPO (LoRA) steps with the rollouts timed: through the model's `generate`, then through the colocated vLLM
+        engine (`method.rl.rollout: vllm`) where the GPU has vLLM and trainpipe has the option."""
+        G, prompts = 4, max(1, self.p.batch // 2)
         dotted = {"method__name": "rl", "method__peft": "lora", "method__lora": {"r": 16, "alpha": 32},
-                  "method__rl": {"algorithm": "grpo", "reward_function": f"{HERE / 'reward_len.py'}:reward", "num_generations": 4,
+                  "method__rl": {"algorithm": "grpo", "reward_function": f"{HERE / 'reward_len.py'}:reward", "num_generations": G,
                                  "max_new_tokens": self.p.grpo_new_tokens},
-                  "training__max_steps": self.p.grpo_steps, "training__per_device_train_batch_size": max(1, self.p.batch // 2),
+                  "training__max_steps": self.p.grpo_steps, "training__per_device_train_batch_size": prompts,
                   "eval__max_samples": 4, "data__max_length": min(self.p.max_length, 512)}
-        out: dict = {"status": "ok", "prompts_per_step": max(1, self.p.batch // 2), "num_generations": 4, "max_new_tokens": self.p.grpo_new_tokens, "peft": "lora"}
-        try:
-            r = _runs.grpo_run(self.cfg(**dotted), self.work, "grpo-generate", self.b.run_timeout(), self.p.isolate, min(self.p.warmup, self.p.grpo_steps - 1))
-            out["generate"] = {k: r.get(k) for k in ("rollout_share", "generation_seconds", "step_seconds", "timed_steps", "generate_calls", "why", "wall_s")}
-        except RunFailed as exc:
-            out["generate"], out["status"] = {"reason": str(exc)}, "partial"
-        out["vllm"] = vllm
+        out: dict = {"status": "ok", "prompts_per_step": prompts, "num_generations": G, "max_new_tokens": self.p.grpo_new_tokens, "peft": "lora"}
+        has_option = "rollout" in _rl_fields()
+        for path in ("generate", "vllm"):
+            why = self._vllm_reason(has_option) if path == "vllm" else None
+            if why:
+                out[path] = {"reason": why}
+                continue
+            if has_option:
+                dotted["method__rl"] = dict(dotted["method__rl"], rollout=path)
+            try:
+                r = _runs.grpo_run(self.cfg(**dotted), self.work, f"grpo-{path}", self.b.run_timeout(), self.p.isolate,
+                                   min(self.p.warmup, self.p.grpo_steps - 1))
+                out[path] = {k: r.get(k) for k in ("rollout_share", "generation_seconds", "step_seconds", "timed_steps", "generate_calls", "paths", "why", "wall_s")}
+            except RunFailed as exc:
+                out[path], out["status"] = {"reason": str(exc)}, "partial"
+        if out.get("generate", {}).get("rollout_share") is None:
+            out["status"] = "partial"
         return out
 
-    def _vllm_status(self) -> dict:
+    def _vllm_reason(self, has_option: bool) -> str | None:
         if not self.cuda:
-            return {"reason": "needs CUDA (vLLM runs on a GPU)"}
+            return "needs CUDA (vLLM runs on a GPU)"
         if not _setup.installed("vllm"):
-            return {"reason": "not installed"}
-        from trainpipe.config.method import RLConfig
+            return "not installed"
+        if not has_option:
+            return "vLLM is installed, but this trainpipe has no `method.rl.rollout: vllm`: generate only"
+        return None
 
-        fields = [n for n, f in RLConfig.model_fields.items() if "vllm" in (n + str(f.annotation)).lower()]
-        if not fields:
-            return {"reason": "vLLM is installed, but this trainpipe has no vLLM rollout option (method.rl has no vllm setting): generate only"}
-        return {"reason": f"vLLM is installed and method.rl has {fields}; the check does not drive it yet: generate only"}
+
+def _rl_fields() -> set[str]:
+    from trainpipe.config.method import RLConfig
+
+    return set(RLConfig.model_fields)
 
 
 def _predicted(mem: dict | None) -> dict:

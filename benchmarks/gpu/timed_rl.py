@@ -1,10 +1,13 @@
-"""`trainpipe run CONFIG` with every generation call of the RL objective timed: the GPU check's rollout share.
+"""`trainpipe run CONFIG` with every RL rollout's generation timed: the GPU check's rollout share.
 
     python benchmarks/gpu/timed_rl.py RUN_CONFIG.yaml TIMING.json
 
-Wraps `PolicyGradient.sample` (train/rl_policy.py: the only place the policy generates under `method.rl.rollout: generate`) with a clock, synchronising the GPU
-before and after, and writes one row per call ({start, seconds, sampling}); `sampling` is true for the training-time
-rollouts (evaluation generates greedily). Nothing else of the run changes.
+Wraps what generates a window's completions in trainpipe's RL objective, with a clock (the GPU synchronised before
+and after): `generate_rollout` (`method.rl.rollout: generate`, train/rollout.py, as train/rl_policy.py calls it) and
+`VLLMRollout.__call__` (`rollout: vllm`: weight sync, wake, generate, sleep: all of a colocated rollout's cost). One
+row per call ({start, seconds, path}); the caller keeps the calls inside the timed training steps (evaluation's
+sampling happens outside them). Nothing else of the run changes. On an older trainpipe without those, the policy's
+`sample` is timed instead.
 """
 
 from __future__ import annotations
@@ -16,33 +19,59 @@ import time
 from pathlib import Path
 
 
-def main(argv: list[str] | None = None) -> int:
+def _clocked(fn, calls: list[dict], path: str):
     import torch
 
-    from trainpipe.cli import main as trainpipe
-    from trainpipe.train import rl
-
-    cfg_path, out = (argv if argv is not None else sys.argv[1:])[:2]
-    calls: list[dict] = []
-    original = rl.PolicyGradient.sample
-
-    @functools.wraps(original)
-    def timed(self, model, p_ids, p_mask, *, do_sample: bool, **kw):
+    @functools.wraps(fn)
+    def timed(*a, **kw):
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         t = time.time()
         try:
-            return original(self, model, p_ids, p_mask, do_sample=do_sample, **kw)
+            return fn(*a, **kw)
         finally:
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
-            calls.append({"start": t, "seconds": time.time() - t, "sampling": bool(do_sample)})
+            calls.append({"start": t, "seconds": time.time() - t, "path": path})
 
-    rl.PolicyGradient.sample = timed
+    return timed
+
+
+def patch(calls: list[dict]) -> list[tuple[object, str, object]]:
+    """Install the clocks; returns (owner, attribute, original) to put back."""
+    import importlib
+
+    done = []
+    try:
+        policy = importlib.import_module("trainpipe.train.rl_policy")
+        rollout = importlib.import_module("trainpipe.train.rollout")
+    except ImportError:
+        policy = rollout = None
+    if policy is not None and hasattr(policy, "generate_rollout"):
+        done.append((policy, "generate_rollout", policy.generate_rollout))
+        policy.generate_rollout = _clocked(policy.generate_rollout, calls, "generate")
+        if hasattr(rollout, "VLLMRollout"):
+            cls = rollout.VLLMRollout
+            done.append((cls, "__call__", cls.__call__))
+            cls.__call__ = _clocked(cls.__call__, calls, "vllm")
+        return done
+    rl = importlib.import_module("trainpipe.train.rl")  # an older layout: the objective's own sample()
+    done.append((rl.PolicyGradient, "sample", rl.PolicyGradient.sample))
+    rl.PolicyGradient.sample = _clocked(rl.PolicyGradient.sample, calls, "sample")
+    return done
+
+
+def main(argv: list[str] | None = None) -> int:
+    from trainpipe.cli import main as trainpipe
+
+    cfg_path, out = (argv if argv is not None else sys.argv[1:])[:2]
+    calls: list[dict] = []
+    undo = patch(calls)
     try:
         rc = trainpipe(["run", cfg_path, "--overwrite"])
     finally:
-        rl.PolicyGradient.sample = original
+        for owner, name, original in reversed(undo):
+            setattr(owner, name, original)
         Path(out).write_text(json.dumps(calls) + "\n", encoding="utf-8")
     return rc
 
