@@ -19,6 +19,8 @@ from trainpipe.errors import ConfigError, DataError, RunDirError, TrainpipeError
 from trainpipe.evaluate.evaluator import eval_loss
 from trainpipe.model.loading import load_tokenizer
 from trainpipe.pipeline.stages import stage_lineage
+from trainpipe.plan.attention import resolve_attention
+from trainpipe.plan.hardware import detect
 from trainpipe.redact import redact_obj
 from trainpipe.report.html import write_report
 from trainpipe.track import tracking
@@ -41,6 +43,9 @@ def _tokenizer_and_template(cfg: RunConfig, model_path: str | None = None):
 
 
 def _prepared(cfg: RunConfig, model_path: str | None = None, report_path: Path | None = None):
+    if cfg.data.packing == "auto":  # the batching the branch's run will use, so its data cache entry is this one
+        cfg = cfg.model_copy(deep=True)
+        resolve_attention(cfg, detect(), [])
     tok, template = _tokenizer_and_template(cfg, model_path)
     data = prepare(cfg.data, tok, train_on=cfg.method.train_on, seed=cfg.training.seed, report_path=report_path, template_name=template,
                    batch_size_hint=cfg.training.per_device_train_batch_size if isinstance(cfg.training.per_device_train_batch_size, int) else 8,
