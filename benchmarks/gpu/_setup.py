@@ -51,7 +51,7 @@ class Profile:
     def gpu() -> "Profile":
         return Profile("gpu", dict(LLAMA_1B), records=2400, tokenizer_texts=3000, vocab=8000, max_length=2048, batch=8, steps=30, warmup=6,
                        eval_records=16, median_words=220, planner_seq=(1024, 2048), planner_batch=8, planner_steps=4, grpo_steps=4,
-                       grpo_new_tokens=128, isolate=True, budget_s=450.0)
+                       grpo_new_tokens=64, isolate=True, budget_s=450.0)
 
     @staticmethod
     def smoke() -> "Profile":
