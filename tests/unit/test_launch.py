@@ -1,4 +1,4 @@
-"""`trainpipe launch --emit torchrun|slurm|k8s` and the worker launcher's argument handling (no cluster here: the files
+"""`trainpipe launch --emit torchrun|slurm|k8s --pytorchjob` and the worker launcher's argument handling (no cluster here: the files
 are parsed and checked, `bash -n` for the scripts, a PyTorchJob schema for the manifest)."""
 
 import shutil
@@ -28,7 +28,7 @@ def test_scripts_are_valid_bash_with_the_layout(cfg, tmp_path, emit, name):
     path = tmp_path / "out" / name
     subprocess.run(["bash", "-n", str(path)], check=True)
     text = path.read_text()
-    assert "--nproc-per-node 8 --nnodes 2" in text and "-m trainpipe.cli run" in text and "NCCL_ASYNC_ERROR_HANDLING" in text
+    assert "--nproc-per-node 8 --nnodes 2" in text and "-m trainpipe.cli run" in text and "TORCH_NCCL_ASYNC_ERROR_HANDLING" in text
     if emit == "slurm":
         assert "#SBATCH --nodes=2" in text and "#SBATCH --gpus-per-node=8" in text and "#SBATCH --mem=" in text
         assert "scontrol show hostnames" in text and "training.resume=auto" in text
@@ -52,20 +52,24 @@ def check_pytorchjob(job: dict) -> None:
 
 
 def test_pytorchjob_manifest_matches_the_schema_and_the_layout(cfg, tmp_path):
-    assert main(["launch", str(cfg), "--emit", "k8s", "-o", str(tmp_path)]) == 0
-    job = yaml.safe_load((tmp_path / "pytorchjob.yaml").read_text())
+    assert main(["launch", str(cfg), "--emit", "k8s", "--pytorchjob", "-o", str(tmp_path)]) == 0
+    configmap, job = yaml.safe_load_all((tmp_path / "pytorchjob.yaml").read_text())
+    assert configmap["kind"] == "ConfigMap"
     check_pytorchjob(job)
     specs = job["spec"]["pytorchReplicaSpecs"]
     assert specs["Master"]["replicas"] == 1 and specs["Worker"]["replicas"] == 1  # 2 nodes: one master, one worker
     c = specs["Worker"]["template"]["spec"]["containers"][0]
     assert c["resources"]["limits"]["nvidia.com/gpu"] == 8 and c["resources"]["limits"]["memory"].endswith("Gi")
-    assert c["command"][:3] == ["torchrun", "-m", "trainpipe.cli"] and job["spec"]["nprocPerNode"] == "8"
-    assert {e["name"] for e in c["env"]} >= {"NCCL_DEBUG", "NCCL_ASYNC_ERROR_HANDLING"}
+    assert "exec torchrun -m trainpipe.cli run /tmp/trainpipe-run.yaml" in c["command"][-1] and job["spec"]["nprocPerNode"] == "8"
+    assert {e["name"] for e in c["env"]} >= {"NCCL_DEBUG", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TRAINPIPE_CONFIG"}
+    assert c["env"][-1]["valueFrom"]["configMapKeyRef"]["name"] == configmap["metadata"]["name"]
+    claim = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"]
+    assert claim == "trainpipe-demo-workspace" and {"name": "workspace", "mountPath": "/workspace"} in c["volumeMounts"]
 
 
 def test_unknown_emit_is_an_error(cfg, tmp_path, capsys):
     assert main(["launch", str(cfg), "--emit", "mpi", "-o", str(tmp_path)]) == 2
-    assert "torchrun, slurm, k8s" in capsys.readouterr().out
+    assert "torchrun, slurm, k8s, skypilot, deepspeed" in capsys.readouterr().out
 
 
 def test_torchrun_options_for_each_layout():

@@ -63,23 +63,32 @@ def run(
 @app.command()
 def launch(
     config: ConfigArg,
-    emit: Annotated[str, typer.Option("--emit", help="torchrun | slurm | k8s (a Kubeflow PyTorchJob).")] = "torchrun",
+    emit: Annotated[str, typer.Option("--emit", help="torchrun | slurm | k8s (a Kubeflow TrainJob and its ConfigMap) | skypilot | deepspeed (ZeRO).")] = "torchrun",
     out: Annotated[Path, typer.Option("-o", "--out", help="Folder for the launch file (a new file there, or the one trainpipe wrote before; never the config, its data or a file of yours).")] = Path("."),
     set_: SetOpt = None,
     nproc_per_node: Annotated[Optional[int], typer.Option("--nproc-per-node", help="GPUs per node (default `distributed.nproc_per_node`, else 1).")] = None,
     nnodes: Annotated[Optional[int], typer.Option("--nnodes", help="Nodes (default `distributed.nnodes`).")] = None,
-    image: Annotated[str, typer.Option("--image", help="Container image (k8s).")] = "trainpipe:latest",
+    image: Annotated[Optional[str], typer.Option("--image", help="Container image (k8s, skypilot); its tag is pinned to this trainpipe's version (default `trainpipe:<version>`, built by the repository's Dockerfile).")] = None,
+    pytorchjob: Annotated[bool, typer.Option("--pytorchjob", help="k8s: the older Kubeflow PyTorchJob (kubeflow.org/v1) instead of the Trainer v2 TrainJob.")] = False,
+    volume_claim: Annotated[Optional[str], typer.Option("--volume-claim", help="k8s --pytorchjob: the PersistentVolumeClaim mounted at /workspace (default `trainpipe-<name>-workspace`).")] = None,
+    bucket: Annotated[Optional[str], typer.Option("--bucket", help="skypilot: the storage bucket mounted at /workspace (default `trainpipe-<name>`).")] = None,
+    accelerator: Annotated[str, typer.Option("--accelerator", help="skypilot: the GPU type (`H100`, `A100-80GB`, ...).")] = "H100",
 ) -> None:
-    """Write the launch file of CONFIG for a cluster: a torchrun script, an sbatch script or a PyTorchJob manifest
-    (GPUs, memory and NCCL variables from the config and the plan; the `--set` overrides go along, every value quoted)."""
+    """Write the launch file of CONFIG for a cluster: a torchrun script, an sbatch script, a Kubeflow TrainJob (or
+    PyTorchJob) with its ConfigMap, a SkyPilot task or a deepspeed script (GPUs, host memory and NCCL variables from the
+    config and the plan; the `--set` overrides go along, every value quoted)."""
     from trainpipe import ui
     from trainpipe.config import load_config
-    from trainpipe.launch import write_launch_files
+    from trainpipe.launch_files import write_launch_files
 
     _numbers(("--nproc-per-node", nproc_per_node, "the GPUs per node", 1), ("--nnodes", nnodes, "the number of nodes", 1))
     cfg = load_config(config, set_ or [])
-    path, layout = write_launch_files(cfg, str(config), emit, out, nproc=nproc_per_node, nnodes=nnodes, image=image, sets=set_ or [])
-    ui.console().print(f"{emit}: {path}  ({layout['nnodes']} node(s) x {layout['gpus_per_node']} GPU(s), {layout['memory_gib']} GiB host memory per node)")
+    path, layout, notes = write_launch_files(cfg, str(config), emit, out, nproc=nproc_per_node, nnodes=nnodes, image=image, sets=set_ or [],
+                                             pytorchjob=pytorchjob, accelerator=accelerator, volume_claim=volume_claim, bucket=bucket)
+    con = ui.console()
+    con.print(f"{emit}: {path}  ({layout['nnodes']} node(s) x {layout['gpus_per_node']} GPU(s), {layout['memory_gib']} GiB host memory per node)")
+    for note in notes:
+        con.print(note, markup=False, highlight=False)
 
 
 def _print_result(con, name: str, summary: dict) -> None:

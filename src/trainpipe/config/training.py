@@ -132,7 +132,15 @@ class DistributedConfig(_Section):
     grad_compression: Literal["none", "fp16", "bf16", "powersgd"] = "none"
     """DDP communication hook for communication-bound runs: gradients all-reduced in fp16/bf16, or PowerSGD low-rank compression."""
     timeout_seconds: float = Field(default=600.0, gt=0)
-    """A collective that waits longer than this names the rank that stopped answering (`nccl_timeout` / `distributed_hang`) and exits non-zero."""
+    """A collective that waits longer than this names the rank that stopped answering (`nccl_timeout` / `distributed_hang`) and exits non-zero; so does a rank whose process or node is gone (no heartbeat for this long)."""
+    nccl_socket_ifname: str | None = Field(default=None, pattern=r"^\^?=?[A-Za-z0-9_.,:-]+$")
+    """`NCCL_SOCKET_IFNAME` in the launch files (`trainpipe launch`): the network interface(s) NCCL's bootstrap and socket transport use, e.g. `eth0`, `^docker,lo` (exclude), `=ib0` (exact). Null: NCCL chooses (it may pick a docker or loopback interface on multi-homed nodes)."""
+    nccl_ib_hca: str | None = Field(default=None, pattern=r"^\^?=?[A-Za-z0-9_.,:-]+$")
+    """`NCCL_IB_HCA` in the launch files: the InfiniBand / RoCE adapters (and ports) NCCL uses, e.g. `mlx5_0,mlx5_1` or `=mlx5_0:1`. Null: every adapter NCCL finds."""
+    nccl_ib_timeout: int | None = Field(default=None, ge=1, le=31)
+    """`NCCL_IB_TIMEOUT` in the launch files: the InfiniBand verbs timeout exponent (4.096 us x 2^value; NCCL's default 20, about 4 s). Raise it (e.g. 22) on large or congested fabrics where transfers time out. Null: NCCL's default."""
+    nccl_ib_retry_cnt: int | None = Field(default=None, ge=0, le=7)
+    """`NCCL_IB_RETRY_CNT` in the launch files: InfiniBand retries before a transfer fails (NCCL's default 7). Null: NCCL's default."""
 
     @model_validator(mode="after")
     def _offload_of_strategy(self) -> "DistributedConfig":

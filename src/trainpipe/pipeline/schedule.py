@@ -230,7 +230,7 @@ def _secret_env(cj: dict, refs) -> None:
 def emit_k8s_cronjob(cfg, *, cron: str | None, config_path: str | Path, out: Path | None, on_new_data: bool = False, store: str | None = None,
                      echo: Callable[[str], None] = print) -> dict:
     """`--emit k8s-cronjob`: the CronJob, written to `out` through the ownership rule (or printed). When the config's URLs
-    carry credentials, the file also holds the ConfigMap the pod mounts (the config with references in their place) and
+    carry credentials, the ConfigMap the pod mounts, in the same file, has references in their place and
     the container reads them from a Kubernetes Secret; the console says which Secret to create. Returns the CronJob."""
     import yaml
 
@@ -244,18 +244,15 @@ def emit_k8s_cronjob(cfg, *, cron: str | None, config_path: str | Path, out: Pat
     cj = k8s_cronjob(cfg, cron=cron, config_path=str(config_path), on_new_data=on_new_data, store=store, refs=refs)
     raw = read_yaml(config_path)
     mounted = refs.obj(raw)  # the config the pod reads, as the user wrote it, credentials as references
-    docs = [cj]
-    if mounted != raw:
-        vol = cj["spec"]["jobTemplate"]["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"]
-        docs.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": vol, "labels": {"app.kubernetes.io/name": "trainpipe"}},
-                     "data": {Path(config_path).name: _Block(yaml.safe_dump(mounted, sort_keys=False))}})
+    vol = cj["spec"]["jobTemplate"]["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"]
+    docs = [cj, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": vol, "labels": {"app.kubernetes.io/name": "trainpipe"}},
+                 "data": {Path(config_path).name: _Block(yaml.safe_dump(mounted, sort_keys=False))}}]  # the config the pod mounts, always
     if refs:
         _secret_env(cj, refs)
     text = yaml.dump_all(docs, Dumper=_block_dumper(), sort_keys=False)
     notes = refs.note("the CronJob")
-    if len(docs) > 1:
-        notes.append(f"the config the pod mounts is the ConfigMap `{docs[1]['metadata']['name']}` in the same file (the credentials as references); "
-                     "`kubectl apply -f` creates both.")
+    notes.append(f"the config the pod mounts is the ConfigMap `{vol}` in the same file" + (" (the credentials as references)" if mounted != raw else "")
+                 + "; `kubectl apply -f` creates both.")
     if out is not None:
         ownership.write_text(out, text, what=what, reads=reads)
         echo(redact_text(f"k8s-cronjob: {out}"))
