@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -52,12 +53,30 @@ def call(argv: list[str], log: Path, timeout: float, isolate: bool, inprocess) -
             raise RunFailed(f"exit status {rc}")
         return
     with open(log, "w", encoding="utf-8") as fh:
+        # its own process group: on a timeout the run and whatever it started (a vLLM engine's workers) are killed together
+        proc = subprocess.Popen([sys.executable, *argv], stdout=fh, stderr=subprocess.STDOUT, env=_env(), start_new_session=True)
         try:
-            proc = subprocess.run([sys.executable, *argv], stdout=fh, stderr=subprocess.STDOUT, timeout=timeout, env=_env(), check=False)
+            rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired as exc:
+            _kill_group(proc)
             raise RunFailed(f"timed out after {timeout:.0f} s (the check's time guard); log tail: {_tail(log, 600)}") from exc
-    if proc.returncode != 0:
-        raise RunFailed(f"exit status {proc.returncode}; log tail: {_tail(log)}")
+        finally:
+            if proc.poll() is None:
+                _kill_group(proc)
+    if rc != 0:
+        raise RunFailed(f"exit status {rc}; log tail: {_tail(log)}")
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGTERM to the run's process group (a trainpipe run checkpoints and stops on it), SIGKILL 10 s later."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass
 
 
 # --------------------------------------------------------------------------- trainpipe

@@ -89,3 +89,25 @@ def test_time_guard_and_failing_section(tmp_path, monkeypatch):
     assert r["sections"]["too_long"]["status"] == "skipped" and "time budget" in r["sections"]["too_long"]["reason"]
     assert r["sections"]["failed_run"]["reason"] == "exit status 3; log tail: boom"
     assert r["finished"] is False  # only main() marks the check finished
+
+
+def test_a_hung_run_is_killed_with_what_it_started(tmp_path, monkeypatch):
+    """The per-run time limit: a run past it is stopped with its whole process group (what it spawned too), and the
+    section gets the reason; a run that exits non-zero gets its exit status and log tail."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks" / "gpu"))
+    import _runs
+
+    marker = tmp_path / "child.pid"
+    script = tmp_path / "hang.py"
+    script.write_text("import subprocess, sys, time\n"
+                      f"p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+                      f"open({str(marker)!r}, 'w').write(str(p.pid))\nprint('started', flush=True)\ntime.sleep(120)\n")
+    t = time.time()
+    with pytest.raises(_runs.RunFailed, match="timed out after 5 s") as e:
+        _runs.call([str(script)], tmp_path / "hang.log", 5, True, None)
+    assert time.time() - t < 20 and "started" in str(e.value)
+    child = int(marker.read_text())
+    time.sleep(0.5)
+    assert not Path(f"/proc/{child}").exists() or "zombie" in Path(f"/proc/{child}/status").read_text().lower()
+    with pytest.raises(_runs.RunFailed, match="exit status 3; log tail: boom"):
+        _runs.call(["-c", "import sys; print('boom'); sys.exit(3)"], tmp_path / "x.log", 30, True, None)
