@@ -40,6 +40,7 @@ EVENT_NAMES = {
     "nccl_timeout",
     "gpu_util_low",
     "gpu_util_check_off",  # a GPU run without nvidia-ml-py: `gpu_util_low` cannot be checked (said once)
+    "compile_warmup",  # `training.torch_compile`: the first step's seconds, which compile the model (train/callbacks.py CompileWarmup)
     "gradient_clipped",  # per logging window: steps whose finite gradient norm was clipped, and the largest norm before clipping
     "tracking_unavailable",  # the tracker (MLflow, W&B, TensorBoard) could not be reached; metrics stay in the run dir (`trainpipe track sync`)
     "tracking_synced",

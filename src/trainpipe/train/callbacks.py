@@ -121,6 +121,32 @@ class EvalHook(Callback):
         self.fn(loop, step, eval_loss)
 
 
+class CompileWarmup(Callback):
+    """`training.torch_compile`: the first optimizer step of a run (or of a resume) compiles the model's forward and
+    backward graphs, so its time is the compile warm-up, not training. It is stated apart: one printed line, a
+    `compile_warmup` event and `compile_warmup_seconds` in the first `metrics.jsonl` record (the first logging window's
+    `tokens_per_second` still includes it). A new input shape may recompile later (dynamic shapes from the second shape on)."""
+
+    def __init__(self):
+        self.seconds: float | None = None
+        self.logged = False
+
+    def on_step_end(self, loop, step: int, loss: float, grad_norm: float) -> None:
+        if self.seconds is not None:
+            return
+        self.seconds = round(time.time() - loop._since_log[0], 3)  # the loop starts this clock just before its first step
+        loop.events.emit("compile_warmup", step=step, compile_warmup_seconds=self.seconds,  # the event's console line is the one said
+                         note="torch.compile: the first step compiled the model's forward and backward (a one-off warm-up); later steps run the compiled graphs")
+
+    def log_fields(self, loop) -> dict:
+        if self.seconds is None or self.logged:
+            return {}
+        self.logged = True
+        return {"compile_warmup_seconds": self.seconds}
+
+
 def default_callbacks(specs, device) -> list[Callback]:
-    """Every run's: the clipping report and the GPU utilisation check (``specs``: the run's `plan.specs`)."""
-    return [ClippingReport(specs.optimizer.max_grad_norm, specs.cadence.logging_steps), GpuUtilisation(device)]
+    """Every run's: the clipping report and the GPU utilisation check (``specs``: the run's `plan.specs`), and the
+    compile warm-up report under `training.torch_compile`."""
+    return [ClippingReport(specs.optimizer.max_grad_norm, specs.cadence.logging_steps), GpuUtilisation(device),
+            *([CompileWarmup()] if specs.precision.torch_compile else [])]
