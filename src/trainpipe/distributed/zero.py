@@ -164,14 +164,14 @@ def load_full_state(model, groups: list[list[str]], base, engine_optimizer, weig
     if not optim_sd or not optim_sd.get("state"):
         return
     first = next(iter(optim_sd["state"].values()))
-    for g in base.param_groups:  # every partition's state, created as its first step would (then filled below)
-        for flat in g["params"]:
-            st = base.state[flat]
-            for k, v in first.items():
-                if hasattr(v, "dim") and v.dim() > 0:
-                    st.setdefault(k, torch.zeros_like(flat))
-                else:
-                    st[k] = v.clone() if hasattr(v, "clone") else v
+    flats = getattr(engine_optimizer, "fp32_partitioned_groups_flat", None) or engine_optimizer.single_partition_of_fp32_groups
+    for flat in flats:  # every partition's state (ZeRO-3: per sub-group), created as its first step would, then filled below
+        st = base.state[flat]
+        for k, v in first.items():
+            if hasattr(v, "dim") and v.dim() > 0:
+                st.setdefault(k, torch.zeros_like(flat))
+            else:
+                st[k] = v.clone() if hasattr(v, "clone") else v
     _link_optimizer_state(engine_optimizer)
     order = [n for g in groups for n in g]
     for i, n in enumerate(order):
