@@ -61,9 +61,9 @@ class TrainingConfig(_Section):
     tf32: bool | None = None
     """Allow TF32 matmuls on Ampere and newer GPUs (default: on there; no effect on CPU)."""
     torch_compile: bool = False
-    """Compile the model with `torch.compile` before training."""
+    """Compile the model with `torch.compile` before training (in place: checkpoints keep their keys). The first step compiles the forward and backward: its seconds are reported apart as `compile_warmup_seconds` (a `compile_warmup` event and the first metrics record); a new input shape may recompile once more. On the CPU the compiler needs a C++ compiler (g++)."""
     use_liger_kernel: bool = False
-    """Compute the loss with Liger's fused linear cross-entropy (Triton, CUDA only: the full-vocabulary logits are never materialised). Off a CUDA GPU, or without `liger-kernel` (`pip install 'trainpipe[gpu]'`), trainpipe's chunked cross-entropy is used with one message."""
+    """Compute the loss with Liger's kernels, so the full-vocabulary logits are never materialised. `sft`/`pretrain`: the fused linear cross-entropy (Triton, CUDA only; elsewhere trainpipe's chunked cross-entropy, said once). `dpo` (`sigmoid`, `hinge`, `simpo`), `orpo`, `kto`: Liger's chunked preference losses from the last hidden state and the LM head, for the policy and the reference (plain PyTorch: on the CPU too; compiled on CUDA), equal to trainpipe's; where Liger has no equal loss (`ipo`, `label_smoothing` with `sigmoid`, unequal KTO weights) the run says so once and keeps trainpipe's. The run manifest's `loss` records which ran. Needs `liger-kernel` (`pip install 'trainpipe[gpu]'`)."""
     resume: Literal["never", "auto"] = "never"
     """`auto`: continue from the newest checkpoint in `output_dir` whose checksums hold (as `--resume` does), or start fresh when there is none."""
     keep_best: int = Field(default=1, ge=0)
