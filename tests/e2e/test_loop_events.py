@@ -55,6 +55,7 @@ def test_clipping_spike_at_step_7_and_liger_fallback_on_the_cpu(tmp_path, base, 
     assert not [e for e in ev if e["event"] == "gpu_util_check_off"]  # a CPU run: nothing to check, nothing said
     summary = json.loads((run / "summary.json").read_text())
     assert summary["final"]["loss"] < summary["baseline"]["loss"]  # trained with the chunked loss
+    assert json.loads((run / "manifest.json").read_text())["loss"] == {"implementation": "trainpipe_chunked_cross_entropy", "use_liger_kernel": True, "device": "cpu"}
 
 
 def test_gpu_run_without_pynvml_says_once_that_the_check_is_off(tmp_path, base, monkeypatch, capsys):

@@ -256,7 +256,7 @@ def setup(objective, model, device_type: str, *, say) -> bool:
 
 def record(run_dir: Path, objective) -> None:
     """State which loss implementation ran in the run manifest (`loss`: its implementation, and why not Liger's when
-    `training.use_liger_kernel` asked for it)."""
+    `training.use_liger_kernel` asked for it), for every objective (train/sft.py `build_loop`; "trainpipe": its own)."""
     path = Path(run_dir) / "manifest.json"
     if not path.exists():
         return

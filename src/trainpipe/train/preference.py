@@ -101,12 +101,10 @@ def run(ctx: RunContext) -> dict:
         evaluate=suite.in_training(ctx, extra, lambda m: evaluate(m, objective, eval_rows, batch_size=bs), lambda: loop.state.step),  # loss and every preference metric
         objective=objective, dist=ctx.dist, callbacks=ctx.callbacks,
     )
-    if ctx.is_main:
-        fused.record(ctx.run_dir, objective)  # which loss ran (trainpipe's or Liger's chunked one), in the manifest
     outcome = train(loop, ctx.resume_from)
     if not ctx.is_main:  # rank 0 evaluates, exports and reports for the run
         return worker_summary(cfg, outcome)
-    fused.record(ctx.run_dir, objective)  # again: a fall-back during training (FSDP) is recorded too
+    fused.record(ctx.run_dir, objective)  # again after training (build_loop recorded it first): a fall-back under FSDP is recorded too
 
     # 6. final eval on the same split, with the best checkpoint loaded
     final = evaluate(model, objective, eval_rows, batch_size=bs)

@@ -44,6 +44,8 @@ def use_kernels(model, objective: Objective, enabled: bool, device_type: str, sp
             f"preference losses; this objective ({type(objective).__name__}) computes its own loss, so it is not used here.")
         return
     objective.fused = setup_liger(model, device_type, True, say=say)
+    objective.loss_record = {"implementation": "liger_fused_linear_cross_entropy" if objective.fused else "trainpipe_chunked_cross_entropy",
+                             "use_liger_kernel": True, "device": device_type}
 
 
 def set_precision(model, precision: PrecisionSpec) -> None:

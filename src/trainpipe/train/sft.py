@@ -25,6 +25,7 @@ from trainpipe.plan.specs import RunSpecs
 from trainpipe.train.optim import build_optimizer, build_scheduler, trainable
 from trainpipe.train.preemption import Heartbeat, Preemption
 from trainpipe.train.stepper import Stepper
+from trainpipe.train.fused_preference import record as record_loss
 from trainpipe.train.prepare import device_of, prepare_model
 from trainpipe.train.state import FitResult
 from trainpipe.train.window import WindowPlan
@@ -118,6 +119,8 @@ def build_loop(model, tokenizer, train_data, specs: RunSpecs, *, run_dir: Path, 
     objective = objective if objective is not None else TokenCrossEntropy(tokenizer.pad_token_id)
     device = device_of(model)
     prepare_model(model, specs.precision, objective, strategy, train_data)
+    if strategy.is_main:
+        record_loss(run_dir, objective)  # which loss implementation runs (trainpipe's, Liger's), in the run manifest
     plan = WindowPlan.of(batch, len(train_data), strategy.world)
     optimizer = build_optimizer(trainable(model), specs.optimizer, device.type)
     scheduler = build_scheduler(optimizer, specs.optimizer, plan.total_windows)
