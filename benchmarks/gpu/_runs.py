@@ -80,20 +80,21 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 # --------------------------------------------------------------------------- trainpipe
-def trainpipe_run(cfg: dict, work: Path, name: str, timeout: float, isolate: bool, warmup: int, wrapper: list[str] | None = None) -> dict:
-    """`trainpipe run` on ``cfg``; returns its figures. The run folder keeps only its small files afterwards (checkpoints
-    and the exported model of a 1B full fine-tune are ~10 GB each)."""
+def trainpipe_run(cfg: dict, work: Path, name: str, timeout: float, isolate: bool, warmup: int) -> dict:
+    """`trainpipe run` on ``cfg`` through instrumented.py (rollout clocks, input-token counter); returns its figures. The
+    run folder keeps only its small files afterwards (checkpoints and the exported model of a 1B full fine-tune are
+    ~10 GB each)."""
     cfg = dict(cfg)
     run_dir = work / "runs" / name
     cfg["output_dir"] = str(run_dir)
-    path = work / f"{name}.yaml"
+    path, side = work / f"{name}.yaml", work / f"{name}.side.json"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
-    argv = wrapper or ["-m", "trainpipe.cli", "run", str(path), "--overwrite"]
+    argv = [str(HERE / "instrumented.py"), str(path), str(side)]
 
     def here():
-        from trainpipe.cli import main
+        import instrumented
 
-        return main(["run", str(path), "--overwrite"])
+        return instrumented.main(argv[1:])
 
     t = time.time()
     try:
@@ -101,11 +102,13 @@ def trainpipe_run(cfg: dict, work: Path, name: str, timeout: float, isolate: boo
     finally:
         for sub in ("checkpoints", "model"):
             shutil.rmtree(run_dir / sub, ignore_errors=True)
-    return read_run(run_dir, warmup) | {"wall_s": round(time.time() - t, 1)}
+    return read_run(run_dir, warmup, side) | {"wall_s": round(time.time() - t, 1)}
 
 
-def throughput(records: list[dict], warmup: int, tokens_key: str) -> dict:
-    """Tokens/s between the record of step ``warmup`` and the last step's (one record per step)."""
+def throughput(records: list[dict], warmup: int, tokens_key: str, extra: list[dict] | None = None) -> dict:
+    """Tokens/s between the record of step ``warmup`` and the last step's (one record per step, each with `time` after
+    its step): ``tokens_key`` counted by the records themselves, and the input tokens of ``extra`` (rows written at each
+    step's start, with `time`) between the two records."""
     recs = [r for r in records if isinstance(r.get(tokens_key), (int, float)) and "step" in r]
     if not recs:
         return {"tokens_per_s": None, "why": "no per-step records"}
@@ -113,29 +116,52 @@ def throughput(records: list[dict], warmup: int, tokens_key: str) -> dict:
     last = recs[-1]
     if start is None or last["step"] <= start["step"] or last["time"] <= start["time"]:
         return {"tokens_per_s": None, "why": f"too few steps after the {warmup} warm-up steps"}
-    dt = last["time"] - start["time"]
+    dt, n = last["time"] - start["time"], last["step"] - start["step"]
+    out = {"timed_steps": n, "timed_seconds": round(dt, 3), "step_seconds": round(dt / n, 4)}
     tok = last[tokens_key] - start[tokens_key]
-    return {"tokens_per_s": round(tok / dt, 1), "timed_steps": last["step"] - start["step"], "timed_seconds": round(dt, 3),
-            "step_seconds": round(dt / (last["step"] - start["step"]), 4), "tokens": tok}
+    if extra is None:  # the records count input tokens themselves (TRL's counter)
+        return {"tokens_per_s": round(tok / dt, 1), "tokens": tok} | out | _loss_tokens(records, start, last, dt)
+    inside = [e for e in extra if start["time"] < e["time"] <= last["time"]]
+    if len(inside) != n:
+        return {"tokens_per_s": None, "loss_tokens_per_s": round(tok / dt, 1), "why": f"{len(inside)} token counts for {n} timed steps"} | out
+    inp = sum(e["input_tokens"] for e in inside)
+    return {"tokens_per_s": round(inp / dt, 1), "tokens": inp, "loss_tokens_per_s": round(tok / dt, 1)} | out
 
 
-def read_run(run_dir: Path, warmup: int) -> dict:
+def _loss_tokens(records: list[dict], start: dict, last: dict, dt: float) -> dict:
+    if "loss_tokens" not in last or "loss_tokens" not in start:
+        return {}
+    return {"loss_tokens_per_s": round((last["loss_tokens"] - start["loss_tokens"]) / dt, 1)}
+
+
+def _side(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def read_run(run_dir: Path, warmup: int, side: Path | None = None) -> dict:
     summary_path = run_dir / "summary.json"
     if not summary_path.exists():
         raise RunFailed(f"{run_dir.name}: no summary.json (the run did not finish)")
     summary = json.loads(summary_path.read_text())
-    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()] \
-        if (run_dir / "metrics.jsonl").exists() else []
+    metrics = _lines(run_dir / "metrics.jsonl")
     steps = [m for m in metrics if "tokens_seen" in m]
     mm = json.loads((run_dir / "measured_memory.json").read_text()) if (run_dir / "measured_memory.json").exists() else {}
-    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines() if line.strip()] \
-        if (run_dir / "events.jsonl").exists() else []
-    out = throughput(steps, warmup, "tokens_seen")
+    counted = _side(side).get("steps") if side else None
+    out = throughput(steps, warmup, "tokens_seen", counted or None) if counted else throughput(steps, warmup, "tokens_seen") | {
+        "tokens_note": "no input-token counts (not an SFT objective): tokens are the objective's own count"}
     out.update({
         "run_dir": str(run_dir), "parameters": summary.get("parameters"), "final_loss": (steps[-1]["loss"] if steps else None),
         "cuda_max_memory_allocated": mm.get("cuda_max_memory_allocated"), "cuda_max_memory_reserved": mm.get("cuda_max_memory_reserved"),
         "plan": summary.get("plan") or {}, "gates": summary.get("gates") or {}, "gpu_util_samples": [m["gpu_util"] for m in metrics if "gpu_util" in m],
-        "events": [e for e in events if e.get("event") not in ("checkpoint_saved", "eval_done")],
+        "events": [e for e in _lines(run_dir / "events.jsonl") if e.get("event") not in ("checkpoint_saved", "eval_done")],
+        "model_dtype": next((d.get("value") for d in (summary.get("plan") or {}).get("decisions", []) if d.get("key") == "model.dtype"), None),
     })
     return out
 
@@ -157,35 +183,14 @@ def trl_run(cfg_path: Path, out_json: Path, timeout: float, isolate: bool, work:
 
 # --------------------------------------------------------------------------- GRPO with the rollout timed
 def grpo_run(cfg: dict, work: Path, name: str, timeout: float, isolate: bool, warmup: int) -> dict:
-    """A GRPO run whose rollouts are timed (`timed_rl.py` wraps trainpipe's rollout generation, nothing else changes).
-    Rollout share = time generating inside the timed training steps / their wall time."""
-    timing = work / f"{name}.timing.json"
-    path = work / f"{name}.yaml"
-    run_dir = work / "runs" / name
-    wrapper = [str(HERE / "timed_rl.py"), str(path), str(timing)]
-    if not isolate:
-        import timed_rl
-
-        def here():
-            return timed_rl.main([str(path), str(timing)])
-
-        cfg = dict(cfg, output_dir=str(run_dir))
-        path.write_text(yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
-        try:
-            call(wrapper, work / f"{name}.log", timeout, False, here)
-        finally:
-            shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
-        res = read_run(run_dir, warmup)
-    else:
-        res = trainpipe_run(cfg, work, name, timeout, True, warmup, wrapper=wrapper)
-    calls = json.loads(timing.read_text()) if timing.exists() else []
-    return res | rollout_share(calls, run_dir, warmup)
+    """A GRPO run with its rollouts timed (instrumented.py). Rollout share = time generating inside the timed training
+    steps / their wall time."""
+    res = trainpipe_run(cfg, work, name, timeout, isolate, warmup)
+    return res | rollout_share(_side(work / f"{name}.side.json").get("rollouts", []), work / "runs" / name, warmup)
 
 
 def rollout_share(calls: list[dict], run_dir: Path, warmup: int) -> dict:
-    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()] \
-        if (run_dir / "metrics.jsonl").exists() else []
-    steps = [m for m in metrics if "tokens_seen" in m]
+    steps = [m for m in _lines(run_dir / "metrics.jsonl") if "tokens_seen" in m]
     if len(steps) < 2:
         return {"rollout_share": None, "why": "fewer than two logged steps"}
     start = next((r for r in steps if r["step"] >= warmup), steps[0])

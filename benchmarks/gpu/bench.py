@@ -103,7 +103,8 @@ def _ratio(a, b):
 
 
 def _figures(r: dict, params: int, gpu: dict) -> dict:
-    keep = ("tokens_per_s", "timed_steps", "timed_seconds", "step_seconds", "final_loss", "cuda_max_memory_allocated", "cuda_max_memory_reserved", "wall_s", "why")
+    keep = ("tokens_per_s", "loss_tokens_per_s", "timed_steps", "timed_seconds", "step_seconds", "final_loss", "cuda_max_memory_allocated",
+            "cuda_max_memory_reserved", "model_dtype", "wall_s", "why", "tokens_note")
     return {k: r[k] for k in keep if k in r} | _setup.mfu(params, r.get("tokens_per_s"), gpu)
 
 
@@ -143,8 +144,9 @@ class Check:
         """A full fine-tune through `trainpipe run` (padded batches) and through plain TRL SFTTrainer on the same rows;
         each side runs even when the other failed, and says why it has no figure."""
         out: dict = {"status": "ok", "batch": self.p.batch, "max_length": self.p.max_length, "attention": self.attn["implementation"],
-                     "note": "same prepared rows (trainpipe's tokenisation, handed to SFTTrainer pre-tokenized), micro-batch, max_length, dtype and "
-                             "attention; tokens are non-pad tokens as each trainer counts them; steps after the warm-up only"}
+                     "note": "same prepared rows (trainpipe's tokenisation, handed to SFTTrainer pre-tokenized), micro-batch, max_length, model dtype "
+                             "and attention; tokens_per_s: input (non-pad) tokens, loss_tokens_per_s: the tokens that carry loss, counted the same "
+                             "way on both sides; steps after the warm-up only; MFU = 6 x parameters x tokens_per_s / peak"}
         params = self.model["parameters"]
         try:
             tp = self.tp("padded", data__packing="none")

@@ -4,10 +4,11 @@
 
 The rows are the ones trainpipe prepares from that config (the same tokenizer, chat template and masking: `input_ids`
 and a `completion_mask`), handed to SFTTrainer already tokenized, so both trainers see the same tokens. Everything
-else is SFTTrainer's with the run's settings: micro-batch, one step per micro-batch, max_length, the same model
-loaded with the same dtype and attention kernel, bf16 on a GPU, no gradient checkpointing (TRL's default is on; the
-trainpipe run has it off), no packing, padding-free off. Tokens/s counts TRL's own non-pad token counter between the
-step after the warm-up and the last, with the GPU synchronised at each step's end.
+else is SFTTrainer's with the run's settings: micro-batch, one step per micro-batch, max_length, the model folder
+passed by path (TRL loads it in its default float32, as trainpipe loads a full fine-tune: fp32 master weights, bf16
+autocast on a GPU), the same attention kernel, no gradient checkpointing (TRL's default is on; the trainpipe run has
+it off), no packing, padding-free off. Tokens/s: the input (non-pad) tokens of the steps after the warm-up over their
+wall time, with the GPU synchronised at each step's end; the loss tokens beside them.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def prepared_rows(cfg):
 def main(argv: list[str] | None = None) -> int:
     import torch
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, TrainerCallback
+    from transformers import TrainerCallback
     from trl import SFTConfig, SFTTrainer
 
     from trainpipe.config.load import load_config
@@ -45,25 +46,36 @@ def main(argv: list[str] | None = None) -> int:
     t = cfg.training
     tok, rows = prepared_rows(cfg)
     cuda = torch.cuda.is_available()
-    model = AutoModelForCausalLM.from_pretrained(cfg.model.name_or_path, dtype=torch.bfloat16 if cuda else torch.float32,
-                                                 attn_implementation=cfg.model.attn_implementation if cfg.model.attn_implementation != "auto" else "sdpa")
+    attn = cfg.model.attn_implementation if cfg.model.attn_implementation != "auto" else "sdpa"
     work = Path(out).parent / "trl-out"
     args = SFTConfig(
         output_dir=str(work), per_device_train_batch_size=t.per_device_train_batch_size, gradient_accumulation_steps=1, max_steps=t.max_steps,
         learning_rate=t.learning_rate or 1e-5, lr_scheduler_type="cosine", warmup_steps=0, weight_decay=t.weight_decay, max_grad_norm=t.max_grad_norm,
         bf16=cuda, logging_steps=1, save_strategy="no", eval_strategy="no", report_to=[], seed=t.seed, max_length=cfg.data.max_length,
         packing=False, padding_free=False, completion_only_loss=True, gradient_checkpointing=False, use_cpu=not cuda,
-        dataloader_num_workers=0, disable_tqdm=True, optim="adamw_torch",
+        dataloader_num_workers=0, disable_tqdm=True, optim="adamw_torch", model_init_kwargs={"attn_implementation": attn},
     )
     marks: list[dict] = []
+    seen = {"input": 0, "loss": 0}
+
+    class Counted(SFTTrainer):
+        """SFTTrainer counting each micro-batch's input tokens (non-pad) and loss tokens (labels after the first of each
+        row that are not -100: trainpipe's count) before the step; nothing else changes."""
+
+        def training_step(self, model, inputs, *a, **kw):
+            mask = inputs.get("attention_mask")
+            seen["input"] += int(mask.sum()) if mask is not None else int(inputs["position_ids"].numel())
+            seen["loss"] += int((inputs["labels"][:, 1:] != -100).sum())
+            return super().training_step(model, inputs, *a, **kw)
 
     class Clock(TrainerCallback):
         def on_step_end(self, args_, state, control, **kw):
             if cuda:
                 torch.cuda.synchronize()
-            marks.append({"step": state.global_step, "time": time.time(), "tokens": int(trainer._total_train_tokens)})
+            marks.append({"step": state.global_step, "time": time.time(), "tokens": seen["input"], "loss_tokens": seen["loss"]})
 
-    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_dict(rows), processing_class=tok, callbacks=[Clock()])
+    # the model by path, as a plain TRL user passes it: TRL loads it in its default dtype (float32 master weights, bf16 autocast)
+    trainer = Counted(model=cfg.model.name_or_path, args=args, train_dataset=Dataset.from_dict(rows), processing_class=tok, callbacks=[Clock()])
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     trainer.train()
@@ -72,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
 
     res = throughput(marks, warmup, "tokens")
     res["steps"] = len(marks)
+    res["model_dtype"] = str(trainer.model.dtype).replace("torch.", "")
     if cuda:
         res["cuda_max_memory_allocated"] = int(torch.cuda.max_memory_allocated())
         res["cuda_max_memory_reserved"] = int(torch.cuda.max_memory_reserved())

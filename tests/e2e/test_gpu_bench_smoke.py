@@ -47,6 +47,9 @@ def test_cpu_smoke_writes_every_section(tmp_path):
     assert st["trainpipe"]["tokens_per_s"] > 0 and st["trl"]["tokens_per_s"] > 0 and st["ratio_trainpipe_over_trl"] > 0
     assert st["trainpipe"]["mfu"] is None and "no CUDA" in st["trainpipe"]["mfu_why"]
     assert st["trainpipe"]["timed_steps"] >= 1 and st["trl"]["timed_steps"] >= 1
+    for side in ("trainpipe", "trl"):  # input tokens and the loss-carrying part of them, counted alike for both trainers
+        assert 0 < st[side]["loss_tokens_per_s"] < st[side]["tokens_per_s"] and st[side]["model_dtype"] == "float32"
+    assert abs(st["trainpipe"]["final_loss"] - st["trl"]["final_loss"]) < 0.5  # the same model, rows and task
     # batching: padded, padding-free and packed each measured or with the reason it could not run
     b = s["batching"]
     for mode in ("padded", "padding_free", "pack"):
