@@ -42,7 +42,7 @@ def engine_config(stage: int, micro_batch: int, world: int, max_grad_norm: float
         "train_micro_batch_size_per_gpu": micro_batch, "gradient_accumulation_steps": 1, "train_batch_size": micro_batch * world,
         "managed_gradient_accumulation": False, "gradient_clipping": float(max_grad_norm or 0.0), "zero_optimization": zero,
         "bf16": {"enabled": bool(bf16)}, "fp16": {"enabled": bool(fp16)}, "steps_per_print": 2**31 - 1, "wall_clock_breakdown": False,
-        "zero_allow_untested_optimizer": True,
+        "zero_allow_untested_optimizer": True, "zero_force_ds_cpu_optimizer": False,
     }
 
 
@@ -65,7 +65,7 @@ class ZeroOptimizer:
 
     def step(self) -> None:
         opt = self.engine.optimizer
-        if self._finalized:  # ZeRO-2's finalize is not idempotent (it releases the accumulation buffers it reads)
+        if self._finalized:  # finalize is not idempotent (ZeRO-2 releases the accumulation buffers it reads; offload copies)
             opt.finalize_gradient_accumulation_boundary = lambda: None  # this step only (an instance attribute over the method)
         try:
             self.engine.step()
@@ -77,12 +77,12 @@ class ZeroOptimizer:
         """The global L2 norm of the gradients the loop's window left in the partitions (every rank calls it), before the
         step: the divergence guard reads it, as it reads one process's clipped norm."""
         opt = self.engine.optimizer
+        opt.finalize_gradient_accumulation_boundary()  # the reduced gradients as the step reads them (or their offloaded copy)
+        self._finalized = True
         if self.stage == 3:
             from deepspeed.runtime.zero.stage3 import combine_grad_norm_groups
 
             return float(combine_grad_norm_groups(opt._get_norm_groups()))
-        opt.finalize_gradient_accumulation_boundary()  # the reduced gradients as the step reads them (or their offloaded copy)
-        self._finalized = True
         return float(opt.scaled_global_norm())
 
     def zero_grad(self, set_to_none: bool = True) -> None:
