@@ -2,7 +2,8 @@
 head, one pair at a time) give the loss, the logged figures and every parameter's gradient of trainpipe's own losses on
 the same batch, within 1e-5, on the CPU (a tiny Llama, LoRA with a non-zero adapter so the policy differs from its
 reference, or a full fine-tune against a frozen copy). Where Liger has no equal loss, or the model's logits are not its
-LM head on the last hidden state, the objective says so once and keeps trainpipe's loss."""
+LM head on the last hidden state, the objective says so once and keeps trainpipe's loss. Where CUDA is available the
+equality runs on the GPU too (there Liger's loss is torch.compile'd)."""
 
 import random
 
@@ -17,6 +18,7 @@ from trainpipe.train import fused_preference  # noqa: E402
 from trainpipe.train.preference import Reference, Unpaired, make_objective, needs_reference  # noqa: E402
 
 VOCAB = 48
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 def tiny_llama(seed: int = 0):
@@ -35,10 +37,10 @@ def pairs(n: int, seed: int = 0) -> list[dict]:
             for _ in range(n)]
 
 
-def build(method: str, peft: str, seed: int = 0, **preference):
+def build(method: str, peft: str, seed: int = 0, device: str = "cpu", **preference):
     """A policy (LoRA with random adapter weights, or a full fine-tune) and its objective."""
     cfg = MethodConfig(name=method, peft=peft, lora={"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": "all-linear"}, preference=preference)
-    model = tiny_llama(seed)
+    model = tiny_llama(seed).to(device)
     if peft == "lora":
         model = apply_peft(model, cfg, quiet=True)
         g = torch.Generator().manual_seed(seed + 1)
@@ -53,7 +55,8 @@ def build(method: str, peft: str, seed: int = 0, **preference):
 def loss_and_grads(model, objective, window: list[dict], micro: list[dict]):
     model.zero_grad(set_to_none=True)
     objective.weight(window)  # the optimizer window: the NLL terms are token means over all of it
-    loss, figures = objective.loss_sum(model, objective.collate(micro))
+    device = next(model.parameters()).device
+    loss, figures = objective.loss_sum(model, {k: v.to(device) for k, v in objective.collate(micro).items()})
     loss.backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
     return float(loss), figures, grads
@@ -71,18 +74,20 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", list(CASES))
-def test_liger_chunked_loss_equals_trainpipes_in_value_figures_and_gradients(case):
+def test_liger_chunked_loss_equals_trainpipes_in_value_figures_and_gradients(case, device):
     method, peft, preference = CASES[case]
     said = []
     window = pairs(6, seed=len(case))
     micro = window[:3]
     if method == "kto":
         window, micro = list(Unpaired(window)), list(Unpaired(micro))
-    model, objective = build(method, peft, **preference)
+    model, objective = build(method, peft, device=device, **preference)
     want_loss, want_figures, want_grads = loss_and_grads(model, objective, window, micro)
-    assert fused_preference.setup(objective, model, "cpu", say=said.append)
+    assert fused_preference.setup(objective, model, device, say=said.append)
     assert objective.fused is not None and objective.loss_record["implementation"].startswith("liger_chunked_")
+    assert objective.fused.compiled == (device == "cuda")
     assert len(said) == 1 and "run on the CPU" in said[0]
     got_loss, got_figures, got_grads = loss_and_grads(model, objective, window, micro)
     assert abs(got_loss - want_loss) <= 1e-5 * max(1.0, abs(want_loss)), (got_loss, want_loss)

@@ -18,7 +18,9 @@ to float32 rounding (``tests/unit/test_chunked_loss.py``).
 
 ``training.use_liger_kernel: true`` goes further on a CUDA GPU: Liger's fused linear cross-entropy (Triton) computes the
 loss from the last hidden states and the LM head chunk by chunk, so the logits are never materialised at all
-(:func:`setup_liger`). Off a GPU, or without ``liger-kernel``, the chunked loss is used and the run says so once.
+(:func:`setup_liger`). Off a GPU, or without ``liger-kernel``, the chunked loss is used and the run says so once. The
+preference objectives use Liger's chunked preference losses instead, which are plain PyTorch and run on the CPU too
+(train/fused_preference.py).
 """
 
 from __future__ import annotations
