@@ -42,7 +42,7 @@ def _tail(path: Path, n: int = 1200) -> str:
 def call(argv: list[str], log: Path, timeout: float, isolate: bool, inprocess) -> None:
     """Run ``argv`` (a Python script and its arguments) as a process, or ``inprocess()`` here; RunFailed with the log's
     tail when it fails or runs past ``timeout``."""
-    if timeout < 5:
+    if timeout < 3:
         raise RunFailed("skipped: the check's time budget is spent")
     if not isolate:
         try:

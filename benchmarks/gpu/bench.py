@@ -309,6 +309,30 @@ def _predicted(mem: dict | None) -> dict:
 
 
 # --------------------------------------------------------------------------- main
+def headline(sections: dict) -> dict:
+    """The figures the targets name, gathered from the sections (None where a section has none)."""
+    def get(*path):
+        d = sections
+        for k in path:
+            d = d.get(k) if isinstance(d, dict) else None
+        return d
+
+    mfus = [get("batching", m, "mfu") for m in ("padded", "padding_free", "pack")]
+    return {
+        "trainpipe_over_trl": get("sft_vs_trl", "ratio_trainpipe_over_trl"),
+        "mfu_trainpipe_padded": get("sft_vs_trl", "trainpipe", "mfu"),
+        "mfu_best_batching": max((m for m in mfus if m is not None), default=None),
+        "padding_free_over_padded": get("batching", "padding_free", "ratio_over_padded"),
+        "pack_over_padded": get("batching", "pack", "ratio_over_padded"),
+        "liger_tokens_per_s_ratio": get("liger", "tokens_per_s_ratio_on_over_off"),
+        "liger_peak_reserved_change_pct": get("liger", "peak_reserved_change_pct"),
+        "planner_within_15pct": f"{get('planner', 'within_15pct')} of {get('planner', 'measured_rows')} measured" if get("planner", "measured_rows") else None,
+        "gpu_utilization_gate": get("gpu_utilization", "gate", "status"),
+        "rollout_share_generate": get("grpo", "generate", "rollout_share"),
+        "rollout_share_vllm": get("grpo", "vllm", "rollout_share"),
+    }
+
+
 def default_out(gpu_name: str | None) -> Path:
     slug = re.sub(r"[^A-Za-z0-9]+", "-", (gpu_name or "cpu").replace("NVIDIA", "")).strip("-").lower() or "gpu"
     return ROOT / "benchmarks" / "results" / f"gpu-{datetime.now(timezone.utc):%Y-%m-%d}-{slug}.json"
@@ -356,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     for name in args.sections.split(","):
         bench.section(name, getattr(check, name), need_s=0 if args.cpu_smoke else NEED_S.get(name, 20))
+    bench.result["headline"] = headline(bench.result["sections"])
     bench.result["finished"] = True
     bench.write()
     print(f"[gpu-check] wrote {bench.out} in {time.time() - bench.start:.0f} s", flush=True)

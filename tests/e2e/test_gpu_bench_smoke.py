@@ -40,6 +40,9 @@ def test_cpu_smoke_writes_every_section(tmp_path):
         assert s[name]["status"] in ("ok", "partial", "skipped", "no-measurement"), (name, s[name])
         assert s[name]["status"] == "ok" or s[name].get("reason"), (name, s[name])
 
+    h = r["headline"]  # the targets' figures in one place: the CPU has ratios, no MFU and no measured planner rows
+    assert h["trainpipe_over_trl"] == s["sft_vs_trl"]["ratio_trainpipe_over_trl"] and h["mfu_trainpipe_padded"] is None
+    assert h["planner_within_15pct"] is None and h["gpu_utilization_gate"] == "n/a" and 0 < h["rollout_share_generate"] < 1
     env_ = r["environment"]
     assert env_["model"]["parameters"] > 0 and env_["attention"]["implementation"] == "sdpa" and env_["gpu"]["cuda"] is False
     # trainpipe against plain TRL on the same rows: both measured, the ratio present; MFU null with its reason on the CPU
@@ -106,8 +109,8 @@ def test_a_hung_run_is_killed_with_what_it_started(tmp_path, monkeypatch):
                       f"p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
                       f"open({str(marker)!r}, 'w').write(str(p.pid))\nprint('started', flush=True)\ntime.sleep(120)\n")
     t = time.time()
-    with pytest.raises(_runs.RunFailed, match="timed out after 5 s") as e:
-        _runs.call([str(script)], tmp_path / "hang.log", 5, True, None)
+    with pytest.raises(_runs.RunFailed, match="timed out after 3 s") as e:
+        _runs.call([str(script)], tmp_path / "hang.log", 3, True, None)
     assert time.time() - t < 20 and "started" in str(e.value)
     child = int(marker.read_text())
     time.sleep(0.5)
