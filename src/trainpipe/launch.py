@@ -90,7 +90,7 @@ def spawn(worker_args: list[str], *, nproc: int, nnodes: int = 1, node_rank: int
     before = os.environ.get(REPORTS_ENV)
     os.environ[REPORTS_ENV] = "1"  # the workers inherit the agent's environment
     try:
-        elastic_launch(config, cmd)(*cmd_args)
+        _agent_in_thread(lambda: elastic_launch(config, cmd)(*cmd_args))
         return 0
     except ChildFailedError as exc:
         say_failures(exc)
@@ -102,6 +102,63 @@ def spawn(worker_args: list[str], *, nproc: int, nnodes: int = 1, node_rank: int
             os.environ.pop(REPORTS_ENV, None)
         else:
             os.environ[REPORTS_ENV] = before
+
+
+def _agent_in_thread(launch) -> None:
+    """Run torch's agent (``launch``) in a thread, so that SIGTERM / SIGINT to this launcher (srun passing on SLURM's
+    warning signal, the kubelet, Ctrl-C) reaches the workers as a signal of their own: each saves a checkpoint and exits
+    75, and the agent, still watching, reports that exit code. (On the main thread torch's agent takes the signal itself:
+    it raises, kills the workers after 30 s whatever they are doing, and its exit code says nothing of a checkpoint.)"""
+    import signal
+    import threading
+
+    box: dict = {}
+
+    def target() -> None:
+        try:
+            launch()
+        except BaseException as exc:  # noqa: BLE001 - raised again on the main thread
+            box["exc"] = exc
+
+    def forward(sig, _frame) -> None:
+        for pid in _children():
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+
+    agent = threading.Thread(target=target, name="trainpipe-elastic-agent", daemon=True)
+    if threading.current_thread() is not threading.main_thread():
+        return launch()
+    before = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        agent.start()
+        while agent.is_alive():
+            agent.join(0.2)
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)
+    if "exc" in box:
+        raise box["exc"]
+
+
+def _children() -> list[int]:
+    """This process's child processes (the workers the agent started), from /proc (Linux; elsewhere none)."""
+    me, out = os.getpid(), []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return out
+    for d in entries:
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as fh:
+                if int(fh.read().rsplit(")", 1)[1].split()[1]) == me:
+                    out.append(int(d))
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
 
 
 class _ExplainedFailure(logging.Filter):
@@ -117,6 +174,8 @@ class _ExplainedFailure(logging.Filter):
         if getattr(record, "trainpipe_released", False):
             return True
         msg = str(record.msg)
+        if msg.startswith("Failed to register signal handlers"):  # the agent runs in a thread; spawn forwards the signals itself
+            return False
         if msg.startswith("Sending process %s closing signal"):
             self.held.append(record)
             return False
