@@ -399,7 +399,7 @@ def _steps(cfg: RunConfig, plan, hw, run_dir: Path, events: EventLog, config_pat
         data = prepare(
             cfg.data, tokenizer, train_on=cfg.method.train_on, seed=cfg.training.seed, rejected_path=run_dir / "rejected.jsonl" if main else None,
             progress=lambda n: bar.advance(task, n), on_total=lambda n: bar.update(task, total=n),
-            template_name=template, batch_size_hint=cfg.training.per_device_train_batch_size, for_method=cfg.method.name,
+            template_name=template, batch_size_hint=plan.specs.batch.micro_batch, for_method=cfg.method.name,
         )
     if main:
         dist_env.barrier()
