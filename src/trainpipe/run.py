@@ -276,7 +276,8 @@ SAFE_TO_RESUME = (
     "training.on_checkpoint_error", "training.preemption_grace_seconds", "training.hang_timeout_seconds", "training.per_device_eval_batch_size",
     "training.oom_recovery", "training.max_recoveries", "training.loss_spike_factor", "training.loss_spike_min_delta",
     # how many processes and how they talk, not what is trained: the loop keeps the checkpoint's effective batch (train/loop.py)
-    "distributed.strategy", "distributed.nproc_per_node", "distributed.nnodes", "distributed.backend", "distributed.timeout_seconds", "distributed.nccl_",
+    "distributed.strategy", "distributed.nproc_per_node", "distributed.nnodes", "distributed.backend", "distributed.timeout_seconds",
+    "distributed.nccl_socket_ifname", "distributed.nccl_ib_hca", "distributed.nccl_ib_timeout", "distributed.nccl_ib_retry_cnt",
     "tracking.", "pipeline.", "gates.",  # where the run is tracked and cached, not what is trained (issue 13)
 )
 
