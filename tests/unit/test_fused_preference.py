@@ -120,3 +120,18 @@ def test_an_adapter_on_the_lm_head_keeps_trainpipes_loss():
     said = []
     assert not fused_preference.setup(objective, model, "cpu", say=said.append)
     assert "not a plain linear layer" in said[0]
+
+
+def test_a_sharded_lm_head_falls_back_at_the_first_step():
+    """ZeRO-3 partitions the LM head's weight outside the forward (faked here by its `ds_id` marker on a real tiny model;
+    a real ZeRO-3 run is the DeepSpeed e2e tier's): the step computes trainpipe's loss, says why once and records it."""
+    model, objective = build("dpo", "none", beta=0.5)
+    window = pairs(4, seed=3)
+    want, _, _ = loss_and_grads(model, objective, window, window)
+    said = []
+    assert fused_preference.setup(objective, model, "cpu", say=said.append)
+    model.get_output_embeddings().weight.ds_id = 0
+    got, _, _ = loss_and_grads(model, objective, window, window)
+    assert got == want and objective.fused is None
+    assert objective.loss_record["implementation"] == "trainpipe" and "ZeRO-3" in objective.loss_record["why"]
+    assert len(said) == 2 and "sharded" in said[1]

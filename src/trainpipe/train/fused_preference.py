@@ -11,7 +11,8 @@ Each is checked equal to trainpipe's own loss, value and gradients, on the same 
   (Liger's ``robust`` is a different, unbiased loss), kto with `desirable_weight` != `undesirable_weight` (Liger's KTO
   weighs both sides alike; equal weights scale its loss);
 - a model whose logits are not the LM head applied to the last hidden state (soft-capped or scaled logits, an adapter on
-  the LM head), checked once on a probe; FSDP (its LM head is sharded outside the forward).
+  the LM head), checked once on a probe; FSDP and ZeRO-3 (the LM head is sharded outside the forward; caught at the
+  first step).
 
 The NLL term of orpo and of `sft_weight` stays the token mean over the whole optimizer window (the loop's contract):
 Liger divides each micro-batch's NLL sum by that micro-batch's chosen tokens, so its NLL weight ``alpha`` is set per
@@ -156,11 +157,12 @@ class FusedPreference:
         self.method, self.pref, self.compiled, self.say = method, pref, compiled, say
 
     def sharded(self, objective, weight) -> bool:
-        """FSDP shards the LM head's weight outside the forward (a DTensor): Liger cannot read it, so the objective
-        falls back to trainpipe's loss from here on, said once and recorded."""
-        if type(weight).__name__ != "DTensor":
+        """FSDP (a DTensor) and DeepSpeed ZeRO-3 (a partitioned parameter, `ds_id`) hold the LM head's weight sharded
+        outside the forward: Liger cannot read it, so the objective falls back to trainpipe's loss from here on, said
+        once and recorded."""
+        if type(weight).__name__ != "DTensor" and not hasattr(weight, "ds_id"):
             return False
-        why = "under FSDP the LM head's weight is sharded outside the forward"
+        why = "under FSDP or ZeRO-3 the LM head's weight is sharded outside the forward"
         self.say(f"`training.use_liger_kernel: true`: {why}, so this run trains with trainpipe's own preference loss.")
         objective.fused, objective.loss_record = None, {"implementation": "trainpipe", "use_liger_kernel": True, "why": why}
         return True
