@@ -61,15 +61,17 @@ def test_grpo_raises_reward_with_bounded_kl(tmp_path, base_dir):
 
 
 def test_rloo_lora_resumes_to_the_bit(tmp_path, base_dir):
-    """RLOO with LoRA (the reference: the base with the adapter off). Resuming from the step-4 checkpoint samples the same
-    completions as the uninterrupted run: the trained weights at step 8 are identical."""
+    """RLOO with LoRA (the reference: the base with the adapter off), three updates on each batch of rollouts. The step-4
+    checkpoint falls inside a group (rollouts of step 3 serve steps 3-5): resuming from it trains on the same rollouts
+    (the checkpoint carries them) and then samples the same completions per prompt seed as the uninterrupted run: the
+    trained weights at step 8 are identical."""
     import shutil
 
     import torch
 
     from trainpipe.model.checkpoints import CheckpointManager
 
-    cfg = write_config(tmp_path, base_dir, rl={"algorithm": "rloo"}, peft="lora", steps=8, lr=2e-2)
+    cfg = write_config(tmp_path, base_dir, rl={"algorithm": "rloo", "num_iterations": 3}, peft="lora", steps=8, lr=2e-2)
     data = yaml.safe_load(cfg.read_text())
     data["training"].update(eval_steps=4, save_total_limit=3)
     cfg.write_text(yaml.safe_dump(data))

@@ -317,6 +317,7 @@ class TrainLoop:
             "scheduler": self.scheduler.state_dict(),
             "rng": capture_rng(),
             "loop": asdict(self.state),
+            "objective": self.objective.state_dict() if hasattr(self.objective, "state_dict") else {},  # e.g. RL's reused rollouts
         }
         if gathered.get("rng_ranks") is not None:
             st["rng_ranks"] = gathered["rng_ranks"]  # rank r resumes with its own dropout stream
@@ -334,6 +335,8 @@ class TrainLoop:
         if self.scaler and "scaler" in st:
             self.scaler.load_state_dict(st["scaler"])
         self.state = LoopState(**st["loop"])
+        if st.get("objective") and hasattr(self.objective, "load_state_dict"):
+            self.objective.load_state_dict(st["objective"])
         if self.state.gradient_checkpointing:
             self._set_gradient_checkpointing(True)
         rank = self.strategy.rank

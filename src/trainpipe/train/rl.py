@@ -78,6 +78,9 @@ def run(ctx: RunContext) -> dict:
             "model shifts positions after the virtual tokens (and PEFT 0.21's generate drops a prefix under transformers 5), so the "
             "samples would not come from the policy being trained. Use `peft: lora` (or another LoRA-family method, ia3, freeze, none)."
         )
+    if rl.algorithm == "ppo" and ctx.dist is not None and ctx.dist.strategy == "fsdp":
+        raise ConfigError("`method.rl.algorithm: ppo` under `distributed.strategy: fsdp` is not supported: the value head reads the policy's "
+                          "hidden states outside the sharded forward. Use `distributed.strategy: ddp` (or one process), or `algorithm: grpo`.")
     if cfg.data.packing == "pack":
         raise ConfigError("`method.name: rl` samples completions of single prompts, but `data.packing: pack` joins several examples into one row. Set `data.packing: none`.")
     ev_prompts = [prompt_ids(r) for r in data.eval][: cfg.eval.max_samples or None]
@@ -98,7 +101,8 @@ def run(ctx: RunContext) -> dict:
     engine = None
     if rollout == "vllm":
         engine = VLLMRollout(model_path=str(cfg.model.name_or_path), rl=rl, stop_ids=ctx.stop_ids, seed=cfg.training.seed,
-                             max_model_len=ctx.specs.batch.max_length + rl.max_new_tokens, trust_remote_code=cfg.model.trust_remote_code)
+                             max_model_len=ctx.specs.batch.max_length + rl.max_new_tokens, trust_remote_code=cfg.model.trust_remote_code,
+                             distributed=ctx.dist is not None)
     objective = PolicyGradient(tok, reward, rl, stop_ids=ctx.stop_ids, reference=reference, seed=cfg.training.seed,
                                step=lambda: loop.state.step, rollout=engine)
     objective.policy = model

@@ -15,6 +15,7 @@ the old policy's, and the ratio of the current policy to them is clipped to [1 -
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
@@ -172,8 +173,8 @@ class PolicyGradient(Objective):
         g = self._group
         fresh = g is None or g.generation != generation or (k == 0 and g.key != key)
         if fresh:
-            if k and not self._noted:
-                ui.console().print(f"  note: resumed inside a group of {mu} iterations: its rollouts are drawn again from the current policy")
+            if k and not self._noted:  # a checkpoint carries the group's rollouts (state_dict); one without them (older) cannot
+                ui.console().print(f"  note: resumed inside a group of {mu} iterations without its rollouts: they are drawn again from the current policy")
                 self._noted = True
             g = self._group = self.roll_out(examples, generation)
         G = self.rl.num_generations
@@ -215,6 +216,19 @@ class PolicyGradient(Objective):
         else:
             r.adv = advantages(rewards.view(-1, G), rl.algorithm).reshape(-1)
         return r
+
+    def state_dict(self) -> dict:
+        """The rollouts that later steps of their group still train on (`num_iterations` > 1), for the checkpoint: a run
+        resumed inside a group trains on the same rollouts as the uninterrupted one."""
+        g = self._group
+        if g is None or self.rl.num_iterations == 1:
+            return {}
+        return {f.name: (getattr(g, f.name).cpu() if hasattr(getattr(g, f.name), "cpu") else getattr(g, f.name))
+                for f in dataclasses.fields(g) if f.name != "key"}
+
+    def load_state_dict(self, st: dict) -> None:
+        device = next(self.policy.parameters()).device
+        self._group = Rollouts(key=(), **{k: (v.to(device) if hasattr(v, "to") else v) for k, v in st.items()})
 
     # ---------------------------------------------------------------- one micro-batch
     def loss_sum(self, model, batch: dict):

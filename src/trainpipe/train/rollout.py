@@ -82,7 +82,7 @@ class VLLMRollout:
     ``SamplingParams``, or ``llm`` and ``sampling_params`` given (a stand-in in tests, where vLLM cannot run)."""
 
     def __init__(self, *, model_path: str, rl, stop_ids: list[int], seed: int, max_model_len: int, dtype: str = "auto",
-                 trust_remote_code: bool = False, llm=None, sampling_params=None):
+                 trust_remote_code: bool = False, distributed: bool = False, llm=None, sampling_params=None):
         self.rl, self.stop_ids = rl, list(stop_ids)
         self.sampling_params = sampling_params
         if llm is None:
@@ -90,7 +90,9 @@ class VLLMRollout:
 
             self.sampling_params = SamplingParams
             llm = LLM(model=model_path, dtype=dtype, enable_sleep_mode=True, gpu_memory_utilization=rl.vllm_gpu_memory_utilization,
-                      max_model_len=max_model_len, seed=seed, trust_remote_code=trust_remote_code, max_num_batched_tokens=4096)
+                      max_model_len=max_model_len, seed=seed, trust_remote_code=trust_remote_code, max_num_batched_tokens=4096,
+                      # under torchrun every rank's engine joins the process group the training made (TRL's colocate mode)
+                      **({"distributed_executor_backend": "external_launcher"} if distributed else {}))
         self.llm = llm
         self.llm.sleep(level=2)  # the training owns the GPU until the first rollout
         self.synced_steps: list[int] = []
