@@ -2,8 +2,11 @@
 
 - :func:`spawn`: ``trainpipe run CONFIG --nproc-per-node N [--nnodes M --node-rank R --rdzv-endpoint HOST:PORT]``
   starts N workers (``python -m trainpipe.cli run CONFIG ...``) through torch's elastic agent, exactly as torchrun
-  would (the same argument parser and launcher), waits for them and returns one exit code for the run.
-- :func:`torchrun_argv`: the torchrun command line for the same run (``trainpipe launch --emit torchrun``).
+  would (the same argument parser and launcher), waits for them and returns one exit code for the run. The agent runs
+  in a thread and the launcher passes SIGTERM / SIGINT on to the workers (each saves a checkpoint and exits 75).
+- :func:`torchrun_argv`: the torchrun command line for the same run.
+- :func:`cluster_layout`: GPUs, nodes, CPUs and host memory of the cluster files (launch_files.py, the Kubeflow pipeline,
+  the CronJob).
 
 A refusal is said once (issue 24). Each worker that stops on a trainpipe error (one paragraph, an exit code of its own)
 leaves that paragraph in the error file torch's agent gives it (``TORCHELASTIC_ERROR_FILE``; :func:`report_error`):
@@ -127,9 +130,10 @@ def _agent_in_thread(launch) -> None:
             except OSError:
                 pass
 
+    if threading.current_thread() is not threading.main_thread():  # no signal handlers off the main thread: run it here
+        launch()
+        return
     agent = threading.Thread(target=target, name="trainpipe-elastic-agent", daemon=True)
-    if threading.current_thread() is not threading.main_thread():
-        return launch()
     before = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         agent.start()
