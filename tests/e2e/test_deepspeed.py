@@ -3,7 +3,10 @@ processes through `trainpipe run --nproc-per-node 2` (DeepSpeed's CPU accelerato
 test_distributed.py.
 
 The guarantees: 2 processes x micro-batch b under ZeRO equal 1 process x 2b (plain trainpipe, no DeepSpeed) within 1e-5
-in the losses of every step and the final weights, for ZeRO-2 and ZeRO-3; the checkpoint is the gathered full state
+in the losses of every step and the final weights, for ZeRO-2 and for ZeRO-3 with the optimizer and the parameters
+offloaded to the CPU (`distributed.offload: optimizer+params`, trainpipe's own optimizer stepping the CPU partitions);
+ZeRO-2 with an OOM on one rank on the way (every rank halves its micro-batch and retries the window, the
+gradients already reduced into the partitions dropped); the checkpoint is the gathered full state
 (checksummed, one process's layout); SIGKILL of every worker after a checkpoint then `--resume` equals the uninterrupted
 ZeRO run bit for bit; SIGTERM to one worker stops every rank with a checkpoint and exit 75.
 """
@@ -19,7 +22,7 @@ import pytest
 import torch
 import yaml
 
-from test_distributed import base, events, finish, launch, max_diff, newest_weights, sft_config, sigterm_one_worker, wait_for, worker_pids  # noqa: F401 - `base` is a fixture
+from test_distributed import assert_every_rank_halved, base, events, finish, launch, max_diff, newest_weights, sft_config, sigterm_one_worker, wait_for, worker_pids  # noqa: F401 - `base` is a fixture
 from trainpipe.cli import main
 
 pytestmark = pytest.mark.e2e
@@ -51,10 +54,14 @@ def _zero(tmp: Path, base: Path, stage: str, **extra) -> Path:  # noqa: F811
                                              "distributed.strategy": stage, **extra})
 
 
+ZERO3 = {"distributed.offload": "optimizer+params"}  # ZeRO-3 with the optimizer step and the parameters on the CPU (ZeRO-Offload)
+
+
 @pytest.fixture(scope="module")
 def zero3_reference(tmp_path_factory, base):  # noqa: F811
+    """The uninterrupted 2-process ZeRO-3 run with `distributed.offload: optimizer+params` (micro-batch 4, accumulation 2)."""
     tmp = tmp_path_factory.mktemp("ds_zero3")
-    cfg = _zero(tmp, base, "zero3")
+    cfg = _zero(tmp, base, "zero3", **ZERO3)
     rc, out = finish(launch(cfg))
     assert rc == 0, out[-3000:]
     return _run_dir(cfg)
@@ -64,19 +71,21 @@ def zero3_reference(tmp_path_factory, base):  # noqa: F811
 def test_zero_two_processes_equal_one_process_with_twice_the_micro_batch(tmp_path, base, stage, one_process, request):  # noqa: F811
     if stage == "zero3":
         run2 = request.getfixturevalue("zero3_reference")
-    else:
+    else:  # with an OOM on rank 1 alone before its forward of window 1 on the way (the fault injection of faults.py)
         cfg = _zero(tmp_path, base, stage)
-        rc, out = finish(launch(cfg))
+        rc, out = finish(launch(cfg, faults={"ranks": [1], "oom_at_windows": [1]}))
         assert rc == 0, out[-3000:]
         run2 = _run_dir(cfg)
+        assert_every_rank_halved(run2)  # both ranks dropped the window's reduced gradients and retried it with micro-batch 2
     l1, l2 = _losses(one_process), _losses(run2)
     assert len(l1) == len(l2) == 4 and l2[-1] < l2[0]
     loss_diff = max(abs(a - b) for a, b in zip(l1, l2, strict=True))
     diff = max_diff(newest_weights(one_process), newest_weights(run2))
-    print(f"\n{stage}: max |loss(2 procs x mb 4) - loss(1 proc x mb 8)| = {loss_diff:.2e}, max |w - w| = {diff:.2e}")
+    print(f"\n{stage}{' + offload optimizer+params' if stage == 'zero3' else ''}: max |loss(2 procs x mb 4) - loss(1 proc x mb 8)| = {loss_diff:.2e}, max |w - w| = {diff:.2e}")
     assert loss_diff < 1e-5 and diff < 1e-5
     man = json.loads((run2 / "manifest.json").read_text())
     assert man["distributed"]["strategy"] == stage and man["distributed"]["world_size"] == 2
+    assert man["distributed"].get("zero_stage") == int(stage[-1])
     ev = events(run2)
     assert sum(e["event"] == "training_started" for e in ev) == 1 and sum(e["event"] == "run_finished" for e in ev) == 1
     from trainpipe.model.checkpoints import CheckpointManager, verify
@@ -93,7 +102,7 @@ def test_zero_two_processes_equal_one_process_with_twice_the_micro_batch(tmp_pat
 
 
 def test_zero3_sigkill_all_workers_after_a_checkpoint_then_resume_is_bit_identical(tmp_path, base, zero3_reference):  # noqa: F811
-    cfg = _zero(tmp_path, base, "zero3", **{"training.resume": "auto"})
+    cfg = _zero(tmp_path, base, "zero3", **ZERO3, **{"training.resume": "auto"})
     run = tmp_path / "run"
     p = launch(cfg, faults={"step_seconds": 0.5})
     wait_for(lambda: any(e["event"] == "checkpoint_saved" and e["step"] == 2 for e in events(run)), p)
@@ -117,3 +126,4 @@ def test_zero2_sigterm_to_one_worker_stops_every_rank_with_a_checkpoint(tmp_path
     cfg = _zero(tmp_path, base, "zero2")
     step = sigterm_one_worker(cfg, tmp_path / "run", 0.5)
     assert step < 4
+

@@ -53,7 +53,7 @@ HF_NAMES: dict[str, tuple[str | None, str]] = {
     "dataset_text_field": ("data.sources[].columns", ": `{text: FIELD}`"), "packing": ("data.packing", " (`pack` or `padding_free`)"),
     "model_name_or_path": ("model.name_or_path", ""), "torch_dtype": ("model.dtype", ""), "trust_remote_code": ("model.trust_remote_code", ""),
     "beta": ("method.preference.beta", ""), "loss_type": ("method.preference.loss_type", ""), "num_generations": ("method.rl.num_generations", ""),
-    "deepspeed": ("distributed.strategy", " (`zero2`/`zero3`; trainpipe writes the DeepSpeed config)"), "fsdp": ("distributed.strategy", ": `fsdp`"),
+    "deepspeed": ("distributed.strategy", " (`zero2`/`zero3`: DeepSpeed ZeRO inside trainpipe's loop; `distributed.offload` for ZeRO-Offload)"), "fsdp": ("distributed.strategy", ": `fsdp`"),
     "ddp_backend": ("distributed.backend", ""), "ddp_timeout": ("distributed.timeout_seconds", ""),
     "output_dir": ("output_dir", " (a top-level key)"),
     "dataloader_num_workers": (None, "trainpipe tokenizes the data once into its cache before training, so there are no data loader workers to set"),

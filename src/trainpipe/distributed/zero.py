@@ -54,6 +54,7 @@ class ZeroOptimizer:
     def __init__(self, engine, base, stage: int):
         self.engine, self.base, self.stage = engine, base, stage
         self._finalized = False  # the window's gradients are already finalized (the norm was taken): the step must not redo it
+        self._stepped = False  # the last call was a step: the next zero_grad has nothing reduced to drop
 
     @property
     def param_groups(self):
@@ -71,7 +72,7 @@ class ZeroOptimizer:
             self.engine.step()
         finally:
             opt.__dict__.pop("finalize_gradient_accumulation_boundary", None)
-            self._finalized = False
+            self._finalized, self._stepped = False, True
 
     def grad_norm(self) -> float:
         """The global L2 norm of the gradients the loop's window left in the partitions (every rank calls it), before the
@@ -86,7 +87,27 @@ class ZeroOptimizer:
         return float(opt.scaled_global_norm())
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        self.engine.optimizer.zero_grad(set_to_none=set_to_none)
+        """Drop the window's gradients: after a step (which already emptied the partitions), or when a window is retried
+        after an OOM or dropped after a divergent step, whose gradients already reduced into the partitions must go too
+        (what DeepSpeed does with an overflowed fp16 step), so that the retried window accumulates from nothing."""
+        opt = self.engine.optimizer
+        opt.zero_grad(set_to_none=set_to_none)
+        if self._stepped:
+            self._stepped = False
+            return
+        self._finalized = False
+        if self.stage == 2:
+            opt._release_preflattened_grad_buffers()
+            if opt.cpu_offload:
+                opt.reset_cpu_buffers()
+                opt._offload_accumulated_param_ids = set()
+            else:
+                for k in list(opt.averaged_gradients.keys()):
+                    opt.averaged_gradients[k] = None
+                    opt.all_grad_tensors[k] = None
+            opt.micro_step_id = -1  # the next backward starts a new accumulation
+        else:
+            opt.micro_step_id = 0  # ZeRO-3: the next backward copies into the gradient partitions instead of adding
 
     def state_dict(self):
         raise TrainpipeError("Under DeepSpeed the optimizer state is gathered by the strategy (Strategy.checkpoint), not read per rank.")
