@@ -1,5 +1,5 @@
-"""The cluster launch files, each checked against what consumes it: the Kubeflow TrainJob against Kubeflow Trainer's own
-CRD schema, the SkyPilot task against SkyPilot's own task and resources schemas (both stored under tests/assets/schemas,
+"""The cluster launch files, each checked against what consumes it: the Kubeflow TrainJob and PyTorchJob against
+Kubeflow's own CRD schemas, the SkyPilot task against SkyPilot's own task and resources schemas (both stored under tests/assets/schemas,
 with their source), the deepspeed script against DeepSpeed's launcher parser, the scripts against `bash -n`; the image
 against the repository's Dockerfile; host memory against the plan; no path of this machine in any of them. (No cluster
 here: the sbatch script's TERM forwarding runs for real in tests/e2e/test_sbatch_term.py.)"""
@@ -104,9 +104,19 @@ def test_trainjob_is_valid_for_kubeflow_trainer_and_carries_its_config_in_a_conf
         "NCCL_SOCKET_IFNAME": "^docker,lo", "NCCL_IB_HCA": "mlx5_0,mlx5_1", "NCCL_IB_TIMEOUT": "22", "NCCL_IB_RETRY_CNT": "7"}
 
 
-def test_the_pytorchjob_stays_behind_a_flag(tmp_path):
+def test_the_pytorchjob_stays_behind_a_flag_and_is_valid_for_kubeflow(tmp_path):
+    import jsonschema
+
     configmap, job = yaml.safe_load_all(emit(tmp_path, "k8s", "--pytorchjob", "--volume-claim", "shared-fs"))
     assert job["apiVersion"] == "kubeflow.org/v1" and job["kind"] == "PyTorchJob" and configmap["kind"] == "ConfigMap"
+    crd = yaml.safe_load((SCHEMAS / "pytorchjob-v1.crd-excerpt.yaml").read_text())
+    validator = jsonschema.Draft7Validator(strict(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]))
+    errors = [e.message for e in validator.iter_errors(job)]
+    assert not errors, errors
+    bad = copy.deepcopy(job)
+    bad["spec"]["pytorchReplicaSpecs"]["Master"]["replica"] = 1
+    assert list(validator.iter_errors(bad))
+    assert job["spec"]["pytorchReplicaSpecs"]["Master"]["restartPolicy"] in ("Always", "OnFailure", "Never", "ExitCode")
     pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
     assert pod["volumes"][0] == {"name": "workspace", "persistentVolumeClaim": {"claimName": "shared-fs"}}
     assert pod["containers"][0]["image"] == f"trainpipe:{trainpipe.__version__}"
