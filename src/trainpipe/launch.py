@@ -289,14 +289,15 @@ def cluster_layout(cfg, *, nproc: int | None = None, nnodes: int | None = None) 
     d = cfg.distributed
     gpus = nproc if nproc is not None else (d.nproc_per_node if isinstance(d.nproc_per_node, int) else 1)
     nodes = nnodes if nnodes is not None else d.nnodes
-    mem = {}
+    mem, strategy = {}, d.strategy
     try:
         plan = plan_run(cfg, detect(), gpus * nodes, nnodes=nodes)
         mem = (plan.predicted or {}).get("memory") or {}
+        strategy = plan.strategy.value
     except Exception:  # noqa: BLE001 - the launch files never depend on the planner sizing the model
         mem = {}
     layout = {"gpus_per_node": gpus, "nnodes": nodes, "cpus_per_node": 8 * max(1, gpus), "predicted_bytes_per_device": mem.get("total_bytes"),
-              "cpu_bytes_per_device": mem.get("cpu_bytes") or 0}
+              "cpu_bytes_per_device": mem.get("cpu_bytes") or 0, "strategy": strategy}
     layout["memory_gib"] = host_memory_gib(layout)
     return layout
 

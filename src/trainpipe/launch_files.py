@@ -273,7 +273,7 @@ def emit_slurm(cfg, config_path: str, layout: dict, name: str, sets=()) -> str:
 
 def emit_deepspeed(cfg, config_path: str, layout: dict, name: str, sets=()) -> str:
     """`deepspeed --num_gpus N` (and `--hostfile` on several nodes) running `trainpipe run` under ZeRO."""
-    strategy = cfg.distributed.strategy
+    strategy = layout.get("strategy") or cfg.distributed.strategy  # `auto`: what the plan chose
     if strategy not in ("zero2", "zero3"):
         raise ConfigError(
             f"`--emit deepspeed` launches DeepSpeed ZeRO, and `distributed.strategy` is `{strategy}`. Set `distributed.strategy: zero2` "
