@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
+
+from trainpipe.plan.preference_loss import preference_loss_bytes
 
 CHILD = r"""
 import json, resource, sys
@@ -49,7 +52,10 @@ print(json.dumps({"peak_extra_bytes": rss() - before, "loss": loss.item()}))
 
 
 def measure(variant: str, a) -> dict:
-    out = subprocess.run([sys.executable, "-c", CHILD, variant, str(a.pairs), str(a.seq), str(a.vocab)], check=True, capture_output=True, text=True)
+    # every allocation of 64 KiB or more straight from mmap and back on free: glibc's dynamic threshold would otherwise serve
+    # tensors under 32 MiB from its heap, whose high-water mark (ru_maxrss) then counts freed chunks
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+    out = subprocess.run([sys.executable, "-c", CHILD, variant, str(a.pairs), str(a.seq), str(a.vocab)], check=True, capture_output=True, text=True, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -64,8 +70,10 @@ def main() -> None:
     logits_mb = 2 * a.pairs * a.seq * a.vocab * 4 / 2**20
     ratio = new["peak_extra_bytes"] / max(1, base["peak_extra_bytes"])
     print(f"policy logits: {2 * a.pairs} x {a.seq} x {a.vocab} float32 = {logits_mb:.0f} MiB")
-    print(f"trainpipe's DPO loss (baseline): peak +{base['peak_extra_bytes'] / 2**20:.0f} MiB")
-    print(f"Liger's chunked DPO loss:        peak +{new['peak_extra_bytes'] / 2**20:.0f} MiB")
+    kw = {"rows": 2 * a.pairs, "tokens": a.seq, "vocab": a.vocab, "hidden": 64, "logit_bytes": 4, "head_trains": True}
+    plan = {v: preference_loss_bytes(liger=v, **kw) / 2**20 for v in (False, True)}  # the planner's figure (plan/preference_loss.py)
+    print(f"trainpipe's DPO loss (baseline): peak +{base['peak_extra_bytes'] / 2**20:.0f} MiB (planner: {plan[False]:.0f} MiB)")
+    print(f"Liger's chunked DPO loss:        peak +{new['peak_extra_bytes'] / 2**20:.0f} MiB (planner: {plan[True]:.0f} MiB)")
     print(f"same loss: {abs(new['loss'] - base['loss']) <= 1e-5 * max(1.0, abs(base['loss']))} ({new['loss']:.6g} vs {base['loss']:.6g})")
     print(f"ratio liger / trainpipe: {ratio:.3f} (anchor: about 0.2, Liger's -80 % for preference losses)")
 
