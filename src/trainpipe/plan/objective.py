@@ -10,7 +10,7 @@ One decision tree, used by `trainpipe plan --model` (`--set method.goal=...`, `-
     new knowledge / new       continued pre-training on raw domain text first, then instruction tuning (SFT) on
     vocabulary                instruction data: stages [pretrain, sft] (pretrain alone without instruction data)
     preference data           KL control important -> the PPO-class pipeline in 3 stages: SFT, reward model, RL
-                              (GRPO/RLOO against the reward model, KL-penalised to the SFT policy);
+                              (GRPO/RLOO/PPO against the reward model, KL-penalised to the SFT policy);
                               KL control unimportant -> DPO (after SFT when instruction data is there too)
     no preference data        task adaptation -> SFT (LoRA or full fine-tune by the method rule, plan/decisions.py)
 
@@ -104,7 +104,7 @@ def choose_objective(*, goal: str = "auto", data: set[str] | frozenset[str] | li
                                 "instruction data (prompt + response records) next to the preference pairs. Add an instruction source, "
                                 "or `method.kl_control: low` (`--set method.kl_control=low`) for DPO on the pairs alone.")
             c = ObjectiveChoice(["sft", "reward", "rl"], "preference data and KL control matters (the policy must stay close to the SFT model): "
-                                "the PPO-class pipeline in 3 stages: SFT, a reward model trained on the pairs, then online RL (GRPO/RLOO) "
+                                "the PPO-class pipeline in 3 stages: SFT, a reward model trained on the pairs, then online RL (GRPO by default; RLOO or PPO with `method.rl.algorithm`) "
                                 "against it with a KL penalty to the SFT policy",
                                 f"reward model: {WATCH['reward']}; RL: {WATCH['rl']}", ["instruction", "preference", "instruction"])
         elif "instruction" in kinds:
