@@ -94,7 +94,7 @@ class Stepper:
                 if action == "fatal":
                     raise OutOfMemoryPlan(
                         f"Out of memory on rank {rank} inside a sharded forward or backward at step {step + 1} ({str(exc)[:120]}). "
-                        "Under `distributed.strategy: fsdp` the other ranks are then waiting in that forward's collectives, so this rank "
+                        f"Under `distributed.strategy: {strategy.name}` the other ranks are then waiting in that step's collectives, so this rank "
                         "cannot retry with a smaller micro-batch; the launcher stops every worker. Resume with `--resume` after setting a "
                         "smaller `training.per_device_train_batch_size` (the accumulation grows, the effective batch stays) or "
                         "`training.gradient_checkpointing: true`."
