@@ -1,7 +1,7 @@
 """DeepSpeed ZeRO-2/3 configs from a run config, accepted by DeepSpeed's own config class.
 
-DeepSpeed cannot train on this CPU-only machine; the config it would run with is generated and validated here
-(`pip install 'trainpipe[deepspeed]'`; skipped without it)."""
+The config a `deepspeed` launcher of one's own runs with is generated and validated here (`pip install
+'trainpipe[deepspeed]'`; skipped without it); trainpipe's loop trains ZeRO itself (tests/e2e/test_deepspeed.py)."""
 
 import pytest
 

@@ -2,9 +2,9 @@
 
 Generated from the resolved values the loop uses (micro-batch, accumulation, world size, precision, clipping, offload)
 so that DeepSpeed's batch arithmetic (train_batch = micro x accumulation x world) holds by construction. The file is
-validated by DeepSpeed's own ``DeepSpeedConfig`` in the tests (``pip install 'trainpipe[deepspeed]'``). trainpipe's
-loop does not run under DeepSpeed's engine yet: this CPU-only workplace cannot run ZeRO (its optimizers and
-partitioning need CUDA), so only the configuration is produced and checked here.
+validated by DeepSpeed's own ``DeepSpeedConfig`` in the tests (``pip install 'trainpipe[deepspeed]'``). This is the
+config for a ``deepspeed`` launcher of one's own; ``trainpipe run`` trains ZeRO inside its own loop with the engine
+config of distributed/zero.py (the loop owns the accumulation there).
 """
 
 from __future__ import annotations
