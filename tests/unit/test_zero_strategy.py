@@ -43,3 +43,8 @@ def test_make_picks_deepspeed_for_zero_and_refuses_a_ddp_hook():
     assert type(make(dist("fsdp"))) is FSDP and type(make(dist("ddp"))) is DDP and type(make(None)) is Single
     with pytest.raises(TrainpipeError, match="grad_compression"):
         make(dist("zero2", grad_compression="powersgd"))
+
+
+def test_fp16_loss_scaling_under_zero_is_refused_with_what_to_use():
+    with pytest.raises(TrainpipeError, match="bf16"):
+        make(dist("zero3")).attach(object(), 1.0, loss_scaling=True)

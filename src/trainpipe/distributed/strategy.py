@@ -44,7 +44,7 @@ class Strategy(Protocol):
 
     def shard(self, model) -> None: ...
     def wrap(self, model, device) -> None: ...
-    def attach(self, optimizer, max_grad_norm: float): ...
+    def attach(self, optimizer, max_grad_norm: float, loss_scaling: bool = False): ...
     def no_sync(self): ...
     def scale_loss(self, loss): ...
     def before_sync_backward(self, mark: Mark) -> None: ...
@@ -78,9 +78,9 @@ class Single:
     def wrap(self, model, device) -> None:
         self.forward = model
 
-    def attach(self, optimizer, max_grad_norm: float):
+    def attach(self, optimizer, max_grad_norm: float, loss_scaling: bool = False):
         """The optimizer the loop and the stepper step (DeepSpeed: its engine's step over the partitions); ``optimizer``
-        itself everywhere else."""
+        itself everywhere else. ``loss_scaling``: the stepper scales fp16 losses with torch's GradScaler."""
         return optimizer
 
     def no_sync(self):
@@ -345,7 +345,15 @@ class DeepSpeed(DDP):
     def wrap(self, model, device) -> None:
         self.model = model  # the engine is built in attach, when the optimizer exists
 
-    def attach(self, optimizer, max_grad_norm: float):
+    def attach(self, optimizer, max_grad_norm: float, loss_scaling: bool = False):
+        if loss_scaling:
+            raise TrainpipeError(
+                f"`distributed.strategy: {self.name}` with fp16 mixed precision: torch's loss scaler cannot see the gradients ZeRO "
+                "keeps in its partitions. Train in bf16 (`training.bf16: true`, Ampere GPUs and newer) or fp32 under ZeRO, or use "
+                "`distributed.strategy: fsdp` or `ddp` with fp16."
+            )
+        if self.engine is not None:  # attached already: the engine wraps trainpipe's optimizer once
+            return self.zopt
         # the micro-batch in DeepSpeed's config is bookkeeping only (its batch-size check); the loop's stepper sizes the batches
         cfg = zero_mod.engine_config(self.stage, 1, self.world, max_grad_norm, self.dist.offload)
         self.engine, self.zopt, self.groups = zero_mod.initialize(self.model, optimizer, cfg)

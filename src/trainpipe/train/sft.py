@@ -125,8 +125,7 @@ def build_loop(model, tokenizer, train_data, specs: RunSpecs, *, run_dir: Path, 
     optimizer = build_optimizer(trainable(model), specs.optimizer, device.type)
     scheduler = build_scheduler(optimizer, specs.optimizer, plan.total_windows)
     strategy.wrap(model, device)
-    optimizer = strategy.attach(optimizer, specs.optimizer.max_grad_norm)  # DeepSpeed: its engine steps the partitions
-    optimizer = strategy.attach(optimizer, specs.optimizer.max_grad_norm)  # DeepSpeed: its engine steps the partitions
+    optimizer = strategy.attach(optimizer, specs.optimizer.max_grad_norm, loss_scaling=specs.precision.fp16 and device.type == "cuda")  # DeepSpeed: its engine steps the partitions
     stepper = Stepper(objective=objective, strategy=strategy, device=device, batch=batch, precision=specs.precision,
                       max_grad_norm=specs.optimizer.max_grad_norm, optimizer=optimizer, params=trainable(model), heartbeat=Heartbeat(),
                       preemption=Preemption(specs.resilience.preemption_grace_seconds))
