@@ -8,7 +8,8 @@ offloaded to the CPU (`distributed.offload: optimizer+params`, trainpipe's own o
 ZeRO-2 with an OOM on one rank on the way (every rank halves its micro-batch and retries the window, the
 gradients already reduced into the partitions dropped); the checkpoint is the gathered full state
 (checksummed, one process's layout); SIGKILL of every worker after a checkpoint then `--resume` equals the uninterrupted
-ZeRO run bit for bit; SIGTERM to one worker stops every rank with a checkpoint and exit 75.
+ZeRO run bit for bit; SIGTERM to one worker stops every rank with a checkpoint and exit 75; a NaN on one rank rolls
+every rank back together (ZeRO-2), ending where one process with the same NaN ends.
 """
 
 from __future__ import annotations
@@ -127,3 +128,25 @@ def test_zero2_sigterm_to_one_worker_stops_every_rank_with_a_checkpoint(tmp_path
     step = sigterm_one_worker(cfg, tmp_path / "run", 0.5)
     assert step < 4
 
+
+
+def test_zero2_nan_on_one_rank_rolls_every_rank_back_together(tmp_path, base):  # noqa: F811
+    """A NaN loss on rank 1 alone in window 3: the agreed loss (and the global gradient norm over the partitions) is not
+    finite on every rank, both drop the window's reduced gradients, roll back to the step-2 checkpoint (each setting its
+    partitions from the gathered state), skip window 3 at half the learning rate, and end where one process with
+    micro-batch 8 and the same NaN ends."""
+    one = sft_config(tmp_path / "one", base, **SHORT, **{"method.peft": "none", "training.learning_rate": 1e-3,
+                                                         "training.per_device_train_batch_size": 8})
+    rc, out = finish(launch(one, nproc=None, faults={"nan_at_windows": [3]}), timeout=240)
+    assert rc == 0, out[-3000:]
+    two = _zero(tmp_path / "two", base, "zero2")
+    rc, out = finish(launch(two, faults={"ranks": [1], "nan_at_windows": [3]}), timeout=240)
+    assert rc == 0, out[-3000:]
+    for run in (_run_dir(one), _run_dir(two)):
+        ev = events(run)
+        rb = [e for e in ev if e["event"] == "rolled_back"]
+        assert len(rb) == 1 and rb[0]["step"] == 2 and rb[0]["skipped_windows"] == [3] and rb[0]["lr_scale"] == 0.5
+        assert [e for e in ev if e["event"] == "training_finished"]
+    diff = max_diff(newest_weights(_run_dir(one)), newest_weights(_run_dir(two)))
+    print(f"\nzero2 rollback after a NaN on rank 1: max |w(2 procs) - w(1 proc, same NaN)| = {diff:.2e}")
+    assert diff < 1e-5
