@@ -59,3 +59,18 @@ def write_json(path: str | Path, obj: dict, *, what: str | None = None, reads=()
     of ``reads`` (OwnershipError, nothing written)."""
     p = Path(path)
     ownership.write_json(p, obj, what=what or f"`{p.name}`", reads=reads)
+
+
+def update_manifest(run_dir: str | Path, change) -> bool:
+    """Change a run's `manifest.json` in place: ``change(manifest)`` edits the dict, which is written back through
+    :func:`write_json` (the ownership rule and redaction, atomically). False, and nothing written, when the run has no
+    manifest yet. Every later addition to the manifest (the world size, the loss implementation) goes through here."""
+    import json
+
+    path = Path(run_dir) / "manifest.json"
+    if not path.exists():
+        return False
+    man = json.loads(path.read_text(encoding="utf-8"))
+    change(man)
+    write_json(path, man, what="the run manifest `manifest.json`")
+    return True

@@ -23,11 +23,10 @@ figure; without gradients the logits are freed batch by batch).
 from __future__ import annotations
 
 import functools
-import json
-import os
 from pathlib import Path
 
 from trainpipe.distributed.ddp import unwrap
+from trainpipe.track.manifest import update_manifest
 
 IGNORE_INDEX = -100
 RULE = ("Liger's chunked preference losses are plain PyTorch: they run on the CPU and on a GPU (torch.compile'd on CUDA "
@@ -259,11 +258,5 @@ def setup(objective, model, device_type: str, *, say) -> bool:
 def record(run_dir: Path, objective) -> None:
     """State which loss implementation ran in the run manifest (`loss`: its implementation, and why not Liger's when
     `training.use_liger_kernel` asked for it), for every objective (train/sft.py `build_loop`; "trainpipe": its own)."""
-    path = Path(run_dir) / "manifest.json"
-    if not path.exists():
-        return
-    man = json.loads(path.read_text())
-    man["loss"] = getattr(objective, "loss_record", None) or {"implementation": "trainpipe", "use_liger_kernel": False}
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(man, indent=2, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    loss = getattr(objective, "loss_record", None) or {"implementation": "trainpipe", "use_liger_kernel": False}
+    update_manifest(run_dir, lambda man: man.__setitem__("loss", loss))

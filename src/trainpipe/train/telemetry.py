@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
 from trainpipe.plan.measure import measure_state_bytes
+from trainpipe.track.manifest import update_manifest
 
 
 def measure_memory(run_dir: Path, model, optimizer, device, state, *, final: bool = False, seconds: float | None = None,
@@ -34,21 +34,17 @@ def measure_memory(run_dir: Path, model, optimizer, device, state, *, final: boo
 
 def record_world(run_dir: Path, strategy, state, effective: int, resumed_world: int | None, powersgd_note: str | None) -> None:
     """State the world size, and a resume under another one, in the run manifest."""
-    path = Path(run_dir) / "manifest.json"
-    if not path.exists():
-        return
-    man = json.loads(path.read_text())
-    d = man.setdefault("distributed", {})
-    d.update({"world_size": strategy.world, "strategy": strategy.name, "effective_batch": effective, "micro_batch": state.micro_batch,
-              "accumulation": math.ceil(effective / (state.micro_batch * strategy.world)), **strategy.describe()})
-    if powersgd_note:
-        d.setdefault("powersgd_resumes", []).append({"step": state.step, "powersgd": powersgd_note})
-    if resumed_world is not None:
-        d.setdefault("resumes", []).append({
-            "step": state.step, "window": state.window, "from_world_size": resumed_world, "to_world_size": strategy.world,
-            "effective_batch": effective, "note": "the effective batch of the checkpoint is kept; the accumulation follows the world size",
-            **({"powersgd": powersgd_note} if powersgd_note else {}),
-        })
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(man, indent=2, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    def change(man: dict) -> None:
+        d = man.setdefault("distributed", {})
+        d.update({"world_size": strategy.world, "strategy": strategy.name, "effective_batch": effective, "micro_batch": state.micro_batch,
+                  "accumulation": math.ceil(effective / (state.micro_batch * strategy.world)), **strategy.describe()})
+        if powersgd_note:
+            d.setdefault("powersgd_resumes", []).append({"step": state.step, "powersgd": powersgd_note})
+        if resumed_world is not None:
+            d.setdefault("resumes", []).append({
+                "step": state.step, "window": state.window, "from_world_size": resumed_world, "to_world_size": strategy.world,
+                "effective_batch": effective, "note": "the effective batch of the checkpoint is kept; the accumulation follows the world size",
+                **({"powersgd": powersgd_note} if powersgd_note else {}),
+            })
+
+    update_manifest(run_dir, change)
