@@ -17,6 +17,7 @@ from trainpipe.config import DistributedConfig, RunConfig, dump_yaml
 from trainpipe.distributed.env import DistEnv, detect
 from trainpipe.events import EventLog
 from trainpipe.plan.specs import RunSpecs
+from trainpipe.track.manifest import write_json
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ class RunContext:
             saved = json.loads(path.read_text())
             return saved["metrics"], saved["samples"]
         metrics, samples = measure()
-        path.write_text(json.dumps({"metrics": metrics, "samples": samples[:20]}, indent=2, default=str) + "\n", encoding="utf-8")
+        write_json(path, {"metrics": metrics, "samples": samples[:20]}, what="the baseline evaluation `baseline.json`")
         self.events.emit("eval_done", step=0, phase="baseline", **metrics)
         return metrics, samples
 

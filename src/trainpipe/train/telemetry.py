@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 
 from trainpipe.plan.measure import measure_state_bytes
-from trainpipe.track.manifest import update_manifest
+from trainpipe.track.manifest import update_manifest, write_json
 
 
 def measure_memory(run_dir: Path, model, optimizer, device, state, *, final: bool = False, seconds: float | None = None,
@@ -29,7 +29,7 @@ def measure_memory(run_dir: Path, model, optimizer, device, state, *, final: boo
             rec["tokens_per_second"] = round(tokens / seconds, 2)
         rec["micro_batch"] = state.micro_batch
         rec["gradient_checkpointing"] = state.gradient_checkpointing
-    path.write_text(json.dumps(rec, indent=2) + "\n", encoding="utf-8")
+    write_json(path, rec, what="the measured memory `measured_memory.json`")
 
 
 def record_world(run_dir: Path, strategy, state, effective: int, resumed_world: int | None, powersgd_note: str | None) -> None:
