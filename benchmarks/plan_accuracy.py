@@ -41,11 +41,11 @@ def main() -> int:
     miss = [r for r in pub if abs(r["error"]) > 0.15]
     if miss:
         print("  published held-out rows outside +/-15 %: " + ", ".join(f"{r['id']} {100 * r['error']:+.1f}%" for r in miss))
-    from trainpipe.plan.request import PlanRequest
+    from trainpipe.plan.request import WhatIf, whatif_config
     from trainpipe.plan.whatif import make_plan
 
     t = time.perf_counter()
-    make_plan(PlanRequest(model="meta-llama/Llama-3.1-70B", gpu="H100", num_gpus=8, tokens=1e8))
+    make_plan(whatif_config("meta-llama/Llama-3.1-70B"), WhatIf(gpu="H100", num_gpus=8, tokens=1e8))
     dt = time.perf_counter() - t
     print(f"70B plan: {dt:.3f} s (target < 2 s; ratio to target {dt / 2:.2f})")
     return 0 if share >= 0.8 else 1

@@ -102,12 +102,12 @@ def plan(args, tmp_path, *, endpoint=None, offline=False, driver=None):
 DRIVER = """
 import json, sys
 from trainpipe.errors import TrainpipeError
-from trainpipe.plan.request import PlanRequest
+from trainpipe.plan.request import WhatIf, whatif_config
 from trainpipe.plan.whatif import make_plan
 out = {}
 for repo in sys.argv[1:]:
     try:
-        p = make_plan(PlanRequest(model=repo, gpu="A100-80GB"))
+        p = make_plan(whatif_config(repo), WhatIf(gpu="A100-80GB"))
         out[repo] = {"model": p["model"], "fits": p["fits"], "gpu": p["recommendation"]["gpu"]}
     except TrainpipeError as e:
         out[repo] = {"error": e.message}

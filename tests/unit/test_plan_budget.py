@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from trainpipe.plan.request import PlanRequest
+from trainpipe.plan.request import WhatIf, whatif_config
 from trainpipe.plan.whatif import make_plan
 
 GIB = 1024**3
@@ -23,7 +23,7 @@ def _same_setup(p):
 
 
 def test_budget_headline_is_the_cheapest_ranked_row():
-    p = make_plan(PlanRequest(model="Qwen/Qwen2.5-7B", tokens=1e9, budget_usd=500))
+    p = make_plan(whatif_config("Qwen/Qwen2.5-7B"), WhatIf(tokens=1e9, budget_usd=500))
     assert p["ranking"] and _same_setup(p)
     assert p["cost"]["on_demand_usd"] == pytest.approx(p["ranking"][0]["on_demand_usd"], rel=1e-9)
     assert p["cost"]["on_demand_usd"] == min(r["on_demand_usd"] for r in p["ranking"])
@@ -32,12 +32,12 @@ def test_budget_headline_is_the_cheapest_ranked_row():
 
 
 def test_objective_time_is_the_fastest_within_the_budget():
-    p = make_plan(PlanRequest(model="Qwen/Qwen2.5-7B", tokens=1e9, budget_usd=500, objective="time"))
+    p = make_plan(whatif_config("Qwen/Qwen2.5-7B"), WhatIf(tokens=1e9, budget_usd=500, objective="time"))
     hours = [r["hours"] for r in p["ranking"]]
     assert hours == sorted(hours) and all(r["on_demand_usd"] <= 500 for r in p["ranking"])
     assert _same_setup(p) and p["compute"]["hours"] == pytest.approx(hours[0], rel=1e-9)
     assert p["headline"]["objective"] == "time" and "fastest" in p["headline"]["rule"]
-    cheap = make_plan(PlanRequest(model="Qwen/Qwen2.5-7B", tokens=1e9, budget_usd=500))
+    cheap = make_plan(whatif_config("Qwen/Qwen2.5-7B"), WhatIf(tokens=1e9, budget_usd=500))
     assert p["compute"]["hours"] <= cheap["compute"]["hours"] and p["cost"]["on_demand_usd"] >= cheap["cost"]["on_demand_usd"]
 
 
@@ -53,7 +53,7 @@ def test_budget_headline_in_the_table_and_bad_objective_is_usage(capsys):
 
 # ------------------------------------------------------------------ > 100B: tensor + pipeline parallel
 def test_405b_value_matches_its_rule_tp_pp_dp():
-    p = make_plan(PlanRequest(model="meta-llama/Llama-3.1-405B", gpu="H100", num_gpus=8, nodes=4))
+    p = make_plan(whatif_config("meta-llama/Llama-3.1-405B"), WhatIf(gpu="H100", num_gpus=8, nodes=4))
     st = next(d for d in p["decision"] if d["key"] == "strategy")
     par = p["parallel"]
     assert st["value"].startswith("tensor+pipeline parallel") and "tensor + pipeline" in st["rule"]
@@ -70,7 +70,7 @@ def test_405b_value_matches_its_rule_tp_pp_dp():
 
 
 def test_405b_on_too_few_gpus_is_fits_false_with_how_many():
-    p = make_plan(PlanRequest(model="meta-llama/Llama-3.1-405B", gpu="H100", num_gpus=8, method="full"))
+    p = make_plan(whatif_config("meta-llama/Llama-3.1-405B", ["method.peft=none"]), WhatIf(gpu="H100", num_gpus=8))
     assert p["fits"] is False and "needs at least" in p["why_not"] and p["parallel"]["gpus_needed"] > 8
 
 
@@ -84,25 +84,28 @@ def test_405b_in_the_cli_is_a_plan_not_an_error(capsys):
 
 # ------------------------------------------------------------------ offload needs host RAM
 def test_offload_plan_checks_host_ram():
-    req = dict(model="meta-llama/Llama-3.1-70B", gpu="A100-80GB", num_gpus=8, method="full", strategy="zero3", offload="params", micro_batch=1, grad_ckpt=True)
-    small = make_plan(PlanRequest(**req, host_ram_gib=64))
+    cfg = whatif_config("meta-llama/Llama-3.1-70B", ["method.peft=none", "distributed.strategy=zero3", "distributed.offload=optimizer+params",
+                                                     "training.per_device_train_batch_size=1", "training.gradient_checkpointing=true"])
+    req = dict(gpu="A100-80GB", num_gpus=8)
+    small = make_plan(cfg, WhatIf(**req, host_ram_gib=64))
     cpu = small["memory"]["per_device"]["cpu_offload_bytes"]
     assert cpu > 64 * GIB  # 70B full fine-tune states offloaded over 8 GPUs: far above 64 GB per GPU
     assert small["fits"] is False and "host lacks the RAM" in small["why_not"] and "64" in small["why_not"]
     ram = next(d for d in small["decision"] if d["key"] == "host_ram")
     assert ram["value"] == "too little"
-    big = make_plan(PlanRequest(**req, host_ram_gib=cpu / GIB + 8))
+    big = make_plan(cfg, WhatIf(**req, host_ram_gib=cpu / GIB + 8))
     assert big["fits"] is True and next(d for d in big["decision"] if d["key"] == "host_ram")["value"] == "enough"
 
 
 def test_no_offload_needs_no_host_ram_row():
-    p = make_plan(PlanRequest(model="Qwen/Qwen2.5-0.5B", gpu="A100-80GB"))
+    p = make_plan(whatif_config("Qwen/Qwen2.5-0.5B"), WhatIf(gpu="A100-80GB"))
     assert not any(d["key"] == "host_ram" for d in p["decision"]) and p["fits"] is True
 
 
 def test_405b_with_zero3_asked_for_says_zero3_in_value_and_rule():
-    p = make_plan(PlanRequest(model="meta-llama/Llama-3.1-405B", gpu="H100", num_gpus=8, nodes=8, strategy="zero3", offload="optimizer",
-                              micro_batch=1, grad_ckpt=True))
+    cfg = whatif_config("meta-llama/Llama-3.1-405B", ["distributed.strategy=zero3", "distributed.offload=optimizer",
+                                                      "training.per_device_train_batch_size=1", "training.gradient_checkpointing=true"])
+    p = make_plan(cfg, WhatIf(gpu="H100", num_gpus=8, nodes=8))
     st = next(d for d in p["decision"] if d["key"] == "strategy")
     assert st["value"] == "zero3" and st["rule"].startswith("`zero3` as set") and "Megatron-LM" in st["rule"]
 
@@ -111,7 +114,7 @@ def test_objective_without_a_budget_is_usage():
     from trainpipe.plan.decisions import PlanError
 
     with pytest.raises(PlanError, match="--budget-usd"):
-        make_plan(PlanRequest(model="Qwen/Qwen2.5-1.5B", objective="time"))
+        make_plan(whatif_config("Qwen/Qwen2.5-1.5B"), WhatIf(objective="time"))
 
 
 def test_405b_effective_batch_counts_data_parallel_replicas(capsys):
@@ -119,7 +122,7 @@ def test_405b_effective_batch_counts_data_parallel_replicas(capsys):
 
     assert main(["plan", "--model", "meta-llama/Llama-3.1-405B", "--gpu", "H100", "--num-gpus", "8", "--nodes", "4"]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    p = make_plan(PlanRequest(model="meta-llama/Llama-3.1-405B", gpu="H100", num_gpus=8, nodes=4))
+    p = make_plan(whatif_config("meta-llama/Llama-3.1-405B"), WhatIf(gpu="H100", num_gpus=8, nodes=4))
     r, dp = p["recommendation"], p["parallel"]["data"]
     assert r["effective_batch"] == r["micro_batch"] * r["gradient_accumulation"] * dp >= 32
     assert f"x {dp} data-parallel replica(s) = effective batch {r['effective_batch']}" in out

@@ -7,9 +7,9 @@ Two questions, one set of rules (plan/decisions.py):
   --nodes M`), and adds memory, time and cost; `--json` prints it with the resolved plan under `plan`, identical
   to what `run` records in its manifest for the same hardware.
 - `trainpipe plan --model NAME`: what-if exploration without a config file: the default run config with that model and
-  the `--set` overrides (validated as `run` validates it), read as a plan request (plan/request.py), which
-  `make_plan` (plan/whatif.py) plans across GPU types and counts (`plan_on`), ranks by cost or time, and says what
-  would fit.
+  the `--set` overrides (validated as `run` validates it), with the inputs a run config has no key for (`WhatIf`,
+  plan/request.py: the machine, the data size, the budget), which `make_plan` (plan/whatif.py) plans across GPU types
+  and counts (`plan_on`), ranks by cost or time, and says what would fit.
 
 Both return one JSON-able dict (the `--json` contract: `decision`, `memory.per_device`, `memory.fits`, `compute`,
 `cost`, `recommendation`); `print_plan` renders the tables.
@@ -21,10 +21,10 @@ import codecs
 import json
 import math
 import os
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
-from trainpipe.config import build_config, load_config, parse_override
+from trainpipe.config import load_config, parse_override
 from trainpipe.numbers import COUNT, POSITIVE, OptionError, check_all
 from trainpipe.plan import compute as C
 from trainpipe.plan import decisions as D
@@ -34,7 +34,9 @@ from trainpipe.plan.hardware import Hardware, detect
 from trainpipe.plan.memory import Breakdown
 from trainpipe.plan.objective import expand_auto
 from trainpipe.plan.report import print_plan
-from trainpipe.plan.request import _OFFLOAD_KEY, _OPTIM_OF, _PEFT_KEY, PlanRequest, _data_size, _rank, host_ram_check, request_from_config
+from trainpipe.plan.request import (
+    _OFFLOAD_KEY, _OPTIM_OF, _PEFT_KEY, WhatIf, _data_size, _rank, host_ram_check, whatif_config, whatif_from_config,
+)
 from trainpipe.plan.resolve import PLAN_METHOD, catalog_gpu, memory_setup, model_spec, resolve
 from trainpipe.plan.trace import trace_plan
 from trainpipe.plan.whatif import _reserve, make_plan
@@ -55,11 +57,10 @@ def plan_command(*, config=None, overrides=(), model=None, as_json=False, gpu=No
     if config is not None:
         out = plan_for_config(config, list(overrides), model=model, gpu=gpu, num_gpus=num_gpus, nodes=nodes, **flags)
     else:
-        kw = {k: v for k, v in flags.items() if k in PlanRequest.__dataclass_fields__ and v is not None}
-        if "data" in kw:
-            kw["data"] = tuple(kw["data"])
-        kw |= request_fields(model, list(overrides))
-        out = make_plan(PlanRequest(model=model, gpu=gpu, num_gpus=num_gpus or 1, nodes=nodes or 1, **kw))
+        kw = {k: v for k, v in flags.items() if k in WhatIf.__dataclass_fields__ and v is not None}
+        if flags.get("data") is not None:
+            kw["data_at_hand"] = tuple(flags["data"])
+        out = make_plan(whatif_run_config(model, list(overrides)), WhatIf(gpu=gpu, num_gpus=num_gpus or 1, nodes=nodes or 1, **kw))
     if trace:
         out["trace"] = trace_plan(out)
     _show(out, as_json)
@@ -68,12 +69,8 @@ def plan_command(*, config=None, overrides=(), model=None, as_json=False, gpu=No
     return out
 
 
-# the default run config of `trainpipe plan --model`: the planner decides the method, the micro-batch and checkpointing
-# (`auto`), for one epoch; `--set KEY=VALUE` changes it
-WHATIF_DEFAULTS = {"method": {"peft": "auto"}, "training": {"per_device_train_batch_size": "auto", "gradient_checkpointing": "auto", "num_train_epochs": 1.0}}
-
-# the run-config keys the what-if request stands for (config_for_request), each with the PlanRequest field it sets and
-# how to read it off the validated config (None: no plan equivalent)
+# the run-config keys `trainpipe plan --model` honours, each with the planner's input it sets and how to read it off the
+# validated config (None: no plan equivalent)
 _SET_FIELDS = {
     "data.max_length": ("seq_len", lambda c: c.first_data().max_length),
     "training.per_device_train_batch_size": ("micro_batch", lambda c: None if c.training.per_device_train_batch_size == "auto" else c.training.per_device_train_batch_size),
@@ -103,13 +100,11 @@ def _precision(t) -> str:
     return "bf16" if t.bf16 else "fp16" if t.fp16 else ("auto" if t.bf16 is None else "fp32")
 
 
-def request_fields(model: str, overrides: list[str]) -> dict:
+def whatif_run_config(model: str, overrides: list[str]):
     """`trainpipe plan --model NAME --set KEY=VALUE`: the default run config with that model (WHATIF_DEFAULTS) and each
-    override (validated as `run` validates it: a bad key or value is the config's one-paragraph error), read as the
-    PlanRequest fields it stands for. A key this what-if path has no input for is refused (PlanError, exit 2), never ignored."""
-    cfg = build_config({"model": {"name_or_path": model}, "data": {"sources": [{"path": "planned.jsonl"}]}, **WHATIF_DEFAULTS},
-                       source="the default run config of `trainpipe plan --model`", overrides=overrides)
-    out = {field: read(cfg) for field, read in _SET_FIELDS.values()}
+    override (validated as `run` validates it: a bad key or value is the config's one-paragraph error). A key or value
+    this what-if path has no input for is refused (PlanError, exit 2), never ignored."""
+    cfg = whatif_config(model, overrides)
     for text in overrides:
         path, _ = parse_override(text)
         key = ".".join(path)
@@ -121,8 +116,7 @@ def request_fields(model: str, overrides: list[str]) -> dict:
                    else f"its value has no what-if equivalent")
             raise PlanError(f"`--set {text}`: `trainpipe plan --model` plans from a default run config and cannot honour this override: {why}. "
                             f"Write a run config with `model.name_or_path: {model}` and plan it with the override: `trainpipe plan CONFIG --set {text}`.")
-        out[field[0]] = value
-    return out
+    return cfg
 
 
 def check_flags(**flags) -> None:
@@ -277,9 +271,9 @@ def plan_for_config(config, overrides: list[str], *, model=None, gpu=None, num_g
         if cfg.distributed.strategy != "auto" or "Megatron-LM" not in exc.message:
             raise
         per = (world // (nodes or 1)) if world else (cfg.distributed.nproc_per_node if cfg.distributed.nproc_per_node != "auto" else 1)
-        req = replace(request_from_config(cfg, gpu=gpu, num_gpus=per), nodes=nodes or cfg.distributed.nnodes, gpu_file=gpu_file,
-                      tokens=tokens, budget_usd=None, deadline_hours=None, mfu=mfu)
-        out = make_plan(req)
+        wcfg, ex, avg = whatif_from_config(cfg, gpu=gpu)
+        out = make_plan(wcfg, WhatIf(gpu=gpu, num_gpus=per or 1, nodes=nodes or cfg.distributed.nnodes, gpu_file=gpu_file, tokens=tokens,
+                                     examples=ex, avg_len=avg, mfu=mfu))
         out["notes"] = [f"`trainpipe run` stops on this config: {exc.message}"]
         return out
     out, rc, spec, g, mem = _config_plan(plan, hw, described or catalog_gpu(hw))
@@ -297,9 +291,10 @@ def plan_for_config(config, overrides: list[str], *, model=None, gpu=None, num_g
         if budget_usd is not None or deadline_hours is not None:
             if tk is None:
                 raise PlanError("`--budget-usd`/`--deadline-hours` rank setups by cost or time, which needs the amount of data: add `--tokens N` or `--examples N --avg-len L`.")
-            req = replace(request_from_config(rc, gpu=gpu), budget_usd=budget_usd, deadline_hours=deadline_hours, mfu=mfu, gpu_file=gpu_file,
-                          objective=flags.get("objective"), host_ram_gib=flags.get("host_ram_gib"))
-            out["ranking"] = _rank(spec, req, tk, ex)
+            wcfg, wex, wavg = whatif_from_config(rc, gpu=gpu)
+            w = WhatIf(gpu=gpu, examples=wex, avg_len=wavg, budget_usd=budget_usd, deadline_hours=deadline_hours, mfu=mfu, gpu_file=gpu_file,
+                       objective=flags.get("objective"), host_ram_gib=flags.get("host_ram_gib"))
+            out["ranking"] = _rank(spec, wcfg, w, tk, ex)
     elif hw.accelerator != "cuda" and gpu is None:
         out["notes"].append("planned for this machine (no CUDA GPU); plan for GPUs with `--gpu NAME --num-gpus N`")
     if choice is not None:

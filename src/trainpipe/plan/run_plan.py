@@ -25,7 +25,7 @@ from pathlib import Path
 from trainpipe.config import RunConfig
 from trainpipe.plan.attention import resolve_attention
 from trainpipe.plan.hardware import Hardware
-from trainpipe.plan.request import request_from_config, suggestions
+from trainpipe.plan.request import WhatIf, suggestions, whatif_from_config
 from trainpipe.plan.resolve import Plan, catalog_gpu, model_spec, plan_run
 
 def with_planned_batch(cfg: RunConfig, hw: Hardware) -> RunConfig:
@@ -66,7 +66,7 @@ def what_would_fit(cfg: RunConfig, hw: Hardware) -> list[str]:
         return []
     try:
         spec = model_spec(cfg)
-        req = request_from_config(cfg, gpu=gpu.name, num_gpus=hw.device_count)
-        return suggestions(spec, req, gpu)
+        wcfg, examples, avg = whatif_from_config(cfg, gpu=gpu.name)
+        return suggestions(spec, wcfg, WhatIf(gpu=gpu.name, num_gpus=hw.device_count or 1, examples=examples, avg_len=avg), gpu)
     except Exception:  # noqa: BLE001 - advice only
         return []

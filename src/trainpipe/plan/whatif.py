@@ -1,5 +1,5 @@
-"""`trainpipe plan --model NAME`: what-if exploration without a config. `make_plan(PlanRequest(...))` plans the
-request through the one resolver on each GPU type and count (`plan_on`), ranks setups by cost or time and says what would fit; it returns
+"""`trainpipe plan --model NAME`: what-if exploration without a config file. `make_plan(cfg, WhatIf(...))` plans the
+run config (`whatif_config`: the default one with that model and the `--set` overrides) through the one resolver on each GPU type and count (`plan_on`), ranks setups by cost or time and says what would fit; it returns
 the one JSON-able dict of the `--json` contract (`decision`, `memory.per_device`, `memory.fits`, `compute`, `cost`,
 `recommendation`)."""
 
@@ -17,12 +17,12 @@ from trainpipe.plan.gpus import GIB, GPU, catalog as gpu_catalog, find_gpu
 from trainpipe.plan.memory import Breakdown, Setup
 from trainpipe.plan.objective import DATA_KINDS, KIND_OF_FORMAT, choose_objective
 from trainpipe.plan.request import (
-    OBJECTIVES, PlanRequest, _check, _checkpoint_bytes, _objective, _rank, host_ram_check, plan_3d, plan_on, suggestions, total_tokens,
+    _PEFT_KEY, OBJECTIVES, WhatIf, _check, _checkpoint_bytes, _objective, _rank, derive, host_ram_check, method_of, plan_3d, plan_on, suggestions, total_tokens,
 )
 
-def _objective_rows(req: PlanRequest):
-    kinds, assumed = set(), not req.data
-    for d in req.data:
+def _objective_rows(cfg, w: WhatIf):
+    kinds, assumed = set(), not w.data_at_hand
+    for d in w.data_at_hand:
         if d in DATA_KINDS:
             kinds.add(d)
             continue
@@ -32,42 +32,45 @@ def _objective_rows(req: PlanRequest):
             raise PlanError(f"`--data {d}` is neither a data kind ({', '.join(DATA_KINDS)}) nor a local data file (JSONL, JSON, CSV, "
                             "Parquet, text) whose first record names its format. Give the kind, or the path of the training data.")
         kinds.add(k)
-    c = choose_objective(goal=req.goal, data=kinds or {"instruction"}, kl_control=req.kl_control, continued=req.continued, tasks=req.tasks)
+    m = cfg.method
+    c = choose_objective(goal=m.goal, data=kinds or {"instruction"}, kl_control=m.kl_control, continued=m.continued, tasks=w.tasks)
     if assumed:
         c.decisions[-1] = replace(c.decisions[-1], rule=c.decisions[-1].rule + " (instruction data assumed: give `--data KIND|FILE` for the data at hand)")
     return c
 
 
-def make_plan(req: PlanRequest) -> dict:
-    _check(req)
-    if req.objective is not None and req.objective not in OBJECTIVES:
-        raise PlanError(f"`--objective {req.objective}` must be `cost` (the cheapest setup) or `time` (the fastest within the budget/deadline).")
-    if req.objective is not None and req.budget_usd is None and req.deadline_hours is None:
-        raise PlanError(f"`--objective {req.objective}` chooses the headline among setups ranked under a budget or deadline: add "
+def make_plan(cfg, w: WhatIf) -> dict:
+    """The what-if plan of a run config (the default one of `plan --model`, or a config read by `whatif_from_config`) on
+    the machine and data the WhatIf describes."""
+    _check(cfg, w)
+    if w.objective is not None and w.objective not in OBJECTIVES:
+        raise PlanError(f"`--objective {w.objective}` must be `cost` (the cheapest setup) or `time` (the fastest within the budget/deadline).")
+    if w.objective is not None and w.budget_usd is None and w.deadline_hours is None:
+        raise PlanError(f"`--objective {w.objective}` chooses the headline among setups ranked under a budget or deadline: add "
                         "`--budget-usd N` (or `--deadline-hours H`) and `--tokens N`.")
-    spec = find_model(req.model)
-    big = spec.total_params > D.BEYOND_SHARDING and req.strategy == "auto"
-    gpu = find_gpu(req.gpu, req.gpu_file) if req.gpu else None
-    if gpu is not None and req.num_gpus > gpu.max_per_node:
-        raise PlanError(f"`--num-gpus {req.num_gpus}` is more GPUs per node than {gpu.name} machines have ({gpu.max_per_node}). Use `--num-gpus {gpu.max_per_node} --nodes {math.ceil(req.num_gpus / gpu.max_per_node)}`.")
-    choice = _objective_rows(req)
+    spec = find_model(cfg.model.name_or_path)
+    big = spec.total_params > D.BEYOND_SHARDING and cfg.distributed.strategy == "auto"
+    gpu = find_gpu(w.gpu, w.gpu_file) if w.gpu else None
+    if gpu is not None and w.num_gpus > gpu.max_per_node:
+        raise PlanError(f"`--num-gpus {w.num_gpus}` is more GPUs per node than {gpu.name} machines have ({gpu.max_per_node}). Use `--num-gpus {gpu.max_per_node} --nodes {math.ceil(w.num_gpus / gpu.max_per_node)}`.")
+    choice = _objective_rows(cfg, w)
     obj_stage = choice.stages[0]
-    tokens = total_tokens(req)
-    examples = req.examples
+    tokens = total_tokens(cfg, w)
+    examples = w.examples
     why_not = None
     if big:
-        gpu = gpu or find_gpu("H100-80GB", req.gpu_file)
-        chosen = plan_3d(spec, req, gpu)
+        gpu = gpu or find_gpu("H100-80GB", w.gpu_file)
+        chosen = plan_3d(spec, cfg, w, gpu)
         fits_map = {gpu.name: chosen["fits"]}
         why_not = chosen["why_not"]
-    elif gpu is None and req.gpu is None:
+    elif gpu is None and w.gpu is None:
         # no GPU named: size every catalog GPU at this count and recommend the cheapest per unit of work that fits
         cands = []
-        for g in gpu_catalog(req.gpu_file):
-            if req.num_gpus > g.max_per_node:
+        for g in gpu_catalog(w.gpu_file):
+            if w.num_gpus > g.max_per_node:
                 continue
             try:
-                p = plan_on(spec, replace(req, gpu=g.name), g, examples, obj_stage)
+                p = plan_on(spec, cfg, replace(w, gpu=g.name), g, examples, obj_stage)
             except PlanError:
                 continue
             cands.append((g, p))
@@ -76,36 +79,36 @@ def make_plan(req: PlanRequest) -> dict:
         if fitting:
             gpu, chosen = min(fitting, key=lambda gp: gp[0].on_demand_usd / (gp[0].peak_tflops(gp[1]["setup"].precision) or 1))
         else:
-            gpu = max(gpu_catalog(req.gpu_file), key=lambda g: g.memory_gib)
-            chosen = next((p for g, p in cands if g.name == gpu.name), None) or plan_on(spec, replace(req, gpu=gpu.name), gpu, examples, obj_stage)
-            sug = suggestions(spec, replace(req, gpu=gpu.name), gpu)
-            why_not = (f"`{spec.id}` ({spec.total_params / 1e9:.1f}B params) trained as asked fits no GPU in the catalog with {req.num_gpus * req.nodes} GPU(s); "
+            gpu = max(gpu_catalog(w.gpu_file), key=lambda g: g.memory_gib)
+            chosen = next((p for g, p in cands if g.name == gpu.name), None) or plan_on(spec, cfg, replace(w, gpu=gpu.name), gpu, examples, obj_stage)
+            sug = suggestions(spec, cfg, replace(w, gpu=gpu.name), gpu)
+            why_not = (f"`{spec.id}` ({spec.total_params / 1e9:.1f}B params) trained as asked fits no GPU in the catalog with {w.num_gpus * w.nodes} GPU(s); "
                        f"shown for the largest, {gpu.name}. What would fit on a {gpu.name}: {'; '.join(sug) or 'nothing found: reduce data.max_length'}.")
     else:
-        chosen = plan_on(spec, req, gpu, examples, obj_stage)
+        chosen = plan_on(spec, cfg, w, gpu, examples, obj_stage)
         fits_map = {gpu.name: chosen["fits"]}
         if not chosen["fits"]:
-            sug = suggestions(spec, req, gpu)
+            sug = suggestions(spec, cfg, w, gpu)
             b = chosen["memory"]
-            why_not = (f"`{spec.id}` with {chosen['setup'].method} on {req.num_gpus * req.nodes} x {gpu.name} needs {b.total_bytes / GIB:.1f} GiB per GPU "
+            why_not = (f"`{spec.id}` with {chosen['setup'].method} on {w.num_gpus * w.nodes} x {gpu.name} needs {b.total_bytes / GIB:.1f} GiB per GPU "
                        f"(weights {b.weights_bytes / GIB:.1f}, gradients {b.gradients_bytes / GIB:.1f}, optimizer {b.optimizer_bytes / GIB:.1f}, activations {b.activations_bytes / GIB:.1f}) "
                        f"but the GPU has {gpu.memory_gib:g} GiB (planned with {int(D.HEADROOM * 100)} % headroom). What would fit: {'; '.join(sug) or 'nothing on this GPU type: a larger GPU'}.")
-    out = _assemble(spec, req, gpu, chosen, fits_map, tokens)
+    out = _assemble(spec, w, gpu, chosen, fits_map, tokens)
     if why_not is None and gpu is not None and not chosen.get("within_headroom", True):
         out["decision"].append({"key": "memory_headroom", "value": "tight", "rule": f"the predicted peak {chosen['memory'].total_bytes / GIB:.1f} GiB fits the "
                                 f"{gpu.memory_gib:g} GiB GPU but not with the planner's {int(D.HEADROOM * 100)} % headroom",
                                 "watch": "long examples may hit `cuda_oom` (trainpipe halves the micro-batch itself); a micro-batch of 1 or gradient checkpointing leave room"})
     if why_not is None:
-        ok, ram_rule = host_ram_check(chosen["memory"], req.host_ram_gib)
+        ok, ram_rule = host_ram_check(chosen["memory"], w.host_ram_gib)
         if ram_rule:
             out["decision"].append({"key": "host_ram", "value": "enough" if ok else "too little", "rule": ram_rule, "watch": "swap or the OOM killer on the host means too little RAM"})
         if not ok:
             why_not = ram_rule
-    if gpu is not None and (req.budget_usd is not None or req.deadline_hours is not None):
+    if gpu is not None and (w.budget_usd is not None or w.deadline_hours is not None):
         if tokens is None:
             raise PlanError("`--budget-usd`/`--deadline-hours` rank setups by cost or time, which needs the amount of data: add `--tokens N` or `--examples N --avg-len L`.")
         if not big:
-            out, why_not = _headline(spec, req, out, why_not, tokens, examples, obj_stage)
+            out, why_not = _headline(spec, cfg, w, out, why_not, tokens, examples, obj_stage)
     out["objective"] = {"stages": choice.stages, "value": choice.value, "rule": choice.rule, "watch": choice.watch, "continued": choice.continued,
                         "adapters": choice.adapters}
     out["decision"] = [asdict(d) for d in choice.decisions] + out["decision"]
@@ -116,20 +119,20 @@ def make_plan(req: PlanRequest) -> dict:
     return out
 
 
-def _headline(spec: ModelSpec, req: PlanRequest, out: dict, why_not: str | None, tokens: float, examples: int | None, obj_stage: str):
+def _headline(spec: ModelSpec, cfg, w: WhatIf, out: dict, why_not: str | None, tokens: float, examples: int | None, obj_stage: str):
     """With a budget or deadline: the ranking of GPU x count x method, and the headline plan its first row (the plan as asked
     when nothing in the ranking fits); returns the plan and its why-not."""
-    ranking = _rank(spec, replace(req, gpu=req.gpu), tokens, examples)
+    ranking = _rank(spec, cfg, w, tokens, examples)
     out["ranking"] = ranking
-    objective = _objective(req)
-    limits = " and ".join(x for x in (f"the ${req.budget_usd:,.2f} budget" if req.budget_usd is not None else "",
-                                      f"the {req.deadline_hours:g} h deadline" if req.deadline_hours is not None else "") if x)
+    objective = _objective(w)
+    limits = " and ".join(x for x in (f"the ${w.budget_usd:,.2f} budget" if w.budget_usd is not None else "",
+                                      f"the {w.deadline_hours:g} h deadline" if w.deadline_hours is not None else "") if x)
     if ranking:
         top = ranking[0]
-        r = replace(req, gpu=top["gpu"], num_gpus=top["num_gpus"], nodes=1, method=top["method"])
-        g = find_gpu(top["gpu"], req.gpu_file)
-        p = plan_on(spec, r, g, examples, obj_stage)
-        if req.method == "auto":  # the ranking chose the method, not the user: say by which rule
+        r = replace(w, gpu=top["gpu"], num_gpus=top["num_gpus"], nodes=1)
+        g = find_gpu(top["gpu"], w.gpu_file)
+        p = plan_on(spec, derive(cfg, {"method": {"peft": _PEFT_KEY[top["method"]]}}), r, g, examples, obj_stage)
+        if method_of(cfg) == "auto":  # the ranking chose the method, not the user: say by which rule
             p["decisions"] = [replace(d, rule=f"method.peft auto: the {'cheapest' if objective == 'cost' else 'fastest'} of full, LoRA and QLoRA "
                                       f"that fits within {limits} (row 1 of the ranking: {top['num_gpus']} x {top['gpu']}, {top['method']})")
                               if d.key == "method" else d for d in p["decisions"]]
@@ -152,10 +155,10 @@ def _reserve(allocated: int, fragmentation: int) -> dict:
     return {"allocated_bytes": int(allocated), "fragmentation_bytes": int(fragmentation), "reserved_bytes": int(allocated) + int(fragmentation)}
 
 
-def _assemble(spec: ModelSpec, req: PlanRequest, gpu: GPU | None, chosen: dict, fits_map: dict, tokens: float | None) -> dict:
+def _assemble(spec: ModelSpec, w: WhatIf, gpu: GPU | None, chosen: dict, fits_map: dict, tokens: float | None) -> dict:
     s: Setup = chosen["setup"]
     b: Breakdown = chosen["memory"]
-    world = req.num_gpus * req.nodes if gpu else 1
+    world = w.num_gpus * w.nodes if gpu else 1
     decisions = chosen["decisions"]
     out = {
         "model": {"id": spec.id, "source": spec.source, "model_type": spec.model_type, "params": spec.total_params, "trainable_params": b.trainable_params, "note": spec.note},
@@ -172,7 +175,7 @@ def _assemble(spec: ModelSpec, req: PlanRequest, gpu: GPU | None, chosen: dict, 
         "recommendation": {
             "method": s.method, "micro_batch": s.micro_batch, "gradient_accumulation": next(d.value for d in decisions if d.key == "gradient_accumulation"),
             "precision": s.precision, "gradient_checkpointing": s.grad_ckpt, "strategy": next(d.value for d in decisions if d.key == "strategy"), "offload": s.offload,
-            "gpu": gpu.name if gpu else "cpu", "num_gpus": world, "nodes": req.nodes if gpu else 1,
+            "gpu": gpu.name if gpu else "cpu", "num_gpus": world, "nodes": w.nodes if gpu else 1,
             "lora_r": s.lora_r if s.method in ("lora", "dora", "qlora") else None,
             "learning_rate": next(d.value for d in decisions if d.key == "learning_rate"),
         },
@@ -182,7 +185,7 @@ def _assemble(spec: ModelSpec, req: PlanRequest, gpu: GPU | None, chosen: dict, 
     out["recommendation"]["effective_batch"] = s.micro_batch * out["recommendation"]["gradient_accumulation"] * (dp if "parallel" in chosen else world)
     if gpu is not None:
         tk = tokens if tokens is not None else 0.0
-        comp = C.compute(spec, s.method, tk, s.seq_len, s.grad_ckpt, gpu, world, s.precision, req.mfu, b.trainable_params, req.nodes)
+        comp = C.compute(spec, s.method, tk, s.seq_len, s.grad_ckpt, gpu, world, s.precision, w.mfu, b.trainable_params, w.nodes)
         out["compute"] = comp.to_dict() | {"flops_per_token": C.flops_per_token(spec, s.method, s.seq_len, s.grad_ckpt, b.trainable_params), "tokens_known": tokens is not None}
-        out["cost"] = C.cost(comp.hours, world, gpu, _checkpoint_bytes(b), req.preemptions_per_hour).to_dict()
+        out["cost"] = C.cost(comp.hours, world, gpu, _checkpoint_bytes(b), w.preemptions_per_hour).to_dict()
     return out

@@ -9,17 +9,34 @@
 import pytest
 
 from trainpipe.plan.accuracy import evaluate, measurements, share_within
-from trainpipe.plan.request import PlanRequest
+from trainpipe.plan.request import WhatIf, whatif_config
 from trainpipe.plan.whatif import make_plan
+
+_PEFT = {"full": "none", "lora": "lora", "qlora": "qlora", "dora": "dora", "freeze": "freeze"}
+_OPTIM = {"adamw": "adamw_torch", "adamw_8bit": "adamw_8bit", "paged_adamw_8bit": "paged_adamw_8bit", "adafactor": "adafactor", "sgd": "sgd"}
+_PRECISION = {"bf16": ["training.bf16=true"], "bf16-true": ["training.bf16=true"], "fp16": ["training.bf16=false", "training.fp16=true"],
+              "fp32": ["training.bf16=false"]}
+
+
+def _overrides(m: dict) -> list[str]:
+    """A measured row's setup as `--set` overrides of the default what-if run config."""
+    targets = m.get("lora_targets", "attention")
+    out = [f"method.peft={_PEFT[m['method']]}", f"training.per_device_train_batch_size={m['micro_batch']}", f"data.max_length={m['seq_len']}",
+           f"method.lora.r={m.get('lora_r', 16)}", f"method.lora.dropout={m.get('lora_dropout', 0.05)}", f"training.optim={_OPTIM[m['optimizer']]}",
+           f"method.lora.target_modules={targets if targets in ('attention', 'all-linear') else '[' + targets + ']'}",
+           f"distributed.strategy={m.get('strategy', 'auto')}", *_PRECISION[m["precision"]]]
+    if m["grad_ckpt"] is not None:
+        out.append(f"training.gradient_checkpointing={str(m['grad_ckpt']).lower()}")
+    return out
+
 
 @pytest.mark.parametrize("row", [m for m in measurements() if m["well_specified"]], ids=lambda m: m["id"])
 def test_measured_running_setups_are_planned_as_fitting(row):
     m = row
-    req = PlanRequest(model=m["model"], gpu=m["gpu"], method=m["method"], micro_batch=m["micro_batch"], seq_len=m["seq_len"], grad_ckpt=m["grad_ckpt"],
-                      num_gpus=m["gpus"], lora_r=m.get("lora_r", 16), lora_targets=m.get("lora_targets", "attention"), lora_dropout=m.get("lora_dropout", 0.05),
-                      precision=m["precision"], strategy=m.get("strategy", "auto"), attention=m.get("attention", "sdpa"), optimizer=m["optimizer"],
-                      framework=m.get("framework", "transformers"))  # the code that ran (trainpipe's own QLoRA keeps fp32 activations: test_plan_trace.py)
-    p = make_plan(req)
+    cfg = whatif_config(m["model"], _overrides(m))
+    w = WhatIf(gpu=m["gpu"], num_gpus=m["gpus"], attention=m.get("attention", "sdpa"), bf16_true=m["precision"] == "bf16-true",
+               framework=m.get("framework", "transformers"))  # the code that ran (trainpipe's own QLoRA keeps fp32 activations: test_plan_trace.py)
+    p = make_plan(cfg, w)
     assert p["fits"] is True, (m["id"], m["measured_mib"], p["why_not"])
     assert p["memory"]["per_device"]["total_bytes"] <= p["memory"]["gpu_memory_bytes"]
 
@@ -91,7 +108,8 @@ def test_installed_bitsandbytes_keeps_only_the_packed_weight():
 def test_falcon_40b_qlora_on_a_40gb_card_is_planned_as_fitting():
     """Issue 14 item 5: 40B QLoRA on a 40 GB card was measured running and must not be "does not fit" (the plan of a
     one-sequence micro-batch of 512 tokens: NF4 weights ~21 GB + adapters + activations)."""
-    p = make_plan(PlanRequest(model="tiiuae/falcon-40b", gpu="A100-40GB", method="qlora", micro_batch=1, seq_len=512))
+    p = make_plan(whatif_config("tiiuae/falcon-40b", ["method.peft=qlora", "training.per_device_train_batch_size=1", "data.max_length=512"]),
+                  WhatIf(gpu="A100-40GB"))
     assert p["fits"] is True
     per = p["memory"]["per_device"]
     assert 22 * 2**30 < per["total_bytes"] <= p["memory"]["gpu_memory_bytes"]

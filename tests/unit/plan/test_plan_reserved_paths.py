@@ -17,13 +17,13 @@ import pytest
 
 from trainpipe.plan import memory as M
 from trainpipe.plan.catalog import find_model
-from trainpipe.plan.request import PlanRequest, plan_3d
+from trainpipe.plan.request import WhatIf, plan_3d, whatif_config
 from trainpipe.plan.whatif import make_plan
 from trainpipe.plan.gpus import find_gpu
 from trainpipe.plan.memory import Setup, estimate
 
 MODEL = "meta-llama/Llama-3.1-8B"
-LONG = dict(method="lora", micro_batch=1, seq_len=8192, grad_ckpt=True)  # checkpointed long context
+LONG = ["method.peft=lora", "training.per_device_train_batch_size=1", "data.max_length=8192", "training.gradient_checkpointing=true"]  # checkpointed long context
 SHORT = dict(method="lora", micro_batch=4, seq_len=512)
 
 
@@ -61,7 +61,7 @@ def test_tp_pp_per_gpu_share_uses_the_checkpointed_layer_term(spec):
     """TP 8 on H100s: the per-GPU share's reserve is fragmentation_bytes of that share, with one layer's activations split
     over TP, which here is more than the flat 5 % the path used to take."""
     gpu = find_gpu("H100-80GB")
-    p = plan_3d(spec, PlanRequest(model=MODEL, gpu=gpu.name, num_gpus=8, **LONG), gpu)
+    p = plan_3d(spec, whatif_config(MODEL, LONG), WhatIf(gpu=gpu.name, num_gpus=8), gpu)
     b, tp = p["memory"], p["parallel"]["tensor"]
     s = p["setup"]
     assert tp == 8 and s.grad_ckpt and (s.micro_batch, s.seq_len) == (1, 8192)
@@ -80,7 +80,7 @@ def test_tp_pp_with_one_gpu_per_node_is_estimate_to_the_byte(spec):
     """With TP = PP = 1 (a GPU type with one GPU per node) the 3D path's share is the whole single-device setup: every
     figure, the reserve and the total included, is estimate()'s."""
     gpu = replace(find_gpu("H100-80GB"), max_per_node=1)
-    p = plan_3d(spec, PlanRequest(model=MODEL, gpu=gpu.name, num_gpus=1, **LONG), gpu)
+    p = plan_3d(spec, whatif_config(MODEL, LONG), WhatIf(gpu=gpu.name, num_gpus=1), gpu)
     assert (p["parallel"]["tensor"], p["parallel"]["pipeline"]) == (1, 1)
     b, e = p["memory"], estimate(spec, p["setup"])
     for k in ("weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes", "overhead_bytes", "total_bytes", "fragmentation_bytes", "reserved_bytes"):
@@ -90,7 +90,7 @@ def test_tp_pp_with_one_gpu_per_node_is_estimate_to_the_byte(spec):
 
 def test_tp_pp_plan_short_context_keeps_the_flat_5_percent(spec):
     """Above 100B at the default 1024 tokens: one layer's share is far below 5 % of a GPU's share (Llama-3.1-405B)."""
-    p = make_plan(PlanRequest(model="meta-llama/Llama-3.1-405B", method="lora", gpu="H100", num_gpus=8, nodes=4))
+    p = make_plan(whatif_config("meta-llama/Llama-3.1-405B", ["method.peft=lora"]), WhatIf(gpu="H100", num_gpus=8, nodes=4))
     assert p["parallel"]["tensor"] == 8
     per = p["memory"]["per_device"]
     assert 0 < p["memory"]["detail"]["recomputed_layer_activations"] < _flat(per["allocated_bytes"])

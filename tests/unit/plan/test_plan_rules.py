@@ -8,7 +8,7 @@ import pytest
 from trainpipe.plan import compute as C
 from trainpipe.plan import decisions as D
 from trainpipe.plan.catalog import ModelNotFoundError, find_model
-from trainpipe.plan.request import PlanRequest
+from trainpipe.plan.request import WhatIf, whatif_config
 from trainpipe.plan.whatif import make_plan
 from trainpipe.plan.decisions import PlanError
 from trainpipe.plan.gpus import UnknownGPUError, find_gpu, normalise
@@ -60,7 +60,7 @@ def test_bf16_on_gpu_without_it_is_an_error():
 
 
 def test_every_decision_has_rule_and_watch():
-    p = make_plan(PlanRequest(model="Qwen/Qwen2.5-7B", gpu="A100-80GB"))
+    p = make_plan(whatif_config("Qwen/Qwen2.5-7B"), WhatIf(gpu="A100-80GB"))
     for d in p["decision"]:
         assert d["rule"] and d["watch"], d
 
@@ -159,8 +159,11 @@ def test_batch_checkpointing_when_memory_bound():
 
 
 def test_micro_batch_zero_is_an_error():
+    # `--set` refuses 0 when the config is validated; a config changed past validation (a caller's model_copy) is the planner's error
+    cfg = whatif_config("Qwen/Qwen2.5-0.5B")
+    cfg = cfg.model_copy(update={"training": cfg.training.model_copy(update={"per_device_train_batch_size": 0})})
     with pytest.raises(PlanError, match="micro-batch"):
-        make_plan(PlanRequest(model="Qwen/Qwen2.5-0.5B", gpu="A100-80GB", micro_batch=0))
+        make_plan(cfg, WhatIf(gpu="A100-80GB"))
 
 
 # ------------------------------------------------------------------ FLOPs, time, cost, Young/Daly
@@ -211,17 +214,19 @@ def test_unknown_model_offline_names_close_catalog_entries(monkeypatch):
 
 def test_qlora_with_param_offload_is_impossible():
     with pytest.raises(PlanError, match="QLoRA"):
-        make_plan(PlanRequest(model="Qwen/Qwen2.5-7B", gpu="A100-80GB", num_gpus=4, method="qlora", strategy="zero3", offload="params"))
+        make_plan(whatif_config("Qwen/Qwen2.5-7B", ["method.peft=qlora", "distributed.strategy=zero3", "distributed.offload=optimizer+params"]),
+                  WhatIf(gpu="A100-80GB", num_gpus=4))
 
 
 def test_more_gpus_per_node_than_machines_have():
     with pytest.raises(PlanError, match="per node"):
-        make_plan(PlanRequest(model="Qwen/Qwen2.5-7B", gpu="H100", num_gpus=16))
+        make_plan(whatif_config("Qwen/Qwen2.5-7B"), WhatIf(gpu="H100", num_gpus=16))
 
 
 def test_fits_nowhere_says_what_would_fit():
     # "does not fit" is an answer, not a usage error (issue 14 item 5): the plan comes back with fits false and the reason
-    p = make_plan(PlanRequest(model="meta-llama/Llama-3.1-70B", gpu="A100-80GB", method="full", micro_batch=8, seq_len=4096))
+    p = make_plan(whatif_config("meta-llama/Llama-3.1-70B", ["method.peft=none", "training.per_device_train_batch_size=8", "data.max_length=4096"]),
+                  WhatIf(gpu="A100-80GB"))
     assert p["fits"] is False and p["memory"]["fits"] == {"A100-80GB": False}
     assert "What would fit" in p["why_not"] and "--num-gpus" in p["why_not"]
     assert p["memory"]["per_device"]["total_bytes"] > 80 * 1024**3
@@ -275,7 +280,7 @@ def test_cli_errors_exit_2_without_traceback(capsys):
 
 
 def test_budget_ranks_top_five():
-    p = make_plan(PlanRequest(model="Qwen/Qwen2.5-7B", tokens=5e7, budget_usd=500))
+    p = make_plan(whatif_config("Qwen/Qwen2.5-7B"), WhatIf(tokens=5e7, budget_usd=500))
     rows = p["ranking"]
     assert 1 <= len(rows) <= 5 and all(r["on_demand_usd"] <= 500 for r in rows)
     assert [r["on_demand_usd"] for r in rows] == sorted(r["on_demand_usd"] for r in rows)
@@ -283,7 +288,7 @@ def test_budget_ranks_top_five():
 
 
 def test_deadline_ranks_by_time():
-    p = make_plan(PlanRequest(model="Qwen/Qwen2.5-1.5B", tokens=5e7, deadline_hours=10))
+    p = make_plan(whatif_config("Qwen/Qwen2.5-1.5B"), WhatIf(tokens=5e7, deadline_hours=10))
     hours = [r["hours"] for r in p["ranking"]]
     assert hours == sorted(hours) and all(h <= 10 for h in hours)
 
