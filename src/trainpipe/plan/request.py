@@ -9,7 +9,6 @@ orders GPU type x count x method by cost or time; `suggestions` says what would 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
@@ -18,7 +17,7 @@ from trainpipe.config import build_config
 from trainpipe.errors import ConfigError
 from trainpipe.plan import compute as C
 from trainpipe.plan import decisions as D
-from trainpipe.plan import memory as M
+from trainpipe.plan import parallel3d as P3
 from trainpipe.plan.catalog import ModelSpec
 from trainpipe.plan.decisions import Decision, PlanError
 from trainpipe.plan.gpus import GIB, GPU, catalog as gpu_catalog, find_gpu
@@ -348,63 +347,18 @@ def host_ram_check(b: Breakdown, host_ram_gib: float | None) -> tuple[bool, str]
 # --------------------------------------------------------------------------- > 100B: tensor + pipeline parallel
 def plan_3d(spec: ModelSpec, cfg, w: WhatIf, gpu: GPU) -> dict:
     """Above 100B parameters the rule is tensor + pipeline parallel (Megatron-LM, torchtitan), which trainpipe does not run:
-    size TP x PP x DP. TP = the GPUs of one node (NVLink; Megatron's guidance keeps TP inside a node); PP = the fewest
-    pipeline stages (a power of two) whose per-GPU share fits; DP = the remaining GPUs. Per GPU: weights, gradients and
-    optimizer states / (TP x PP); activations (checkpointed, micro-batch 1) / TP: sequence parallelism splits them over TP
-    and the 1F1B schedule keeps PP micro-batches of L/PP layers on the first stage, i.e. one whole model's worth."""
+    TP x PP x DP sized by plan/parallel3d.py (every weight-sized term over TP x PP, PP <= layers, TP x PP x DP = the GPUs
+    given), with the precision, method and learning-rate decisions of this what-if plan around it."""
     asked = method_of(cfg)
     precision = D.decide_precision(gpu, precision_of(cfg, w)).value
     method = asked if asked != "auto" else ("full" if w.max_quality else "lora")
-    s = replace(_setup(cfg, w, method, precision, 1), micro_batch=1, grad_ckpt=True, strategy="single", num_gpus=1, offload="none")
-    one = estimate(spec, s)
-    tp = gpu.max_per_node
-    world = w.num_gpus * w.nodes
-    limit = gpu.memory_bytes * (1 - D.HEADROOM)
-
-    def per_gpu(pp: int) -> Breakdown:
-        shard = tp * pp
-        W, G, O = one.weights_bytes // shard, one.gradients_bytes // shard, one.optimizer_bytes // shard
-        A = one.activations_bytes // tp
-        alloc = W + G + O + A
-        # the reserved term of estimate() (memory.overhead_bytes -> fragmentation_bytes) on this GPU's share: checkpointed,
-        # each recomputed layer's activations, split over TP by sequence parallelism, are the sizes its allocator caches
-        layer = one.detail.get("activations", {}).get("per_layer", 0) // tp
-        overhead, frag = M.overhead_bytes(s, alloc, layer, max(world, shard))
-        return Breakdown(W, G, O, A, overhead, one.total_params, one.trainable_params, 0,
-                         {"tensor_parallel": tp, "pipeline_parallel": pp, "recomputed_layer_activations": layer,
-                          "single_device_breakdown": one.to_dict()}, fragmentation_bytes=frag)
-
-    pp = 1
-    while pp < spec.layers and per_gpu(pp).total_bytes > limit:
-        pp *= 2
-    b = per_gpu(pp)
-    need = tp * pp
-    dp = max(1, world // need)
-    fits = b.total_bytes <= limit and world >= need
-    value = f"tensor+pipeline parallel: TP {tp} x PP {pp} x DP {dp}"
-    rule = (f"{spec.total_params / 1e9:.0f}B params (> 100B): data-parallel sharding alone (FSDP, ZeRO-3) spends each step gathering weights "
-            f"across nodes; the standard is tensor + pipeline parallelism with Megatron-LM (or Megatron-DeepSpeed) or torchtitan. TP {tp} = the "
-            f"GPUs of one {gpu.name} node (NVLink), PP {pp} = the fewest pipeline stages whose share fits ({b.total_bytes / GIB:.1f} of "
-            f"{gpu.memory_gib:g} GiB per GPU with {int(D.HEADROOM * 100)} % headroom), DP {dp} = {world} GPU(s) / (TP x PP)")
-    if world < need:
-        rule += f"; it needs at least {need} GPUs ({math.ceil(need / gpu.max_per_node)} nodes of {gpu.max_per_node}), and {world} were given"
-    watch = ("trainpipe does not run tensor/pipeline parallelism: export this plan to Megatron-LM or torchtitan; pipeline bubbles cost "
-             "(PP-1)/(micro-batches+PP-1) of each step: use >= 4 x PP micro-batches per step")
-    acc, eff, acc_rule = D.accumulation(1, dp, cfg.training.target_effective_batch_size)
-    decisions = [D.decide_precision(gpu, precision_of(cfg, w)),
-                 Decision("method", method, "as requested" if asked != "auto" else "above 100B: LoRA unless maximum quality is asked for (a full fine-tune needs "
-                          "~16 B per parameter across the cluster)", D._watch_method(method)),
-                 Decision("strategy", value, rule, watch),
-                 Decision("tensor_parallel", tp, f"TP {tp}: the GPUs of one node", "TP across nodes is limited by the inter-node link"),
-                 Decision("pipeline_parallel", pp, f"PP {pp}: the fewest stages (power of two, <= {spec.layers} layers) that fit", ""),
-                 Decision("data_parallel", dp, f"DP {dp}: the remaining GPUs", ""),
-                 Decision("micro_batch", 1, "1 per pipeline micro-batch (checkpointed)", ""),
-                 Decision("gradient_checkpointing", True, "on: activations dominate at this scale", ""),
-                 Decision("gradient_accumulation", acc, acc_rule + " (pipeline micro-batches)", ""),
-                 _learning_rate(cfg, method)]
-    setup = replace(s, strategy="single", num_gpus=max(world, need))
-    return {"decisions": decisions, "setup": setup, "memory": b, "fits": fits, "why_not": None if fits else rule,
-            "parallel": {"tensor": tp, "pipeline": pp, "data": dp, "gpus_needed": need, "frameworks": ["Megatron-LM", "torchtitan"]}}
+    out = P3.plan_3d(spec, _setup(cfg, w, method, precision, 1), gpu, gpus_per_node=w.num_gpus, nodes=w.nodes,
+                     target_effective_batch=cfg.training.target_effective_batch_size)
+    out["decisions"] = [D.decide_precision(gpu, precision_of(cfg, w)),
+                        Decision("method", method, "as requested" if asked != "auto" else "above 100B: LoRA unless maximum quality is asked for (a full "
+                                 "fine-tune needs ~16 B per parameter across the cluster)", D._watch_method(method)),
+                        *out["decisions"], _learning_rate(cfg, method)]
+    return out
 
 
 # --------------------------------------------------------------------------- from a run config

@@ -116,3 +116,23 @@ def test_one_gpu_is_estimate_to_the_byte(h100):
     b, e = p["memory"], estimate(spec, p["setup"])
     for k in ("weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes", "overhead_bytes", "total_bytes", "fragmentation_bytes"):
         assert getattr(b, k) == getattr(e, k), k
+
+
+@pytest.mark.parametrize("nodes", [16, 128])
+def test_plan_command_sizes_405b_full_fine_tuning_through_the_3d_plan(nodes):
+    """`trainpipe plan --model` (the what-if path the user runs) goes through parallel3d: TP x PP x DP equals the GPUs
+    given, PP <= the 126 layers, and the 405B full fine-tune fits on H100s (it 'did not fit' even on 1024 before)."""
+    import contextlib
+    import io
+    import json
+
+    from trainpipe.cli import main
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(["plan", "--model", "meta-llama/Llama-3.1-405B", "--gpu", "H100", "--num-gpus", "8", "--nodes", str(nodes),
+                     "--set", "method.peft=none", "--json"]) == 0
+    p = json.loads(buf.getvalue())
+    par = p["parallel"]
+    assert par["tensor"] * par["pipeline"] * par["data"] == 8 * nodes == par["gpus"]
+    assert 1 <= par["pipeline"] <= 126 and p["fits"] is True
