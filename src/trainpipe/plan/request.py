@@ -329,9 +329,10 @@ def _checkpoint_bytes(b: Breakdown) -> float:
     return float(b.weights_bytes + b.optimizer_bytes) * 1.0 if b.trainable_params == b.total_params else float(b.trainable_params * 12)
 
 
-def host_ram_check(b: Breakdown, host_ram_gib: float | None) -> tuple[bool, str]:
+def host_ram_check(b: Breakdown, host_ram_gib: float | None, *, strategy: str | None = None, offload: str | None = None) -> tuple[bool, str]:
     """(enough, rule): an offload plan needs host RAM per GPU for the offloaded states plus the process itself
-    (``host_ram_gib``: `--host-ram-gib`, None for the default)."""
+    (``host_ram_gib``: `--host-ram-gib`, None for the default). ``strategy``/``offload`` (the plan's, when known) make
+    the advice name only an offload that strategy has."""
     if not b.cpu_bytes:
         return True, ""
     have = host_ram_gib if host_ram_gib is not None else DEFAULT_HOST_RAM_GIB
@@ -341,7 +342,15 @@ def host_ram_check(b: Breakdown, host_ram_gib: float | None) -> tuple[bool, str]
         return True, f"host RAM: the offloaded states take {b.cpu_bytes / GIB:.1f} GiB per GPU + {HOST_PROCESS_GIB:g} GiB for the process = {need:.1f} of {have:g} GiB per GPU ({given})"
     return False, (f"the host lacks the RAM this offload plan needs: {b.cpu_bytes / GIB:.1f} GiB of offloaded states per GPU + {HOST_PROCESS_GIB:g} GiB for the "
                    f"process = {need:.1f} GiB per GPU, but the host has {have:g} GiB per GPU ({given}). Use more GPUs (the states shard over them), "
-                   "a host with more RAM, or offload less (`distributed.offload: optimizer` instead of `optimizer+params`)")
+                   f"a host with more RAM, or {_offload_less(strategy, offload)}")
+
+
+def _offload_less(strategy: str | None, offload: str | None) -> str:
+    """The smaller offload the plan's strategy has: ZeRO-3's optimizer-only offload when parameters are offloaded too
+    (FSDP2's offload is all or nothing, ZeRO-2 has the optimizer's only), else no offload at all."""
+    if strategy == "zero3" and offload in ("params", "optimizer+params"):
+        return "offload less (`distributed.offload: optimizer` instead of `optimizer+params`)"
+    return "no offload (`distributed.offload: none`), which needs the states to fit on the GPUs"
 
 
 # --------------------------------------------------------------------------- > 100B: tensor + pipeline parallel

@@ -17,7 +17,7 @@ from trainpipe.plan.gpus import GIB, GPU, catalog as gpu_catalog, find_gpu
 from trainpipe.plan.memory import Breakdown, Setup
 from trainpipe.plan.objective import DATA_KINDS, KIND_OF_FORMAT, choose_objective
 from trainpipe.plan.request import (
-    _PEFT_KEY, OBJECTIVES, WhatIf, _check, _checkpoint_bytes, _objective, _rank, derive, host_ram_check, method_of, plan_3d, plan_on, suggestions, total_tokens,
+    _OFFLOAD_KEY, _PEFT_KEY, OBJECTIVES, WhatIf, _check, _checkpoint_bytes, _objective, _rank, derive, host_ram_check, method_of, plan_3d, plan_on, suggestions, total_tokens,
 )
 
 def _objective_rows(cfg, w: WhatIf):
@@ -99,7 +99,8 @@ def make_plan(cfg, w: WhatIf) -> dict:
                                 f"{gpu.memory_gib:g} GiB GPU but not with the planner's {int(D.HEADROOM * 100)} % headroom",
                                 "watch": "long examples may hit `cuda_oom` (trainpipe halves the micro-batch itself); a micro-batch of 1 or gradient checkpointing leave room"})
     if why_not is None:
-        ok, ram_rule = host_ram_check(chosen["memory"], w.host_ram_gib)
+        ok, ram_rule = host_ram_check(chosen["memory"], w.host_ram_gib, strategy=next((d.value for d in chosen["decisions"] if d.key == "strategy"), None),
+                                      offload=chosen["setup"].offload)
         if ram_rule:
             out["decision"].append({"key": "host_ram", "value": "enough" if ok else "too little", "rule": ram_rule, "watch": "swap or the OOM killer on the host means too little RAM"})
         if not ok:
@@ -174,7 +175,7 @@ def _assemble(spec: ModelSpec, w: WhatIf, gpu: GPU | None, chosen: dict, fits_ma
         "cost": None,
         "recommendation": {
             "method": s.method, "micro_batch": s.micro_batch, "gradient_accumulation": next(d.value for d in decisions if d.key == "gradient_accumulation"),
-            "precision": s.precision, "gradient_checkpointing": s.grad_ckpt, "strategy": next(d.value for d in decisions if d.key == "strategy"), "offload": s.offload,
+            "precision": s.precision, "gradient_checkpointing": s.grad_ckpt, "strategy": next(d.value for d in decisions if d.key == "strategy"), "offload": _OFFLOAD_KEY.get(s.offload, s.offload),
             "gpu": gpu.name if gpu else "cpu", "num_gpus": world, "nodes": w.nodes if gpu else 1,
             "lora_r": s.lora_r if s.method in ("lora", "dora", "qlora") else None,
             "learning_rate": next(d.value for d in decisions if d.key == "learning_rate"),

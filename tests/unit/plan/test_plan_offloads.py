@@ -133,3 +133,19 @@ def test_fsdp_parameter_offload_moves_the_gradients_to_the_host_too():
     assert off.gradients_bytes == 4 * spec.total_params // spec.layers  # one layer's unsharded fp32 gradients in flight
     assert off.cpu_bytes == (on.optimizer_bytes + on.gradients_bytes - off.gradients_bytes
                              + on.weights_bytes - on.detail["gathered_bytes"])
+
+
+def test_host_ram_advice_names_only_an_offload_the_strategy_has():
+    """Too little host RAM: the advice names a smaller offload only where the strategy has one (ZeRO-3: optimizer
+    instead of optimizer+params); the plan's JSON names the offload by its config value."""
+    from trainpipe.plan.memory import Breakdown
+    from trainpipe.plan.request import host_ram_check
+
+    b = Breakdown(1, 1, 1, 1, 1, 10, 10, 200 * 2**30)
+    ok, rule = host_ram_check(b, 64, strategy="zero3", offload="params")
+    assert not ok and "`distributed.offload: optimizer` instead of `optimizer+params`" in rule
+    for strategy, offload in (("zero3", "optimizer"), ("zero2", "optimizer"), ("fsdp", "params")):
+        ok, rule = host_ram_check(b, 64, strategy=strategy, offload=offload)
+        assert not ok and "instead of `optimizer+params`" not in rule and "`distributed.offload: none`" in rule
+    p = _plan("--model", "meta-llama/Llama-3.1-70B", "--gpu", "H100", "--num-gpus", "8", "--set", "method.peft=none")
+    assert p["recommendation"]["offload"] in HAS[p["recommendation"]["strategy"]]
