@@ -93,8 +93,9 @@ def _name_eager(cfg: dict, out: list[Finding]) -> None:
     for f in out:
         if f.kind in EAGER_KINDS:
             f.evidence += "; attention: eager (`model.attn_implementation: eager`)"
-            f.fix += (" First, `model.attn_implementation: eager` holds every layer's attention matrix and runs it unfused: set it to "
-                      "`sdpa` or `auto` (flash attention where the GPU and the installed packages allow).")
+            f.fix += (" First, `model.attn_implementation: eager` holds every layer's attention matrix and runs it unfused: set "
+                      "`model.attn_implementation: sdpa` or `model.attn_implementation: auto` (flash attention where the GPU and the "
+                      "installed packages allow).")
             if "model.attn_implementation" not in f.settings:
                 f.settings.append("model.attn_implementation")
 
