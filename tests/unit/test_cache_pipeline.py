@@ -191,7 +191,11 @@ def test_emit_k8s_cronjob(tmp_path, capsys):
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(cfg.model_dump(mode="json", exclude_none=True)))
     assert main(["pipeline", "schedule", str(path), "--cron", "0 3 * * *", "--on-new-data", "--emit", "k8s-cronjob", "-o", str(tmp_path / "cj.yaml")]) == 0
-    cj = yaml.safe_load((tmp_path / "cj.yaml").read_text())
+    docs = list(yaml.safe_load_all((tmp_path / "cj.yaml").read_text()))
+    cj = next(d for d in docs if d["kind"] == "CronJob")
+    # the ConfigMap the CronJob mounts is in the same file, so `kubectl apply -f` creates both
+    mounted = {v["configMap"]["name"] for v in cj["spec"]["jobTemplate"]["spec"]["template"]["spec"].get("volumes", []) if "configMap" in v}
+    assert mounted and mounted <= {d["metadata"]["name"] for d in docs if d["kind"] == "ConfigMap"}
     import trainpipe
 
     assert cj["kind"] == "CronJob" and cj["spec"]["schedule"] == "0 3 * * *" and cj["spec"]["concurrencyPolicy"] == "Forbid"
