@@ -165,12 +165,14 @@ def test_a_plain_name_passes(tmp_path, name):
 
 def _stand_ins(bin_dir: Path, argv_file: Path) -> dict:
     """Stand-ins for the cluster's programs (none exists here): `torchrun` (the real one starts GPU workers) writes its
-    argv as JSON; SLURM's `srun` runs its command here without its options; `scontrol show hostnames` prints `n0`."""
+    argv as JSON; SLURM's `srun` writes the argv of the command it would run on every node (without srun's own options)
+    the same way; `scontrol show hostnames` prints `n0`."""
     bin_dir.mkdir(parents=True, exist_ok=True)
     py = shutil.which("python3") or "/usr/bin/python3"
     progs = {
         "torchrun": f"#!{py}\nimport json, sys\nopen({str(argv_file)!r}, 'w').write(json.dumps(sys.argv[1:]))\n",
-        "srun": "#!/usr/bin/env bash\nwhile [[ \"$1\" == --* ]]; do shift; done\nexec \"$@\"\n",
+        "srun": f"#!{py}\nimport json, sys\nargs = sys.argv[1:]\nwhile args and args[0].startswith('--'):\n    args.pop(0)\n"
+                f"open({str(argv_file)!r}, 'w').write(json.dumps(args))\n",
         "scontrol": "#!/usr/bin/env bash\necho n0\n",
     }
     for name, text in progs.items():
@@ -196,13 +198,14 @@ def test_every_value_in_the_torchrun_script_is_quoted(tmp_path, capsys):
     line = next(x for x in script.read_text().splitlines() if x.startswith("exec torchrun"))
     argv = shlex.split(line)
     i = argv.index("-m")
-    assert argv[i:] == ["-m", "trainpipe.cli", "run", str(cfg), *sets, "$@"]
+    rel = os.path.relpath(cfg.resolve(), out.resolve())  # the script cds to its own folder: the config is named relative to it
+    assert argv[i:] == ["-m", "trainpipe.cli", "run", rel, *sets, "$@"]
 
     got = tmp_path / "argv.json"
     env = _stand_ins(tmp_path / "bin", got)
     subprocess.run(["bash", str(script), "--resume"], check=True, env=env, cwd=tmp_path)
     ran = json.loads(got.read_text())
-    assert ran[ran.index("-m"):] == ["-m", "trainpipe.cli", "run", str(cfg), *sets, "--resume"]
+    assert ran[ran.index("-m"):] == ["-m", "trainpipe.cli", "run", rel, *sets, "--resume"]
     assert not marker.exists()
 
 
@@ -223,9 +226,10 @@ def test_a_name_taken_from_a_hostile_file_name_is_made_safe(tmp_path, emit):
         job = next(x for x in text.splitlines() if x.startswith("#SBATCH --job-name="))
         assert re.fullmatch(r"#SBATCH --job-name=[A-Za-z0-9][A-Za-z0-9._-]*", job), job
     got = tmp_path / "argv.json"
-    subprocess.run(["bash", str(script)], env=_stand_ins(tmp_path / "bin", got), cwd=tmp_path, check=True)
+    env = _stand_ins(tmp_path / "bin", got) | {"SLURM_SUBMIT_DIR": str(tmp_path / "out")}  # sbatch run from the script's folder
+    subprocess.run(["bash", str(script)], env=env, cwd=tmp_path, check=True)
     ran = json.loads(got.read_text())
-    assert ran[ran.index("-m"):][:4] == ["-m", "trainpipe.cli", "run", str(evil)]
+    assert ran[ran.index("-m"):][:4] == ["-m", "trainpipe.cli", "run", os.path.relpath(evil.resolve(), (tmp_path / "out").resolve())]
     assert not marker.exists()
 
 
@@ -245,7 +249,7 @@ def test_launch_never_writes_over_the_config_its_data_or_a_user_file(tmp_path, c
     assert _tree(tmp_path) == before
 
 
-@pytest.mark.parametrize("emit,name", [("torchrun", "launch-torchrun.sh"), ("slurm", "launch.sbatch"), ("k8s", "pytorchjob.yaml")])
+@pytest.mark.parametrize("emit,name", [("torchrun", "launch-torchrun.sh"), ("slurm", "launch.sbatch"), ("k8s", "trainjob.yaml")])
 def test_launch_replaces_only_its_own_unchanged_file(tmp_path, capsys, emit, name):
     cfg = _config(tmp_path / "p")
     out = tmp_path / "out"
