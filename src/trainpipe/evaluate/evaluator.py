@@ -28,7 +28,7 @@ def eval_loss(model, examples: list[dict], *, batch_size: int, pad_id: int, adva
     with torch.no_grad():
         for i, counted in starts:
             batch = pad_batch(examples[i : i + batch_size], pad_id)
-            batch = {k: v.to(device) for k, v in batch.items()}
+            batch = {k: (v.to(device) if hasattr(v, "to") else v) for k, v in batch.items()}
             logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
             logits = logits[:, logits.size(1) - batch["input_ids"].size(1) :]  # prompt tuning: drop its virtual tokens' logits
             shift_logits = logits[:, :-1].reshape(-1, logits.size(-1))

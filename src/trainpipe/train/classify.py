@@ -166,7 +166,7 @@ def evaluate(model, objective: ClassCrossEntropy, rows, *, batch_size: int) -> d
     with torch.no_grad():
         for i in range(0, len(rows), batch_size):
             chunk = [rows[j] for j in range(i, min(i + batch_size, len(rows)))]
-            batch = {k: v.to(device) for k, v in objective.collate(chunk).items()}
+            batch = {k: (v.to(device) if hasattr(v, "to") else v) for k, v in objective.collate(chunk).items()}
             ys.append(batch.pop("class_ids").cpu())
             logits.append(objective.logits(model, batch).cpu())
     model.train(was_training)

@@ -454,7 +454,7 @@ def evaluate(model, objective: Objective, rows, *, batch_size: int) -> dict:
     done: dict[int, tuple] = {}
     with torch.no_grad():
         for b, i, counted in todo:
-            batch = {k: v.to(device) for k, v in objective.collate(rows[i : i + batch_size]).items()}
+            batch = {k: (v.to(device) if hasattr(v, "to") else v) for k, v in objective.collate(rows[i : i + batch_size]).items()}
             t = objective.terms(model, batch)
             if counted:
                 done[b] = (float(t["losses"].sum()), {k: v.float().cpu() if v.dtype != torch.bool else v.cpu() for k, v in t.items() if k != "kl"})

@@ -169,7 +169,7 @@ def evaluate(model, objective: BradleyTerry, rows: list[dict], *, batch_size: in
     done: dict[int, tuple] = {}
     with torch.no_grad():
         for b, i, counted in todo:
-            batch = {k: v.to(device) for k, v in objective.collate(rows[i : i + batch_size]).items()}
+            batch = {k: (v.to(device) if hasattr(v, "to") else v) for k, v in objective.collate(rows[i : i + batch_size]).items()}
             rc, rr = objective.rewards(model, batch)
             if counted:
                 done[b] = (rc.cpu(), rr.cpu())

@@ -111,7 +111,7 @@ def batch_find(cfg: RunConfig, *, max_memory_gib: float | None = None, max_batch
         try:
             if on_gpu:
                 torch.cuda.reset_peak_memory_stats(device)
-            batch = {k: v.to(device) for k, v in objective.collate(rows).items()}
+            batch = {k: (v.to(device) if hasattr(v, "to") else v) for k, v in objective.collate(rows).items()}
             loss, _ = objective.loss_sum(model, batch)
             loss.backward()
             model.zero_grad(set_to_none=True)

@@ -90,7 +90,7 @@ def lr_find(cfg: RunConfig, *, start: float = 1e-7, end: float = 10.0, steps: in
             group["lr"] = lr
         idx = [order[(i * mb + j) % len(order)] for j in range(mb)]
         examples = [data.train[k] for k in idx]
-        batch = {k: v.to(device) for k, v in objective.collate(examples).items()}
+        batch = {k: (v.to(device) if hasattr(v, "to") else v) for k, v in objective.collate(examples).items()}
         loss_sum, _ = objective.loss_sum(model, batch)
         loss = loss_sum / max(objective.weight(examples), 1)
         opt.zero_grad(set_to_none=True)
