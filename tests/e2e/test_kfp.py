@@ -47,7 +47,11 @@ def test_compiled_pipeline_runs_on_kfp_local(tmp_path, monkeypatch):
     execs = spec["deploymentSpec"]["executors"]
     assert {e["container"]["image"] for e in execs.values()} == {f"trainpipe:{trainpipe.__version__}"}
     train = execs["exec-train"]["container"]["resources"]
-    assert train["resourceMemoryLimit"].endswith("G") and int(train["resourceMemoryLimit"][:-1]) >= 32
+    from trainpipe.config import load_config
+    from trainpipe.launch import cluster_layout
+
+    layout = cluster_layout(load_config(config, []))  # the host memory the plan needs, as the launch files request it
+    assert train["resourceMemoryLimit"] == f"{layout['memory_gib']}G" and layout["memory_gib"] >= 16
     assert train["accelerator"]["resourceType"] == "nvidia.com/gpu" and train["accelerator"]["resourceCount"] == "1"
     tasks = spec["root"]["dag"]["tasks"]
     assert sorted(tasks) == sorted(STEPS)

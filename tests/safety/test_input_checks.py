@@ -149,7 +149,8 @@ def test_cron_that_never_fires_or_is_not_ascii_is_not_emitted(proj, capsys, cron
 
 def test_good_cron_still_emits(proj, capsys):
     assert main(["pipeline", "schedule", str(proj), "--cron", "*/15 3 * * 1-5", "--emit", "k8s-cronjob", "-o", "cron.yaml"]) == 0
-    assert yaml.safe_load((proj.parent / "cron.yaml").read_text())["spec"]["schedule"] == "*/15 3 * * 1-5"
+    cron = next(d for d in yaml.safe_load_all((proj.parent / "cron.yaml").read_text()) if d["kind"] == "CronJob")
+    assert cron["spec"]["schedule"] == "*/15 3 * * 1-5"
 
 
 def test_parse_cron_next_fire_with_the_library():
