@@ -34,7 +34,6 @@ from trainpipe.errors import TrainpipeError
 from trainpipe.plan.hardware import detect
 from trainpipe.plan.request import HOST_PROCESS_GIB
 from trainpipe.plan.resolve import plan_run
-from trainpipe.rundir import protected_paths
 
 EXIT_PREEMPTED = 75
 # exit codes of a worker that printed its own paragraph: bad input 2, diverged 3, out of memory 4, a rank stopped

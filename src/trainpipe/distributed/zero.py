@@ -234,4 +234,4 @@ def hook_state(strategy) -> None:
         )
 
 
-__all__ = ["OFFLOAD", "ZeroOptimizer", "engine_config", "full_state", "grad_norm", "hook_state", "initialize", "load_full_state", "release"]
+__all__ = ["OFFLOAD", "ZeroOptimizer", "engine_config", "full_state", "hook_state", "initialize", "load_full_state", "release"]

@@ -143,8 +143,6 @@ def check_flags(**flags) -> None:
 def check_files(*, gpu_file=None, data=None) -> None:
     """`--gpu-file` and the files `--data` names are text (UTF-8) before anything reads them: a binary file ended in a
     raw UnicodeDecodeError (issue 22). OptionError (exit 2) names the file."""
-    import codecs
-
     named = [("--gpu-file", gpu_file, "a GPU catalog JSON in the format of plan/data/gpus.json")] if gpu_file else []
     for d in data or ():
         p = Path(d)
@@ -194,8 +192,6 @@ def config_hardware(cfg, *, gpu: str | None, num_gpus: int | None, nodes: int | 
 
     The world size is `--num-gpus x --nodes` when either is given, else None (the config's `distributed` section
     decides, exactly as in `run`)."""
-    import os
-
     dist = cfg.distributed
     world = None
     if num_gpus is not None or nodes is not None:

@@ -24,7 +24,6 @@ Order of resolution (each step may use the ones before it):
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
