@@ -23,6 +23,11 @@ class Objective:
     # starting scale while single batches stay noisy (preference losses) are compared with their own scale. 0: the median only.
     spike_floor: float = 0.0
 
+    def begin_window(self, w: int) -> None:
+        """The stepper calls this before window ``w``'s micro-batches: an objective with seeded random transforms (the image
+        family's train-only augmentation) seeds them from ``w`` and each example's index, so a resumed run and every process
+        count draw the same ones."""
+
     def weight(self, examples: list[dict]) -> int:
         raise NotImplementedError
 

@@ -48,6 +48,7 @@ class Stepper:
         import torch
 
         obj, strategy, mark = self.objective, self.strategy, self.heartbeat.mark
+        obj.begin_window(w)
         denom = max(obj.weight(examples), 1)  # loss = sum over the whole window / its weight: exact under any micro-batching
         n_tokens = obj.tokens(examples)
         total = torch.zeros((), device=self.device)
