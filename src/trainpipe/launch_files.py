@@ -1,4 +1,4 @@
-"""Cluster launch files: `trainpipe launch CONFIG --emit torchrun|slurm|k8s|skypilot|deepspeed -o DIR`.
+"""Cluster launch files: `trainpipe launch CONFIG --emit TARGET -o DIR` (the targets: trainpipe/targets.py).
 
 Each file is what the tool that consumes it runs as it is:
 
@@ -35,15 +35,9 @@ from trainpipe.launch import cluster_layout, safe_name, shell_join
 from trainpipe.pipeline.kfp_compile import k8s_name, secret_refs
 from trainpipe.redact import redact_text
 from trainpipe.rundir import protected_paths
+from trainpipe.targets import LAUNCH_TARGETS, LAUNCH_VARIANTS, unknown
 
-EMITS = {
-    "torchrun": ("launch-torchrun.sh", "the torchrun launch script"),
-    "slurm": ("launch.sbatch", "the sbatch script"),
-    "k8s": ("trainjob.yaml", "the Kubeflow TrainJob and its ConfigMap"),
-    "k8s-pytorchjob": ("pytorchjob.yaml", "the Kubeflow PyTorchJob and its ConfigMap"),
-    "skypilot": ("skypilot.yaml", "the SkyPilot task"),
-    "deepspeed": ("launch-deepspeed.sh", "the deepspeed launch script"),
-}
+EMITS = {k: (t.file, t.what) for k, t in {**LAUNCH_TARGETS, **LAUNCH_VARIANTS}.items()}  # name -> (file, what): targets.py
 WORKSPACE = "/workspace"  # the shared volume (Kubernetes claim, SkyPilot bucket) every node mounts
 CLUSTER_CONFIG = "/tmp/trainpipe-run.yaml"  # where a pod / a SkyPilot node writes the config it received
 PORT = 29500
@@ -299,8 +293,8 @@ def write_launch_files(cfg, config_path: str, emit: str, out_dir, *, nproc: int 
     check runs before anything is written, so a refusal leaves no trace (not even the folder's manifest)."""
     import yaml
 
-    if emit not in ("torchrun", "slurm", "k8s", "skypilot", "deepspeed"):
-        raise TrainpipeError(f"`--emit` must be one of torchrun, slurm, k8s, skypilot, deepspeed; got {emit!r}.")
+    if emit not in LAUNCH_TARGETS:
+        raise TrainpipeError(unknown("--emit", emit, LAUNCH_TARGETS))
     key = "k8s-pytorchjob" if emit == "k8s" and pytorchjob else emit
     file, what = EMITS[key]
     reads = protected_paths(cfg, config_path)

@@ -85,11 +85,29 @@ def _usage_error(exc) -> int:
     return exc.exit_code
 
 
+def _drop_local_rank(args: list[str]) -> list[str]:
+    """DeepSpeed's launcher (`deepspeed --module trainpipe.cli ...`, the `launch --emit deepspeed` script) passes
+    `--local_rank=N` (or `--local_rank N`) before the command; it also sets LOCAL_RANK, which trainpipe reads. The flag
+    is dropped (LOCAL_RANK set from it when the launcher did not)."""
+    out, i = [], 0
+    while i < len(args):
+        a = args[i]
+        if a.startswith(("--local_rank=", "--local-rank=")):
+            os.environ.setdefault("LOCAL_RANK", a.split("=", 1)[1])
+        elif a in ("--local_rank", "--local-rank") and i + 1 < len(args) and args[i + 1].isdigit():
+            os.environ.setdefault("LOCAL_RANK", args[i + 1])
+            i += 1
+        else:
+            out.append(a)
+        i += 1
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     if argv is None:  # the `trainpipe` command: even an unexpected crash prints no credential
         sys.excepthook = _redacted_excepthook
     try:
-        rv = app(args=argv, standalone_mode=False)
+        rv = app(args=_drop_local_rank(sys.argv[1:] if argv is None else list(argv)), standalone_mode=False)
         if rv == 130:  # typer turns Ctrl-C into Exit(130) and, not standalone, returns it instead of raising
             from trainpipe import ui
 

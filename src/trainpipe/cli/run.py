@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from trainpipe.cli._app import ConfigArg, SetOpt, _numbers, app
+from trainpipe.targets import LAUNCH_TARGETS, help_text
 
 
 @app.command()
@@ -63,7 +64,7 @@ def run(
 @app.command()
 def launch(
     config: ConfigArg,
-    emit: Annotated[str, typer.Option("--emit", help="torchrun | slurm | k8s (a Kubeflow TrainJob and its ConfigMap) | skypilot | deepspeed (ZeRO).")] = "torchrun",
+    emit: Annotated[str, typer.Option("--emit", help=help_text(LAUNCH_TARGETS))] = "torchrun",
     out: Annotated[Path, typer.Option("-o", "--out", help="Folder for the launch file (a new file there, or the one trainpipe wrote before; never the config, its data or a file of yours).")] = Path("."),
     set_: SetOpt = None,
     nproc_per_node: Annotated[Optional[int], typer.Option("--nproc-per-node", help="GPUs per node (default `distributed.nproc_per_node`, else 1).")] = None,
