@@ -42,7 +42,16 @@ SECRET_PARAM_WORDS = ("token", "secret", "password", "passwd", "apikey", "api_ke
 SECRET_ENV = re.compile(r"(TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIALS?|AUTH)(_|$)")
 MIN_ENV_SECRET = 8  # shorter values ("1", "true") are not secrets and would mask ordinary text
 
-_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"<>`]+")
+_SCHEME = re.compile(r"(?<![A-Za-z0-9+.\-])[A-Za-z][A-Za-z0-9+.\-]*://")
+# free text: where a URL's host, path and query end (a password may hold any of these: it ends at its `@`)
+_STOP = frozenset(" \t\r\n\f\v'\"<>`")
+# schemes read by urllib (a `#` starts the fragment); any other (SQLAlchemy's dialects) reads a `#` as part of the query
+WEB_SCHEMES = {"http", "https", "ws", "wss", "ftp", "ftps", "s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "hf", "file", "wasb", "wasbs"}
+MAX_PASSWORD = 1024  # in free text, a password runs at most this far to its `@` (on the same line)
+# libpq keyword DSNs (`host=db user=reader password='a b\'c'`): the keywords whose value is a credential, and libpq's value
+# syntax (a single-quoted value with backslash escapes, or a run of non-blanks in which a backslash escapes the next char)
+_DSN = re.compile(r"(?<![\w.?&;%$\-])(password|sslpassword|passwd|pgpassword)(\s*=\s*)('(?:\\.|[^'\\])*'?|(?:\\.|[^\s\\])+)",
+                  re.IGNORECASE)
 
 
 def _secret_param(name: str) -> bool:
@@ -55,40 +64,121 @@ def _secret_param(name: str) -> bool:
 _ESCAPE_TAIL = re.compile(r"\\[A-Za-z]?$")
 
 
-def _redact_query(query: str) -> str:
-    parts = []
-    for part in re.split(r"([&;])", query):
-        name, eq, value = part.partition("=")
-        tail = _ESCAPE_TAIL.search(value)
-        core, tail = (value[:tail.start()], tail.group(0)) if tail else (value, "")
-        parts.append(f"{name}={MASK}{tail}" if eq and core and _secret_param(name) and not is_reference(core) else part)
-    return "".join(parts)
+def _whole(text: str) -> bool:
+    """Whether ``text`` is one URL (a config value), read to its end, rather than free text holding URLs."""
+    return bool(_SCHEME.match(text))
+
+
+def _url_spans(text: str, start: int, whole: bool, web: bool) -> tuple[int, list[tuple[int, int, str]]]:
+    """The credentials of the URL whose ``scheme://`` ends at ``start``: (where the URL ends, [(begin, end, part)]), part
+    ``password``, ``user token`` or ``query NAME``. Read as the libraries that use URLs read them: SQLAlchemy's
+    ``make_url`` (the user is ``[^:/]*``, the password runs to the first ``@``, anything may follow in the query, `#`
+    too) and urllib (the userinfo runs to the last ``@`` of the authority): the span masked covers what either reads."""
+    n, spans = len(text), []
+
+    def stop(k: int) -> bool:  # a config value is one URL to its end (SQLAlchemy reads a newline in a password too)
+        return not whole and text[k] in _STOP
+
+    j = start
+    while j < n and text[j] not in ":/" and not stop(j):
+        j += 1
+    host = start
+    if j < n and text[j] == ":":
+        limit = n if whole else min(n, j + 1 + MAX_PASSWORD)
+        nl = -1 if whole else text.find("\n", j + 1, limit)
+        at = text.find("@", j + 1, nl if nl != -1 else limit)
+        if at != -1:
+            k = at + 1  # urllib: the userinfo runs to the last `@` before the path (SQLAlchemy would read those as the host)
+            while k < n and text[k] not in "/?#" and not stop(k):
+                at, k = (k if text[k] == "@" else at), k + 1
+            if at > j + 1 and not is_reference(text[j + 1:at]):
+                spans.append((j + 1, at, "password"))
+            host = at + 1
+    else:
+        k = start
+        while k < n and text[k] not in "/?#" and not stop(k):
+            k += 1
+        at = text.rfind("@", start, k)
+        if at != -1:
+            user = text[start:at]
+            if _looks_like_token(user) and not is_reference(user):
+                spans.append((start, at, "user token"))
+            host = at + 1
+    end = host
+    while end < n and not stop(end):
+        end += 1
+    q = text.find("?", host, end)
+    if q != -1:
+        qend = end
+        if web:
+            h = text.find("#", q, end)
+            qend = h if h != -1 else end
+        spans += _query_spans(text, q + 1, qend)
+    return end, spans
+
+
+def _query_spans(text: str, begin: int, end: int) -> list[tuple[int, int, str]]:
+    """Secret query values between ``begin`` and ``end`` (``&``-separated as ``parse_qsl`` reads them; a part whose name
+    is not secret is also read ``;``-separated, as older parsers did)."""
+    out, i = [], begin
+    for part in text[begin:end].split("&"):
+        pieces = [(i, part)]
+        if not _secret_param(part.partition("=")[0]) and ";" in part:
+            pieces, o = [], i
+            for piece in part.split(";"):
+                pieces.append((o, piece))
+                o += len(piece) + 1
+        for o, piece in pieces:
+            name, eq, value = piece.partition("=")
+            m = _ESCAPE_TAIL.search(value)
+            core = value[:m.start()] if m else value
+            if eq and core and _secret_param(name) and not is_reference(core):
+                b = o + len(name) + 1
+                out.append((b, b + len(core), f"query {unquote(name)}"))
+        i += len(part) + 1
+    return out
+
+
+def _spans(text: str) -> list[tuple[int, int, str]]:
+    """Every credential in ``text``: those of its URLs (:func:`_url_spans`) and of libpq keyword DSNs, in order."""
+    spans: list[tuple[int, int, str]] = []
+    whole = _whole(text)
+    pos = 0
+    if "://" in text:
+        while (m := _SCHEME.search(text, pos)) is not None:
+            end, found = _url_spans(text, m.end(), whole, m.group(0)[:-3].lower() in WEB_SCHEMES)
+            spans += found
+            pos = max(end, m.end())
+    if "=" in text:
+        for m in _DSN.finditer(text):
+            b, e = m.start(3), m.end(3)
+            if any(s <= b < t for s, t, _ in spans):
+                continue
+            value = m.group(3)
+            if value.startswith("'") and value.endswith("'") and len(value) >= 2:
+                b, e = b + 1, e - 1
+            if e > b and not is_reference(text[b:e]):
+                spans.append((b, e, f"dsn {m.group(1).lower()}"))
+    return sorted(spans)
+
+
+def _replace(text: str, spans: list[tuple[int, int, str]], repl) -> str:
+    out, last = [], 0
+    for b, e, part in spans:
+        if b < last:
+            continue
+        out += [text[last:b], repl(part, text[b:e])]
+        last = e
+    return "".join(out) + text[last:]
 
 
 def redact_url(url: str) -> str:
     """``url`` with the userinfo password and secret query values replaced by ``***``; the rest is kept
-    byte for byte (``postgresql://u:p@h:5432/db`` -> ``postgresql://u:***@h:5432/db``)."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
+    byte for byte (``postgresql://u:p@h:5432/db`` -> ``postgresql://u:***@h:5432/db``). The password is read as
+    SQLAlchemy and urllib read it: it may hold ``/``, ``#``, ``?``, blanks and quotes (it runs to its ``@``)."""
+    if "://" not in url:
         return url
-    end = len(rest)
-    for ch in "/?#":  # the authority ends at the first of these (a password must percent-encode them)
-        i = rest.find(ch)
-        if i != -1:
-            end = min(end, i)
-    authority, tail = rest[:end], rest[end:]
-    if "@" in authority:
-        userinfo, _, host = authority.rpartition("@")  # rpartition: a raw `@` inside the password stays in the userinfo
-        user, colon, password = userinfo.partition(":")
-        if colon and password and not is_reference(password):
-            authority = f"{user}:{MASK}@{host}"
-        elif not colon and _looks_like_token(user) and not is_reference(user):
-            authority = f"{MASK}@{host}"
-    path, qmark, query = tail.partition("?")
-    if qmark:
-        query, hsh, fragment = query.partition("#")
-        tail = f"{path}?{_redact_query(query)}{hsh}{fragment}"
-    return f"{scheme}://{authority}{tail}"
+    return _replace(url, _spans(url), lambda _p, _v: MASK)
 
 
 def _looks_like_token(user: str) -> bool:
@@ -111,11 +201,14 @@ def env_secrets() -> list[str]:
 
 
 def redact_text(text: str, *, secrets: list[str] | None = None) -> str:
-    """``text`` with every URL redacted (:func:`redact_url`) and every secret environment value (``secrets``, default
+    """``text`` with every URL credential (:func:`redact_url`), every libpq DSN password (``password=...``), every
+    credential the config held (:func:`register_secrets`) and every secret environment value (``secrets``, default
     :func:`env_secrets`) replaced by ``***``."""
-    if "://" in text:
-        text = _URL.sub(lambda m: redact_url(m.group(0)), text)
-    for secret in env_secrets() if secrets is None else secrets:
+    if "://" in text or "=" in text:
+        spans = _spans(text)
+        if spans:
+            text = _replace(text, spans, lambda _p, _v: MASK)
+    for secret in (env_secrets() if secrets is None else secrets) + sorted(_REGISTERED, key=len, reverse=True):
         if secret in text:
             text = text.replace(secret, MASK)
     return text
@@ -125,6 +218,8 @@ def redact_obj(obj: Any, *, secrets: list[str] | None = None) -> Any:
     """A copy of ``obj`` with every string (keys too) redacted; dicts, lists and tuples are walked, other values kept."""
     secrets = env_secrets() if secrets is None else secrets
     if isinstance(obj, str):
+        if _whole(obj):  # a config value that is a URL: its credentials are masked from now on wherever they appear
+            register_secrets(obj)
         return redact_text(obj, secrets=secrets)
     if isinstance(obj, dict):
         return {redact_text(k, secrets=secrets) if isinstance(k, str) else k: redact_obj(v, secrets=secrets) for k, v in obj.items()}
@@ -145,28 +240,42 @@ def is_reference(value: str) -> bool:
 
 
 def url_secrets(url: str) -> list[tuple[str, str]]:
-    """The secrets of one URL as (part, value): ``("password", ...)`` for the userinfo password (or a token standing as the
-    user), ``("query NAME", ...)`` for each secret-looking query value. References are not secrets."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return []
-    end = min([i for i in (rest.find(ch) for ch in "/?#") if i != -1], default=len(rest))
-    authority, tail = rest[:end], rest[end:]
-    out = []
-    if "@" in authority:
-        user, colon, password = authority.rpartition("@")[0].partition(":")
-        if colon and password and not is_reference(password):
-            out.append(("password", password))
-        elif not colon and _looks_like_token(user) and not is_reference(user):
-            out.append(("user token", user))
-    _path, qmark, query = tail.partition("?")
-    if qmark:
-        for part in re.split(r"[&;]", query.partition("#")[0]):
-            name, eq, value = part.partition("=")
-            value = value[:m.start()] if (m := _ESCAPE_TAIL.search(value)) else value
-            if eq and value and _secret_param(name) and not is_reference(value):
-                out.append((f"query {unquote(name)}", value))
-    return out
+    """The secrets of one URL (or DSN) as (part, value): ``("password", ...)`` for the userinfo password (or ``"user
+    token"`` for a token standing as the user), ``("query NAME", ...)`` for each secret-looking query value, ``("dsn
+    password", ...)`` for a libpq keyword. References are not secrets."""
+    return [(part, url[b:e]) for b, e, part in _spans(url)]
+
+
+# --------------------------------------------------------------------------- credentials the config holds
+
+_REGISTERED: set[str] = set()
+MIN_REGISTERED = 6  # shorter credentials are masked where they stand (in their URL or DSN), not wherever they occur
+
+
+def _distinctive(value: str) -> bool:
+    """Whether masking ``value`` wherever it occurs is safe: long enough, and not a plain lower-case word (a `?key=validation`
+    would otherwise mask every "validation")."""
+    return len(value) >= MIN_REGISTERED and value != MASK and not (value.isalpha() and value.islower())
+
+
+def _forms(value: str) -> set[str]:
+    """How a credential may be written out: as given, percent-decoded (what SQLAlchemy and urllib pass on), libpq-unescaped."""
+    return {value, unquote(value), unquote(value.replace("+", " ")), re.sub(r"\\(.)", r"\1", value)}
+
+
+def register_secrets(obj: Any) -> None:
+    """Remember the credentials of ``obj``'s URLs and DSNs (a loaded config), so that they are masked wherever they
+    appear later, in any form a library may print (a driver's error message, a label), not only inside their URL."""
+    if isinstance(obj, str):
+        if "://" in obj or "=" in obj:
+            for _part, value in url_secrets(obj):
+                _REGISTERED.update(f for f in _forms(value) if _distinctive(f))
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            register_secrets(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            register_secrets(v)
 
 
 class SecretRefs:
@@ -188,42 +297,20 @@ class SecretRefs:
 
     def url(self, url: str, where: str) -> str:
         """``url`` with its secrets replaced by references (``where``: the config key it came from, for the names)."""
-        secrets = url_secrets(url)
-        if not secrets:
-            return url
-        scheme, _, rest = url.partition("://")
-        end = min([i for i in (rest.find(ch) for ch in "/?#") if i != -1], default=len(rest))
-        authority, tail = rest[:end], rest[end:]
-        for part, _value in secrets:
-            if part in ("password", "user token"):
-                env = self._env(where, "password" if part == "password" else "token")
-                userinfo, _, host = authority.rpartition("@")
-                user = userinfo.partition(":")[0]
-                authority = f"{user}:$({env})@{host}" if part == "password" else f"$({env})@{host}"
-                self.refs[env] = f"the {'password' if part == 'password' else 'token'} of `{where}`"
-        path, qmark, query = tail.partition("?")
-        if qmark:
-            query, hsh, fragment = query.partition("#")
-            parts = []
-            for piece in re.split(r"([&;])", query):
-                name, eq, value = piece.partition("=")
-                m = _ESCAPE_TAIL.search(value)
-                value, tail = (value[:m.start()], m.group(0)) if m else (value, "")
-                if eq and value and _secret_param(name) and not is_reference(value):
-                    env = self._env(where, unquote(name))
-                    self.refs[env] = f"the `{unquote(name)}` query value of `{where}`"
-                    piece = f"{name}=$({env}){tail}"
-                parts.append(piece)
-            tail = f"{path}?{''.join(parts)}{hsh}{fragment}"
-        return f"{scheme}://{authority}{tail}"
+        def ref(part: str, _value: str) -> str:
+            kind = {"password": "password", "user token": "token"}.get(part, part.removeprefix("query ").removeprefix("dsn "))
+            env = self._env(where, kind)
+            self.refs[env] = (f"the {kind} of `{where}`" if part in ("password", "user token") or part.startswith("dsn ")
+                              else f"the `{kind}` query value of `{where}`")
+            return f"$({env})"
+
+        return _replace(url, _spans(url), ref)
 
     def obj(self, obj: Any, where: str = "") -> Any:
         """A copy of ``obj`` (dicts, lists, strings) with every URL secret in its strings replaced by a reference; the
         config key path (``data.sources[1].sql.url``) names each reference."""
         if isinstance(obj, str):
-            if "://" not in obj:
-                return obj
-            return _URL.sub(lambda m: self.url(m.group(0), where or "value"), obj)
+            return self.url(obj, where or "value") if "://" in obj or "=" in obj else obj
         if isinstance(obj, dict):
             return {k: self.obj(v, f"{where}.{k}" if where else str(k)) for k, v in obj.items()}
         if isinstance(obj, (list, tuple)):
