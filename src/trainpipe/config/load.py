@@ -15,7 +15,7 @@ from trainpipe.config.messages import format_validation_error
 from trainpipe.config.run import RunConfig
 from trainpipe.errors import ConfigError
 from trainpipe.metrics import in_training_metrics, metric_direction, metric_key
-from trainpipe.redact import redact_obj
+from trainpipe.redact import redact_obj, register_secrets
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -196,6 +196,7 @@ def _resolve_paths(cfg: RunConfig, base_dir: Path) -> RunConfig:
 def build_config(data: dict, *, source: str = "config", base_dir: Path | None = None, overrides: list[str] | None = None) -> RunConfig:
     """Validate a config mapping (after applying overrides) into a RunConfig."""
     data = apply_overrides(data, overrides or [])
+    register_secrets(data)  # its URL and DSN credentials are masked wherever they appear later (an error message, a label)
     try:
         cfg = RunConfig.model_validate(data)
     except ValidationError as exc:
