@@ -30,6 +30,7 @@ from pathlib import Path
 
 from trainpipe import ownership, rundir, ui
 from trainpipe.config import RunConfig, dump_yaml, load_yaml_text
+from trainpipe.config.family import resolve_family
 from trainpipe.data.prepare import prepare
 from trainpipe.data.sources import check_sources, fingerprint
 from trainpipe.data.tokenize import end_of_turn_ids, setup_chat_template
@@ -49,6 +50,7 @@ from trainpipe.track import tracking
 from trainpipe.track.manifest import build_manifest, write_json
 from trainpipe.train import classify, preference, pretrain, reward, rl, sft
 from trainpipe.train.context import RunContext
+from trainpipe.train.family import family
 from trainpipe.train.errors import EXIT_PREEMPTED, OutOfMemoryPlan, Preempted, StopTrial
 
 
@@ -107,7 +109,8 @@ MEASURES_FORGETTING = ("sft", "pretrain", "dpo", "orpo", "kto", "rl")
 
 def preflight(cfg: RunConfig) -> None:
     """Fail before anything is written when an input is missing."""
-    check_model_source(cfg.model)
+    if resolve_family(cfg.model, cfg.data)[0] == "text":  # the other families build their model (train/family.py)
+        check_model_source(cfg.model)
     check_sources(cfg.data.sources)  # files, globs and folders; hub and SQL sources are checked when read
     check_measured(cfg)
 
@@ -153,7 +156,8 @@ def run(cfg: RunConfig, *, config_path: str | None = None, overwrite: bool = Fal
     hw = detect()
     plan = plan_run(cfg, hw)  # every `auto` resolved through the planner, with its predictions for this setup
     cfg = plan.config
-    check_peft(cfg.model, cfg.method)  # PEFT errors the config alone can tell (meta-device build), before the data step
+    if resolve_family(cfg.model, cfg.data)[0] == "text":
+        check_peft(cfg.model, cfg.method)  # PEFT errors the config alone can tell (meta-device build), before the data step
     run_dir = Path(cfg.output_dir).resolve()
     protected = rundir.protected_paths(cfg, config_path)
     rundir.check_not_data(run_dir, protected)
@@ -377,7 +381,6 @@ def check_data_unchanged(cfg: RunConfig, run_dir: Path, checkpoint: Path) -> Non
 
 def _steps(cfg: RunConfig, plan, hw, run_dir: Path, events: EventLog, config_path: str | None, t_start: float, resume_from, lineage: dict | None = None,
            callbacks: tuple = ()) -> dict:
-    import torch
     from transformers import set_seed
 
     con = ui.console()
@@ -385,6 +388,9 @@ def _steps(cfg: RunConfig, plan, hw, run_dir: Path, events: EventLog, config_pat
     for d in plan.decisions:
         con.print(f"  [dim]{d.key} = {d.value}  ({d.rule})[/]")
     set_seed(cfg.training.seed)
+    fam = family(resolve_family(cfg.model, cfg.data)[0])  # the model family's parts (train/family.py); text: the rest of this function
+    if fam.prepare is not None:
+        return _family_steps(fam, cfg, plan, hw, run_dir, events, config_path, t_start, resume_from, lineage, callbacks)
 
     # 2. tokenizer, chat template, data
     tokenizer = load_tokenizer(cfg.model, cfg.model.pad_token)
@@ -406,15 +412,7 @@ def _steps(cfg: RunConfig, plan, hw, run_dir: Path, events: EventLog, config_pat
         dist_env.barrier()
     data.report["chat_template"] = template
     if main:
-        write_json(run_dir / "data_report.json", data.report)
-        write_json(
-            run_dir / "manifest.json",
-            build_manifest(
-                config_hash=cfg.hash(), config_path=config_path, data_files=[{"path": s.get("path") or s.get("source"), "sha256": s.get("sha256")} for s in data.report["sources"]],
-                seed=cfg.training.seed, hardware={**hw.to_dict(), "torch_threads": torch.get_num_threads()}, decisions=[asdict(d) for d in plan.decisions],
-            ) | {"plan": plan.to_dict()}  # the resolved plan this run executes: world size, strategy, batch, precision, lr, each with its source
-            | ({"lineage": lineage} if lineage else {}),  # a stage of `stages:`: the model it starts from (pipeline/stages.py)
-        )
+        _write_data_records(cfg, plan, hw, run_dir, data.report, config_path, lineage)
     r = data.report
     events.emit("data_prepared", train=r["train_examples"], eval=r["eval_examples"], rejected=r["rejected_total"], dropped=sum(r["dropped"].values()))
     if main:  # random formatted samples for a person to read (`trainpipe data review RUN_DIR`; the `samples_reviewed` gate)
@@ -425,7 +423,40 @@ def _steps(cfg: RunConfig, plan, hw, run_dir: Path, events: EventLog, config_pat
     ctx = RunContext(cfg=cfg, run_dir=run_dir, events=events, tokenizer=tokenizer, template=template, stop_ids=stop_ids, data=data, specs=plan.specs,
                      resume_from=resume_from, hardware=hw, callbacks=tuple(callbacks))
     summary = recipe_for(cfg.method.name).run(ctx)
-    if not main:  # rank 0 writes the summary
+    return _finish(cfg, plan, run_dir, events, t_start, summary)
+
+
+def _write_data_records(cfg: RunConfig, plan, hw, run_dir: Path, report: dict, config_path: str | None, lineage: dict | None) -> None:
+    """`data_report.json` and `manifest.json` (rank 0), once the data step has run."""
+    import torch
+
+    write_json(run_dir / "data_report.json", report)
+    write_json(
+        run_dir / "manifest.json",
+        build_manifest(
+            config_hash=cfg.hash(), config_path=config_path, data_files=[{"path": s.get("path") or s.get("source"), "sha256": s.get("sha256")} for s in report["sources"]],
+            seed=cfg.training.seed, hardware={**hw.to_dict(), "torch_threads": torch.get_num_threads()}, decisions=[asdict(d) for d in plan.decisions],
+        ) | {"plan": plan.to_dict()}  # the resolved plan this run executes: world size, strategy, batch, precision, lr, each with its source
+        | ({"lineage": lineage} if lineage else {}),  # a stage of `stages:`: the model it starts from (pipeline/stages.py)
+    )
+
+
+def _family_steps(fam, cfg: RunConfig, plan, hw, run_dir: Path, events: EventLog, config_path: str | None, t_start: float, resume_from,
+                  lineage: dict | None, callbacks: tuple) -> dict:
+    """A non-text family (train/family.py): its data step (every rank; deterministic), the records, then its recipe."""
+    data = fam.prepare(cfg)
+    if dist_env.is_main():
+        _write_data_records(cfg, plan, hw, run_dir, data.report, config_path, lineage)
+    r = data.report
+    events.emit("data_prepared", train=r["train_examples"], eval=r["eval_examples"], rejected=r.get("rejected_total", 0), dropped=sum(r.get("dropped", {}).values()))
+    ctx = RunContext(cfg=cfg, run_dir=run_dir, events=events, tokenizer=None, template="", stop_ids=[], data=data, specs=plan.specs,
+                     resume_from=resume_from, hardware=hw, callbacks=tuple(callbacks))
+    return _finish(cfg, plan, run_dir, events, t_start, fam.run(ctx))
+
+
+def _finish(cfg: RunConfig, plan, run_dir: Path, events: EventLog, t_start: float, summary: dict) -> dict:
+    """After the recipe: plan vs measured, the summary, the quality gates (rank 0)."""
+    if not dist_env.is_main():  # rank 0 writes the summary
         return summary
     summary["plan"] = compare_plan(plan, run_dir)  # plan vs measured: state bytes, peak memory, throughput
     summary["wall_seconds"] = round(time.time() - t_start, 2)

@@ -184,9 +184,12 @@ def protected_paths(cfg, config_path: str | None) -> list[tuple[Path, str]]:
                 add(src.sql.url[len("sqlite:///"):] or None, f"the SQLite database of `{src.sql.url}`")
         for b in data.decontamination.benchmarks:
             add(glob_base(b), f"the decontamination benchmark `{b}`")
-    model = Path(cfg.model.name_or_path).expanduser()
-    if model.exists():
+    model = Path(cfg.model.name_or_path).expanduser() if cfg.model.name_or_path else None
+    if model is not None and model.exists():
         add(model, f"the model folder `{cfg.model.name_or_path}`")
+    for spec in (cfg.model.factory, cfg.data.factory if cfg.data else None, cfg.method.loss):  # your own code files (model/custom.py)
+        if spec and ".py:" in spec and Path(spec.rpartition(":")[0]).is_file():
+            add(Path(spec.rpartition(":")[0]), f"the Python file `{spec}`")
     reward = cfg.method.rl.reward_model
     if reward and Path(reward).expanduser().exists():
         add(reward, f"the reward model `{reward}`")

@@ -28,7 +28,7 @@ LAYERS = {
     "trainpipe.config": 1,
     "trainpipe.model": 2, "trainpipe.data": 2,
     "trainpipe.plan": 3, "trainpipe.distributed": 3,
-    "trainpipe.evaluate": 4, "trainpipe.export": 4, "trainpipe.export_gguf": 4, "trainpipe.track": 4, "trainpipe.report": 4,
+    "trainpipe.evaluate": 4, "trainpipe.export": 4, "trainpipe.export_gguf": 4, "trainpipe.export_family": 4, "trainpipe.track": 4, "trainpipe.report": 4,
     "trainpipe.train": 5,
     "trainpipe.run": 6,
     "trainpipe.pipeline": 7, "trainpipe.launch": 7, "trainpipe.launch_files": 7,

@@ -120,8 +120,16 @@ class DecontamConfig(_Section):
 
 
 class DataConfig(_Section):
-    sources: list[DataSource] = Field(min_length=1)
-    """The data sources of the run (at least one)."""
+    sources: list[DataSource] = Field(default_factory=list)
+    """The data sources of the run (at least one, unless `data.factory` builds the datasets)."""
+    label: str | None = None
+    """Tabular, custom and image families: the column holding the class of each row (classification, binary or multi-class)."""
+    target: str | None = None
+    """Tabular and custom families: the numeric column to predict (regression)."""
+    factory: str | None = None
+    """Your own datasets: `path/to/file.py:function` or `package.module:function` returning `(train, eval)` torch `Dataset`s whose items are `(inputs, target)` pairs (or dicts with `x` and `y`); imported only by the commands that train."""
+    augment: bool = False
+    """Image family: train-only augmentation (random resized crop, horizontal flip); never applied to eval or test."""
     eval_split: float = 0.1
     """Held-out evaluation share: a fraction in (0, 1) of the records, or a whole number >= 1 of records (ignored when a source has `role: eval`)."""
     test_split: float = 0.0
@@ -162,6 +170,14 @@ class DataConfig(_Section):
     """Reuse a prepared dataset whose inputs (sources, options, tokenizer, template, code version) are unchanged."""
     num_proc: int | None = Field(default=None, ge=1)
     """Processes for tokenization (default: all cores for 20k records or more, else 1)."""
+
+    @model_validator(mode="after")
+    def _sources_or_factory(self) -> "DataConfig":
+        if not self.sources and self.factory is None:
+            raise ValueError("`sources` needs at least one source (or set `factory` to build the datasets in Python)")
+        if self.label is not None and self.target is not None:
+            raise ValueError("give `label` (classification) or `target` (regression), not both")
+        return self
 
     @field_validator("eval_split")
     @classmethod

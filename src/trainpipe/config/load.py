@@ -187,9 +187,13 @@ def _resolve_paths(cfg: RunConfig, base_dir: Path) -> RunConfig:
     if cfg.model.init_from_config is not None:
         cfg.model.init_from_config = resolve(cfg.model.init_from_config)
     mp = cfg.model.name_or_path
-    local = Path(mp).expanduser()
-    if mp.startswith((".", "/", "~")) or (base_dir / local).exists():
+    if mp is not None and (mp.startswith((".", "/", "~")) or (base_dir / Path(mp).expanduser()).exists()):
         cfg.model.name_or_path = resolve(mp)
+    for holder, key in ((cfg.model, "factory"), (cfg.method, "loss"), *((d, "factory") for d in datas)):  # `file.py:function`: relative to the config file
+        spec = getattr(holder, key)
+        if isinstance(spec, str) and ".py:" in spec:
+            file, _, fn = spec.rpartition(":")
+            setattr(holder, key, f"{resolve(file)}:{fn}")
     return cfg
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -15,8 +15,14 @@ ATTN_IMPLEMENTATIONS = ("auto", "sdpa", "flash_attention_2", "flash_attention_3"
 
 
 class ModelConfig(_Section):
-    name_or_path: str
-    """Hub id (e.g. `Qwen/Qwen2.5-0.5B`) or local folder with `config.json`, weights and tokenizer."""
+    name_or_path: str | None = None
+    """Hub id (e.g. `Qwen/Qwen2.5-0.5B`) or local folder with `config.json`, weights and tokenizer. Required by the text family (and by image models loaded from a folder or the hub); a `tabular` model is built by trainpipe and a `custom` one by `model.factory`."""
+    family: Literal["auto", "text", "tabular", "custom", "image"] = "auto"
+    """Which kind of model this run trains (docs/architecture.md, "Model families"): `text` (causal and sequence-classification LMs: every `method.name`), `tabular` (an MLP with categorical embeddings built by trainpipe on a table with `data.label` or `data.target`), `custom` (your `nn.Module` from `model.factory`), `image` (image classifiers); `auto`: `custom` when `model.factory` is set, else `tabular` when `data.label` or `data.target` is set and no `model.name_or_path`, else `text`. The choice and its rule are printed at the start of the run."""
+    factory: str | None = None
+    """Your own model: `path/to/file.py:function` (relative to the config file) or `package.module:function`, called as `function(**model.args)` and returning a `torch.nn.Module`. trainpipe imports it, so this runs Python code you name; only `trainpipe run` (and the commands that train or predict) import it, never `config validate`, `plan`, `launch` or `pipeline compile`."""
+    args: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of the model: for `model.factory` the function's, for the tabular MLP `hidden_size` (default 128), `depth` (hidden layers, 2), `dropout` (0.1), `embedding_dim` (per categorical column: min(16, (categories+1)//2) unless set). `tune.space` may search `model.args.*` keys."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Dtype the base weights are loaded in. `auto`: float32 on CPU, bfloat16 on GPUs that support it."""
     trust_remote_code: bool = False
@@ -184,6 +190,10 @@ class MethodConfig(_Section):
     """Multi-task: several named adapters trained one after another on the shared base, each on its own data (needs a LoRA-family `peft`)."""
     train_on: Literal["assistant", "last_assistant", "all"] = "assistant"
     """Tokens that carry loss: every assistant turn (default), the last assistant turn only, or everything."""
+    task: Literal["auto", "classification", "regression"] = "auto"
+    """Tabular, custom and image families: what the model predicts. `auto`: `classification` with `data.label`, `regression` with `data.target` (a `data.factory` without either: `classification` unless `method.loss` is `mse`)."""
+    loss: str = "auto"
+    """Tabular, custom and image families: the training loss, `cross_entropy` (classification; the default there), `mse` (regression; the default there), `bce` (binary classification with one output), or your own `path/to/file.py:function` / `package.module:function` called as `fn(outputs, targets)` and returning the mean loss of the batch (trainpipe multiplies it by the batch size so micro-batching stays exact). A function you name is imported only by the commands that train."""
 
     @model_validator(mode="after")
     def _adapters_need_lora(self) -> "MethodConfig":

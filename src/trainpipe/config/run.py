@@ -6,11 +6,12 @@ import hashlib
 import json
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from trainpipe.config.base import RUN_NAME, _Section
 from trainpipe.config.data import DataConfig
 from trainpipe.config.evaluation import EvalConfig, GatesConfig
+from trainpipe.config.family import resolve_family
 from trainpipe.config.method import MethodConfig, ModelConfig
 from trainpipe.config.training import DistributedConfig, TrainingConfig
 from trainpipe.config.tune import AutomlConfig, TuneConfig
@@ -136,6 +137,16 @@ class RunConfig(_Section):
         if self.method.adapters:
             return self.method.adapters[0].data
         return next(st.data for st in self.stages or [] if st.data is not None)
+    @model_validator(mode="after")
+    def _model_named(self) -> "RunConfig":
+        family, rule = resolve_family(self.model, self.data)
+        if family == "text" and self.model.name_or_path is None:
+            raise ValueError(
+                "`model.name_or_path` is required for a text model (family `text`: " + rule + "); for a table set `data.label` "
+                "(classification) or `data.target` (regression), for your own module `model.factory: file.py:function`"
+            )
+        return self
+
 
     def hash(self) -> str:
         """SHA-256 of the canonical JSON of this config (the cache and manifest key)."""

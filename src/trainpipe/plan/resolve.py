@@ -40,6 +40,7 @@ from trainpipe.plan.decisions import Decision, PlanError
 from trainpipe.plan.gpus import find_gpu, gpu_from_device_name
 from trainpipe.plan.hardware import Hardware
 from trainpipe.plan.measure import predict_state_bytes
+from trainpipe.plan.families import apply_family_rules
 from trainpipe.plan.memory import Setup, estimate
 from trainpipe.plan.objective import expand_auto
 from trainpipe.plan.specs import RunSpecs, build_specs
@@ -233,7 +234,8 @@ def resolve(cfg: RunConfig, hw: Hardware, world_size: int | None = None, *, nnod
     world = world_s.value
     if hw.accelerator == "cpu" and world > 1:
         notes.append(f"{world} processes share this machine's CPU cores (gloo backend)")
-    spec, gpu = _size(cfg, hw, world, sizing, notes, gpu)
+    family = apply_family_rules(cfg, decisions)  # tabular / custom: their own defaults (plan/families.py)
+    spec, gpu = _size(cfg, hw, world, sizing and family == "text", notes, gpu) if family == "text" else (None, gpu or catalog_gpu(hw))
 
     # 2. precision
     precision_s = _resolve_precision(cfg, hw, decisions)

@@ -1,0 +1,133 @@
+"""The exported model of the tabular and custom families, and the loader `trainpipe predict` uses.
+
+`RUN_DIR/model/` holds:
+
+    model.safetensors     the weights (the best checkpoint's)
+    trainpipe_model.json  what rebuilds the module: family, task, loss, classes, and the tabular MLP's shape and
+                          `model.args` or your `model.factory` spec with its `model.args`
+    preprocessing.json    tables: the preprocessing fitted on the training split (column kinds and rules, means and
+                          standard deviations, category vocabularies, classes or the target's scale)
+    README.md             the model card
+    model.onnx            after `trainpipe export RUN --onnx` (checked against PyTorch with onnxruntime)
+
+:func:`load_exported` rebuilds the module from these (a `model.factory` is imported again: predicting with your own
+module runs your code) and :func:`predict_file` applies the saved preprocessing to a new table and writes the predictions.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from trainpipe import ownership
+from trainpipe.config.family import resolve_family
+from trainpipe.data.tabular import Preprocessing, read_features
+from trainpipe.errors import ConfigError
+from trainpipe.export import export_folder, model_card
+from trainpipe.model.custom import build_module
+from trainpipe.model.tabular import build_tabular_mlp
+
+META = "trainpipe_model.json"
+PREP = "preprocessing.json"
+
+
+def model_meta(cfg, task: str, loss: str, classes: list[str], prep: Preprocessing | None) -> dict:
+    family, _ = resolve_family(cfg.model, cfg.data)
+    meta = {"format": 1, "family": family, "task": task, "loss": loss, "classes": list(classes), "args": dict(cfg.model.args)}
+    if cfg.model.factory is not None:
+        meta["factory"] = cfg.model.factory
+    elif prep is not None:
+        meta["tabular"] = {"numeric": len(prep.numeric), "cardinalities": prep.cardinalities,
+                           "outputs": 1 if task == "regression" or loss == "bce" else len(classes)}
+    meta["inputs"] = "table" if prep is not None else "factory"
+    return meta
+
+
+def export_supervised(*, run_dir: Path, model, meta: dict, prep: Preprocessing | None, card: dict, dest: Path | None = None) -> Path:
+    """Write the export (through `<dest>.tmp` and a rename: export.py `export_folder`)."""
+    from safetensors.torch import save_file
+
+    final = Path(dest) if dest is not None else Path(run_dir) / "model"
+    with export_folder(final, run_dir=run_dir, card=card) as tmp:
+        state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / META).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        if prep is not None:
+            (tmp / PREP).write_text(json.dumps(prep.to_dict(), indent=2) + "\n", encoding="utf-8")
+        (tmp / "README.md").write_text(model_card(card), encoding="utf-8")
+    return final
+
+
+def model_folder(path: Path) -> Path:
+    """A run directory's `model/`, or the model folder itself."""
+    path = Path(path)
+    folder = path / "model" if (path / "model" / META).is_file() else path
+    if not (folder / META).is_file():
+        raise ConfigError(f"`{path}` holds no exported tabular or custom model (no `{META}` in it or in `{path / 'model'}`); give the run directory of a finished run.")
+    return folder
+
+
+def load_exported(path: Path):
+    """(module in eval mode, meta, preprocessing or None) of an exported folder (or a run directory)."""
+    from safetensors.torch import load_file
+
+    folder = model_folder(path)
+    meta = json.loads((folder / META).read_text(encoding="utf-8"))
+    prep = Preprocessing.from_dict(json.loads((folder / PREP).read_text(encoding="utf-8"))) if (folder / PREP).is_file() else None
+    if "factory" in meta:
+        model = build_module(meta["factory"], meta["args"])
+    else:
+        t = meta["tabular"]
+        model = build_tabular_mlp(t["numeric"], t["cardinalities"], t["outputs"], meta["args"])
+    model.load_state_dict(load_file(str(folder / "model.safetensors")))
+    return model.eval(), meta, prep
+
+
+def table_outputs(model, prep: Preprocessing, features: list[dict]):
+    """The model's raw outputs on prepared table features."""
+    import torch
+
+    n = len(features)
+    x_num = torch.tensor([f["x_num"] for f in features], dtype=torch.float32).reshape(n, -1)
+    x_cat = torch.tensor([f["x_cat"] for f in features], dtype=torch.long).reshape(n, -1)
+    with torch.no_grad():
+        return model(x_num, x_cat).float()
+
+
+def decode(outputs, meta: dict, prep: Preprocessing | None) -> list[dict]:
+    """One prediction per row: the class and its probabilities, or the value in the target's units."""
+    import torch
+
+    if meta["task"] == "classification":
+        if meta["loss"] == "bce":
+            p1 = torch.sigmoid(outputs.reshape(-1))
+            probs = torch.stack([1 - p1, p1], dim=-1)
+        else:
+            probs = torch.softmax(outputs, dim=-1)
+        classes = meta["classes"]
+        return [{"prediction": classes[int(p.argmax())], **{f"prob_{c}": round(float(v), 6) for c, v in zip(classes, p)}} for p in probs]
+    vals = outputs.reshape(len(outputs), -1)[:, 0]
+    scale, shift = (prep.target_std, prep.target_mean) if prep is not None else (1.0, 0.0)
+    return [{"prediction": float(v) * scale + shift} for v in vals]
+
+
+def predict_file(path: Path, data: Path, out: Path) -> dict:
+    """`trainpipe predict RUN --data FILE --out FILE`: the saved preprocessing on a new table, the predictions as CSV
+    (the input's columns, then `prediction` and, for classes, one probability column each)."""
+    import csv
+    import io
+
+    model, meta, prep = load_exported(path)
+    if prep is None:
+        raise ConfigError(f"`{path}` was trained on `data.factory` datasets, which have no table format to read `{data}` with; call the module from Python (`trainpipe.export_family.load_exported`).")
+    rows, features = read_features(data, prep)
+    preds = decode(table_outputs(model, prep, features), meta, prep) if rows else []
+    buf = io.StringIO()
+    cols = list(rows[0]) if rows else []
+    extra = list(preds[0]) if preds else ["prediction"]
+    w = csv.writer(buf)
+    w.writerow(cols + [c for c in extra if c not in cols])
+    for r, p in zip(rows, preds):
+        w.writerow([r.get(c) for c in cols] + [p[c] for c in extra if c not in cols])
+    ownership.write_text(Path(out), buf.getvalue(), what="the predictions", reads=[(Path(data), "the data to predict")])
+    return {"rows": len(rows), "out": str(out), "family": meta["family"], "task": meta["task"]}

@@ -1,0 +1,47 @@
+"""The planner's rules for the model families other than text (config/family.py): what `auto` and the text defaults
+become for a tabular MLP or your own module, each a Decision printed with the plan.
+
+- `model.family` and `method.task`: the rule that chose them;
+- `method.peft`: `none` (the whole module trains; PEFT is for pretrained transformers);
+- `training.learning_rate` unset: 1e-3 (Adam's usual rate for small networks trained from scratch);
+- `training.per_device_train_batch_size: auto`: 64 (a model of this size is limited by optimisation, not memory);
+- `training.metric_for_best` left at `loss`: the task metric (`accuracy` for classification, `rmse` for regression),
+  so the exported checkpoint is the best by what the task measures.
+The fake-tensor trace of the module (plan/trace.py) runs at `trainpipe run`, where the module is built: `trainpipe plan`
+never imports `model.factory`.
+"""
+
+from __future__ import annotations
+
+from trainpipe.config import RunConfig
+from trainpipe.config.family import resolve_family, resolve_task
+from trainpipe.plan.decisions import Decision
+
+LEARNING_RATE = 1e-3
+MICRO_BATCH = 64
+
+
+def apply_family_rules(cfg: RunConfig, decisions: list[Decision]) -> str:
+    """Resolve the family's settings in ``cfg`` (a copy the resolver owns); returns the family's name."""
+    fam, rule = resolve_family(cfg.model, cfg.data)
+    if fam == "text":  # the text rules are the resolver's own
+        return fam
+    decisions.append(Decision("model.family", fam, rule))
+    task, task_rule = resolve_task(cfg.method, cfg.data)
+    decisions.append(Decision("method.task", task, task_rule))
+    m, t = cfg.method, cfg.training
+    if m.peft != "none":
+        m.peft = "none"
+        decisions.append(Decision("method.peft", "none", f"the {fam} family trains every parameter of its module (PEFT adapts pretrained transformers)"))
+    if t.learning_rate is None:
+        t.learning_rate = LEARNING_RATE
+        decisions.append(Decision("training.learning_rate", LEARNING_RATE, f"{fam} family: Adam's usual rate for a small network trained from scratch"))
+    if t.per_device_train_batch_size == "auto":
+        t.per_device_train_batch_size = MICRO_BATCH
+        decisions.append(Decision("training.per_device_train_batch_size", MICRO_BATCH, f"{fam} family: a small model is limited by optimisation, not memory"))
+    if t.gradient_checkpointing == "auto":
+        t.gradient_checkpointing = False
+    if "metric_for_best" not in t.model_fields_set:
+        t.metric_for_best = "accuracy" if task == "classification" else "rmse"
+        decisions.append(Decision("training.metric_for_best", t.metric_for_best, f"{task}: the best checkpoint by the task metric"))
+    return fam
