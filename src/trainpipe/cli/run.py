@@ -107,16 +107,25 @@ def _print_result(con, name: str, summary: dict) -> None:
     table.add_column("change", justify="right")
     if per_metric:
         table.add_column("examples", justify="right")
+    from trainpipe.evaluate.metrics import reading
+
+    notes = []
     for k, v in (summary.get("final") or {}).items():
         b = (summary.get("baseline") or {}).get(k)
         extra = [str(counts.get(k, ""))] if per_metric else []
+        read = reading(k, summary.get("baseline") or {}, summary.get("final") or {})
+        notes += [read["note"]] if read["note"] else []
         if not isinstance(v, (int, float)) or not isinstance(b, (int, float)):
             table.add_row(k, str(b), str(v), "", *extra)
+        elif not read["comparable"]:
+            table.add_row(k, f"{100 * b:.1f} %", f"{100 * v:.1f} %", "not comparable", *extra)
         elif k in ("exact_match", "accuracy") or k.endswith("accuracy") or k.startswith("accuracy_"):
             table.add_row(k, f"{100 * b:.1f} %", f"{100 * v:.1f} %", f"{100 * (v - b):+.1f} pts", *extra)
         else:
             table.add_row(k, f"{b:.4f}", f"{v:.4f}", f"{v - b:+.4f}", *extra)
     con.print(table)
+    for note in notes:
+        con.print(note, markup=False, highlight=False, soft_wrap=True)
     t = summary.get("train") or {}
     if t:
         wall = f"  wall time {summary['wall_seconds']:.1f} s" if "wall_seconds" in summary else ""

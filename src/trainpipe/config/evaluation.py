@@ -86,6 +86,8 @@ class GatesConfig(_Section):
     """How many of the last evals `val_loss_decreasing` looks at; `auto`: half of the in-training evals after the warmup one (3 at least), so the window grows with the run."""
     beats_baseline: GateConfig = Field(default_factory=GateConfig)
     """The final primary metric (eval loss) beats the baseline by at least `threshold` (relative, default 0.01)."""
+    beats_trivial: GateConfig = Field(default_factory=GateConfig)
+    """The final eval loss is below both trivial language models' (uniform over the vocabulary, the training tokens' unigram frequencies), or a classifier's accuracy above the majority class's; `threshold`: relative margin (default 0.0). A collapsed model fails it."""
     no_forgetting: GateConfig = Field(default_factory=GateConfig)
     """No forgetting set's final loss is more than `eval.forgetting_threshold` above its baseline."""
     dedup_ran: GateConfig = Field(default_factory=GateConfig)

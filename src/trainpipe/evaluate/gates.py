@@ -7,6 +7,7 @@ and answers `pass`, `fail` or `n/a` with its evidence (the figures it compared) 
 |---|---|---|
 | `val_loss_decreasing` | no eval loss of the last `gates.window` evals (after the first, warmup, eval; `auto`: half of them, 3 at least) rises over the one before by more than the threshold, and the last is not above the first | 0.0 (relative) |
 | `beats_baseline` | the final primary metric (eval loss) beats the baseline by at least the threshold | 0.01 (relative) |
+| `beats_trivial` | the final eval loss is below both trivial language models' (uniform over the vocabulary: ln V; the training tokens' unigram frequencies), or a classifier's accuracy above always answering the majority class; a collapsed model fails it | 0.0 (relative margin) |
 | `no_forgetting` | no forgetting set's final loss is more than `eval.forgetting_threshold` above its baseline | (eval's) |
 | `dedup_ran` | exact or near deduplication ran in the data step | - |
 | `samples_reviewed` | asked for (`gates.samples_reviewed` set in the config; off by default: n/a with a hint) and `trainpipe data review RUN_DIR` recorded that a person saw at least the threshold of samples of this run | 50 |
@@ -57,7 +58,7 @@ class GateResult:
         return asdict(self)
 
 
-DEFAULTS = {"val_loss_decreasing": 0.0, "beats_baseline": 0.01, "no_forgetting": None, "dedup_ran": None, "samples_reviewed": 50,
+DEFAULTS = {"val_loss_decreasing": 0.0, "beats_baseline": 0.01, "beats_trivial": 0.0, "no_forgetting": None, "dedup_ran": None, "samples_reviewed": 50,
             "effective_batch": 32, "best_checkpoint_by_val_loss": None, "gpu_utilization": 85}
 LOWER_IS_BETTER = {"loss", "perplexity", "kl"}
 
@@ -150,6 +151,28 @@ def _gate_beats_baseline(run_dir, summary, thr, **_) -> GateResult:
     verb = "fell" if f < b else "rose"
     ev = f"eval {key} {verb} from {b:.4f} (baseline) to {f:.4f} (final): {100 * gain:+.2f} % better; needs {100 * thr:.2f} %"
     return GateResult("beats_baseline", "pass" if gain >= thr else "fail", ev, value=gain)
+
+
+def _gate_beats_trivial(run_dir, summary, thr, **_) -> GateResult:
+    """Against the predictors that need no model (summary.json's `trivial`, measured on the same eval split)."""
+    triv, final = summary.get("trivial") or {}, summary.get("final") or {}
+    if triv.get("kind") == "lm" and isinstance(final.get("loss"), (int, float)):
+        f, uni, uniform, v = float(final["loss"]), float(triv["unigram_loss"]), float(triv["uniform_loss"]), triv["vocab_size"]
+        bar = min(uni, uniform)
+        gain = (bar - f) / abs(bar) if bar else -f
+        ev = (f"final eval loss {f:.4f} against the trivial predictors on the same {triv.get('eval_tokens')} tokens: uniform over "
+              f"{v} tokens {uniform:.4f} (ln {v}), unigram of the training tokens {uni:.4f}")
+        if abs(f - uniform) <= 0.05 * uniform:
+            ev += "; the model predicts (nearly) the uniform distribution: it collapsed (a learning rate far too high, or a broken run)"
+        elif f >= bar:
+            ev += "; the model does no better than token frequencies: it learned nothing beyond them"
+        return GateResult("beats_trivial", "pass" if gain > thr else "fail", ev + f"; needs {100 * thr:.2f} % below the better one", value=gain)
+    if triv.get("kind") == "classes" and isinstance(final.get("accuracy"), (int, float)):
+        f, maj = float(final["accuracy"]), float(triv["majority_accuracy"])
+        ev = (f"final accuracy {100 * f:.1f} % against always answering the majority class `{triv['majority_class']}`: "
+              f"{100 * maj:.1f} % of the {triv.get('eval_examples')} eval examples")
+        return GateResult("beats_trivial", "pass" if f > maj * (1 + thr) else "fail", ev, value=f - maj)
+    return GateResult("beats_trivial", "n/a", "no trivial predictor measured for this method (summary.json has no `trivial`)")
 
 
 def _gate_no_forgetting(run_dir, summary, thr, *, forgetting_threshold, **_) -> GateResult:

@@ -282,6 +282,7 @@ def _findings(run: Path, events: list[dict], metrics: list[dict], cfg: dict, out
     if not low:
         out += _speed_findings(run, metrics, cfg)
     out += _forgetting_findings(by("forgetting_detected"))
+    out += gate_findings(run, out)
 
     if not out:
         if "run_finished" in names:
@@ -291,6 +292,41 @@ def _findings(run: Path, events: list[dict], metrics: list[dict], cfg: dict, out
             last = events[-1]
             out.append(Finding("interrupted", "warning", "the run stopped without a final event (killed, or still running)",
                                f"last event {last['event']} at step {last.get('step')} ({last.get('time')})", "If it is not running, continue with `trainpipe run CONFIG --resume`."))
+
+
+# what to do about each failed quality gate (evaluate/gates.py); every key named is one RunConfig accepts
+GATE_FIXES = {
+    "val_loss_decreasing": "The model got worse on held-out data late in training (overfitting or instability): lower `training.learning_rate`, "
+                           "train fewer steps (`training.max_steps`, `training.num_train_epochs`) or keep early stopping on (`training.early_stopping_patience`).",
+    "beats_baseline": "Training did not improve the eval metric enough: check the data and the learning rate (`training.learning_rate`), train longer "
+                      "(`training.num_train_epochs`), or lower the required margin (`gates.beats_baseline.threshold`) if the base model was already good.",
+    "beats_trivial": "The model does no better than a model that needs no training (uniform or token-frequency predictions, or the majority class): "
+                     "with a loss at ln(vocabulary) it collapsed, most often from a learning rate far too high: lower `training.learning_rate` "
+                     "(the plan's default when unset), keep `training.max_grad_norm` on, and run again.",
+    "no_forgetting": "The model forgot the general data: lower `training.learning_rate`, use a LoRA-family `method.peft`, or mix general data into `data.sources`.",
+    "dedup_ran": "Turn deduplication on: `data.dedup.exact: true` (and `data.dedup.near: true` for near duplicates).",
+    "samples_reviewed": "Look at the formatted samples with `trainpipe data review RUN_DIR`, or lower `gates.samples_reviewed.threshold`.",
+    "effective_batch": "Raise the effective batch: `training.gradient_accumulation_steps` or `training.target_effective_batch_size`, "
+                       "or lower the bar with `gates.effective_batch.threshold`.",
+    "best_checkpoint_by_val_loss": "Keep the best checkpoint: set `training.keep_best` to 1 or more and `training.metric_for_best: loss`, "
+                                   "and make the final eval measure it (evals every `training.eval_steps`).",
+    "gpu_utilization": "The GPU waited: pack short examples (`data.packing: padding_free`) and keep the data cache on (`data.cache`).",
+}
+
+
+def gate_findings(run: Path, found: list[Finding]) -> list[Finding]:
+    """One finding per failed quality gate of gates.json, with the gate's evidence and what to change: a run whose gates
+    failed is never reported as having nothing to fix."""
+    block = read_mapping(run / "gates.json") or {}
+    results = [r for r in block.get("results") or [] if isinstance(r, dict) and r.get("status") == "fail"]
+    out = []
+    for r in results:
+        name = str(r.get("name"))
+        fix = GATE_FIXES.get(name, "Read the gate's evidence in gates.json.")
+        if name == "beats_trivial" and any(f.kind in ("divergence", "recovered_divergence") for f in found):
+            fix = "See the divergence finding above: the loss blew up and the model ended no better than a trivial predictor. " + fix
+        out.append(Finding(f"gate_{name}", "warning", f"the quality gate `{name}` failed", str(r.get("evidence", ""))[:600], fix))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------- the curves

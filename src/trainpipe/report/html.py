@@ -18,6 +18,7 @@ from pathlib import Path
 
 from trainpipe import ownership
 from trainpipe.data.tokenize import row_tokens
+from trainpipe.evaluate.metrics import reading
 from trainpipe.metrics import DIRECTIONS, metric_key
 from trainpipe.report import plots
 from trainpipe.report.diagnose import damaged_files, read_log, read_mapping, SECTIONS
@@ -74,7 +75,7 @@ def _bytes(n) -> str:
     return str(n)
 
 
-RATE_METRICS = {"exact_match", "accuracy", "rouge_l"}
+RATE_METRICS = {"exact_match", "accuracy", "rouge_l", "reward_accuracy", "reward_ties"}
 
 
 def load_run(run_dir: str | Path) -> dict:
@@ -181,15 +182,18 @@ def _section_results(s: dict) -> list[str]:
     base, final = s.get("baseline") or {}, s.get("final") or {}
     if not final and not base:
         return out + ['<p class="na">Not measured (the run did not reach the final evaluation).</p>']
-    rows = []
+    rows, notes = [], []
     for k in dict.fromkeys([*base, *final]):
         b, f = base.get(k), final.get(k)
         pct = k in RATE_METRICS
         ch = ""
+        read = reading(k, base, final) if k in final else {"comparable": True, "note": ""}
+        notes += [read["note"]] if read["note"] else []
         if isinstance(b, (int, float)) and isinstance(f, (int, float)):
-            ch = f"{100 * (f - b):+.1f} pts" if pct else f"{f - b:+.4g}"
+            ch = "not comparable" if not read["comparable"] else f"{100 * (f - b):+.1f} pts" if pct else f"{f - b:+.4g}"
         rows.append([escape(k), _num(b, pct), _num(f, pct), ch])
     out.append(_table(["metric (eval split)", "baseline", "final", "change"], rows, {1, 2, 3}))
+    out += [f"<p><small>{escape(n)}</small></p>" for n in notes]
     t = s.get("test")
     if t:
         out.append("<p>Held-out test split, measured once on the chosen checkpoint:</p>")

@@ -16,6 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from trainpipe import ui
+from trainpipe.evaluate.metrics import trivial_classes
 from trainpipe.errors import ConfigError, DataError
 from trainpipe.train.context import RunContext
 from trainpipe.train.objectives import Objective
@@ -68,6 +69,7 @@ def run(ctx: RunContext) -> dict:
     return {
         "name": cfg.name, "method": "classification", "peft": cfg.method.peft, "classes": labels,
         "baseline": baseline, "final": final, "train": asdict(outcome), "parameters": params, "data": ctx.data_summary(),
+        "trivial": trivial_classes([str(r["class_label"]) for r in data.train], [str(r["class_label"]) for r in data.eval]),
         "artifacts": artifacts(ctx.run_dir, model_dir, cfg.method.peft),
     }
 

@@ -43,11 +43,14 @@ hinge, per-token mean for simpo/orpo), `margin` (mean score(chosen) − score(re
 every loss type: a summed margin scales with the reply length, this one reads in nats per token),
 `reply_tokens_chosen` / `reply_tokens_rejected` (mean reply lengths the margins are over),
 `reward_accuracy` / `reward_margin` (TRL's rewards/accuracies and rewards/margins: the implicit
-reward β·log π/π_ref, for simpo/orpo β·mean log π; 0 for the base by construction).
+reward β·log π/π_ref, for simpo/orpo β·mean log π; 0 for the base by construction), and
+`reward_ties`, the share of pairs (kto: examples) whose implicit reward margin is 0 (|x| <= 1e-6): every pair at the
+baseline, where the policy is the reference; a tie is neither right nor wrong, chance is 50 %, and the run's table says
+when a baseline of ties makes `reward_accuracy`'s change not comparable (evaluate/metrics.reading).
 For kto: `accuracy` and `margin` compare the desirable and the undesirable completion of each
 eval prompt that has both (all desirable x undesirable combinations, per-token mean log-prob,
 when none has both), and `reward_accuracy` is the share of examples whose implicit reward has
-the sign of its label.
+the sign of its label (ties apart, in `reward_ties`).
 """
 
 from __future__ import annotations
@@ -429,9 +432,13 @@ class KTOObjective(Objective):
         return t["losses"].sum(), {"kl": float(t["kl"]) * len(t["losses"]), "rewards/accuracy": float(right.sum())}
 
 
+TIE = 1e-6  # |implicit reward (margin)| at or below this is a tie: the policy does not differ from the reference there
+
+
 def torch_where_sign(rewards, labels):
-    """1 where the implicit reward has the sign of the label (positive for desirable, negative for undesirable)."""
-    return ((rewards > 0) & labels) | ((rewards < 0) & ~labels)
+    """1 where the implicit reward has the sign of the label (positive for desirable, negative for undesirable); a tie
+    (|reward| <= TIE) is neither (reported apart as `reward_ties`)."""
+    return ((rewards > TIE) & labels) | ((rewards < -TIE) & ~labels)
 
 
 # ------------------------------------------------------------------------------ evaluation
@@ -477,7 +484,10 @@ def evaluate(model, objective: Objective, rows, *, batch_size: int) -> dict:
             # summed margin grows with reply length (~2000 nats on long answers says little); this one reads in nats/token
             "accuracy_per_token": float((per_token > 0).float().mean()), "margin_per_token": float(per_token.mean()),
             "reply_tokens_chosen": float(cat["tokens_chosen"].mean()), "reply_tokens_rejected": float(cat["tokens_rejected"].mean()),
-            "reward_accuracy": float((rm > 0).float().mean()), "reward_margin": float(rm.mean()),
+            # TRL's rewards/accuracies counts a tie (policy = reference: every pair at the baseline) as wrong; ties are
+            # reported apart so a 0 % baseline is read as "no preference yet", not as "always wrong" (chance: 50 %)
+            "reward_accuracy": float((rm > TIE).float().mean()), "reward_ties": float((rm.abs() <= TIE).float().mean()),
+            "reward_margin": float(rm.mean()),
             "rewards_chosen": float(cat["rewards_chosen"].mean()), "rewards_rejected": float(cat["rewards_rejected"].mean()),
         })
     return out
@@ -500,6 +510,7 @@ def _kto_metrics(rows: list[dict], t: dict) -> dict:
         "accuracy": float((diffs > 0).float().mean()) if len(diffs) else float("nan"),
         "margin": float(diffs.mean()) if len(diffs) else float("nan"),
         "pairs_compared": len(diffs), "reward_accuracy": float(torch_where_sign(t["rewards"], labels).float().mean()),
+        "reward_ties": float((t["rewards"].abs() <= TIE).float().mean()),
     }
     if labels.any():
         out["rewards_desirable"] = float(t["rewards"][labels].mean())

@@ -85,6 +85,7 @@ def run(ctx: RunContext) -> dict:
     return {
         "name": cfg.name, "method": cfg.method.name, "peft": cfg.method.peft, "init": "from_config" if cfg.model.init_from_config else "pretrained",
         "baseline": baseline, "final": final, "train": asdict(outcome), "parameters": params, "data": ctx.data_summary(), "vocabulary": vocab,
+        "trivial": sft.trivial(model, tok, data),
         "artifacts": sft.artifacts(ctx.run_dir, model_dir, cfg.method.peft), **more,
     }
 

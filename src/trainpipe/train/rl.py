@@ -161,8 +161,9 @@ def regularised_reward(metrics: dict, kl_coef: float) -> float:
 
 def evaluate_policy(model, obj: PolicyGradient, prompts: list[list[int]], *, batch_size: int, seed: int) -> tuple[dict, list[dict]]:
     """On held-out prompts: mean reward of `num_generations` completions each sampled with a fixed seed (`reward`), the KL
-    of the policy to the reference on them (mean over completions of the summed log-ratio, nats: `kl`; the mean k3
-    per token: `kl_per_token`), the reward of the greedy completion (`reward_greedy`), and the completion length.
+    of the policy to the reference on them, one estimator for both figures (Schulman's k3, exp(r) - r - 1 with r the
+    reference-to-policy log-ratio, never negative): summed over each completion and averaged over completions, nats:
+    `kl`; averaged per token: `kl_per_token`), the reward of the greedy completion (`reward_greedy`), and the completion length.
     Batch k samples from the seed ``seed + k``, so the figures do not depend on which process evaluates which batch
     (in-training evals under several processes are sharded: evaluate/shard.py)."""
     import torch
@@ -191,9 +192,10 @@ def evaluate_policy(model, obj: PolicyGradient, prompts: list[list[int]], *, bat
             g_rewards = obj.score(ids, mask, g, g_mask)
             if not counted:  # FSDP: run only to keep the ranks' collectives in step
                 continue
+            k3 = torch.exp(ref - logp) - (ref - logp) - 1  # per token, >= 0: the one KL estimate both figures use
             done[b] = {
-                "rewards": rewards, "greedy": g_rewards, "kl": ((logp - ref) * m).sum(1).tolist(),
-                "k3": (((torch.exp(ref - logp) - (ref - logp) - 1) * m).sum(1) / m.sum(1).clamp(min=1)).tolist(), "lengths": m.sum(1).tolist(),
+                "rewards": rewards, "greedy": g_rewards, "kl": (k3 * m).sum(1).tolist(),
+                "k3": ((k3 * m).sum(1) / m.sum(1).clamp(min=1)).tolist(), "lengths": m.sum(1).tolist(),
                 "samples": [{
                     "prompt": obj.tok.decode(ids[k][mask[k].bool()].tolist(), skip_special_tokens=False),
                     "completion": obj.tok.decode(g[k][g_mask[k].bool()].tolist(), skip_special_tokens=True), "reward": g_rewards[k],

@@ -35,7 +35,7 @@ from trainpipe.evaluate.evaluator import evaluate_lm
 from trainpipe.export import export_model
 from trainpipe.model.loading import build_model, parameter_counts
 from trainpipe.evaluate.evaluator import eval_loss
-from trainpipe.evaluate.metrics import GENERATED
+from trainpipe.evaluate.metrics import GENERATED, trivial_lm
 
 
 def run(ctx: RunContext) -> dict:
@@ -75,6 +75,7 @@ def run(ctx: RunContext) -> dict:
     return {
         "name": cfg.name, "method": cfg.method.name, "peft": cfg.method.peft,
         "baseline": baseline, "final": final, "train": asdict(outcome), "parameters": params, "data": ctx.data_summary(),
+        "trivial": trivial(model, tok, data),  # what a frequency table scores on the same eval split (the `beats_trivial` gate)
         # what each metric ran on: loss/perplexity on every eval example, generated metrics on the generations made
         "metric_examples": {k: len(data.eval) if k in ("loss", "perplexity") else len(final_samples) for k in final},
         "samples": [{**f, "baseline_prediction": b["prediction"]} for f, b in zip(final_samples[:20], base_samples[:20])],
@@ -93,6 +94,15 @@ def lm_in_training(model, tok, data, ev, *, batch_size: int, stop_ids: list[int]
         return out
     res = eval_loss(model, data.eval, batch_size=batch_size, pad_id=tok.pad_token_id)
     return {"loss": res["loss"], "perplexity": res["perplexity"]}
+
+
+def trivial(model, tok, data) -> dict:
+    """The uniform and unigram language models' eval loss on the eval split (evaluate/metrics.trivial_lm)."""
+    try:
+        vocab = int(model.get_output_embeddings().weight.shape[0])
+    except (AttributeError, TypeError):
+        vocab = len(tok)
+    return trivial_lm(data.train, data.eval, vocab)
 
 
 def artifacts(run_dir: Path, model_dir: Path, peft: str) -> dict:
