@@ -44,6 +44,8 @@ ALLOWED: dict[str, dict[str, str]] = {
                              "rotate": RUN_FOLDER + " (only `checkpoint-N` folders whose manifest names this run)", "save": RUN_FOLDER},
     "pipeline/cache.py": {"_drop": STORE},
     "pipeline/dag.py": {"_run_step": STORE + " (a step's private work folder)"},
+    "pipeline/custom.py": {"run_custom": STORE + " (a step's private work folder: its call file)", "ownership_clear": STORE + " (a step's private work folder: its scratch outputs)",
+                           "publish.build": "the temporary folder of ownership.replace_dir, sealed by it before it replaces the published outputs"},
     "pipeline/export_run.py": {"export_adapters": STAGING},
     "pipeline/schedule.py": {"emit_kfp_recurring_run": "a private tempfile folder for kfp's compiler; the files it emits go through ownership.write_text"},
     "pipeline/steps.py": {"_step_evaluate": STORE + " (a step's private work folder)", "_step_export": STORE + " (a step's private work folder)",

@@ -24,6 +24,21 @@ def pipeline_run(
     run_pipeline(load_config_for(config, set_ or []), config_path=str(config.resolve()), store=store, no_cache=no_cache)
 
 
+@pipeline_app.command("step")
+def pipeline_step(
+    config: ConfigArg,
+    step: Annotated[str, typer.Argument(help="The step's id (`trainpipe pipeline show CONFIG` lists them).", show_default=False)],
+    set_: SetOpt = None,
+    store: StoreOpt = None,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Run the steps even when their key has a cache entry.")] = False,
+) -> None:
+    """Run one step of CONFIG's DAG (what an Airflow or Prefect task runs): the steps it reads are reused from the cache
+    (or run, when never built), then the step itself, cached like every step."""
+    from trainpipe.pipeline.dag import load_config_for, run_pipeline
+
+    run_pipeline(load_config_for(config, set_ or []), config_path=str(config.resolve()), store=store, no_cache=no_cache, only=[step])
+
+
 @pipeline_app.command("show")
 def pipeline_show(config: ConfigArg, set_: SetOpt = None) -> None:
     """Print the DAG of CONFIG: every step with its typed inputs (and where they come from) and outputs."""

@@ -13,6 +13,7 @@ from trainpipe.config.data import DataConfig
 from trainpipe.config.evaluation import EvalConfig, GatesConfig
 from trainpipe.config.family import resolve_family
 from trainpipe.config.method import MethodConfig, ModelConfig
+from trainpipe.config.steps import CustomStepConfig
 from trainpipe.config.training import DistributedConfig, TrainingConfig
 from trainpipe.config.tune import AutomlConfig, TuneConfig
 
@@ -44,6 +45,12 @@ class PipelineConfig(_Section):
     """Reuse a step whose key (its inputs' content, its config section, its code) was built before; `--no-cache` re-runs every step."""
     image: str = "trainpipe:latest"
     """Container image of every step in `trainpipe pipeline compile` (Kubeflow), pinned with the trainpipe version."""
+    steps: list[CustomStepConfig] = Field(default_factory=list)
+    """Steps of your own (a Python function or a command) beside the built-in ones: config/steps.py, pipeline/custom.py."""
+    builtin: bool = True
+    """Run the built-in chain (prepare -> train -> evaluate -> export -> register -> report); `false`: only `steps:`."""
+    schedule: str | None = None
+    """Five-field cron expression of the compiled pipeline's schedule (Airflow, Prefect, Vertex); none: run on demand."""
 
 
 class StageConfig(_Section):

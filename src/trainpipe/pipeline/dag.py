@@ -38,6 +38,7 @@ from trainpipe.config import RunConfig, load_config, load_yaml_text
 from trainpipe.errors import ConfigError, TrainpipeError
 from trainpipe.pipeline.adapters import check_adapters
 from trainpipe.pipeline.cache import StepCache, code_hash, step_key
+from trainpipe.pipeline.custom import CustomStep, check_paths, custom_code_hash, link_custom, publish, run_custom
 from trainpipe.pipeline.digests import folder_sha256s, source_sha256
 from trainpipe.pipeline.parts import part_names, parts_summary, seal_root
 from trainpipe.pipeline.stages import stage_plan
@@ -93,6 +94,10 @@ class Step:
         return OUTPUTS[self.kind]
 
     @property
+    def input_types(self) -> dict[str, str]:
+        return INPUTS[self.kind]
+
+    @property
     def run_dir(self) -> Path:
         return Path(self.cfg.output_dir).resolve()
 
@@ -119,6 +124,14 @@ class Step:
         return {}
 
 
+@dataclass
+class CustomDagStep(CustomStep, Step):
+    """A step of `pipeline.steps` (pipeline/custom.py): kind `custom`, its interface declared in the config."""
+
+    spec: object = None
+    base: Path = Path(".")
+
+
 # --------------------------------------------------------------------------- building
 
 
@@ -130,16 +143,20 @@ def expand(cfg: RunConfig) -> RunConfig:
     return expand_auto(cfg)[0]
 
 
-def build_dag(cfg: RunConfig, *, check_inputs: bool = False) -> list[Step]:
+def build_dag(cfg: RunConfig, *, check_inputs: bool = False, base: Path | None = None) -> list[Step]:
     """The steps of `cfg` in an order that runs each after its inputs. Every stage's and adapter's config is checked here
     (stages.py `check_branch`), before any step runs; with ``check_inputs`` (`run`, `pipeline run`: not `show`, `compile`)
-    also each branch's data files and base model folder."""
+    also each branch's data files and base model folder. ``base``: the config file's folder (the custom steps' paths)."""
     cfg = expand(cfg)
     if cfg.output_dir is None:
         cfg = cfg.model_copy(update={"output_dir": f"runs/{cfg.name or 'run'}"})
     root = Path(cfg.output_dir).resolve()
     steps: list[Step] = []
-    if cfg.stages:
+    if not cfg.pipeline.builtin:
+        if not cfg.pipeline.steps:
+            raise PipelineError("`pipeline.builtin: false` leaves out the built-in steps, and `pipeline.steps` is empty: the pipeline has no step. "
+                                "Add steps of your own under `pipeline.steps`, or set `pipeline.builtin: true`.")
+    elif cfg.stages:
         produced: dict[str, str] = {}  # model folder path -> step id of the export that made it
         plan = stage_plan(cfg, root, check_inputs=check_inputs)
         for i, st in enumerate(plan):
@@ -161,6 +178,11 @@ def build_dag(cfg: RunConfig, *, check_inputs: bool = False) -> list[Step]:
     else:
         steps += _chain(cfg.model_copy(update={"output_dir": str(root)}), None, {})
     check_types(steps)
+    if cfg.pipeline.steps:
+        where = (base or Path.cwd()).resolve()
+        steps = link_custom(cfg, steps, lambda spec: CustomDagStep(spec.name, "custom", cfg, {}, spec=spec, base=where))
+        if check_inputs:
+            check_paths(steps)
     return steps
 
 
@@ -181,6 +203,8 @@ def check_types(steps: list[Step]) -> None:
     by_id = {s.id: s for s in steps}
     problems = []
     for s in steps:
+        if s.kind == "custom":  # checked where its links are made (custom.link_custom)
+            continue
         for name, (src, out) in s.inputs.items():
             want = INPUTS[s.kind].get(name)
             got = by_id[src].outputs.get(out) if src in by_id else None
@@ -194,7 +218,7 @@ def show(steps: list[Step]) -> str:
     """The DAG as text: each step with its typed inputs (and where they come from) and outputs."""
     lines = []
     for s in steps:
-        ins = ", ".join(f"{n}: {INPUTS[s.kind][n]} <- {src}.{out}" for n, (src, out) in s.inputs.items())
+        ins = ", ".join(f"{n}: {s.input_types[n]} <- {src}.{out}" for n, (src, out) in s.inputs.items())
         ext = _externals(s)
         if ext:
             ins = ", ".join(x for x in (ins, ext) if x)
@@ -205,6 +229,8 @@ def show(steps: list[Step]) -> str:
 
 
 def _externals(s: Step) -> str:
+    if s.kind == "custom":
+        return ", ".join(f"{n}: {p}" for n, p in s.path_inputs().items())
     if s.kind == "prepare":
         return "sources: " + ", ".join(str(src.path or src.hub or "sql") for src in s.cfg.data.sources) + f"; tokenizer: {s.cfg.model.name_or_path}"
     if s.kind == "train" and "base_model" not in s.inputs:
@@ -226,6 +252,8 @@ def folder_digest(path: Path, patterns: tuple[str, ...] = ("*",), digests=None) 
 
 def external_inputs(step: Step, digests=None) -> dict[str, str]:
     cfg = step.cfg
+    if step.kind == "custom":  # its `path:` inputs, by content
+        return {n: folder_digest(p, digests=digests) for n, p in step.path_inputs().items()}
     if step.kind == "prepare":
         out = {f"source[{i}]": source_sha256(src, digests) for i, src in enumerate(cfg.data.sources)}
         if "base_model" in step.inputs:  # the upstream model's content is an input already
@@ -274,7 +302,9 @@ def run_pipeline(cfg: RunConfig, *, config_path: str | None = None, store: str |
                 return run_pipeline(cfg, config_path=config_path, store=store, no_cache=no_cache, only=only, root_locked=True)
             finally:
                 seal_root(root, part_names(cfg))
-    steps = build_dag(cfg, check_inputs=True)
+    steps = build_dag(cfg, check_inputs=True, base=Path(config_path).parent if config_path else None)
+    if only:  # `pipeline step`: these steps and the steps they read (reused from the cache when built before)
+        steps = upstream_of(steps, only)
     st = ArtifactStore(store or default_store(cfg))
     cache = StepCache(st)
     con = ui.console()
@@ -314,7 +344,7 @@ def execute_step(step: Step, entries: dict[str, dict], cache: StepCache, *, use_
     inputs = {name: entries[src]["outputs"][out]["digest"] for name, (src, out) in step.inputs.items()}
     inputs |= external_inputs(step, st.digests)
     section = step.config_section()
-    key, parts = step_key(step.kind, inputs, section, code_hash(CODE[step.kind]))
+    key, parts = step_key(step.kind, inputs, section, custom_code_hash(step) if step.kind == "custom" else code_hash(CODE[step.kind]))
     look = cache.lookup(step.kind, key) if use_cache else None
     warning = look.warning if look else None
     if warning:
@@ -331,6 +361,8 @@ def execute_step(step: Step, entries: dict[str, dict], cache: StepCache, *, use_
         con.print(f"[bold]{step.id}[/]: running ({why})", markup=True, soft_wrap=True)
         entry = _run_step(step, key, parts, entries, cache, st, config_path=config_path)
         status = "ran"
+    if step.kind == "custom":  # its outputs where one looks for them: <output_dir>/<step>/
+        publish(step, entry, st, Path(step.cfg.output_dir).resolve())
     rec = {"id": step.id, "kind": step.kind, "status": status, "why": why, "key": key, "parts": parts, "config": redact_obj(section),
            "outputs": {n: {"uri": o["uri"], "digest": o["digest"], "type": o["type"]} for n, o in entry["outputs"].items()},
            "seconds": round(time.time() - t, 3), **({"warning": warning} if warning else {})}
@@ -382,7 +414,7 @@ def _why_ran(prev: dict | None, parts: dict, section: dict, warning: str | None)
         keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
         why.append("config changed: " + (", ".join(keys[:8]) + (" ..." if len(keys) > 8 else "") if keys else "its section"))
     if old.get("code") != parts["code"]:
-        why.append("code changed (trainpipe version or source)")
+        why.append("code changed (its function or script)" if prev.get("kind") == "custom" else "code changed (trainpipe version or source)")
     return "; ".join(why) or "same key as last time, but no valid cache entry (removed by `cache gc`?)"
 
 
@@ -435,6 +467,8 @@ def _branch_label(step: Step) -> str:
 def _ensure_local(step: Step, entries: dict, st: ArtifactStore) -> None:
     """What a step reads from the local disk is there, also in a fresh process or pod (a Kubeflow task): the branch's run
     folder (the train step's output) and the upstream models a stage starts from (the previous exports)."""
+    if step.kind == "custom":  # it reads its inputs from the store (custom.run_custom)
+        return
     for name, (src, out) in step.inputs.items():
         entry = entries[src]
         if name == "run":
@@ -450,7 +484,7 @@ def _run_step(step: Step, key: str, parts: dict, entries: dict, cache: StepCache
     _ensure_local(step, entries, st)
     work = Path(tempfile.mkdtemp(prefix=f"trainpipe-{step.kind}-"))
     try:
-        fn = STEPS[step.kind]
+        fn = _custom_runner(step, st) if step.kind == "custom" else STEPS[step.kind]
         try:
             outputs = fn(step, entries, st, work, config_path=config_path, key=key)
         except TrainpipeError as exc:
@@ -466,6 +500,30 @@ def _run_step(step: Step, key: str, parts: dict, entries: dict, cache: StepCache
                           exclude=RUN_EXCLUDE if step.kind == "train" else ())
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _custom_runner(step: Step, st: ArtifactStore):
+    root = Path(step.cfg.output_dir).resolve()
+    store_path = st.local_path("") if st.local else None
+
+    def fn(step, entries, st, work, *, config_path, key):
+        return run_custom(step, entries, st, work, local_input=_local_input, root=root, store_path=store_path)
+    return fn
+
+
+def upstream_of(steps: list[Step], only: list[str]) -> list[Step]:
+    """The steps named in `only` and every step they read from, in the DAG's order; an unknown name: one paragraph."""
+    by_id = {s.id: s for s in steps}
+    unknown = [x for x in only if x not in by_id]
+    if unknown:
+        raise PipelineError(f"The pipeline has no step {', '.join(f'`{u}`' for u in unknown)}; its steps are {', '.join(by_id)}.")
+    need, todo = set(), list(only)
+    while todo:
+        s = todo.pop()
+        if s not in need:
+            need.add(s)
+            todo += [src for src, _ in by_id[s].inputs.values()]
+    return [s for s in steps if s.id in need]
 
 
 def load_config_for(config: str | Path, overrides: list[str]) -> RunConfig:
