@@ -39,6 +39,7 @@ from pathlib import Path
 
 from trainpipe import faults, ownership, ui
 from trainpipe.config import ModelConfig
+from trainpipe.data import vision_chat
 from trainpipe.errors import RunDirError, TrainpipeError
 from trainpipe.model.checkpoints import write_error
 from trainpipe.model.loading import load_model
@@ -265,6 +266,9 @@ def _write(tmp: Path, *, model, tokenizer, base: ModelConfig, peft: str, stop_id
     merged.config.pad_token_id = tokenizer.pad_token_id
     merged.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
+    processor = vision_chat.processor_of(tokenizer)
+    if processor is not None:  # a vision-language model: AutoProcessor loads the export as the base's (image settings too)
+        processor.save_pretrained(tmp)
     (tmp / "README.md").write_text(model_card({**card, "loading": how_to_load(peft)}), encoding="utf-8")
 
 

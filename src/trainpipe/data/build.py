@@ -258,6 +258,9 @@ class _Build:
         """Add ``blocks`` (``copies`` times each) to ``rows`` and ``st``, streaming full chunks out to ``out``."""
         for block in blocks:
             n_tok, n_loss = row_tokens(block), row_loss_tokens(block)
+            if "mm" in block:  # a vision-language row (data/vision_chat.py): its images and the tokens they take
+                st["images"] = st.get("images", 0) + block["n_images"] * copies
+                st["image_tokens"] = st.get("image_tokens", 0) + block["image_tokens"] * copies
             if name in self.streams and "input_ids" in block and "position_ids" not in block:  # one schema for the split
                 block = {**block, "position_ids": list(range(n_tok))}
             row = {**block, "padding_free": 1} if (name == "train" and self.cfg.packing == "padding_free") else block
@@ -276,6 +279,9 @@ class _Build:
     # 5. batching layout for the training split
     def batching(self, batch_size_hint: int) -> float:
         cfg, train = self.cfg, self.split_stats["train"]
+        if cfg.packing == "pack" and "images" in train:
+            raise DataError("`data.packing: pack` joins examples into rows of `data.max_length`, which would cut through an image's "
+                            "tokens; a vision-language model's rows are padded instead: set `data.packing: none` (or `auto`).")
         if cfg.packing == "pack":
             train["packed_rows"] = _pack_split(self.writer, cfg.max_length)
             return train["tokens"] / max(1, train["packed_rows"] * cfg.max_length)

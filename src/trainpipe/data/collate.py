@@ -6,11 +6,14 @@
   no attention mask (so the model builds its packed-sequence mask from the position ids)
   and ``use_cache=False`` (a cache would switch that detection off);
 - rows with ``padding_free`` set: concatenated into one row without any padding, position
-  ids restarting per example, the first label of each example masked.
+  ids restarting per example, the first label of each example masked;
+- rows with ``mm`` (a vision-language model's images, data/vision_chat.py): right-padded, the pixel tensors
+  concatenated (padding-free and packing would cut through an image's tokens, so they pad).
 """
 
 from __future__ import annotations
 
+from trainpipe.data import vision_chat
 from trainpipe.data.packing import IGNORE_INDEX, pack_rows
 
 __all__ = ["IGNORE_INDEX", "PadCollator", "flatten", "pad_batch", "pad_packed", "right_pad"]
@@ -59,6 +62,8 @@ class PadCollator:
 
     def __call__(self, batch: list[dict]) -> dict:
         first = batch[0]
+        if "mm" in first:
+            return vision_chat.collate(batch, self.pad_id)
         if first.get("padding_free"):
             return flatten(batch)
         if first.get("position_ids") is not None:

@@ -18,8 +18,9 @@
 What real chat data carries besides role and content:
 
 - content-part lists (``"content": [{"type": "text", "text": ...}]``, OpenAI / HF multimodal chat): the text parts
-  are joined with a newline; any other part (image, audio, ...) is refused as ``non_text_content`` naming the part's
-  type (trainpipe trains text models), or counted and skipped under ``on_error: skip``;
+  are joined with a newline; image parts in `messages`/`conversations` become `<image>` placeholders with the image
+  kept on the example (data/vision_chat.py, for vision-language models); any other part (audio, video, ...) is refused
+  as ``non_text_content`` naming the part's type, or counted and skipped under ``on_error: skip``;
 - ``tools`` (a list of function schemas, or a JSON string of one, as in glaive / LLaMA-Factory ``glaive_toolcall_en_demo``):
   kept on the example (``"tools": [...]``) and given to the chat template (tokenize.py);
 - tool calls: assistant ``tool_calls`` (OpenAI/HF: ``{"type": "function", "function": {"name", "arguments"}}``), or
@@ -195,8 +196,9 @@ def _content(value, where: str, *, allow_none: bool = False) -> str:
                 continue
             shown = kind if isinstance(kind, str) else (sorted(part)[0] if isinstance(part, dict) and part else type(part).__name__)
             raise FormatError(
-                f"{where}[{j}] is a `{shown}` content part: trainpipe trains text models, so only text parts "
-                "(`{\"type\": \"text\", \"text\": ...}`) can be read; remove the non-text parts (or the record), or set "
+                f"{where}[{j}] is a `{shown}` content part: trainpipe reads text parts (`{{\"type\": \"text\", \"text\": ...}}`) "
+                "and image parts in `messages`/`conversations` (`image`, `image_url`: vision-language models, docs/vision-language.md); "
+                "remove the other parts (or the record), or set "
                 "`data.on_error: skip` to drop such records with the reason counted",
                 kind="non_text_content",
             )
@@ -486,12 +488,13 @@ def said(m: dict) -> str:
 
 def strings(ex: dict) -> list[str]:
     """Every text of an example, in order (for PII, dedup and n-gram checks)."""
+    images = [f"image:{h}" for h in ex.get("image_sha256") or []]  # the images' bytes count with the text (dedup, decontamination)
     if ex["kind"] == "text":
         return [ex["text"]]
     if ex["kind"] == "sft":
-        return [said(m) for m in ex["messages"]]
+        return [said(m) for m in ex["messages"]] + images
     keys = ("prompt", "chosen", "rejected") if ex["kind"] == "preference" else ("prompt", "completion")
-    return [said(m) for k in keys for m in ex[k]]
+    return [said(m) for k in keys for m in ex[k]] + images
 
 
 def responses(ex: dict) -> list[str]:

@@ -15,14 +15,18 @@ from collections import Counter
 from pathlib import Path
 
 from trainpipe.config import DataConfig
-from trainpipe.data import clean, formats
+from trainpipe.data import clean, formats, vision_chat
 from trainpipe.data.dedup import NearDedup, Words, exact_key
+from trainpipe.data import pii
 from trainpipe.data.sources import Limits, Rejected, default_record_bytes, describe, excerpt, iter_source
 from trainpipe.data.lengths import bound_example, max_chars
 from trainpipe.errors import DataError
 
-REJECT_KINDS = ("invalid_json", "not_an_object", "duplicate_key", "ragged_row", "format_mismatch", "role_order", "too_deep", "too_big")
-SIZE_KINDS = ("too_big",)  # dropped and counted whatever `on_error` says (a size policy, like `too_long`)
+REJECT_KINDS = ("invalid_json", "not_an_object", "duplicate_key", "ragged_row", "format_mismatch", "role_order", "too_deep", "too_big",
+                "bad_image", "image_outside_data")
+# dropped and counted whatever `on_error` says: a size policy (like `too_long`), and an image that is missing or cannot be
+# decoded (data/vision_chat.py: the record is dropped with its file and record number, never a crash mid-epoch)
+SIZE_KINDS = ("too_big", "bad_image")
 
 
 def where(unit: str, line: int) -> str:
@@ -100,6 +104,7 @@ class Intake:
         self.dropped: Counter = Counter()
         self.rejects = Rejects(cfg.on_error)
         self.scrub = clean.Scrubber(cfg.pii.types, cfg.pii.presidio) if cfg.pii.enabled else None
+        self.scrub_record = pii.RecordScrubber(self.scrub, cfg.pii.replace) if self.scrub is not None else None  # data/pii.py
         self.words = Words()
         dd = cfg.dedup
         self.near = NearDedup(dd.threshold, dd.shingle_size, dd.num_perm) if dd.near else None
@@ -170,7 +175,11 @@ class Intake:
             if fmt is None:
                 fmt, why = formats.detect(data)
                 why = f"detected from {where(item.unit, item.line)}: {why}"
-            return formats.to_example(data, fmt, self.cfg.system_prompt), fmt, why
+            if not vision_chat.has_images(data):
+                return formats.to_example(data, fmt, self.cfg.system_prompt), fmt, why
+            lifted, refs = vision_chat.lift(data)  # image content parts -> `<image>` placeholders; decoded and checked here
+            ex = formats.to_example(lifted, fmt, self.cfg.system_prompt)
+            return vision_chat.attach(ex, refs, item.source if item.unit != "item" else None), fmt, why
         except formats.FormatError as exc:
             reason = f"{exc} (format {fmt})" if fmt else str(exc)
             if src.format == "auto" and fmt and exc.kind == "format_mismatch":
@@ -213,9 +222,8 @@ class Intake:
         """Clean, filter and dedup one example; spill it when kept. Returns 1 when kept."""
         cfg, dropped = self.cfg, self.dropped
         f = cfg.filters
-        if self.scrub is not None:
-            self.scrub.where = f"{item.source}:{item.line}"
-            ex = formats.map_strings(ex, self.scrub)
+        if self.scrub_record is not None:  # one value, one replacement, in every text of the record (data/pii.py)
+            ex = self.scrub_record(ex, f"{item.source}:{item.line}")
         if ex["kind"] == "preference" and _texts(ex["chosen"]) == _texts(ex["rejected"]):
             dropped["identical_pair"] += 1  # nothing to prefer: the loss is flat at log 2 whatever the model does
             return 0
@@ -253,7 +261,7 @@ class Intake:
                 self.duplicates.append({"record": at, "matched": self._loc(first), "kind": "exact", "similarity": 1.0})
                 return True
             seen[k] = gid
-        if near is not None:
+        if near is not None and not ex.get("image_sha256"):  # images: same text about different pictures is no duplicate
             hit = near.check_and_add(gid, ids)
             if hit is not None:
                 self.dropped["near_duplicate"] += 1

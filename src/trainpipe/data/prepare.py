@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 from trainpipe.config import DataConfig
 from trainpipe.data import cache as cache_mod
+from trainpipe.data import vision_chat
 from trainpipe.data.build import build
 from trainpipe.data.sources import expand, fingerprint, sha256_path
 from trainpipe.data.templates import Template, setup_chat_template
@@ -60,6 +61,7 @@ def key_parts(cfg: DataConfig, tokenizer, tpl: Template, *, train_on: str, seed:
         "sources": [fingerprint(s) for s in cfg.sources], "options": opts,
         "benchmarks": [sha256_path(p) for b in cfg.decontamination.benchmarks for p in expand(b)],
         "tokenizer": cache_mod.tokenizer_fingerprint(tokenizer), "template": tpl.source, "train_on": train_on, "seed": seed,
+        **({"processor": vision_chat.fingerprint(tokenizer)} if vision_chat.processor_of(tokenizer) is not None else {}),
     }
 
 

@@ -19,11 +19,12 @@ import numpy as np
 from trainpipe.data.lengths import CHARS_PER_TOKEN, MIN_CHARS, bound_example, max_chars, policy, row_loss_tokens, row_tokens, truncate_pair
 from trainpipe.data.packing import IGNORE_INDEX
 from trainpipe.data.sandbox import TEMPLATE_MAX_CHARS, TEMPLATE_SECONDS, template_watch
+from trainpipe.data import vision_chat
 from trainpipe.data.templates import (
     ALPACA_TEMPLATE, BUILTIN, CHATML_TEMPLATE, CHATML_TOKENS, LLAMA3_TEMPLATE, MISTRAL_TEMPLATE, PROBE, Template, TemplateError,
     check_template, end_of_turn_ids, setup_chat_template,
 )
-from trainpipe.errors import ModelLoadError
+from trainpipe.errors import DataError, ModelLoadError
 
 __all__ = [
     "ALPACA_TEMPLATE", "BUILTIN", "CHARS_PER_TOKEN", "CHATML_TEMPLATE", "CHATML_TOKENS", "LLAMA3_TEMPLATE", "MIN_CHARS",
@@ -107,7 +108,11 @@ def encode_batch(tokenizer, tpl: Template, examples: list[dict], *, train_on: st
 def _encode_batch(tokenizer, tpl: Template, examples: list[dict], *, train_on: str, max_length: int, truncation: str,
                   min_tokens: int, max_tokens: int | None, with_generation: bool = False, pretrain_blocks: str = "document") -> list[Encoded]:
     out: list[Encoded | None] = [None] * len(examples)
-    sft, pairs = _render(tokenizer, tpl, examples, train_on)
+    vision = _vision(tokenizer, examples)  # conversations rendered by a vision-language model's processor (data/vision_chat.py)
+    for i in vision:
+        row, reason = vision_chat.encode(vision_chat.processor_of(tokenizer), examples[i], train_on=train_on, max_length=max_length, min_tokens=min_tokens)
+        out[i] = Encoded(row, reason)
+    sft, pairs = _render(tokenizer, tpl, examples, train_on, skip=set(vision))
     if sft:
         sft_i, sft_texts, sft_spans = zip(*sft)
         for i, enc, (spans, masked) in zip(sft_i, _encode(tokenizer, list(sft_texts)), sft_spans):
@@ -126,12 +131,34 @@ def _encode_batch(tokenizer, tpl: Template, examples: list[dict], *, train_on: s
     return out  # type: ignore[return-value]
 
 
-def _render(tokenizer, tpl: Template, examples: list[dict], train_on: str) -> tuple[list[tuple], list[tuple]]:
+def _vision(tokenizer, examples: list[dict]) -> list[int]:
+    """The examples a vision-language model's processor tokenizes: every conversation when the tokenizer carries one
+    (model/vision.py); an example with images is an error without one, and outside a conversation (not yet supported)."""
+    proc = vision_chat.processor_of(tokenizer)
+    out = []
+    for i, ex in enumerate(examples):
+        if ex.get("images") and proc is None:
+            raise DataError(
+                f"The data has images (an example with {len(ex['images'])}), but the model's folder has no image processor "
+                f"(`{getattr(tokenizer, 'name_or_path', 'the tokenizer')}`: no processor_config.json / preprocessor_config.json), so it "
+                "is a text model. Train a vision-language model (docs/vision-language.md), or remove the images from the data."
+            )
+        if ex.get("images") and ex["kind"] != "sft":
+            raise DataError(f"Images in {ex['kind']} examples are not supported yet: vision-language training is SFT on "
+                            "conversations (`messages` or `conversations` with `<image>` placeholders and `images`).")
+        if proc is not None and ex["kind"] == "sft":
+            out.append(i)
+    return out
+
+
+def _render(tokenizer, tpl: Template, examples: list[dict], train_on: str, skip: set = frozenset()) -> tuple[list[tuple], list[tuple]]:
     """The texts to tokenize: ([(index, text, (loss spans, masked spans))] of conversations and raw text,
-    [(index, [prompt, reply, ...])] of preference and KTO examples)."""
+    [(index, [prompt, reply, ...])] of preference and KTO examples); ``skip``: indices tokenized elsewhere."""
     sft, pairs = [], []
     eos = tokenizer.eos_token or ""
     for i, ex in enumerate(examples):
+        if i in skip:
+            continue
         kind = ex["kind"]
         try:
             if kind == "sft":

@@ -12,6 +12,7 @@ from typing import Callable
 
 from trainpipe import ui
 from trainpipe.data.collate import IGNORE_INDEX, pad_batch
+from trainpipe.data import vision_chat
 from trainpipe.distributed import env
 from trainpipe.evaluate.metrics import GENERATED
 
@@ -27,9 +28,10 @@ def eval_loss(model, examples: list[dict], *, batch_size: int, pad_id: int, adva
     starts = shard.assign(range(0, len(examples), batch_size)) if shard else [(i, True) for i in range(0, len(examples), batch_size)]
     with torch.no_grad():
         for i, counted in starts:
-            batch = pad_batch(examples[i : i + batch_size], pad_id)
+            part = examples[i : i + batch_size]
+            batch = vision_chat.collate(part, pad_id) if "mm" in part[0] else pad_batch(part, pad_id)  # images: data/vision_chat.py
             batch = {k: (v.to(device) if hasattr(v, "to") else v) for k, v in batch.items()}
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
+            logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits.float()
             logits = logits[:, logits.size(1) - batch["input_ids"].size(1) :]  # prompt tuning: drop its virtual tokens' logits
             shift_logits = logits[:, :-1].reshape(-1, logits.size(-1))
             shift_labels = batch["labels"][:, 1:].reshape(-1)

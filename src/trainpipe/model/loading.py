@@ -22,6 +22,7 @@ from pathlib import Path
 from trainpipe import ui
 from trainpipe.config import LoraConfig, ModelConfig
 from trainpipe.errors import ModelLoadError
+from trainpipe.model import vision
 from trainpipe.model.attention import for_this_machine
 
 DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
@@ -91,19 +92,18 @@ def load_tokenizer(cfg: ModelConfig, pad_token: str | None = None):
         if pad_token not in tok.get_vocab():
             raise ModelLoadError(f"`model.pad_token` is {pad_token!r}, which is not in the vocabulary of `{cfg.name_or_path}`; use an existing token such as {tok.eos_token!r}.")
         tok.pad_token = pad_token
-    return tok
+    return vision.attach_processor(tok, cfg.name_or_path, trust_remote_code=cfg.trust_remote_code)  # a vision-language model's
 
 
 def load_model(cfg: ModelConfig, dtype: str, *, quantization=None, on_accelerator: bool = True):
     """The pretrained weights of `model.name_or_path` in ``dtype``, on this process's GPU when there is one (the CPU
     otherwise, or with ``on_accelerator=False``). ``quantization``: a BitsAndBytesConfig (QLoRA) or None."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     check_model_source(cfg)
     device_map = {"": int(os.environ.get("LOCAL_RANK", 0))} if on_accelerator and torch.cuda.is_available() else None
     try:
-        model = AutoModelForCausalLM.from_pretrained(
+        model = vision.auto_class(vision.is_vision_folder(cfg.name_or_path)).from_pretrained(
             cfg.name_or_path,
             dtype=getattr(torch, DTYPES[dtype]),
             trust_remote_code=cfg.trust_remote_code,
@@ -170,7 +170,7 @@ def _require_bitsandbytes(peft: str) -> None:
 def model_skeleton(model_cfg: ModelConfig):
     """The architecture of the model to train, built on the meta device from its config.json (no weights read)."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     src = model_cfg.init_from_config or model_cfg.name_or_path
     try:
@@ -180,7 +180,7 @@ def model_skeleton(model_cfg: ModelConfig):
             raise ModelLoadError(f"The config of `{src}` cannot be read: {str(exc).splitlines()[0][:200]}.") from None
         raise _hub_error(src, exc) from None
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(mcfg, trust_remote_code=model_cfg.trust_remote_code)
+        return vision.auto_class(vision.is_vision_config(mcfg)).from_config(mcfg, trust_remote_code=model_cfg.trust_remote_code)
 
 
 def _module_names_hint(model) -> str:
@@ -366,14 +366,14 @@ def init_model(cfg: ModelConfig, seed: int):
     """A model built from scratch from a config.json (or a folder with one), randomly initialised with ``seed``
     (the global RNG is left untouched, so the rest of the run draws the same numbers either way)."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     check_model_source(cfg)
     src = Path(cfg.init_from_config).expanduser()
     mcfg = AutoConfig.from_pretrained(str(src), trust_remote_code=cfg.trust_remote_code)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(mcfg, dtype=getattr(torch, DTYPES[cfg.dtype if cfg.dtype in DTYPES else "float32"]), trust_remote_code=cfg.trust_remote_code,
+        model = vision.auto_class(vision.is_vision_config(mcfg)).from_config(mcfg, dtype=getattr(torch, DTYPES[cfg.dtype if cfg.dtype in DTYPES else "float32"]), trust_remote_code=cfg.trust_remote_code,
                                                  attn_implementation=for_this_machine(cfg.attn_implementation))
     if torch.cuda.is_available():  # where load_model puts pretrained weights: this process's GPU
         model = model.to(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}")
@@ -387,6 +387,8 @@ def apply_peft(model, method, *, tokenizer=None, task_type: str | None = "CAUSAL
     ``task_type`` is PEFT's (trainpipe trains causal LMs; the memory tracer also wraps encoders and seq2seq models);
     ``quiet`` leaves out the console notes (the tracer's JSON output)."""
     peft = method.peft
+    if peft == "none":  # a vision-language model's tower and projector (model/vision.py); LoRA's targets: lora_config
+        vision.freeze_vision(model, method.freeze_vision)
     if peft == "none":
         return model
     if peft == "freeze":
@@ -394,7 +396,7 @@ def apply_peft(model, method, *, tokenizer=None, task_type: str | None = "CAUSAL
     if peft in QUANTIZED:
         model = prepare_kbit(model, upcast_rest=method.quantization.upcast_rest)
     if peft in LORA_FAMILY:
-        return apply_lora(model, method.lora, rslora=peft == "rslora", dora=peft == "dora", task_type=task_type)
+        return apply_lora(model, method.lora, rslora=peft == "rslora", dora=peft == "dora", task_type=task_type, freeze_vision=method.freeze_vision)
     if peft == "ia3":
         return apply_ia3(model, method.ia3)
     if peft in PROMPT_LEARNING:
@@ -440,20 +442,22 @@ def one_4bit_kernel(model) -> None:
             module.support_avx512bf16_for_cpu = False
 
 
-def apply_lora(model, lora: LoraConfig, *, rslora: bool = False, dora: bool = False, task_type: str | None = "CAUSAL_LM"):
+def apply_lora(model, lora: LoraConfig, *, rslora: bool = False, dora: bool = False, task_type: str | None = "CAUSAL_LM",
+               freeze_vision: bool = True):
     """LoRA; `rslora` scales by alpha/sqrt(r) instead of alpha/r (Kalajdzievski 2023); `dora` splits each weight into
     magnitude and direction and adapts the direction (Liu et al. 2024)."""
     from peft import get_peft_model
 
-    return get_peft_model(model, lora_config(model, lora, rslora=rslora, dora=dora, task_type=task_type))
+    return get_peft_model(model, lora_config(model, lora, rslora=rslora, dora=dora, task_type=task_type, freeze_vision=freeze_vision))
 
 
-def lora_config(model, lora: LoraConfig, *, rslora: bool = False, dora: bool = False, task_type: str | None = "CAUSAL_LM"):
-    """PEFT's LoraConfig for `method.lora` on ``model``: its targets resolved on this architecture, r, alpha, dropout,
-    no bias, rsLoRA or DoRA."""
+def lora_config(model, lora: LoraConfig, *, rslora: bool = False, dora: bool = False, task_type: str | None = "CAUSAL_LM",
+                freeze_vision: bool = True):
+    """PEFT's LoraConfig for `method.lora` on ``model``: its targets resolved on this architecture (on a vision-language
+    model, inside the language model only under ``freeze_vision``: model/vision.py), r, alpha, dropout, no bias, rsLoRA or DoRA."""
     from peft import LoraConfig as PeftLoraConfig
 
-    targets = resolve_lora_targets(model, lora.target_modules)
+    targets = vision.restrict_targets(model, resolve_lora_targets(model, lora.target_modules), freeze_vision, _matches)
     return PeftLoraConfig(
         r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets, bias="none", task_type=task_type,
         use_rslora=rslora, use_dora=dora,

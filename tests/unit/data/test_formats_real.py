@@ -96,16 +96,20 @@ def test_kto_through_columns(tmp_path, tok):
 
 
 # ----------------------------------------------------------------------------------------------- content parts
-def test_content_parts_text_joined_image_refused_naming_file_line_and_type(tmp_path, tok):
+def test_content_parts_text_joined_remote_image_dropped_naming_file_and_line(tmp_path, tok):
     rec = json.loads((FMT / "content_parts.jsonl").read_text().splitlines()[0])
     ex = formats.to_example(rec, "chat")
     assert ex["messages"][0]["content"] == "Summarise this sentence:\nThe cat sat on the warm mat all afternoon."
-    with pytest.raises(DataError) as e:
-        prepare(_cfg(tmp_path, FMT / "content_parts.jsonl"), tok, train_on="assistant", seed=0)
-    msg = str(e.value)
-    assert "content_parts.jsonl" in msg and "line 3" in msg and "`image_url`" in msg and "text models" in msg and "\n" not in msg
-    data = prepare(_cfg(tmp_path, FMT / "content_parts.jsonl", on_error="skip"), tok, train_on="assistant", seed=0)
-    assert data.report["dropped"].get("non_text_content") == 1 and data.report["records_kept"] == 3
+    # line 3's `image_url` is a web address: never downloaded while preparing; the record is dropped and counted
+    # (`bad_image`, whatever `on_error` says) with its file and line in rejected.jsonl (data/vision_chat.py)
+    data = prepare(_cfg(tmp_path, FMT / "content_parts.jsonl"), tok, train_on="assistant", seed=0, rejected_path=tmp_path / "rej.jsonl")
+    assert data.report["dropped"].get("bad_image") == 1 and data.report["records_kept"] == 3
+    (rej,) = [json.loads(x) for x in (tmp_path / "rej.jsonl").read_text().splitlines()]
+    assert rej["line"] == 3 and rej["source"].endswith("content_parts.jsonl") and "web address" in rej["reason"]
+    audio = {"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}, {"role": "assistant", "content": "x"}]}
+    with pytest.raises(formats.FormatError) as e:
+        formats.to_example(audio, "chat")
+    assert "`input_audio`" in str(e.value) and e.value.kind == "non_text_content"
 
 
 # ----------------------------------------------------------------------------------------------- tools

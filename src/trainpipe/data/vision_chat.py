@@ -1,0 +1,316 @@
+"""Images in conversations (vision-language fine-tuning): reading image references, decoding them once at prepare time,
+rendering with the model's processor, label masks and batches.
+
+Record layouts read (told apart by :mod:`trainpipe.data.formats`' detection, no `format:` needed):
+
+- LLaMA-Factory's multimodal demo: `messages` (or ShareGPT `conversations`) whose texts hold `<image>` placeholders,
+  plus an `images` list (paths relative to the data file, `data:` URLs, or `{"bytes", "path"}` structs as a Parquet
+  image column holds them); the placeholders are matched to the images in order;
+- OpenAI / HF content parts: `{"type": "image_url", "image_url": {"url": ...}}`, `{"type": "image", "path"|"url"|
+  "base64"|"image": ...}`, lifted into `<image>` placeholders in the order they appear.
+
+Every image is decoded in full when the data is prepared (:func:`attach`), never mid-epoch: a missing or unreadable one
+drops its record, counted as ``bad_image`` with the file and record number in rejected.jsonl; a path that leaves the
+data file's folder (``..``, an absolute path, a symlink out) is refused (``image_outside_data``); a decompression bomb
+is refused from its header. The example keeps each image re-encoded as a PNG of its first frame (bounded) and the
+SHA-256 of the original bytes, which dedup and decontamination hash with the text (``formats.strings``).
+
+At tokenize time (:func:`encode`) the processor's own chat template and image processor make the tokens (the image
+tokens expanded as the model expects them) and the pixel tensors; labels are kept only on the assistant turns
+(``train_on``), image tokens never carry loss, and an example longer than ``max_length`` is dropped
+(``too_long_with_images``), never cut through an image's tokens. The tensors travel in the row as one safetensors blob
+(``mm``), so one Arrow schema holds every model family; :func:`collate` pads the tokens and concatenates the images.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import io
+from pathlib import Path
+
+from trainpipe.data.formats import FormatError
+from trainpipe.data.images import MAX_IMAGE_BYTES, check_image
+from trainpipe.data.packing import IGNORE_INDEX
+from trainpipe.errors import DataError
+
+IMAGE = "<image>"
+IMAGE_PART_TYPES = ("image", "image_url", "input_image")
+PROCESSOR_ATTR = "_trainpipe_processor"  # where model/vision.py attaches a model's processor to its tokenizer
+PER_TOKEN = "tok:"  # a processor output with one value per token (Gemma 3's token_type_ids): padded like the tokens
+
+
+class ImageError(FormatError):
+    """An image that cannot be used: the record is dropped and counted (``bad_image``)."""
+
+    def __init__(self, message: str):
+        super().__init__(message, kind="bad_image")
+
+
+def processor_of(tokenizer):
+    """The processor model/vision.py attached to ``tokenizer`` (a vision-language model's), or None."""
+    return getattr(tokenizer, PROCESSOR_ATTR, None)
+
+
+def fingerprint(tokenizer) -> str | None:
+    """What of the processor decides the rows (image settings, chat template), for the cache key; None without one."""
+    proc = processor_of(tokenizer)
+    if proc is None:
+        return None
+    ip = getattr(proc, "image_processor", None)
+    text = (ip.to_json_string() if ip is not None else "") + (getattr(proc, "chat_template", None) or "") + type(proc).__name__
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+# ------------------------------------------------------------------------------ reading: records -> examples with images
+
+
+def _is_image_part(part) -> bool:
+    return isinstance(part, dict) and part.get("type") in IMAGE_PART_TYPES
+
+
+def _part_ref(part: dict):
+    for key in ("image_url", "image", "path", "url", "base64", "bytes"):
+        if part.get(key) is not None:
+            ref = part[key]
+            return ref.get("url", ref) if isinstance(ref, dict) and key == "image_url" else ref
+    raise FormatError(f"an `{part.get('type')}` content part without `image_url`, `image`, `path`, `url` or `base64`")
+
+
+def lift(record: dict) -> tuple[dict, list]:
+    """(the record with every image content part replaced by an `<image>` text part, the image references in order:
+    the parts' own, else the record's `images` list)."""
+    refs: list = []
+    out = dict(record)
+    for field in ("messages", "conversations"):
+        turns = record.get(field)
+        if not isinstance(turns, list):
+            continue
+        new_turns = []
+        for t in turns:
+            key = "content" if isinstance(t, dict) and "content" in t else "value"
+            parts = t.get(key) if isinstance(t, dict) else None
+            if isinstance(parts, list) and any(_is_image_part(p) for p in parts):
+                new = []
+                for p in parts:
+                    if _is_image_part(p):
+                        refs.append(_part_ref(p))
+                        new.append({"type": "text", "text": IMAGE})
+                    else:
+                        new.append(p)
+                t = {**t, key: new}
+            new_turns.append(t)
+        out[field] = new_turns
+    images = record.get("images", record.get("image"))
+    if images is not None and not isinstance(images, list):
+        images = [images]
+    if refs and images:
+        raise FormatError("has both image content parts and an `images` list; give the images one way (content parts, or "
+                          "`<image>` placeholders with an `images` list)")
+    return out, refs or list(images or [])
+
+
+def has_images(record: dict) -> bool:
+    if record.get("images") or record.get("image") is not None and ("messages" in record or "conversations" in record):
+        return True
+    for field in ("messages", "conversations"):
+        for t in record.get(field) or []:
+            parts = t.get("content", t.get("value")) if isinstance(t, dict) else None
+            if isinstance(parts, list) and any(_is_image_part(p) for p in parts):
+                return True
+    return False
+
+
+def placeholders(ex: dict) -> int:
+    return sum(m["content"].count(IMAGE) for k in ("messages", "prompt", "chosen", "rejected", "completion") for m in ex.get(k) or [])
+
+
+def _raw(ref, base: Path | None) -> bytes:
+    """The bytes of one image reference; FormatError when it points outside the data folder, ImageError when unreadable."""
+    if isinstance(ref, dict):  # a Parquet/`datasets` image struct {"bytes", "path"}, or {"path"|"url"|"base64": ...}
+        if ref.get("bytes") is not None:
+            return _raw(ref["bytes"], base)
+        for key in ("base64", "path", "url"):
+            if ref.get(key) is not None:
+                return _raw(("data:;base64," + ref[key]) if key == "base64" and not str(ref[key]).startswith("data:") else ref[key], base)
+        raise ImageError(f"an image entry with none of `bytes`, `path`, `url`, `base64` (keys: {sorted(ref)})")
+    if isinstance(ref, (bytes, bytearray)):
+        return bytes(ref)
+    if not isinstance(ref, str) or not ref.strip():
+        raise ImageError(f"an image reference must be a path, a data: URL or bytes, got {type(ref).__name__}")
+    if ref.startswith("data:"):
+        head, _, payload = ref.partition(",")
+        try:
+            return base64.b64decode(payload, validate=True) if head.endswith(";base64") else payload.encode()
+        except (binascii.Error, ValueError):
+            raise ImageError(f"the data: URL `{ref[:40]}...` is not valid base64") from None
+    if ref.startswith(("http://", "https://")):
+        raise ImageError(f"`{ref[:80]}` is a web address; trainpipe does not download images while preparing data: "
+                         "download them next to the data file and give relative paths")
+    if base is None:
+        raise ImageError(f"the image path `{ref[:80]}` comes from a source that is not a local file, so it has no folder to be "
+                         "relative to; give the image bytes (a Parquet image column) or data: URLs")
+    root = base.resolve()
+    p = (root / ref).resolve()
+    if p != root and root not in p.parents:
+        raise FormatError(
+            f"names the image `{ref[:120]}`, which resolves to `{p}`, outside the data file's folder `{root}`; images are read only "
+            "from the data file's folder and below (no `..`, no absolute paths elsewhere, no symlinks out): move the images there",
+            kind="image_outside_data",
+        )
+    try:
+        size = p.stat().st_size
+        if size > MAX_IMAGE_BYTES:
+            raise ImageError(f"the image `{ref[:120]}` is {size:,} bytes, over the {MAX_IMAGE_BYTES:,}-byte limit for one image")
+        return p.read_bytes()
+    except OSError as exc:
+        raise ImageError(f"the image `{ref[:120]}` cannot be read ({type(exc).__name__}: {exc.strerror or exc})") from None
+
+
+def _png(data: bytes) -> bytes:
+    """The first frame of checked image bytes as an RGB PNG (what the processor will decode)."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as im:
+        im.seek(0)
+        buf = io.BytesIO()
+        im.convert("RGB").save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def attach(ex: dict, refs: list, source: str | None) -> dict:
+    """``ex`` with its images: each reference read (relative to the folder of the data file ``source``), checked in full
+    and kept as a PNG (base64) with the SHA-256 of the original bytes. The `<image>` placeholders must match in number."""
+    n = placeholders(ex)
+    if n != len(refs):
+        raise FormatError(
+            f"has {n} `{IMAGE}` placeholder(s) in its turns but {len(refs)} image(s); each image is shown where one `{IMAGE}` stands, "
+            f"in order (LLaMA-Factory's rule): add or remove placeholders or images so that the counts agree"
+        )
+    base = Path(source).parent if source and Path(source).is_file() else None
+    pngs, shas = [], []
+    for k, ref in enumerate(refs):
+        data = _raw(ref, base)
+        size, _kind, reason = check_image(data)
+        if size is None:
+            raise ImageError(f"image {k + 1} of {len(refs)} is unusable: {reason}")
+        pngs.append(base64.b64encode(_png(data)).decode())
+        shas.append(hashlib.sha256(data).hexdigest())
+    return {**ex, "images": pngs, "image_sha256": shas}
+
+
+def decode(ex: dict) -> list:
+    from PIL import Image
+
+    out = []
+    for b in ex.get("images") or []:
+        with Image.open(io.BytesIO(base64.b64decode(b))) as im:
+            out.append(im.convert("RGB"))
+    return out
+
+
+# ------------------------------------------------------------------------------ tokenizing with the processor
+
+
+def _parts(messages: list[dict]) -> list[dict]:
+    """Messages with `<image>` placeholders as processor content parts (`{"type": "image"}` where each stood)."""
+    out = []
+    for m in messages:
+        pieces = m["content"].split(IMAGE)
+        parts: list[dict] = []
+        for j, text in enumerate(pieces):
+            if j:
+                parts.append({"type": "image"})
+            if text.strip():
+                parts.append({"type": "text", "text": text.strip("\n") if j or len(pieces) > 1 else text})
+        out.append({"role": m["role"], "content": parts or [{"type": "text", "text": ""}]})
+    return out
+
+
+def _render(proc, messages: list[dict], gen: bool) -> str:
+    if not getattr(proc, "chat_template", None):
+        raise DataError(f"The processor ({type(proc).__name__}) has no chat template, so conversations with images cannot be "
+                        "rendered; save one with the processor (`processor.chat_template = ...; processor.save_pretrained(folder)`).")
+    return proc.apply_chat_template(_parts(messages), tokenize=False, add_generation_prompt=gen)
+
+
+def _call(proc, text: str, images: list) -> dict:
+    return proc(text=[text], images=images or None, return_tensors="pt", add_special_tokens=False)
+
+
+def image_token_id(proc) -> int | None:
+    tid = getattr(proc, "image_token_id", None)
+    if tid is None and getattr(proc, "image_token", None):
+        tid = proc.tokenizer.convert_tokens_to_ids(proc.image_token)
+    return tid
+
+
+def encode(proc, ex: dict, *, train_on: str, max_length: int, min_tokens: int) -> tuple[dict | None, str | None]:
+    """(the row of one conversation with images, or None and the drop reason)."""
+    import torch
+    from safetensors.torch import save
+
+    msgs, images = ex["messages"], decode(ex)
+    out = _call(proc, _render(proc, msgs, False), images)
+    ids = out["input_ids"][0].tolist()
+    if len(ids) > max_length:
+        return None, "too_long_with_images" if images else "too_long"
+    labels = [IGNORE_INDEX] * len(ids)
+    turns = [k for k, m in enumerate(msgs) if m["role"] == "assistant"]
+    if train_on == "last_assistant":
+        turns = turns[-1:]
+    spans = [(0, len(ids))] if train_on == "all" else []
+    for k in turns if train_on != "all" else []:
+        before = sum(m["content"].count(IMAGE) for m in msgs[:k])
+        upto = before + msgs[k]["content"].count(IMAGE)
+        start = len(_call(proc, _render(proc, msgs[:k], True), images[:before])["input_ids"][0])
+        end = len(_call(proc, _render(proc, msgs[: k + 1], False), images[:upto])["input_ids"][0])
+        spans.append((start, min(end, len(ids))))
+    for a, b in spans:
+        labels[a:b] = ids[a:b]
+    tid = image_token_id(proc)
+    n_image_tokens = sum(1 for t in ids if t == tid) if tid is not None else 0
+    labels = [IGNORE_INDEX if t == tid else x for t, x in zip(ids, labels)]  # an image token never carries loss
+    if sum(1 for x in labels if x != IGNORE_INDEX) < max(1, min_tokens):
+        return None, "no_loss_tokens"
+    tensors = {}
+    for k, v in out.items():
+        if k in ("input_ids", "attention_mask") or not isinstance(v, torch.Tensor):
+            continue
+        per_token = v.dim() == 2 and v.shape == out["input_ids"].shape
+        tensors[(PER_TOKEN + k) if per_token else k] = (v[0] if per_token else v).contiguous()
+    return {"input_ids": ids, "labels": labels, "mm": save(tensors), "n_images": len(images), "image_tokens": n_image_tokens}, None
+
+
+# ------------------------------------------------------------------------------ batches
+
+
+def collate(batch: list[dict], pad_id: int) -> dict:
+    """Tokens right-padded (labels with -100, an attention mask), per-token extras padded with 0, every other tensor
+    (pixel values, image grids) concatenated over the batch's images in order."""
+    import torch
+    from safetensors.torch import load
+
+    n = max(len(x["input_ids"]) for x in batch)
+    ids = torch.full((len(batch), n), pad_id, dtype=torch.long)
+    labels = torch.full((len(batch), n), IGNORE_INDEX, dtype=torch.long)
+    mask = torch.zeros((len(batch), n), dtype=torch.long)
+    extras: dict[str, list] = {}
+    per_token: dict[str, torch.Tensor] = {}
+    for i, x in enumerate(batch):
+        m = len(x["input_ids"])
+        ids[i, :m] = torch.tensor(x["input_ids"], dtype=torch.long)
+        labels[i, :m] = torch.tensor(x["labels"], dtype=torch.long)
+        mask[i, :m] = 1
+        for k, v in load(x["mm"]).items():
+            if k.startswith(PER_TOKEN):
+                name = k[len(PER_TOKEN):]
+                if name not in per_token:
+                    per_token[name] = torch.zeros((len(batch), n), dtype=v.dtype)
+                per_token[name][i, :m] = v
+            else:
+                extras.setdefault(k, []).append(v)
+    out = {"input_ids": ids, "attention_mask": mask, "labels": labels, **per_token}
+    out.update({k: torch.cat(v, dim=0) for k, v in extras.items()})
+    return out

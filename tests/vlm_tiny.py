@@ -1,0 +1,106 @@
+"""Tiny vision-language models, processors and image conversations built in code for the tests (no hub, no blobs).
+
+`build_tiny_llava(path)` trains a byte-level BPE tokenizer on the conversations' words, builds a LLaVA with a 1-layer
+CLIP vision tower (28x28 images, 14-pixel patches: 4 image tokens) and a 2-layer, 64-wide Llama, and saves both with a
+slow (PIL) image processor and a ChatML chat template, so `AutoProcessor` / `AutoModelForImageTextToText` load the
+folder. `build_tiny_gemma3(path)` does the same for Gemma 3 (a SigLIP tower, 4 image tokens after pooling).
+`shape_records(folder, n)` draws coloured shapes with PIL into `folder/images/` and writes conversations whose answers
+are checked exactly: "What colour is the shape?" -> "red".
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+COLOURS = {"red": (220, 30, 30), "green": (30, 180, 40), "blue": (30, 60, 220), "yellow": (230, 210, 20)}
+SHAPES = ("square", "circle")
+QUESTION = "What colour is the shape?"
+CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.content is string %}{{ m.content }}{% else %}"
+          "{% for c in m.content %}{% if c.type == 'image' %}<image>{% elif c.type == 'text' %}{{ c.text }}{% endif %}{% endfor %}"
+          "{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def draw(colour: str, shape: str, seed: int, size: int = 28):
+    from PIL import Image, ImageDraw
+
+    rng = random.Random(seed)
+    img = Image.new("RGB", (size, size), (245, 245, 245))
+    d = ImageDraw.Draw(img)
+    r = rng.randint(6, 10)
+    cx, cy = rng.randint(r + 1, size - r - 2), rng.randint(r + 1, size - r - 2)
+    box = (cx - r, cy - r, cx + r, cy + r)
+    (d.rectangle if shape == "square" else d.ellipse)(box, fill=COLOURS[colour])
+    return img
+
+
+def shape_records(folder: str | Path, n: int, seed: int = 0, layout: str = "llamafactory") -> list[dict]:
+    """``n`` conversations about drawn shapes, images saved under ``folder/images``; ``layout``: `llamafactory`
+    (`messages` with `<image>` + `images`) or `openai` (an `image_url` content part with a relative path)."""
+    folder = Path(folder)
+    (folder / "images").mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        colour, shape = rng.choice(sorted(COLOURS)), rng.choice(SHAPES)
+        name = f"images/{seed}_{i:04d}_{colour}_{shape}.png"
+        draw(colour, shape, seed * 100_000 + i).save(folder / name)
+        if layout == "openai":
+            user = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": name}}, {"type": "text", "text": QUESTION}]}
+            out.append({"messages": [user, {"role": "assistant", "content": colour}]})
+        else:
+            out.append({"messages": [{"role": "user", "content": f"<image>{QUESTION}"}, {"role": "assistant", "content": colour}],
+                        "images": [name]})
+    return out
+
+
+def build_tokenizer(extra: tuple[str, ...] = ("<image>",)):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    special = ("<|endoftext|>", "<|pad|>", "<|im_start|>", "<|im_end|>", *extra)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    corpus = [QUESTION, "user assistant system", *COLOURS, *SHAPES, "What shape is it? How many?"] * 20
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=list(special), initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(corpus, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", bos_token="<|endoftext|>", pad_token="<|pad|>",
+                                   additional_special_tokens=["<|im_start|>", "<|im_end|>", *extra])
+
+
+def _text_config(vocab: int, tok, model_type: str = "llama") -> dict:
+    return dict(model_type=model_type, vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=256, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                pad_token_id=tok.pad_token_id)
+
+
+def build_tiny_llava(path: str | Path, seed: int = 0) -> Path:
+    import torch
+    from transformers import LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor
+    from transformers.models.llava.image_processing_pil_llava import LlavaImageProcessorPil
+
+    path = Path(path)
+    tok = build_tokenizer()
+    proc = LlavaProcessor(image_processor=LlavaImageProcessorPil(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28}),
+                          tokenizer=tok, chat_template=CHATML, patch_size=14, vision_feature_select_strategy="default",
+                          num_additional_image_tokens=1)
+    cfg = LlavaConfig(
+        text_config=_text_config(len(tok), tok),
+        vision_config=dict(model_type="clip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=28, patch_size=14, projection_dim=32),
+        image_token_id=tok.convert_tokens_to_ids("<image>"), vision_feature_layer=-1, vision_feature_select_strategy="default",
+        pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    LlavaForConditionalGeneration(cfg).save_pretrained(path, safe_serialization=True)
+    proc.save_pretrained(path)
+    return path
+
+
+def write_jsonl(path: str | Path, records: list[dict]) -> Path:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return p
