@@ -8,6 +8,7 @@
     preprocessing.json    tables: the preprocessing fitted on the training split (column kinds and rules, means and
                           standard deviations, category vocabularies, classes or the target's scale)
     README.md             the model card
+    sample_inputs.safetensors  two eval examples as the module takes them (what `--onnx` traces and checks with)
     model.onnx            after `trainpipe export RUN --onnx` (checked against PyTorch with onnxruntime)
 
 :func:`load_exported` rebuilds the module from these (a `model.factory` is imported again: predicting with your own
@@ -29,6 +30,7 @@ from trainpipe.model.tabular import build_tabular_mlp
 
 META = "trainpipe_model.json"
 PREP = "preprocessing.json"
+SAMPLE = "sample_inputs.safetensors"
 
 
 def model_meta(cfg, task: str, loss: str, classes: list[str], prep: Preprocessing | None) -> dict:
@@ -43,8 +45,10 @@ def model_meta(cfg, task: str, loss: str, classes: list[str], prep: Preprocessin
     return meta
 
 
-def export_supervised(*, run_dir: Path, model, meta: dict, prep: Preprocessing | None, card: dict, dest: Path | None = None) -> Path:
-    """Write the export (through `<dest>.tmp` and a rename: export.py `export_folder`)."""
+def export_supervised(*, run_dir: Path, model, meta: dict, prep: Preprocessing | None, card: dict, sample: dict | None = None,
+                      dest: Path | None = None) -> Path:
+    """Write the export (through `<dest>.tmp` and a rename: export.py `export_folder`). ``sample``: a collated batch of
+    inputs (tensors by argument name; `x` alone is positional), saved for `--onnx`."""
     from safetensors.torch import save_file
 
     final = Path(dest) if dest is not None else Path(run_dir) / "model"
@@ -52,6 +56,8 @@ def export_supervised(*, run_dir: Path, model, meta: dict, prep: Preprocessing |
         state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / META).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        if sample:
+            save_file({k: v.detach().cpu().contiguous() for k, v in sample.items()}, str(tmp / SAMPLE), metadata={"order": ",".join(sample)})
         if prep is not None:
             (tmp / PREP).write_text(json.dumps(prep.to_dict(), indent=2) + "\n", encoding="utf-8")
         (tmp / "README.md").write_text(model_card(card), encoding="utf-8")
@@ -131,3 +137,43 @@ def predict_file(path: Path, data: Path, out: Path) -> dict:
         w.writerow([r.get(c) for c in cols] + [p[c] for c in extra if c not in cols])
     ownership.write_text(Path(out), buf.getvalue(), what="the predictions", reads=[(Path(data), "the data to predict")])
     return {"rows": len(rows), "out": str(out), "family": meta["family"], "task": meta["task"]}
+
+
+def export_onnx(path: Path, *, atol: float = 1e-4) -> dict:
+    """`trainpipe export RUN --onnx`: `model.onnx` beside the weights, traced on the saved sample inputs (batch axis
+    dynamic), then run with onnxruntime on those inputs and compared with PyTorch's outputs: the max absolute difference
+    is reported, and one above ``atol`` is an error (the ONNX file is then not kept)."""
+    import io
+
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        raise ConfigError("`--onnx` checks the export with onnxruntime, which is not installed: `pip install 'trainpipe[onnx]'`.") from None
+    folder = model_folder(path)
+    if not (folder / SAMPLE).is_file():
+        raise ConfigError(f"`{folder}` has no `{SAMPLE}` to trace the module with; export it again with this version of trainpipe (`trainpipe run ... --overwrite`).")
+    model, _, _ = load_exported(folder)
+    sample = load_file(str(folder / SAMPLE))
+    with safe_open(str(folder / SAMPLE), framework="pt") as f:
+        names = f.metadata()["order"].split(",")  # the module's argument order (the file stores its tensors sorted by name)
+    args = tuple(sample[n] for n in names)
+    buf = io.BytesIO()
+    try:
+        torch.onnx.export(model, args, buf, input_names=names, output_names=["outputs"], dynamo=False,
+                          dynamic_axes={**{n: {0: "batch"} for n in names}, "outputs": {0: "batch"}})
+    except Exception as exc:  # noqa: BLE001 - an operator ONNX cannot express: say so, keep the safetensors export
+        raise ConfigError(f"The module in `{folder}` could not be exported to ONNX ({type(exc).__name__}: {str(exc)[:200]}); the safetensors export is unaffected.") from None
+    session = ort.InferenceSession(buf.getvalue(), providers=["CPUExecutionProvider"])
+    wanted = {i.name for i in session.get_inputs()}  # an input the graph does not use (no categorical columns) is pruned
+    got = session.run(None, {n: sample[n].numpy() for n in names if n in wanted})[0]
+    with torch.no_grad():
+        ref = model(*args).float().numpy()
+    diff = float(abs(got - ref).max()) if ref.size else 0.0
+    if diff > atol:
+        raise ConfigError(f"The ONNX export of `{folder}` differs from PyTorch by up to {diff:.3g} (tolerance {atol:g}) on the sample inputs; `model.onnx` was not written.")
+    ownership.write_bytes(folder / "model.onnx", buf.getvalue(), what="the ONNX export")
+    return {"path": str(folder / "model.onnx"), "max_abs_diff": diff, "inputs": names, "onnxruntime": ort.__version__}

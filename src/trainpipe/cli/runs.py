@@ -20,8 +20,15 @@ def export(
     out: Annotated[Optional[Path], typer.Option("--out", help="Write here instead of RUN_DIR/model (or RUN_DIR/export/NAME).")] = None,
     checkpoint: Annotated[Optional[str], typer.Option("--checkpoint", help="Export this checkpoint of the run (`step-N`, a name in RUN_DIR/checkpoints) instead of the best.")] = None,
     gguf: Annotated[Optional[str], typer.Option("--gguf", help="Also write the export as GGUF for llama.cpp / Ollama: f16 or f32 (llama-architecture models).")] = None,
+    onnx: Annotated[bool, typer.Option("--onnx", help="Tabular and custom models: write model.onnx beside the weights, checked against PyTorch with onnxruntime (max abs difference printed).")] = False,
 ) -> None:
     """Export the best checkpoint of a run (merged safetensors, adapter, tokenizer, model card); or one adapter / a combination of a multi-adapter run."""
+    if onnx:
+        from trainpipe.export_family import export_onnx
+
+        res = export_onnx(run_dir)
+        typer.echo(f"onnx: {res['path']} (max abs difference to PyTorch on the sample inputs: {res['max_abs_diff']:.3g}; onnxruntime {res['onnxruntime']})")
+        return
     from trainpipe.pipeline.export_run import export_run, parse_combine
 
     if gguf:

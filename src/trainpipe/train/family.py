@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from trainpipe.config.family import FAMILIES
 from trainpipe.errors import ConfigError
-from trainpipe.export_family import predict_file
+from trainpipe.export_family import META, model_folder, predict_file
 from trainpipe.train import supervised
 from trainpipe.train.context import RunContext
 
@@ -45,3 +45,16 @@ def family(name: str) -> Family:
     if name in ("tabular", "custom"):
         return Family(name, supervised.prepare, supervised.run, predict_file)
     raise ConfigError(f"`model.family: {name}` has no implementation in this version of trainpipe (families: {', '.join(FAMILIES)}).")
+
+
+def family_of_export(path: Path) -> str:
+    """The family of a run directory's (or model folder's) export: `trainpipe_model.json` names it (tabular, custom, ...);
+    a folder without one is a text model (transformers' `config.json`)."""
+    import json
+
+    p = Path(path)
+    if (p / META).is_file() or (p / "model" / META).is_file():
+        return json.loads((model_folder(p) / META).read_text(encoding="utf-8"))["family"]
+    if (p / "config.json").is_file() or (p / "model" / "config.json").is_file():
+        return "text"
+    raise ConfigError(f"`{path}` holds no exported model (no `model/` folder with `{META}` or `config.json`); give the directory of a finished run.")

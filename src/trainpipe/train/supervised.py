@@ -275,7 +275,8 @@ def run(ctx: RunContext) -> dict:
 
     # 5. export: weights, the fitted preprocessing, what rebuilds the model
     meta = model_meta(cfg, data.task, objective.name, data.classes, data.prep)
-    model_dir = export_supervised(run_dir=ctx.run_dir, model=model, meta=meta, prep=data.prep, card=ctx.card(baseline, final))
+    sample = {k: v for k, v in objective.collate((data.eval or data.train)[:2]).items() if k != "y"}
+    model_dir = export_supervised(run_dir=ctx.run_dir, model=model, meta=meta, prep=data.prep, card=ctx.card(baseline, final), sample=sample)
     ctx.events.emit("model_exported", step=outcome.global_step, path=str(model_dir))
     return {
         "name": cfg.name, "method": f"{meta['family']}/{data.task}", "family": meta["family"], "task": data.task, "loss": objective.name,

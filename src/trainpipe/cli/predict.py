@@ -1,0 +1,31 @@
+"""`trainpipe predict RUN --data FILE`: a finished run's exported model on new data, by the run's model family."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from trainpipe.cli._app import app
+
+
+@app.command()
+def predict(
+    run_dir: Annotated[Path, typer.Argument(help="A finished run directory (or its exported `model/` folder).", show_default=False)],
+    data: Annotated[Path, typer.Option("--data", help="The rows to predict: a CSV/TSV, Parquet or JSONL file with the columns the model was trained on.", show_default=False)],
+    out: Annotated[Optional[Path], typer.Option("--out", help="Where to write the predictions (CSV). Default: `predictions.csv` beside the data file.")] = None,
+) -> None:
+    """Predict with a run's exported model, applying the preprocessing fitted at training (the family's own loader: tables and custom modules today)."""
+    from trainpipe.errors import ConfigError
+    from trainpipe.train.family import family, family_of_export
+
+    name = family_of_export(run_dir)
+    fam = family(name)
+    if fam.predict is None:
+        raise ConfigError(f"`{run_dir}` holds a `{name}` model, and `trainpipe predict` has no loader for that family yet; load the exported folder with its own library.")
+    if not data.is_file():
+        raise ConfigError(f"`--data {data}` is not a file; give a CSV/TSV, Parquet or JSONL file with the model's input columns.")
+    target = out if out is not None else data.with_name(data.stem + ".predictions.csv")
+    res = fam.predict(run_dir, data, target)
+    typer.echo(f"predicted {res['rows']} rows ({res['family']}, {res['task']}): {res['out']}")
