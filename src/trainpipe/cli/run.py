@@ -58,6 +58,7 @@ def run(
         parts = [(summary.get("name"), summary)]
     for name, part in parts:
         _print_result(con, str(name), part)
+    _print_metric_line(con, parts[-1][1] if parts else summary)
     con.print(f"run dir: {summary['artifacts']['run_dir']}")
 
 
@@ -139,3 +140,15 @@ def _print_result(con, name: str, summary: dict) -> None:
         con.print(f"model:   {art['model']}")
     if art.get("adapter"):
         con.print(f"adapter: {art['adapter']}")
+
+
+def _print_metric_line(con, summary: dict) -> None:
+    """The final metrics as one `NAME=VALUE` line, the last such line a run prints: what Katib's StdOut metrics collector
+    reads (`trainpipe tune --emit katib`, tune/katib.py: Katib's default filter, the latest value)."""
+    import math
+
+    final = {k: v for k, v in (summary.get("final") or {}).items()
+             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and k.replace("-", "_").isidentifier()}
+    if final:
+        con.print("final metrics (eval split): " + " ".join(f"{k}={v if isinstance(v, int) else repr(float(v))}" for k, v in final.items()),
+                  markup=False, highlight=False, soft_wrap=True)

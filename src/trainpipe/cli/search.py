@@ -16,13 +16,32 @@ def tune(
     set_: SetOpt = None,
     n_trials: Annotated[Optional[int], typer.Option("--n-trials", help="Override `tune.n_trials` (finished trials of the study, all workers).")] = None,
     new_study: Annotated[bool, typer.Option("--new-study", help="Start a fresh study (the name with -2, -3, ...) instead of joining the config's, e.g. after changing the objective or the space (joining a study of another objective or space is refused).")] = False,
+    emit: Annotated[Optional[str], typer.Option("--emit", help="katib: write the study as a Katib Experiment (kubeflow.org/v1beta1) and its ConfigMap into -o instead of running it here.")] = None,
+    out: Annotated[Path, typer.Option("-o", "--out", help="--emit katib: the folder for katib-experiment.yaml.")] = Path("."),
+    image: Annotated[Optional[str], typer.Option("--image", help="--emit katib: the trials' container image (default `trainpipe:<version>`, the repository's Dockerfile).")] = None,
+    volume_claim: Annotated[Optional[str], typer.Option("--volume-claim", help="--emit katib: the PersistentVolumeClaim mounted at /workspace (default `trainpipe-<name>-workspace`).")] = None,
+    parallel: Annotated[int, typer.Option("--parallel", help="--emit katib: trials at once (`parallelTrialCount`; Hyperband may need more).")] = 3,
 ) -> None:
     """Search the config's `tune.space` with Optuna: every trial an ordinary run under OUTPUT/trials/, bad trials pruned on
     the objective metric (`tune.objective.metric`, eval loss by default) at the in-training evals; writes best.yaml, leaderboard.csv/.html and best/model. Start the same command on several machines with
     `tune.storage: postgresql://...` to share one study."""
     from trainpipe.tune.tune import tune as run_tune
 
-    _numbers(("--n-trials", n_trials, "the number of finished trials", 1))
+    _numbers(("--n-trials", n_trials, "the number of finished trials", 1), ("--parallel", parallel, "the trials at once", 1))
+    if emit is not None:
+        from trainpipe import ui
+        from trainpipe.errors import ConfigError
+        from trainpipe.tune.katib import write_katib
+
+        if emit != "katib":
+            raise ConfigError(f"`trainpipe tune --emit {emit}`: the study can be written for Katib only (`--emit katib`); "
+                              "`trainpipe launch --emit ...` writes one run's launch files.")
+        sets = list(set_ or []) + ([f"tune.n_trials={n_trials}"] if n_trials is not None else [])
+        path, notes = write_katib(config, sets, out, image=image, volume_claim=volume_claim, parallel=parallel)
+        ui.console().print(f"katib: {path}", markup=False, highlight=False)
+        for note in notes:
+            ui.console().print(note, markup=False, highlight=False)
+        return
     run_tune(config, set_ or [], n_trials=n_trials, new_study=new_study)
 
 
