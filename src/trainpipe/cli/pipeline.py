@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from trainpipe.cli._app import CacheConfigArg, ConfigArg, SetOpt, StoreOpt, _numbers, app, cache_app, pipeline_app
+from trainpipe.targets import COMPILE_TARGETS, help_text, unknown
 
 
 @pipeline_app.command("run")
@@ -50,21 +51,49 @@ def pipeline_show(config: ConfigArg, set_: SetOpt = None) -> None:
 @pipeline_app.command("compile")
 def pipeline_compile(
     config: ConfigArg,
-    out: Annotated[Path, typer.Option("-o", "--out", help="The KFP v2 pipeline file to write (IR YAML).")] = Path("pipeline.yaml"),
+    target: Annotated[str, typer.Option("--target", help=help_text(COMPILE_TARGETS))] = "kfp",
+    out: Annotated[Optional[Path], typer.Option("-o", "--out", help="The file to write (default: the target's file name in the working folder).")] = None,
     set_: SetOpt = None,
     store: StoreOpt = None,
     image: Annotated[Optional[str], typer.Option("--image", help="The trainpipe image (default `pipeline.image`); its tag is pinned to this version.")] = None,
 ) -> None:
-    """Write CONFIG's DAG as a Kubeflow Pipelines v2 pipeline: one component per step, GPU and memory limits from the plan,
-    the trainpipe image pinned to this version."""
+    """Write CONFIG's DAG for an orchestrator: Kubeflow Pipelines v2, an Airflow DAG file, a Prefect flow or a Vertex AI
+    pipeline job; one task per step (GPU and memory limits, retries, `pipeline.schedule`), the trainpipe image pinned to
+    this version, the command that submits it printed."""
     from trainpipe import ui
+    from trainpipe.errors import ConfigError
     from trainpipe.pipeline.dag import load_config_for
+
+    if target not in COMPILE_TARGETS:
+        raise ConfigError(unknown("--target", target, COMPILE_TARGETS), [f"--target {target}"])
+    cfg = load_config_for(config, set_ or [])
+    path = out or Path(COMPILE_TARGETS[target].file)
+    con = ui.console()
+    if target in ("airflow", "prefect"):
+        from trainpipe.pipeline.orchestrators import compile_orchestrator
+
+        info = compile_orchestrator(cfg, target, path, config_path=config, store=store, image=image)
+        con.print(f"{target}: {info['path']}  ({len(info['steps'])} tasks: {', '.join(info['steps'])})", markup=False, soft_wrap=True)
+        for line in info["submit"]:
+            con.print(f"  {line}", markup=False, soft_wrap=True)
+        return
+    if target == "vertex":
+        from trainpipe.pipeline.vertex import compile_vertex
+
+        info = compile_vertex(cfg, path, store=store, image=image, config_path=config)
+        con.print(f"vertex: {info['path']} (KFP IR) and {info['job']} (PipelineJob request body)", markup=False, soft_wrap=True)
+        con.print(f"  {info['submit']}", markup=False, soft_wrap=True)
+        for note in info["notes"]:
+            con.print(note, markup=False, soft_wrap=True)
+        return
     from trainpipe.pipeline.kfp_compile import compile_pipeline
 
-    info = compile_pipeline(load_config_for(config, set_ or []), out, store=store, image=image, config_path=config)
-    ui.console().print(f"kfp pipeline: {info['path']}  (image {info['image']}; train: {info['gpus_per_node']} GPU(s), {info['memory_gib']} GiB)", markup=False, soft_wrap=True)
+    info = compile_pipeline(cfg, path, store=store, image=image, config_path=config)
+    con.print(f"kfp pipeline: {info['path']}  (image {info['image']}; train: {info['gpus_per_node']} GPU(s), {info['memory_gib']} GiB)", markup=False, soft_wrap=True)
+    con.print(f"  submit: kfp run create --experiment-name {cfg.name or 'trainpipe'} --package-file {info['path']}   "
+              "(or kfp.Client().create_run_from_pipeline_package)", markup=False, soft_wrap=True)
     for note in info["notes"]:  # credentials replaced by references to a Kubernetes Secret: which one to create
-        ui.console().print(note, markup=False, soft_wrap=True)
+        con.print(note, markup=False, soft_wrap=True)
 
 
 @pipeline_app.command("schedule")

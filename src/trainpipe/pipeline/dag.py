@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -374,7 +375,7 @@ def run_step_in_store(config_yaml: str, step_id: str, store: str, upstream: dict
     """One step of the DAG on its own (a Kubeflow component, kfp_compile.py): the config as YAML, the entries of the steps
     it reads as `kind:key` (what their components returned), the shared artefact store. Returns its own `kind:key`."""
     cfg = RunConfig.model_validate(load_yaml_text(config_yaml, "the step's config_yaml"))  # bounded: an alias bomb is refused (issue 22)
-    steps = {s.id: s for s in build_dag(cfg)}
+    steps = {s.id: s for s in build_dag(cfg, base=Path(os.environ.get("TRAINPIPE_STEPS_DIR", ".")))}  # a custom step's files: the task's folder
     if step_id not in steps:
         raise PipelineError(f"The config's DAG has no step `{step_id}`; it has {', '.join(steps)}.")
     step = steps[step_id]

@@ -84,7 +84,16 @@ def report(config_yaml: str, step_id: str, store: str, use_cache: bool, run: str
     return importlib.import_module("trainpipe.pipeline.dag").run_task(config_yaml, step_id, store, {"run": run, "metrics": metrics}, use_cache)
 
 
-FUNCS = {"prepare": prepare, "train": train, "evaluate": evaluate, "export": export, "register": register, "report": report}
+def custom(config_yaml: str, step_id: str, store: str, use_cache: bool, input_names: str, in0: str, in1: str, in2: str, in3: str, in4: str, in5: str) -> str:
+    import importlib  # the component's source runs on its own in the task's container: trainpipe is imported there
+    import json
+
+    refs = [in0, in1, in2, in3, in4, in5]  # a step of one's own (pipeline.steps): its inputs by position, named by input_names
+    return importlib.import_module("trainpipe.pipeline.dag").run_task(config_yaml, step_id, store, {n: refs[i] for i, n in enumerate(json.loads(input_names))}, use_cache)
+
+
+CUSTOM_INPUTS = 6  # the most step inputs (`from:`) one custom component takes
+FUNCS = {"prepare": prepare, "train": train, "evaluate": evaluate, "export": export, "register": register, "report": report, "custom": custom}
 
 
 def k8s_name(cfg) -> str:
@@ -127,6 +136,8 @@ def build_pipeline(cfg, *, store: str | None = None, image: str | None = None, r
         tasks = {}
         for s in steps:
             kwargs = {n: tasks[src].output for n, (src, _out) in s.inputs.items()}
+            if s.kind == "custom":
+                kwargs = _custom_inputs(s, tasks)
             if s.kind == "train":
                 kwargs = {"base_model": "", "reward_model": "", **kwargs}
             elif s.kind == "prepare":
@@ -146,11 +157,29 @@ def build_pipeline(cfg, *, store: str | None = None, image: str | None = None, r
                 t.set_cpu_limit("4").set_memory_limit(f"{max(16, layout['memory_gib'] // max(1, layout['gpus_per_node']))}G")
                 if _gpus_wanted(cfg):
                     t.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(1)
+            elif s.kind == "custom":
+                r = s.spec.resources
+                t.set_cpu_limit(str(r.cpu)).set_memory_limit(r.memory)
+                if s.spec.retries:
+                    t.set_retry(s.spec.retries)
+                if r.gpus:
+                    t.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(r.gpus)
             else:
                 t.set_cpu_limit("4" if s.kind == "prepare" else "1").set_memory_limit("16G" if s.kind == "prepare" else "4G")
             tasks[s.id] = t
 
     return pipeline, layout
+
+
+def _custom_inputs(s, tasks) -> dict:
+    """A custom step's upstream entries by position (`in0`..`in5`) and their names (`input_names`, JSON)."""
+    import json
+
+    if len(s.inputs) > CUSTOM_INPUTS:
+        raise ConfigError(f"Step `{s.id}` reads {len(s.inputs)} other steps' outputs; a Kubeflow task of a step of one's own takes at most "
+                          f"{CUSTOM_INPUTS}. Merge some of its inputs into one folder output upstream.", [f"pipeline.steps: {s.id}"])
+    refs = [tasks[src].output for src, _ in s.inputs.values()]
+    return {"input_names": json.dumps(list(s.inputs)), **{f"in{i}": refs[i] if i < len(refs) else "" for i in range(CUSTOM_INPUTS)}}
 
 
 def _gpus_wanted(cfg) -> bool:
