@@ -104,7 +104,8 @@ def _print_recommendation(con, plan: dict) -> None:
     if plan.get("headline"):
         con.print(f"headline ({plan['headline']['objective']}): {plan['headline']['rule']}", markup=False, soft_wrap=True)
     r = plan["recommendation"]
-    con.print(f"{'recommendation' if plan.get('fits', True) else 'closest plan (does not fit)'}: {r['method']} on {r['num_gpus']} x {r['gpu']} ({r['strategy']}{', offload ' + r['offload'] if r['offload'] != 'none' else ''}), "
+    con.print(f"{'recommendation' if plan.get('fits', True) else 'closest plan (does not fit)'}: {r['method']} on {r['num_gpus']} x {r['gpu']} ({r['strategy']}{', offload ' + r['offload'] if r['offload'] != 'none' else ''}"
+              f"{', sequence parallel ' + str(plan['parallel']['sequence']) if (plan.get('parallel') or {}).get('sequence') else ''}), "
               f"{r['precision']}, micro-batch {r['micro_batch']} x accumulation {r['gradient_accumulation']} x "
               f"{str(plan['parallel']['data']) + ' data-parallel replica(s)' if plan.get('parallel') else str(r['num_gpus']) + ' device(s)'} = effective batch {r['effective_batch']}, "
               f"gradient checkpointing {'on' if r['gradient_checkpointing'] else 'off'}, lr {r['learning_rate']:g}", markup=False, soft_wrap=True)

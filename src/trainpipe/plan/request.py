@@ -17,6 +17,7 @@ from trainpipe.config import build_config
 from trainpipe.errors import ConfigError
 from trainpipe.plan import compute as C
 from trainpipe.plan import decisions as D
+from trainpipe.plan import long_context
 from trainpipe.plan import parallel3d as P3
 from trainpipe.plan.catalog import ModelSpec
 from trainpipe.plan.decisions import Decision, PlanError
@@ -235,7 +236,27 @@ def plan_on(spec: ModelSpec, cfg, w: WhatIf, gpu: GPU, examples: int | None, obj
         decisions.append(dec("offload", st["offload"]))
     decisions += [dec("micro_batch", st["micro_batch"]), dec("gradient_checkpointing", st["gradient_checkpointing"]),
                   dec("gradient_accumulation", st["grad_accum"]), dec("learning_rate", st["learning_rate"])]
-    return {"decisions": decisions, "setup": s, "memory": b, "fits": _runs(b, gpu), "within_headroom": _fits(b, gpu), "plan": plan}
+    out = {"decisions": decisions, "setup": s, "memory": b, "fits": _runs(b, gpu), "within_headroom": _fits(b, gpu), "plan": plan}
+    return _sequence_parallel(spec, cfg, w, gpu, out)
+
+
+def _sequence_parallel(spec: ModelSpec, cfg, w: WhatIf, gpu: GPU, out: dict) -> dict:
+    """Long contexts: the sequence-parallel rule (plan/long_context.py) on the chosen setup; when it applies, one GPU's memory
+    is the split sequence's, and the accumulation keeps the effective batch over the smaller data-parallel degree."""
+    s, world = out["setup"], w.num_gpus * w.nodes
+    sp = long_context.decide(spec, s, gpu, w.num_gpus)
+    if sp is None:
+        return out
+    d, b = sp
+    dp = world // d.value
+    decisions = list(out["decisions"])
+    if cfg.training.gradient_accumulation_steps is None:
+        acc, _, acc_rule = D.accumulation(s.micro_batch, dp, cfg.training.target_effective_batch_size)
+        decisions = [Decision("gradient_accumulation", acc, acc_rule + f" (data-parallel degree {dp} = {world} GPUs / sequence degree {d.value})",
+                              x.watch) if x.key == "gradient_accumulation" else x for x in decisions]
+    decisions.insert(next(i for i, x in enumerate(decisions) if x.key == "strategy") + 1, d)
+    return {**out, "decisions": decisions, "memory": b, "fits": _runs(b, gpu), "within_headroom": _fits(b, gpu),
+            "parallel": {"sequence": d.value, "tensor": 1, "data": dp, "gpus": world}}
 
 
 def suggestions(spec: ModelSpec, cfg, w: WhatIf, gpu: GPU) -> list[str]:
