@@ -67,11 +67,13 @@ class DataSource(_Section):
 
 class PiiConfig(_Section):
     enabled: bool = True
-    """Replace personal data and secrets with typed placeholders (`<EMAIL>`, `<PHONE>`, ...)."""
+    """Replace personal data and secrets (emails, phone numbers, IPs, cards, IBANs, SSNs, keys and passwords) with surrogates or typed placeholders (`data.pii.replace`); reserved and documentation values (555 numbers, example.com, RFC 5737 addresses, `YOUR_API_KEY`) are left alone."""
     types: list[Literal["email", "phone", "ip", "credit_card", "iban", "ssn", "secret"]] = Field(
         default_factory=lambda: ["email", "phone", "ip", "credit_card", "iban", "ssn", "secret"]
     )
     """PII types to replace."""
+    replace: Literal["surrogate", "tag"] = "surrogate"
+    """What a found value becomes: `surrogate` (default) a fake but well-formed value of its type (an `example.com` address, a 555-01NN phone number, a documentation IP, a Luhn-valid card of the same network, a key of the same shape), the same one for the same value everywhere in the record (tool call, tool result, reply); `tag` the typed placeholder (`<EMAIL>`, ...) instead (data/pii.py)."""
     presidio: Literal["auto", "on", "off"] = "off"
     """Also detect names and addresses with Presidio: `on` requires it (`pip install 'trainpipe[presidio]'`), `auto` uses it when installed."""
 

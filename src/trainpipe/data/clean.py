@@ -28,9 +28,15 @@ inline code span) are replaced only with a label word for their type near them (
 social security, phone, call, iban, account, ...).
 
 :meth:`Scrubber.find` returns the spans (start, end, type) it would replace; ``Scrubber(text)`` replaces them,
-counts them in ``counts`` and lists each in ``audit`` (type, record, 40 characters each side of the
-placeholder in the cleaned text, and the shape of what was replaced: digits as 9, letters as a/A), at most
-``audit_cap`` per type; ``audit_more`` counts the rest.
+counts them in ``counts`` and lists each in ``audit`` (type, record, the original value's position and length, 40
+characters each side of the placeholder in the cleaned text; never the value), at most ``audit_cap`` per type;
+``audit_more`` counts the rest. Whole records (consistent replacement across turns, tool calls and tool results;
+surrogates instead of tags) are scrubbed by data/pii.py on top of :meth:`Scrubber.find`.
+
+Reserved and documentation values are never replaced: phone numbers with the unassigned NANP area code 555 or in
+555-0100..0199, reserved domains, RFC 5737/3849 addresses, placeholders (``YOUR_API_KEY``, ``xxx``, ``<token>``).
+A 13-19 digit number without groups or a label word is a card when it passes Luhn and its network prefix and length
+agree (Visa 4: 13/16/19, Mastercard 16, Amex 15, ...), outside arithmetic, code and worked calculations.
 
 Optional Presidio (``pii.presidio``) adds ``<PERSON>`` and ``<LOCATION>``.
 
@@ -174,12 +180,6 @@ def _placeholder(v: str) -> bool:
     return any(w in low for w in _PLACEHOLDER_WORDS) or len(set(low)) < 4 or bool(re.fullmatch(r"[x*#.\-_0]+", low))
 
 
-def shape(s: str, limit: int = 40) -> str:
-    """What a replaced value looked like, without its content: digits -> 9, letters -> a / A, the rest kept."""
-    out = "".join("9" if c.isdigit() else ("A" if c.isupper() else "a") if c.isalpha() else ("⏎" if c == "\n" else c) for c in s[:limit])
-    return out + (f"…({len(s)} characters)" if len(s) > limit else "")
-
-
 class Scrubber:
     """Replace PII with typed placeholders; counts accumulate in ``counts``, audit entries in ``audit``.
 
@@ -249,13 +249,13 @@ class Scrubber:
             parts.append(text[pos:s])
             out_len += s - pos
             ph = PLACEHOLDERS[kind]
-            marks.append((out_len, out_len + len(ph), kind, text[s:e]))
+            marks.append((out_len, out_len + len(ph), kind, text[s:e], s))
             parts.append(ph)
             out_len += len(ph)
             pos = e
         parts.append(text[pos:])
         out = "".join(parts)
-        for s, e, kind, orig in marks:
+        for s, e, kind, orig, start in marks:
             self.counts[kind] += 1
             if self._listed[kind] >= self.audit_cap:
                 self.audit_more[kind] += 1
@@ -263,9 +263,8 @@ class Scrubber:
             self._listed[kind] += 1
             left, right = out[max(0, s - CONTEXT) : s], out[e : e + CONTEXT]
             self.audit.append({
-                "type": kind, "record": self.where,
+                "type": kind, "record": self.where, "start": start, "end": start + len(orig), "length": len(orig),
                 "context": (left + out[s:e] + right).replace("\n", "⏎"),
-                "shape": shape(orig),
             })
         return out
 
@@ -400,7 +399,28 @@ def _card_ok(text: str, s: int, e: int) -> bool:
     groups = re.split(r"[ -]", found)
     seps = set(re.findall(r"[ -]", found))
     grouped = len(groups) >= 3 and len(seps) == 1 and all(3 <= len(g) <= 6 for g in groups)
-    return grouped and _CARD_PREFIX.match(digits) is not None
+    if grouped:
+        return _CARD_PREFIX.match(digits) is not None
+    # one run of digits without a label word: a card when its network prefix and length agree (Visa 4: 13/16/19, ...)
+    # and the text is not a worked calculation (GSM8K-style answers: `<<a*b=c>>`, `#### n`, numbers joined by operators)
+    return len(seps) == 0 and _network_length_ok(digits) and not _math_text(text)
+
+
+_NETWORKS = (  # (prefix pattern, allowed lengths): the issuers' published ranges
+    (re.compile(r"4"), (13, 16, 19)), (re.compile(r"5[1-5]|2(?:2[2-9]|[3-6]\d|7[01]|720)"), (16,)), (re.compile(r"3[47]"), (15,)),
+    (re.compile(r"6(?:011|5|4[4-9]|22)"), (16, 17, 18, 19)), (re.compile(r"35(?:2[89]|[3-8])"), (16, 17, 18, 19)),
+    (re.compile(r"3(?:0[0-5]|[689])"), (14, 15, 16, 17, 18, 19)),
+)
+_MATH_TEXT = re.compile(r"<<[^>]*=|^#{4}\s*-?\d|\d\s*[-+*/×÷=]\s*\d|\\(?:times|frac|cdot)|(?i:\b(?:compute|calculate|solve|sum|product|total|increase|difference|multiply|divide)\b)", re.M)
+
+
+def _network_length_ok(digits: str) -> bool:
+    return any(p.match(digits) and len(digits) in lengths for p, lengths in _NETWORKS)
+
+
+def _math_text(text: str) -> bool:
+    """The text works through arithmetic: a long number in it is a result, not a card."""
+    return _MATH_TEXT.search(text) is not None
 
 
 def _phones(text: str) -> list[tuple[int, int, str]]:
@@ -416,8 +436,8 @@ def _phones(text: str) -> list[tuple[int, int, str]]:
                     break
             else:
                 continue
-        if re.search(r"(?<!\d)555[ .-]?01\d\d$", text[s:end]):
-            continue  # NANP 555-0100..0199: reserved for fiction
+        if re.search(r"(?<!\d)555[ .-]?01\d\d$", text[s:end]) or _NANP_555_AREA.match(text[s:end]):
+            continue  # NANP 555-0100..0199: reserved for fiction; area code 555 is not assigned: a made-up number
         if re.fullmatch(r"\d{3}-\d{2}-\d{4}", text[s:end]):
             continue  # SSN-shaped: the SSN check decides
         if _TOLL_FREE.match(text[s:end]):
@@ -427,6 +447,7 @@ def _phones(text: str) -> list[tuple[int, int, str]]:
     return out
 
 
+_NANP_555_AREA = re.compile(r"^(?:\+?1[ .-]?)?\(?555\)?[ .-]?\d{3}[ .-]?\d{4}$")
 _TOLL_FREE = re.compile(r"^(?:\+?1[ .-]?)?\(?8(?:00|33|44|55|66|77|88)\)?[ .-]")
 _EXAMPLE_SSNS = {"078-05-1120", "219-09-9999", "457-55-5462"}  # printed in advertising and wallets: published examples
 

@@ -1,8 +1,8 @@
 """The data report as text, and `trainpipe data inspect`: prepared examples with the trained tokens visible.
 
 The report contract (``output_dir/data/report.json``): ``records_read``, ``records_kept``,
-``dropped`` (reason -> count), ``pii`` (type -> count), ``pii_audit`` (each replacement: type, record,
-40 characters of cleaned text each side, the shape of what was replaced; capped per type, the rest counted),
+``dropped`` (reason -> count), ``pii`` (type -> count), ``pii_audit`` (each replacement: type, record, field, the original value's position in it
+(start, end), 40 characters of cleaned text each side; capped per type, the rest counted),
 ``decontamination`` (what it ran against, boilerplate n-grams ignored, and for each dropped record the
 n-gram and the eval response or benchmark item it matched), ``splits`` (name -> records, rows,
 tokens, loss_tokens), and ``records_read == records_kept + sum(dropped)`` (``invariant``).
@@ -37,16 +37,26 @@ def summary_lines(r: dict) -> list[str]:
     return out
 
 
-def pii_audit_lines(audit: dict | None, show: int = 5) -> list[str]:
-    """The first replacements of the audit list (type, record, the cleaned text around it), and where the rest are."""
+def pii_audit_lines(audit: dict | None, show: int = 3) -> list[str]:
+    """Per type: how many replacements the audit lists, and ``show`` examples of each (the record, the field and the
+    position of the original value in it, the cleaned text around the replacement), and where the rest are."""
     if not audit or not audit.get("listed"):
         return []
     listed, more = audit["listed"], sum(audit.get("not_listed", {}).values())
     out = [f"  pii audit: {len(listed)} replacements listed with {audit['context_characters']} characters each side"
-           + (f" ({more} more counted, not listed)" if more else "") + "; first ones (all in report.json `pii_audit`):"]
-    for e in listed[:show]:
-        out.append(f"    {e['type']:<11} {e['record']}: {e['context']!r} (was {e['shape']})")
+           + (f" ({more} more counted, not listed)" if more else "") + f"; {show} examples per type (all in report.json `pii_audit`):"]
+    for kind in dict.fromkeys(e["type"] for e in listed):
+        mine = [e for e in listed if e["type"] == kind]
+        out.append(f"    {kind}: {len(mine) + audit.get('not_listed', {}).get(kind, 0)} replaced")
+        for e in mine[:show]:
+            out.append(f"      {e['record']} {audit_position(e)}: {e['context']!r}")
     return out
+
+
+def audit_position(e: dict) -> str:
+    """Where the replaced value was: the field (records with several texts) and its characters, never the value."""
+    field = f"{e['field']} " if e.get("field") else ""
+    return f"{field}characters {e['start']}-{e['end']}" if "start" in e else field.strip()
 
 
 def decontamination_lines(d: dict | None, show: int = 5) -> list[str]:

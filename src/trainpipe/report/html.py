@@ -17,6 +17,7 @@ from html import escape
 from pathlib import Path
 
 from trainpipe import ownership
+from trainpipe.data.report import audit_position
 from trainpipe.data.tokenize import row_tokens
 from trainpipe.evaluate.metrics import reading
 from trainpipe.metrics import DIRECTIONS, metric_key
@@ -288,6 +289,21 @@ def _section_samples(s: dict) -> list[str]:
     return ['<h2 id="samples">Sample generations (eval split)</h2>', _table(["prompt", "reference", "base model", "trained"], rows)]
 
 
+def _pii_examples(audit: dict | None, counts: dict, show: int = 3) -> list[str]:
+    """The PII replacements per type with ``show`` examples each: the record, the field and position of the original
+    value, the cleaned text around the replacement (never the value)."""
+    listed = (audit or {}).get("listed") or []
+    if not listed:
+        return []
+    rows = []
+    for kind in dict.fromkeys(e["type"] for e in listed):
+        mine = [e for e in listed if e["type"] == kind]
+        for i, e in enumerate(mine[:show]):
+            rows.append([escape(kind) if i == 0 else "", _num(counts.get(kind, len(mine))) if i == 0 else "", escape(str(e.get("record"))),
+                         escape(audit_position(e)), f"<code>{escape(e['context'])}</code>"])
+    return ["<h3>PII replaced</h3>", _table(["type", "replaced", "record", "where", "cleaned text around it"], rows, {1})]
+
+
 def _section_data(r: dict) -> list[str]:
     d = r["data"]
     out = ['<h2 id="data">Data</h2>']
@@ -306,6 +322,7 @@ def _section_data(r: dict) -> list[str]:
     if inv:
         rows.append(["accounting", f"{escape(inv.get('rule', ''))}: " + ('<span class="pass">holds</span>' if inv.get("holds") else '<span class="fail">does not hold</span>')])
     out.append(_table(["", ""], rows, {1}))
+    out += _pii_examples(d.get("pii_audit"), d.get("pii") or {})
     lengths = r["lengths"]
     ln = d.get("length") or {}
     if lengths.get("counts"):

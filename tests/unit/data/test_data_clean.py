@@ -15,7 +15,7 @@ ALL = ["email", "phone", "ip", "credit_card", "iban", "ssn", "secret"]
 PLANTED = [
     ("Write to jane.doe+news@example.co.uk today.", "email", "<EMAIL>"),
     ("Call +44 20 7946 0958 after six.", "phone", "<PHONE>"),
-    ("Call (555) 123-4567 now.", "phone", "<PHONE>"),
+    ("Call (415) 823-4567 now.", "phone", "<PHONE>"),
     ("Ring +49 30 12345678 please.", "phone", "<PHONE>"),
     ("Server at 192.168.10.254 is down.", "ip", "<IP_ADDRESS>"),
     ("IPv6 2a02:8071:85a3::8a2e:370:7334 works.", "ip", "<IP_ADDRESS>"),
@@ -110,7 +110,7 @@ def test_prepare_counts_pii_and_filter_reasons(tmp_path, tok):
     recs[4]["output"] = "apple river stone " * 20
     p = tmp_path / "d.jsonl"
     p.write_text("".join(json.dumps(r) + "\n" for r in recs))
-    data = prepare(DataConfig(sources=[{"path": str(p)}], eval_split=2, cache_dir=str(tmp_path / "c")), tok, train_on="assistant", seed=0)
+    data = prepare(DataConfig(sources=[{"path": str(p)}], eval_split=2, cache_dir=str(tmp_path / "c"), pii={"replace": "tag"}), tok, train_on="assistant", seed=0)
     r = data.report
     assert r["pii"] == {"credit_card": 1, "email": 1}
     assert r["dropped"] == {"bad_encoding": 1, "empty_response": 1, "repetitive": 1}

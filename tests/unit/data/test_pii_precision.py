@@ -4,6 +4,7 @@ addresses, generated passwords), and every replacement listed for audit in the d
 
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -120,7 +121,8 @@ def test_every_replacement_is_listed_with_its_context_capped_per_type():
     e = emails[0]
     i = e["context"].index("<EMAIL>")
     assert i == CONTEXT and len(e["context"]) == 2 * CONTEXT + len("<EMAIL>"), e  # 40 characters each side
-    assert "gmail" not in json.dumps(rep) and e["shape"] == "aa9@aaaaa.aaa"  # the value itself never reaches the report
+    # the value itself never reaches the report: its type and position do (54 = len(left) + "mail me at ")
+    assert "gmail" not in json.dumps(rep) and (e["start"], e["end"], e["length"]) == (len(left) + 11, len(left) + 24, 13) and "shape" not in e
     assert [x["type"] for x in rep["listed"]].count("phone") == 1
 
 
@@ -141,9 +143,11 @@ def test_data_report_lists_each_replacement_with_record_and_context(tmp_path, to
     assert r["pii"] == {"email": 1}  # the arithmetic is left alone, the reserved address too
     [entry] = r["pii_audit"]["listed"]
     assert entry["type"] == "email" and entry["record"] == f"{p}:4"
-    assert entry["context"] == "Sure, write to <EMAIL> or user@example.com."
+    # the default replacement is a surrogate: a made-up address at a reserved domain, the original's field and position listed
+    assert re.fullmatch(r"Sure, write to [a-z]+\.[a-z]+@example\.(?:com|org|net) or user@example\.com\.", entry["context"]), entry
+    assert (entry["field"], entry["start"], entry["end"]) == ("messages[1].content", 15, 39)
     assert "carla" not in json.dumps(r)
     from trainpipe.data.report import summary_lines
 
     shown = "\n".join(summary_lines(r))
-    assert f"email       {p}:4: 'Sure, write to <EMAIL> or user@example.com.'" in shown and "carla" not in shown
+    assert f"    email: 1 replaced\n      {p}:4 messages[1].content characters 15-39: {entry['context']!r}" in shown and "carla" not in shown
