@@ -144,6 +144,7 @@ def export_onnx(path: Path, *, atol: float = 1e-4) -> dict:
     dynamic), then run with onnxruntime on those inputs and compared with PyTorch's outputs: the max absolute difference
     is reported, and one above ``atol`` is an error (the ONNX file is then not kept)."""
     import io
+    import warnings
 
     import torch
     from safetensors import safe_open
@@ -163,8 +164,10 @@ def export_onnx(path: Path, *, atol: float = 1e-4) -> dict:
     args = tuple(sample[n] for n in names)
     buf = io.BytesIO()
     try:
-        torch.onnx.export(model, args, buf, input_names=names, output_names=["outputs"], dynamo=False,
-                          dynamic_axes={**{n: {0: "batch"} for n in names}, "outputs": {0: "batch"}})
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # the TorchScript exporter: no onnxscript needed, exact on these modules
+            torch.onnx.export(model, args, buf, input_names=names, output_names=["outputs"], dynamo=False,
+                              dynamic_axes={**{n: {0: "batch"} for n in names}, "outputs": {0: "batch"}})
     except Exception as exc:  # noqa: BLE001 - an operator ONNX cannot express: say so, keep the safetensors export
         raise ConfigError(f"The module in `{folder}` could not be exported to ONNX ({type(exc).__name__}: {str(exc)[:200]}); the safetensors export is unaffected.") from None
     session = ort.InferenceSession(buf.getvalue(), providers=["CPUExecutionProvider"])

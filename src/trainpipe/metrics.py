@@ -15,6 +15,8 @@ DIRECTIONS = {
     "accuracy": "maximize", "exact_match": "maximize", "rouge_l": "maximize", "bleu": "maximize", "macro_f1": "maximize",
     "accuracy_per_token": "maximize", "reward_accuracy": "maximize", "margin": "maximize", "margin_per_token": "maximize",
     "reward_margin": "maximize", "reward": "maximize", "reward_greedy": "maximize",
+    # the task metrics of the tabular, custom and image families (evaluate/task_metrics.py)
+    "balanced_accuracy": "maximize", "roc_auc": "maximize", "r2": "maximize", "log_loss": "minimize", "rmse": "minimize", "mae": "minimize",
 }
 # metrics trainpipe emits whose direction is the user's call, with the reason given in the refusal
 NO_DIRECTION = {

@@ -312,7 +312,7 @@ def prepare_tabular(data_cfg, *, task: str, seed: int) -> TableData:
             raise DataError(f"`{key}: {label}`: the eval/test rows have classes the training split never shows ({', '.join(unseen[:5])}); add training rows of them or remove those rows.")
 
     def encode(rs: list[Row]) -> list[dict]:
-        return [{**prep.features(r.data), "y": prep.encode_target(r.data[label])} for r in rs]
+        return [{**prep.features(r.data), "y": prep.encode_target(r.data[label]), "source": r.source, "line": r.line} for r in rs]
 
     report = table_report(read, rows, kept, dropped, columns, prep, train_rows, eval_rows, test_rows, label, key, task)
     return TableData(encode(train_rows), encode(eval_rows), encode(test_rows), prep, report)

@@ -172,6 +172,12 @@ def _gate_beats_trivial(run_dir, summary, thr, **_) -> GateResult:
         ev = (f"final accuracy {100 * f:.1f} % against always answering the majority class `{triv['majority_class']}`: "
               f"{100 * maj:.1f} % of the {triv.get('eval_examples')} eval examples")
         return GateResult("beats_trivial", "pass" if f > maj * (1 + thr) else "fail", ev, value=f - maj)
+    if triv.get("kind") == "mean" and isinstance(final.get("rmse"), (int, float)):  # regression (train/supervised.py)
+        f, base = float(final["rmse"]), float(triv["rmse"])
+        gain = (base - f) / base if base else -f
+        ev = (f"final RMSE {f:.4g} against always predicting the training mean {triv['train_mean']:.4g}: RMSE {base:.4g} on the "
+              f"{triv.get('eval_examples')} eval examples ({100 * gain:+.1f} %)")
+        return GateResult("beats_trivial", "pass" if gain > thr else "fail", ev, value=gain)
     return GateResult("beats_trivial", "n/a", "no trivial predictor measured for this method (summary.json has no `trivial`)")
 
 

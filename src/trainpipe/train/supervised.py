@@ -18,10 +18,11 @@ from trainpipe.config.family import resolve_task
 from trainpipe.data.tabular import prepare_tabular
 from trainpipe.errors import ConfigError, DataError
 from trainpipe.evaluate import task_metrics
-from trainpipe.export_family import export_supervised, model_meta
+from trainpipe.export_family import decode, export_supervised, model_meta
 from trainpipe.model.custom import NAMED_LOSSES, build_datasets, build_module, import_object
 from trainpipe.model.loading import parameter_counts
 from trainpipe.model.tabular import build_tabular_mlp
+from trainpipe.track.manifest import write_json
 from trainpipe.train.context import RunContext
 from trainpipe.train.objectives import Objective
 from trainpipe.train.sft import build_loop, train, worker_summary
@@ -223,9 +224,10 @@ def trivial(objective, data: Prepared, rows: list) -> dict:
         maj = int(freq.argmax())
         return {**m, "kind": "classes", "majority_class": data.classes[maj], "majority_accuracy": float((y.long() == maj).double().mean()),
                 "eval_examples": len(y)}
-    mean = float(ytr.double().mean()) if data.prep is not None else data.target_mean
+    mean = float(ytr.double().mean()) if data.prep is not None else data.target_mean  # tables: in the model's standardised units
     out = torch.full(tuple(y.shape), mean, dtype=torch.float32)
-    return {**metrics_of(out, y, objective, data), "kind": "mean", "train_mean": mean, "eval_examples": len(y)}
+    shown = data.prep.target_mean if data.prep is not None else mean
+    return {**metrics_of(out, y, objective, data), "kind": "mean", "train_mean": shown, "eval_examples": len(y)}
 
 
 # ------------------------------------------------------------------------------ the recipe
@@ -268,7 +270,8 @@ def run(ctx: RunContext) -> dict:
         return worker_summary(cfg, outcome)
 
     # 4. final metrics with the best checkpoint loaded; the test split when there is one
-    full = evaluate(model, objective, data, data.eval)
+    outputs, ys = predict_outputs(model, objective, data.eval)
+    full = metrics_of(outputs, ys, objective, data)
     final = task_metrics.scalars(full)
     ctx.events.emit("eval_done", step=outcome.global_step, phase="final", **final)
     test = task_metrics.scalars(evaluate(model, objective, data, data.test)) if data.test else None
@@ -278,6 +281,9 @@ def run(ctx: RunContext) -> dict:
     sample = {k: v for k, v in objective.collate((data.eval or data.train)[:2]).items() if k != "y"}
     model_dir = export_supervised(run_dir=ctx.run_dir, model=model, meta=meta, prep=data.prep, card=ctx.card(baseline, final), sample=sample)
     ctx.events.emit("model_exported", step=outcome.global_step, path=str(model_dir))
+    preds = decode(outputs, meta, data.prep)  # what the final eval predicted, row by row, decoded as `trainpipe predict` decodes
+    write_json(ctx.run_dir / "eval_predictions.json", [{"source": r.get("source"), "line": r.get("line", i), **p} for i, (r, p) in enumerate(zip(data.eval, preds))],
+               what="the final eval's predictions `eval_predictions.json`")
     return {
         "name": cfg.name, "method": f"{meta['family']}/{data.task}", "family": meta["family"], "task": data.task, "loss": objective.name,
         "classes": data.classes, "baseline": baseline, "untrained": untrained, "final": final, **({"test": test} if test else {}),
