@@ -32,6 +32,7 @@ from trainpipe import __version__, ownership
 from trainpipe.config import read_yaml
 from trainpipe.errors import ConfigError, TrainpipeError
 from trainpipe.launch import cluster_layout, safe_name, shell_join
+from trainpipe.launch_torchtitan import emit_torchtitan
 from trainpipe.pipeline.kfp_compile import k8s_name, secret_refs
 from trainpipe.redact import redact_text
 from trainpipe.rundir import protected_paths
@@ -101,6 +102,9 @@ def cluster_config(cfg, config_path: str) -> tuple[dict, list[str]]:
         local = p if p.is_absolute() else here / p
         try:
             if not local.exists():
+                if v.startswith(("/", "~")) and not v.startswith(WORKSPACE + "/"):  # a path of this machine that is not there
+                    copy.append(f"{v} (missing here) -> {WORKSPACE}/data/{p.name}")
+                    return f"{WORKSPACE}/data/{p.name}"
                 return v
         except OSError:
             return v
@@ -112,6 +116,9 @@ def cluster_config(cfg, config_path: str) -> tuple[dict, list[str]]:
 
     out = move(raw, "")
     out["output_dir"] = f"{WORKSPACE}/outputs/{name}"
+    pipe = out.get("pipeline") if isinstance(out.get("pipeline"), dict) else None
+    if pipe is not None and isinstance(pipe.get("store"), str) and not _is_url(pipe["store"]):  # a folder of this machine
+        pipe["store"] = f"{WORKSPACE}/store"
     return out, copy
 
 
@@ -151,10 +158,31 @@ def configmap(name: str, text: str) -> dict:
             "data": {"run.yaml": text}}
 
 
-def emit_trainjob(cfg, layout: dict, name: str, image: str, env: list[dict], sets) -> dict:
+PVC_FILE = "workspace-pvc.yaml"  # written beside the Kubernetes files: the claim they mount at /workspace
+
+
+def workspace_pvc(claim: str, size: str = "100Gi") -> dict:
+    """The PersistentVolumeClaim every node (and the CronJob's pod) mounts at /workspace: data, config copies, outputs
+    and checkpoints outlive the pods. ReadWriteMany: several nodes mount it at once (the cluster's default storage
+    class must offer it, e.g. NFS, CephFS, Filestore, EFS)."""
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": claim, "labels": {"app.kubernetes.io/name": "trainpipe"}},
+            "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": size}}}}
+
+
+def _workspace_patch(claim: str) -> list[dict]:
+    """The TrainJob's runtime patch: the stock `torch-distributed` runtime's `node` job gets the claim at /workspace."""
+    pod = {"containers": [{"name": "node", "volumeMounts": [{"name": "workspace", "mountPath": WORKSPACE}]}],
+           "volumes": [{"name": "workspace", "persistentVolumeClaim": {"claimName": claim}}]}
+    return [{"manager": "trainpipe.dev/launch", "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
+        {"name": "node", "template": {"spec": {"template": {"spec": pod}}}}]}}}}]
+
+
+def emit_trainjob(cfg, layout: dict, name: str, image: str, env: list[dict], sets, claim: str | None = None) -> dict:
     """A Kubeflow Trainer v2 TrainJob on the `torch-distributed` runtime: `numNodes` x `numProcPerNode`, the trainer's
-    image, command, environment and resources per node; the runtime sets torchrun's PET_* variables."""
+    image, command, environment and resources per node; the runtime sets torchrun's PET_* variables. The workspace claim
+    is mounted at /workspace by a runtime patch (the stock runtime mounts no volume)."""
     command = _from_env_script(_worker_command(layout["gpus_per_node"], sets, launcher=["torchrun"]))
+    patch = {"runtimePatches": _workspace_patch(claim)} if claim else {}
     return {
         "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
         "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "trainpipe", "trainpipe/version": __version__}},
@@ -162,6 +190,7 @@ def emit_trainjob(cfg, layout: dict, name: str, image: str, env: list[dict], set
             "runtimeRef": {"name": "torch-distributed"},
             "trainer": {"image": image, "command": command, "env": env, "numNodes": int(layout["nnodes"]),
                         "numProcPerNode": int(layout["gpus_per_node"]), "resourcesPerNode": _resources(layout)},
+            **patch,
         },
     }
 
@@ -304,9 +333,11 @@ def write_launch_files(cfg, config_path: str, emit: str, out_dir, *, nproc: int 
     layout = cluster_layout(cfg, nproc=nproc, nnodes=nnodes)
     img = image_for(image)
     notes: list[str] = []
-    if emit in ("torchrun", "slurm", "deepspeed"):  # on the cluster's shared file system: the config relative to the script's folder
+    extra: list[tuple[Path, str, str]] = []  # further files written beside it (path, text, what)
+    if emit in ("torchrun", "slurm", "deepspeed", "torchtitan"):  # on the cluster's shared file system: the config relative to the script's folder
         rel = os.path.relpath(Path(config_path).resolve(), out.resolve())
-        text = {"torchrun": emit_torchrun, "slurm": emit_slurm, "deepspeed": emit_deepspeed}[emit](cfg, rel, layout, name, sets)
+        titan = lambda *a: emit_torchtitan(*a, accelerator=accelerator)  # noqa: E731 - launch_torchtitan.py
+        text = {"torchrun": emit_torchrun, "slurm": emit_slurm, "deepspeed": emit_deepspeed, "torchtitan": titan}[emit](cfg, rel, layout, name, sets)
     else:
         refs = secret_refs(cfg)
         config_text, copy = _config_text(cfg, config_path, refs)
@@ -319,14 +350,18 @@ def write_launch_files(cfg, config_path: str, emit: str, out_dir, *, nproc: int 
             cm = f"{kname[:45]}-config"
             env = _k8s_env(cfg, refs, cm)
             claim = volume_claim or f"{kname[:40]}-workspace"
-            job = emit_pytorchjob(cfg, layout, kname, img, env, sets, claim) if pytorchjob else emit_trainjob(cfg, layout, kname, img, env, sets)
+            job = emit_pytorchjob(cfg, layout, kname, img, env, sets, claim) if pytorchjob else emit_trainjob(cfg, layout, kname, img, env, sets, claim)
             text = yaml.safe_dump_all([configmap(cm, config_text), job], sort_keys=False)
-            notes.append(f"`kubectl apply -f {file}` creates the ConfigMap `{cm}` (the config) and the job; the image is {img} "
+            pvc_path = ownership.check_writable(out / PVC_FILE, what="the workspace volume claim", reads=reads)
+            extra.append((pvc_path, yaml.safe_dump(workspace_pvc(claim), sort_keys=False), "the workspace volume claim"))
+            notes.append(f"`kubectl apply -f {PVC_FILE}` once (the claim `{claim}`, mounted at {WORKSPACE} on every node), copy the data there, "
+                         f"then `kubectl apply -f {file}` creates the ConfigMap `{cm}` (the config) and the job; the image is {img} "
                          "(`docker build -t " + img + " .` in trainpipe's repository).")
-            where = f"the volume claim `{claim}`" if pytorchjob else f"the volume the `torch-distributed` runtime mounts at {WORKSPACE}"
-            notes.append(f"data, model files and outputs live on {where}" + (": copy there " + "; ".join(copy) if copy else "."))
+            notes.append(f"data, model files and outputs live on the volume claim `{claim}` at {WORKSPACE}" + (": copy there " + "; ".join(copy) if copy else "."))
         notes += refs.note(what) if refs else []
     ownership.make_dir(out, what="the folder for the launch file (`-o`)", reads=reads)
     ownership.write_text(path, redact_text(text), what=what, reads=reads, mode=0o755 if file.endswith((".sh", ".sbatch")) else None)
+    for p, t, w in extra:
+        ownership.write_text(p, redact_text(t), what=w, reads=reads)
     return path, layout, [redact_text(n) for n in notes]
 

@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import Callable
 
 from trainpipe import ownership
-from trainpipe.config import read_yaml
 from trainpipe.errors import ConfigError
 from trainpipe.launch import cluster_layout
+from trainpipe.launch_files import PVC_FILE, WORKSPACE, cluster_config, workspace_pvc
 from trainpipe.pipeline.dag import default_store, pipeline_id, run_pipeline
 from trainpipe.pipeline.digests import source_sha256
 from trainpipe.pipeline.kfp_compile import compile_pipeline, k8s_name, pinned_image, protected_reads, secret_refs
@@ -196,7 +196,9 @@ def k8s_cronjob(cfg, *, cron: str, config_path: str, on_new_data: bool, store: s
     refs = secret_refs(cfg) if refs is None else refs
     layout = cluster_layout(cfg)
     name = k8s_name(cfg)
-    store_arg = refs.url(store, "store") if store else refs.url(default_store(cfg), "pipeline.store")
+    where = store or default_store(cfg)
+    # a folder of this machine is none of the pod's: the store lives on the workspace claim
+    store_arg = refs.url(where, "store" if store else "pipeline.store") if "://" in where else f"{WORKSPACE}/store"
     cmd = ["trainpipe", "pipeline", "schedule", f"/config/{Path(config_path).name}", "--once", "--store", store_arg]
     if on_new_data:
         cmd.append("--on-new-data")
@@ -213,11 +215,18 @@ def k8s_cronjob(cfg, *, cron: str, config_path: str, on_new_data: bool, store: s
                 "containers": [{"name": "trainpipe", "image": pinned_image(cfg.pipeline.image), "command": cmd,
                                 "env": [{"name": "HF_HUB_OFFLINE", "value": "1"}],
                                 "resources": {"limits": res, "requests": res},
-                                "volumeMounts": [{"name": "config", "mountPath": "/config", "readOnly": True}]}],
-                "volumes": [{"name": "config", "configMap": {"name": f"{name[:45]}-config"}}],
+                                "volumeMounts": [{"name": "config", "mountPath": "/config", "readOnly": True},
+                                                 {"name": "workspace", "mountPath": WORKSPACE}]}],
+                "volumes": [{"name": "config", "configMap": {"name": f"{name[:45]}-config"}},
+                            {"name": "workspace", "persistentVolumeClaim": {"claimName": workspace_claim(cfg)}}],
             }}}},
         },
     }
+
+
+def workspace_claim(cfg) -> str:
+    """The claim the pods mount at /workspace: the one `trainpipe launch --emit k8s` names for the same config."""
+    return f"{k8s_name(cfg)[:52].rstrip('-')[:40]}-workspace"
 
 
 def _secret_env(cj: dict, refs) -> None:
@@ -242,8 +251,8 @@ def emit_k8s_cronjob(cfg, *, cron: str | None, config_path: str | Path, out: Pat
         ownership.check_writable(out, what=what, reads=reads)
     refs = secret_refs(cfg)
     cj = k8s_cronjob(cfg, cron=cron, config_path=str(config_path), on_new_data=on_new_data, store=store, refs=refs)
-    raw = read_yaml(config_path)
-    mounted = refs.obj(raw)  # the config the pod reads, as the user wrote it, credentials as references
+    pod_config, copy = cluster_config(cfg, str(config_path))  # its paths the pod's (the workspace claim), never this machine's
+    mounted = refs.obj(pod_config)  # the config the pod reads, credentials as references
     vol = cj["spec"]["jobTemplate"]["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"]
     docs = [cj, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": vol, "labels": {"app.kubernetes.io/name": "trainpipe"}},
                  "data": {Path(config_path).name: _Block(yaml.safe_dump(mounted, sort_keys=False))}}]  # the config the pod mounts, always
@@ -251,10 +260,15 @@ def emit_k8s_cronjob(cfg, *, cron: str | None, config_path: str | Path, out: Pat
         _secret_env(cj, refs)
     text = yaml.dump_all(docs, Dumper=_block_dumper(), sort_keys=False)
     notes = refs.note("the CronJob")
-    notes.append(f"the config the pod mounts is the ConfigMap `{vol}` in the same file" + (" (the credentials as references)" if mounted != raw else "")
+    notes.append(f"the config the pod mounts is the ConfigMap `{vol}` in the same file" + (" (the credentials as references)" if refs else "")
                  + "; `kubectl apply -f` creates both.")
+    claim = workspace_claim(cfg)
+    notes.append(f"data, store and outputs live on the volume claim `{claim}` at {WORKSPACE}" + (f" ({PVC_FILE} beside the CronJob: "
+                 f"`kubectl apply -f {PVC_FILE}` first)" if out is not None else "") + (": copy there " + "; ".join(copy) if copy else "."))
     if out is not None:
+        pvc = ownership.check_writable(Path(out).parent / PVC_FILE, what="the workspace volume claim", reads=reads)
         ownership.write_text(out, text, what=what, reads=reads)
+        ownership.write_text(pvc, yaml.safe_dump(workspace_pvc(claim), sort_keys=False), what="the workspace volume claim", reads=reads)
         echo(redact_text(f"k8s-cronjob: {out}"))
     else:
         echo(redact_text(text).rstrip("\n"))
