@@ -39,7 +39,7 @@ from pathlib import Path
 
 from trainpipe import faults, ownership, ui
 from trainpipe.config import ModelConfig
-from trainpipe.data import vision_chat
+from trainpipe.data import serve_template, vision_chat
 from trainpipe.errors import RunDirError, TrainpipeError
 from trainpipe.model.checkpoints import write_error
 from trainpipe.model.loading import load_model
@@ -265,11 +265,30 @@ def _write(tmp: Path, *, model, tokenizer, base: ModelConfig, peft: str, stop_id
     merged.generation_config.pad_token_id = tokenizer.pad_token_id
     merged.config.pad_token_id = tokenizer.pad_token_id
     merged.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
+    save_tokenizer(tokenizer, tmp)
+    card = {**card, "chat_format": serve_template.describe(tokenizer, reasoning_of(tokenizer))}
     processor = vision_chat.processor_of(tokenizer)
     if processor is not None:  # a vision-language model: AutoProcessor loads the export as the base's (image settings too)
         processor.save_pretrained(tmp)
     (tmp / "README.md").write_text(model_card({**card, "loading": how_to_load(peft)}), encoding="utf-8")
+
+
+def reasoning_of(tokenizer) -> str:
+    """`data.reasoning` of the run that prepared data with ``tokenizer`` (data/prepare.py records it; `train` otherwise)."""
+    return getattr(tokenizer, "trainpipe_reasoning", "train")
+
+
+def save_tokenizer(tokenizer, folder: Path) -> None:
+    """Save ``tokenizer`` with the chat template that serves as training rendered (data/serve_template.py): tools,
+    tool calls and reasoning exactly as the training text had them. The live tokenizer keeps its template."""
+    own = getattr(tokenizer, "chat_template", None)
+    served = serve_template.export_template(tokenizer, reasoning_of(tokenizer))
+    try:
+        if served is not None:
+            tokenizer.chat_template = served
+        tokenizer.save_pretrained(folder)
+    finally:
+        tokenizer.chat_template = own
 
 
 def how_to_load(peft: str) -> str:
@@ -309,6 +328,8 @@ def model_card(card: dict) -> str:
     for k, v in card.get("final", {}).items():
         b = card.get("baseline", {}).get(k)
         lines.append(f"| {k} | {b:.4g} | {v:.4g} |" if isinstance(v, (int, float)) and isinstance(b, (int, float)) else f"| {k} | {b} | {v} |")
+    if card.get("chat_format"):
+        lines += ["", "## Chat format", "", card["chat_format"]]
     if card.get("loading"):
         lines += ["", "## Loading", "", card["loading"]]
     lines += ["", "## Resolved config", "", "```json", json.dumps(card.get("config", {}), indent=2), "```", ""]

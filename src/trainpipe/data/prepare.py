@@ -89,6 +89,7 @@ def prepare(
     if not getattr(tokenizer, "chat_template", None):
         template_name = setup_chat_template(tokenizer, cfg.chat_template, getattr(tokenizer, "name_or_path", "tokenizer"))
     tpl = Template(tokenizer, template_name, reasoning=cfg.reasoning)
+    tokenizer.trainpipe_reasoning = cfg.reasoning  # the export's chat template renders reasoning as training did (data/serve_template.py)
     parts = key_parts(cfg, tokenizer, tpl, train_on=train_on, seed=seed)
     key = cache_mod.make_key(parts)
     root = Path(cfg.cache_dir) if cfg.cache_dir else cache_mod.default_dir()
