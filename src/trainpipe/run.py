@@ -31,6 +31,7 @@ from pathlib import Path
 from trainpipe import ownership, rundir, ui
 from trainpipe.config import RunConfig, dump_yaml, load_yaml_text
 from trainpipe.config.family import resolve_family
+from trainpipe.data.images import check_image_sources, image_source_sha256
 from trainpipe.data.prepare import prepare
 from trainpipe.data.sources import check_sources, fingerprint
 from trainpipe.data.tokenize import end_of_turn_ids, setup_chat_template
@@ -111,7 +112,10 @@ def preflight(cfg: RunConfig) -> None:
     """Fail before anything is written when an input is missing."""
     if resolve_family(cfg.model, cfg.data)[0] == "text":  # the other families build their model (train/family.py)
         check_model_source(cfg.model)
-    check_sources(cfg.data.sources)  # files, globs and folders; hub and SQL sources are checked when read
+    if resolve_family(cfg.model, cfg.data)[0] == "image":
+        check_image_sources(cfg.data.sources)  # image folders, image tables, datasets folders (data/images.py)
+    else:
+        check_sources(cfg.data.sources)  # files, globs and folders; hub and SQL sources are checked when read
     check_measured(cfg)
 
 
@@ -367,7 +371,7 @@ def check_data_unchanged(cfg: RunConfig, run_dir: Path, checkpoint: Path) -> Non
         old = recorded[i].get("sha256") if i < len(recorded) and isinstance(recorded[i], dict) else None
         if old is None:
             continue
-        new = source_sha256(src)
+        new = image_source_sha256(src) if resolve_family(cfg.model, cfg.data)[0] == "image" else source_sha256(src)
         if new != old:
             changed.append(f"  - `data.sources[{i}]` ({recorded[i].get('path')}): sha256 {old} at the start of the run, now {new}")
     if changed:

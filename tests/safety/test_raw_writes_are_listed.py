@@ -55,6 +55,7 @@ ALLOWED: dict[str, dict[str, str]] = {
                   "release": "the run folder's lock file, its own", "write_marker": "the run marker inside the claimed run folder"},
     "train/callbacks.py": {"write": RUN_FOLDER + " (metrics.jsonl, appended)"},
     "train/classify.py": {"export_classifier": STAGING},
+    "train/image.py": {"export_image_model": STAGING},
     "train/preemption.py": {"_run": "the preemption notice file inside the run folder (.trainpipe/)"},
     "train/pretrain.py": {"save_export_base": STAGING},
     "train/reward.py": {"export_reward_model": STAGING},

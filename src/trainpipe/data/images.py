@@ -28,6 +28,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trainpipe.data.files import sha256_path
 from trainpipe.data.sources import read_file
 from trainpipe.data.records import Record
 from trainpipe.errors import DataError
@@ -134,7 +135,7 @@ class _Reader:
             raise DataError(f"`data.sources[{index}].path` `{p}` is a {p.suffix or 'suffix-less'} file; the image family reads an image "
                             "folder (one sub-folder per class), a .csv/.tsv/.jsonl/.json/.parquet table of `image` + label, or a "
                             "`datasets` save_to_disk folder.")
-        self.sources.append({"path": str(p), "role": src.role, "records": self.seen - before, "sha256": _digest(p)})
+        self.sources.append({"path": str(p), "role": src.role, "records": self.seen - before, "sha256": sha256_path(p)})
 
     def _folder(self, root: Path, role: str) -> None:
         classes = sorted(d for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
@@ -231,15 +232,18 @@ def _read_bounded(f: Path, reader: _Reader, label: str | None = None) -> bytes |
     return f.read_bytes()
 
 
-def _digest(p: Path) -> str:
-    h = hashlib.sha256()
-    files = sorted(x for x in p.rglob("*") if x.is_file()) if p.is_dir() else [p]
-    for f in files:
-        h.update(str(f.relative_to(p) if p.is_dir() else f.name).encode() + b"\0")
-        with open(f, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-    return h.hexdigest()
+def image_source_sha256(src) -> str:
+    """The SHA-256 of an image source as `manifest.json` `data_files` records it (run.py compares it before a resume)."""
+    return sha256_path(Path(src.path))  # a file's own hash; a folder's over every file's relative path and bytes
+
+
+def check_image_sources(sources) -> None:
+    """Fail fast, before a run directory is written, when an image source names nothing."""
+    for i, src in enumerate(sources):
+        if src.path is None or not Path(src.path).exists():
+            raise DataError(f"`data.sources[{i}].path` `{src.path}` does not exist. The image family reads an image folder (one "
+                            "sub-folder per class), a CSV/JSONL/Parquet table of `image` + label, or a `datasets` folder from save_to_disk "
+                            "(relative paths are resolved against the config file's folder).")
 
 
 # ------------------------------------------------------------------------------ prepare
@@ -369,7 +373,8 @@ def _report(reader: _Reader, splits, labels: list[str], dup: list, leak: list, s
         "dropped": dict(sorted(kinds.items())) | ({"duplicate": len(dup)} if dup else {}) | ({"leakage": len(leak)} if leak else {}),
         "dropped_files": named,
         "ignored_files": [d["name"] for d in reader.ignored[:NAMES_KEPT]],
-        "duplicates": dup[:NAMES_KEPT],
+        "duplicates": {"exact": len(dup), "near": 0},  # exact: same bytes (SHA-256); near-duplicate images are not searched
+        "duplicate_files": dup[:NAMES_KEPT],
         "leakage": leak[:NAMES_KEPT],
         "rejected_total": sum(kinds.values()),
         "classes": labels,

@@ -26,7 +26,7 @@ from typing import Any, Callable
 from trainpipe.config.family import FAMILIES
 from trainpipe.errors import ConfigError
 from trainpipe.export_family import META, model_folder, predict_file
-from trainpipe.train import supervised
+from trainpipe.train import image, supervised
 from trainpipe.train.context import RunContext
 
 
@@ -44,6 +44,8 @@ def family(name: str) -> Family:
         return Family("text", None, None, None)
     if name in ("tabular", "custom"):
         return Family(name, supervised.prepare, supervised.run, predict_file)
+    if name == "image":
+        return Family(name, image.prepare, image.run, image.predict_file)
     raise ConfigError(f"`model.family: {name}` has no implementation in this version of trainpipe (families: {', '.join(FAMILIES)}).")
 
 

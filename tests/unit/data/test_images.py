@@ -54,8 +54,8 @@ def test_every_file_is_accounted_for_by_name(tmp_path):
     assert names["not_image"] == [str(root / "a" / "notes.txt")]
     assert names["corrupt"] == [str(root / "b" / "cut.png")]
     assert names["outside_class_folder"] == [str(root / "stray.png")]
-    assert [x["name"] for x in r["duplicates"]] == [str(root / "b" / "dup.png")]
-    assert r["duplicates"][0]["same_as"] == str(root / "b" / "0.png")
+    assert [x["name"] for x in r["duplicate_files"]] == [str(root / "b" / "dup.png")]
+    assert r["duplicate_files"][0]["same_as"] == str(root / "b" / "0.png") and r["duplicates"] == {"exact": 1, "near": 0}
     assert r["ignored_files"] == [str(root / "a" / ".DS_Store")]
     # the accounting closes: every record read is usable or dropped with a counted reason
     assert r["records_read"] == 16 == r["images_usable"] + sum(r["dropped"].values())
