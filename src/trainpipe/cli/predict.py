@@ -24,8 +24,9 @@ def predict(
     fam = family(name)
     if fam.predict is None:
         raise ConfigError(f"`{run_dir}` holds a `{name}` model, and `trainpipe predict` has no loader for that family yet; load the exported folder with its own library.")
-    if not data.is_file():
-        raise ConfigError(f"`--data {data}` is not a file; give a CSV/TSV, Parquet or JSONL file with the model's input columns.")
+    if not data.is_file() and not (name == "image" and data.is_dir()):  # an image model also predicts a folder of images
+        raise ConfigError(f"`--data {data}` is not a file; give a CSV/TSV, Parquet or JSONL file with the model's input columns"
+                          + (" (or, for an image model, an image file or a folder of images)." if name == "image" else "."))
     target = out if out is not None else data.with_name(data.stem + ".predictions.csv")
     res = fam.predict(run_dir, data, target)
     typer.echo(f"predicted {res['rows']} rows ({res['family']}, {res['task']}): {res['out']}")
