@@ -61,6 +61,7 @@ ALLOWED: dict[str, dict[str, str]] = {
     "train/reward.py": {"export_reward_model": STAGING},
     "tune/automl.py": {"event_log.log": "the study's events.jsonl inside the output folder automl claimed (ownership.claim_dir), appended, redacted"},
     "tune/automl_outputs.py": {"carry_checkpoints": STAGING, "carry_checkpoints.build": STAGING, "export_winner.build": STAGING},
+    "tune/automl_tabular.py": {"finish.build": STAGING + " (the AutoML winner: AutoGluon's predictor and its description, or trainpipe's exported model)"},
     "tune/tune.py": {"finish": STAGING},
 }
 

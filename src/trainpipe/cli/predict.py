@@ -19,7 +19,14 @@ def predict(
     """Predict with a run's exported model, applying the preprocessing fitted at training (the family's own loader: tables and custom modules today)."""
     from trainpipe.errors import ConfigError
     from trainpipe.train.family import family, family_of_export
+    from trainpipe.tune.automl_tabular import is_winner, predict_winner
 
+    if is_winner(run_dir):  # the AutoGluon winner of `trainpipe automl --task tabular` (its own interpreter, the saved preprocessing)
+        if not data.is_file():
+            raise ConfigError(f"`--data {data}` is not a file; give a CSV/TSV, Parquet or JSONL file with the table's columns.")
+        res = predict_winner(run_dir, data, out if out is not None else data.with_name(data.stem + ".predictions.csv"))
+        typer.echo(f"predicted {res['rows']} rows ({res['family']}, {res['task']}): {res['out']}")
+        return
     name = family_of_export(run_dir)
     fam = family(name)
     if fam.predict is None:

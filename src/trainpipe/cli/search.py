@@ -88,6 +88,7 @@ def batch_find(
 def automl(
     config: Annotated[Optional[Path], typer.Argument(help="A config with an `automl:` section (only that section is read); or leave it out and give the keys with --set.", show_default=False)] = None,
     set_: SetOpt = None,
+    task: Annotated[Optional[str], typer.Option("--task", help="`automl.task`: sft | classification | preference, or tabular (CONFIG is then a tabular run config, searched by AutoGluon beside trainpipe's model).")] = None,
 ) -> None:
     """Candidates (models and catalogue, planner's method) x Optuna hyperparameters -> budgeted successive halving (survivors continue) -> leaderboard -> winner/.
 
@@ -99,4 +100,20 @@ def automl(
     from trainpipe.tune.automl import automl as run_automl
     from trainpipe.tune.automl import load_automl
 
-    run_automl(load_automl(config, set_ or []))
+    sets = list(set_ or []) + ([f"automl.task={task}"] if task is not None else [])
+    if task == "tabular" and config is not None:  # a tabular run config needs no `automl:` section: its settings may all come from --set
+        from trainpipe.config import read_yaml
+
+        a = load_automl(config if isinstance(read_yaml(config).get("automl"), dict) else None, sets)
+    else:
+        a = load_automl(config, sets)
+    if a.task == "tabular":  # AutoGluon beside trainpipe's tabular model and the trivial predictor (tune/automl_tabular.py)
+        from trainpipe.errors import ConfigError
+        from trainpipe.tune.automl_tabular import automl_tabular
+
+        if config is None:
+            raise ConfigError("`trainpipe automl --task tabular` needs CONFIG, a run config of the tabular family (`data.sources`, "
+                              "`data.label` or `data.target`, `data.test_split`), e.g. `trainpipe automl examples/tabular/run.yaml --task tabular`.")
+        automl_tabular(config, sets, a)
+        return
+    run_automl(a)

@@ -66,8 +66,14 @@ class AutomlConfig(_Section):
     """`trainpipe automl CONFIG`: task + data + constraints -> candidate models -> arms -> budgeted successive halving -> the
     winner (trainpipe/tune/automl.py). Only this section of CONFIG is read; `--set automl.KEY=VALUE` changes any key."""
 
-    task: Literal["sft", "classification", "preference"] = "sft"
-    """What the candidates are trained for: sft (objective: eval loss), classification (accuracy), preference (preference accuracy)."""
+    task: Literal["sft", "classification", "preference", "tabular"] = "sft"
+    """What the candidates are trained for: sft (objective: eval loss), classification (accuracy), preference (preference accuracy); `tabular`: CONFIG is a run config of the tabular family (`model.family: tabular`, `data.label` or `data.target`, a `data.test_split`), searched by AutoGluon beside trainpipe's own tabular model and the trivial predictor."""
+    time_limit: float | None = Field(default=None, gt=0)
+    """tabular: AutoGluon's fit budget in seconds (default: `budget_hours` x 3600, else 120)."""
+    presets: str = "auto"
+    """tabular: AutoGluon's presets; `auto`: `medium_quality` under 1 h of `time_limit`, `good_quality` up to 4 h, `best_quality` above (bagging and stacking pay off only with time to fit several folds of every model)."""
+    python: str | None = None
+    """tabular: the Python interpreter that has AutoGluon (its own environment: AutoGluon pins pandas below 2.4, trainpipe pandas 3); default `$TRAINPIPE_AUTOML_PYTHON`, else the one `scripts/automl_venv.sh` makes (`~/.cache/trainpipe/automl-venv/bin/python`)."""
     data: str | None = None
     """Training data (JSONL); the eval split is cut from it once, the same for every candidate. Required."""
     models: list[str] = Field(default_factory=list)
