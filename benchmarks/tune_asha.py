@@ -11,7 +11,7 @@ faster, as on a real curve). Every trial may train `--steps` steps and reports i
 
 - baseline: `--trials` random configurations (sampler random, pruner none), each trained all the way: trials x steps steps;
 - TPE + ASHA: the same number of trials, sampler tpe (`trainpipe tune`'s settings: Optuna's 10 random start-up trials,
-  multivariate), pruner asha (successive halving: rungs at steps/9 and 4 x that, reduction factor 4, bootstrap count 4: a
+  multivariate), pruner asha (successive halving: rungs at steps/9 and 4 x that, reduction factor 4, bootstrap count 4 at 40+ trials: a
   rung promotes only once it holds 4 trials): a trial that is not in the top quarter of its rung stops there.
 
 Target: TPE + ASHA's best final loss within 2 % of the random search's best, with <= 35 % of its training steps, judged on

@@ -96,9 +96,12 @@ def make_pruner(t: TuneConfig, max_steps: int | None):
     if t.pruner == "median":
         return p.MedianPruner(n_startup_trials=2, n_warmup_steps=0)
     if t.pruner == "asha":  # rungs at R/9, 4R/9 (and R) steps: a first rung too early ranks by speed, not by where a trial ends up.
-        # bootstrap_count = the reduction factor: a rung promotes its top quarter only once it holds 4 trials (with none, the first
-        # trials to reach a rung are alone there, so "top quarter" promotes each of them: the random start-up trials ran to the end)
-        return p.SuccessiveHalvingPruner(min_resource=max(1, max_steps // 9) if max_steps else "auto", reduction_factor=4, bootstrap_count=4)
+        # Optuna *prunes* a trial while its rung holds no more than `bootstrap_count` trials. A large study (>= 10 x the
+        # reduction factor of trials) waits for 4 at a rung, so the random start-up trials do not all train to the end
+        # (benchmarks/tune_asha.py); a smaller one uses 0, else every trial of a study of 4 or fewer was pruned at the first
+        # rung and the study ended with no best trial (with 0 the first trials to reach a rung are its top quarter).
+        bootstrap = 4 if (t.n_trials or 0) >= 40 else 0
+        return p.SuccessiveHalvingPruner(min_resource=max(1, max_steps // 9) if max_steps else "auto", reduction_factor=4, bootstrap_count=bootstrap)
     if t.pruner == "hyperband":
         return p.HyperbandPruner(min_resource=1, max_resource=max_steps or "auto", reduction_factor=3)
     return p.NopPruner()
