@@ -107,11 +107,11 @@ def test_no_auto_reaches_the_builders(hw, tmp_path):
                {n for s in typing.get_type_hints(RunSpecs).values() for n in s.UNSET_MEANS})
     b, o = specs.batch, specs.optimizer
     assert isinstance(b.micro_batch, int) and isinstance(b.grad_accum, int) and isinstance(o.learning_rate, float)
-    assert b.micro_batch * b.grad_accum * b.world_size == b.effective_batch
+    assert b.micro_batch * b.grad_accum * b.dp_degree == b.effective_batch
     model = torch.nn.Linear(4, 4)
     opt = build_optimizer(list(model.named_parameters()), o, "cpu")
     assert [g["lr"] for g in opt.param_groups] == [o.learning_rate] * len(opt.param_groups)
     assert [g["weight_decay"] for g in opt.param_groups] == [o.weight_decay, 0.0]  # the matrix decays, the bias does not
-    plan = WindowPlan.of(b, examples=1000, world=1)
+    plan = WindowPlan.of(b, examples=1000, dp=1)
     assert plan.effective == b.effective_batch and plan.total_windows == 3
     assert o.warmup_for(plan.total_windows) == 1  # ceil(warmup_ratio 0.03 x 3 steps): what build_scheduler warms up for

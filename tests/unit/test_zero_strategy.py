@@ -37,9 +37,9 @@ def test_zero2_cannot_offload_parameters():
 
 def test_make_picks_deepspeed_for_zero_and_refuses_a_ddp_hook():
     s = make(dist("zero3"))
-    assert isinstance(s, DeepSpeed) and s.name == "zero3" and s.stage == 3 and s.sharded  # every rank evaluates
+    assert isinstance(s, DeepSpeed) and s.name == "zero3" and s.stage == 3 and s.caps.shards_parameters and s.shards_parameters  # every rank evaluates
     z2 = make(dist("zero2"))
-    assert isinstance(z2, DeepSpeed) and z2.stage == 2 and not z2.sharded  # whole weights on every rank: rank 0 evaluates
+    assert isinstance(z2, DeepSpeed) and z2.stage == 2 and not z2.shards_parameters and z2.caps.needs_full_state_gather  # whole weights on every rank: rank 0 evaluates
     assert type(make(dist("fsdp"))) is FSDP and type(make(dist("ddp"))) is DDP and type(make(None)) is Single
     with pytest.raises(TrainpipeError, match="grad_compression"):
         make(dist("zero2", grad_compression="powersgd"))
@@ -47,4 +47,4 @@ def test_make_picks_deepspeed_for_zero_and_refuses_a_ddp_hook():
 
 def test_fp16_loss_scaling_under_zero_is_refused_with_what_to_use():
     with pytest.raises(TrainpipeError, match="bf16"):
-        make(dist("zero3")).attach(object(), 1.0, loss_scaling=True)
+        make(dist("zero3")).wrap(object(), None, object(), max_grad_norm=1.0, loss_scaling=True)

@@ -48,8 +48,8 @@ def before_training(ctx, model) -> Extra:
 def in_training(ctx, extra: Extra, evaluate, step):
     """The loop's eval function, measuring the forgetting sets at every in-training eval too (not under FSDP, where an
     eval forward needs every rank: there the sets are measured at baseline and at the end only)."""
-    fsdp = ctx.dist is not None and ctx.dist.strategy == "fsdp"
-    return with_forgetting(evaluate, None if fsdp else extra.forgetting, step)
+    sharded = ctx.dist is not None and ctx.dist.caps.shards_parameters  # FSDP, ZeRO-3
+    return with_forgetting(evaluate, None if sharded else extra.forgetting, step)
 
 
 def after_training(ctx, model, extra: Extra, *, step: int, measure_test=None) -> dict:

@@ -14,10 +14,12 @@ Order of resolution (each step may use the ones before it):
 2. precision                 `training.bf16`/`fp16` or `auto_precision` for the hardware (fallback to fp32 warned)
 3. method                    `method.peft: auto` by the method rule (full / LoRA / QLoRA)
 4. strategy and offload      `distributed.strategy: auto` by the size matrix; then `check_strategy` refuses what
-                             the strategy cannot run (FSDP with soft prompts, ZeRO-3 with prompt tuning, ...)
+                             the strategy cannot run (FSDP with soft prompts, ZeRO-3 with prompt tuning, ...);
+                             the topology (`ParallelDims`: data-parallel, sequence, tensor degrees) for that world
 5. micro-batch, checkpointing the largest micro-batch that fits with the chosen strategy
-6. accumulation              ceil(target / (micro-batch x world)); the effective batch is exactly their product
-7. learning rate             the config's, else the rules table; x world (linear) or x sqrt(world) when asked
+6. accumulation              ceil(target / (micro-batch x dp)); the effective batch is exactly their product
+                             (dp: the data-parallel degree `dims.dp`, never the bare world size)
+7. learning rate             the config's, else the rules table; x dp (linear) or x sqrt(dp) when asked
 8. the rest                  model dtype, save steps, output_dir
 """
 
@@ -31,16 +33,17 @@ from typing import Any, Mapping
 
 from trainpipe import ui
 from trainpipe.config import RunConfig
+from trainpipe.distributed.topology import ParallelDims
 from trainpipe.errors import ConfigError
 from trainpipe.plan import compute as C
 from trainpipe.plan import decisions as D
 from trainpipe.plan.attention import memory_attention, resolve_attention
 from trainpipe.plan.catalog import find_model
 from trainpipe.plan.decisions import Decision, PlanError
+from trainpipe.plan.families import apply_family_rules
 from trainpipe.plan.gpus import find_gpu, gpu_from_device_name
 from trainpipe.plan.hardware import Hardware
 from trainpipe.plan.measure import predict_state_bytes
-from trainpipe.plan.families import apply_family_rules
 from trainpipe.plan.memory import Setup, estimate
 from trainpipe.plan.objective import expand_auto
 from trainpipe.plan.specs import RunSpecs, build_specs
@@ -249,16 +252,17 @@ def resolve(cfg: RunConfig, hw: Hardware, world_size: int | None = None, *, nnod
     strategy_s, offload_s, ckpt_forced = _resolve_strategy(cfg, spec, gpu, world, method, precision, decisions)
     D.check_strategy(strategy=strategy_s.value, offload=offload_s.value, peft=cfg.method.peft, world=world, accelerator=hw.accelerator)
     dist.strategy, dist.offload = strategy_s.value, offload_s.value
+    dims = ParallelDims.of(strategy_s.value if world > 1 else "single", world)  # the topology (distributed/topology.py): the batch reads dims.dp
 
     # 5. micro-batch and gradient checkpointing (`auto`), against the GPU's memory or a share of the RAM
     ckpt_forced = ckpt_forced and ("gradient_checkpointing" not in t.model_fields_set or t.gradient_checkpointing == "auto")
     mb_s, ck_s = _resolve_batch(cfg, spec, gpu, world, local_s.value, method, precision, strategy_s.value, offload_s.value, ckpt_forced, decisions)
 
-    # 6. accumulation: the effective batch is exactly micro-batch x accumulation x world size
-    acc_s, eff_s = _resolve_accumulation(t, world, decisions)
+    # 6. accumulation: the effective batch is exactly micro-batch x accumulation x the data-parallel degree
+    acc_s, eff_s = _resolve_accumulation(t, dims.dp, decisions)
 
-    # 7. learning rate, scaled with the world size when asked
-    lr_s, scaling_s = _resolve_lr(cfg, world, decisions)
+    # 7. learning rate, scaled with the data-parallel degree when asked
+    lr_s, scaling_s = _resolve_lr(cfg, dims.dp, decisions)
 
     # 8. the rest
     _resolve_rest(cfg, hw, decisions)
@@ -266,7 +270,7 @@ def resolve(cfg: RunConfig, hw: Hardware, world_size: int | None = None, *, nnod
     predicted = predict(cfg, spec, gpu, world, precision, strategy_s.value, offload_s.value) if spec is not None and sizing else {}
     if predicted.get("memory") and cfg.method.peft == "qlora" and cfg.method.quantization.upcast_rest:
         notes.extend(_upcast_rest_note(cfg, spec, world, precision, strategy_s.value, offload_s.value, predicted["memory"]["total_bytes"]))
-    specs = build_specs(cfg, hw, world_size=world, effective_batch=eff_s.value, precision=precision)
+    specs = build_specs(cfg, hw, dims=dims, effective_batch=eff_s.value, precision=precision)
     return Plan(config=cfg, hardware=hw, world_size=world_s, nnodes=nodes_s, nproc_per_node=local_s, strategy=strategy_s, offload=offload_s, peft=peft_s,
                 micro_batch=mb_s, grad_accum=acc_s, effective_batch=eff_s, precision=precision_s, gradient_checkpointing=ck_s, learning_rate=lr_s,
                 lr_scaling=scaling_s, specs=specs, decisions=tuple(decisions), predicted=predicted, notes=tuple(notes))
@@ -322,21 +326,21 @@ def _resolve_peft(cfg: RunConfig, spec, gpu, world: int, precision: str, decisio
     return Setting(cfg.method.peft, "planner", peft_rule, peft_watch)
 
 
-def _resolve_accumulation(t, world: int, decisions: list[Decision]) -> tuple[Setting, Setting]:
+def _resolve_accumulation(t, dp: int, decisions: list[Decision]) -> tuple[Setting, Setting]:
     """(accumulation, effective batch): `gradient_accumulation_steps` unset reaches `target_effective_batch_size`; the
-    effective batch is exactly micro-batch x accumulation x world size."""
+    effective batch is exactly micro-batch x accumulation x the data-parallel degree."""
     mb = t.per_device_train_batch_size
     if t.gradient_accumulation_steps is None:
-        t.gradient_accumulation_steps, eff, rule = D.accumulation(mb, world, t.target_effective_batch_size)
+        t.gradient_accumulation_steps, eff, rule = D.accumulation(mb, dp, t.target_effective_batch_size)
         decisions.append(Decision("training.gradient_accumulation_steps", t.gradient_accumulation_steps, rule))
         acc_s = Setting(t.gradient_accumulation_steps, "planner", rule, "the lr is tuned for this effective batch; the loss curve should match a run with the same effective batch on fewer devices")
     else:
-        eff = mb * t.gradient_accumulation_steps * world
-        rule = f"as set: effective batch {mb} x {t.gradient_accumulation_steps} x {world} device(s) = {eff}"
+        eff = mb * t.gradient_accumulation_steps * dp
+        rule = f"as set: effective batch {mb} x {t.gradient_accumulation_steps} x {dp} data-parallel rank(s) = {eff}"
         if eff != t.target_effective_batch_size:
             rule += f" (not `training.target_effective_batch_size` {t.target_effective_batch_size}: accumulation is set explicitly)"
         acc_s = Setting(t.gradient_accumulation_steps, "config", rule)
-    return acc_s, Setting(eff, "planner", f"micro-batch {mb} x accumulation {t.gradient_accumulation_steps} x world size {world} = {eff} examples per optimizer step")
+    return acc_s, Setting(eff, "planner", f"micro-batch {mb} x accumulation {t.gradient_accumulation_steps} x data-parallel degree {dp} = {eff} examples per optimizer step")
 
 
 def _resolve_rest(cfg: RunConfig, hw: Hardware, decisions: list[Decision]) -> None:
@@ -512,7 +516,7 @@ def _resolve_batch(cfg: RunConfig, spec, gpu, world: int, local: int, method: st
     return mb_s, ck_s
 
 
-def _resolve_lr(cfg: RunConfig, world: int, decisions: list[Decision]) -> tuple[Setting, Setting]:
+def _resolve_lr(cfg: RunConfig, dp: int, decisions: list[Decision]) -> tuple[Setting, Setting]:
     t = cfg.training
     mode = t.lr_scaling
     if t.learning_rate is None:
@@ -520,12 +524,12 @@ def _resolve_lr(cfg: RunConfig, world: int, decisions: list[Decision]) -> tuple[
         source = "default"
     else:
         base, why, source = t.learning_rate, "as set", "config"
-    lr, factor = D.scale_learning_rate(base, mode, world)
-    watch = D.watch_lr_scaling(mode, world)
-    scaling_s = Setting(mode, _source(t, "lr_scaling"), {"none": "no scaling with the world size", "linear": f"lr x world size ({world})",
-                                                       "sqrt": f"lr x sqrt(world size) = x {factor:.4g}"}[mode], watch)
+    lr, factor = D.scale_learning_rate(base, mode, dp)
+    watch = D.watch_lr_scaling(mode, dp)
+    scaling_s = Setting(mode, _source(t, "lr_scaling"), {"none": "no scaling with the data-parallel degree", "linear": f"lr x data-parallel degree ({dp})",
+                                                       "sqrt": f"lr x sqrt(data-parallel degree) = x {factor:.4g}"}[mode], watch)
     if mode != "none":
-        why = f"{why}: {base:g}, x {factor:.4g} for {world} process(es) (`training.lr_scaling: {mode}`) = {lr:.4g}"
+        why = f"{why}: {base:g}, x {factor:.4g} for {dp} data-parallel rank(s) (`training.lr_scaling: {mode}`) = {lr:.4g}"
         source = "planner"
         t.lr_scaling = "none"  # the resolved config holds the scaled lr: resolving it again must not scale twice
     if source != "config":

@@ -1,13 +1,14 @@
 """Resolved specs: what the layers below the resolver (train/, data/) read instead of the user's config.
 
 `plan.resolve` fills in every `auto` and unset value of a RunConfig for one machine and world size; `build_specs` then
-copies the resolved values into five frozen dataclasses, one per concern of the loop:
+copies the resolved values into six frozen dataclasses, one per concern of the loop:
 
     OptimizerSpec   the optimizer, its learning rate (already scaled with the world size) and schedule
-    BatchSpec       micro-batch, accumulation, world size and the exact effective batch; steps or epochs
+    BatchSpec       micro-batch, accumulation, data-parallel degree and the exact effective batch; steps or epochs
     PrecisionSpec   mixed precision, the dtype the base loads in, TF32, compile and kernels
     CadenceSpec     logging, evaluation and checkpoint intervals; the best-checkpoint metric and its direction
     ResilienceSpec  out-of-memory and divergence recovery, the hang watchdog, preemption, checkpoint errors
+    DistributedSpec the strategy, its offload and gradient compression, and the topology (distributed/topology.py)
 
 No field holds `auto`. A field is `None` only where `None` is itself the decided value, and each such field says so
 in its class's ``UNSET_MEANS`` (e.g. `warmup_steps: None` is "the `warmup_ratio` share of the total steps", which is
@@ -21,6 +22,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar
 
 from trainpipe.config import RunConfig
+from trainpipe.distributed.topology import ParallelDims
 from trainpipe.metrics import metric_direction, metric_key
 from trainpipe.plan.hardware import Hardware
 
@@ -47,11 +49,12 @@ class OptimizerSpec:
 
 @dataclass(frozen=True)
 class BatchSpec:
-    """The batch: `micro_batch x grad_accum x world_size == effective_batch`, exactly."""
+    """The batch: `micro_batch x grad_accum x dp_degree == effective_batch`, exactly (`dp_degree`: the data-parallel degree
+    of the topology, `DistributedSpec.dims.dp`; ranks of one sequence or tensor group read the same examples)."""
 
     micro_batch: int
     grad_accum: int
-    world_size: int
+    dp_degree: int
     effective_batch: int
     eval_micro_batch: int
     gradient_checkpointing: bool
@@ -122,14 +125,30 @@ class ResilienceSpec:
 
 
 @dataclass(frozen=True)
+class DistributedSpec:
+    """`distributed:` as resolved: the strategy (`single` for one process), its offload, DDP's gradient compression, the
+    collective timeout, and the topology the strategy trains with (`ParallelDims`: the data-parallel, sequence and tensor
+    degrees). The loop's strategy is made from this (train/context.py `DistRuntime`), not from the config."""
+
+    strategy: str
+    offload: str
+    grad_compression: str
+    timeout_seconds: float
+    dims: ParallelDims
+
+    UNSET_MEANS: ClassVar[dict[str, str]] = {}
+
+
+@dataclass(frozen=True)
 class RunSpecs:
-    """The five specs of one resolved run (`Plan.specs`)."""
+    """The six specs of one resolved run (`Plan.specs`)."""
 
     optimizer: OptimizerSpec
     batch: BatchSpec
     precision: PrecisionSpec
     cadence: CadenceSpec
     resilience: ResilienceSpec
+    distributed: DistributedSpec
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return {f.name: asdict(getattr(self, f.name)) for f in fields(self)}
@@ -162,15 +181,16 @@ def _compute_dtype(cfg: RunConfig, hw: Hardware) -> str:
     return "bfloat16" if hw.accelerator == "cuda" and hw.bf16_supported else "float32"
 
 
-def build_specs(cfg: RunConfig, hw: Hardware, *, world_size: int, effective_batch: int, precision: str) -> RunSpecs:
-    """The specs of ``cfg`` as `resolve` left it (every `auto` of the batch, precision, lr and strategy decided)."""
-    t = cfg.training
+def build_specs(cfg: RunConfig, hw: Hardware, *, dims: ParallelDims, effective_batch: int, precision: str) -> RunSpecs:
+    """The specs of ``cfg`` as `resolve` left it (every `auto` of the batch, precision, lr and strategy decided), with the
+    topology ``dims`` the resolver chose for its world size."""
+    t, d = cfg.training, cfg.distributed
     optimizer = OptimizerSpec(
         name=t.optim, learning_rate=float(t.learning_rate), weight_decay=t.weight_decay, max_grad_norm=t.max_grad_norm,
         lr_scheduler_type=t.lr_scheduler_type, warmup_ratio=t.warmup_ratio, warmup_steps=t.warmup_steps,
     )
     batch = BatchSpec(
-        micro_batch=int(t.per_device_train_batch_size), grad_accum=int(t.gradient_accumulation_steps), world_size=world_size,
+        micro_batch=int(t.per_device_train_batch_size), grad_accum=int(t.gradient_accumulation_steps), dp_degree=dims.dp,
         effective_batch=effective_batch, eval_micro_batch=t.per_device_eval_batch_size, gradient_checkpointing=t.gradient_checkpointing is True,
         max_steps=t.max_steps, num_train_epochs=t.num_train_epochs, max_length=cfg.first_data().max_length,
         packing=cfg.first_data().packing, seed=t.seed,
@@ -190,4 +210,6 @@ def build_specs(cfg: RunConfig, hw: Hardware, *, world_size: int, effective_batc
         hang_timeout_seconds=t.hang_timeout_seconds, preemption_grace_seconds=t.preemption_grace_seconds,
         on_checkpoint_error=t.on_checkpoint_error, resume=t.resume, collective_timeout_seconds=cfg.distributed.timeout_seconds,
     )
-    return RunSpecs(optimizer=optimizer, batch=batch, precision=prec, cadence=cadence, resilience=resilience)
+    distributed = DistributedSpec(strategy=d.strategy if dims.world > 1 else "single", offload=d.offload, grad_compression=d.grad_compression,
+                                  timeout_seconds=d.timeout_seconds, dims=dims)
+    return RunSpecs(optimizer=optimizer, batch=batch, precision=prec, cadence=cadence, resilience=resilience, distributed=distributed)

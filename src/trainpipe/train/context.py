@@ -13,27 +13,38 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from trainpipe.config import DistributedConfig, RunConfig, dump_yaml
+from trainpipe.config import RunConfig, dump_yaml
 from trainpipe.distributed.env import DistEnv, detect
+from trainpipe.distributed.topology import Capabilities, ParallelDims, capabilities
 from trainpipe.events import EventLog
-from trainpipe.plan.specs import RunSpecs
+from trainpipe.plan.specs import DistributedSpec, RunSpecs
 from trainpipe.track.manifest import write_json
 
 
 @dataclass(frozen=True)
 class DistRuntime:
-    """What the loop needs to train on several processes: who this rank is, and the run's distributed settings."""
+    """What the loop needs to train on several processes: who this rank is, and the run's resolved distributed spec
+    (`plan.specs.distributed`: the strategy, its settings and the topology), never the user's `distributed:` section."""
 
     env: DistEnv
     grad_compression: str = "none"
     timeout_seconds: float = 600.0
-    strategy: str = "ddp"  # "fsdp": FSDP2 (distributed/fsdp.py); anything else trains under DDP
-    offload: str = "none"  # FSDP: CPU offload of parameters, gradients and the optimizer step
+    strategy: str = "ddp"  # what distributed/strategy.py `make` builds: ddp, fsdp, zero2, zero3
+    offload: str = "none"  # FSDP / ZeRO: CPU offload
+    dims: ParallelDims | None = None  # the topology; None: every process a data-parallel rank of `strategy`
 
     @classmethod
-    def of(cls, d: DistributedConfig) -> "DistRuntime | None":
+    def of(cls, d: DistributedSpec) -> "DistRuntime | None":
         env = detect()
-        return cls(env, d.grad_compression, d.timeout_seconds, d.strategy, d.offload) if env.distributed else None
+        return cls(env, d.grad_compression, d.timeout_seconds, d.strategy, d.offload, d.dims) if env.distributed else None
+
+    @property
+    def topology(self) -> ParallelDims:
+        return self.dims if self.dims is not None else ParallelDims.of(self.strategy, self.env.world_size)
+
+    @property
+    def caps(self) -> Capabilities:
+        return capabilities(self.strategy, self.env.world_size)
 
 
 @dataclass
@@ -53,8 +64,8 @@ class RunContext:
 
     @property
     def dist(self) -> DistRuntime | None:
-        """None for one process; under torchrun / `--nproc-per-node` the rank and the distributed settings."""
-        return DistRuntime.of(self.cfg.distributed)
+        """None for one process; under torchrun / `--nproc-per-node` the rank and the resolved distributed spec."""
+        return DistRuntime.of(self.specs.distributed)
 
     @property
     def is_main(self) -> bool:

@@ -20,6 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
+from trainpipe.distributed import strategy as strategies
 from trainpipe.distributed.env import NullEventLog
 from trainpipe.events import EventLog
 from trainpipe.model.checkpoints import CheckpointInfo, CheckpointManager
@@ -47,7 +48,7 @@ class TrainLoop:
         self.objective, self.data, self.ckpt, self.run_dir = objective, train_data, ckpt, Path(run_dir)
         self.specs, self.cadence, self.resilience = specs, specs.cadence, specs.resilience  # resolved by the plan: no `auto` here
         self.config_yaml, self.evaluate, self.callbacks = config_yaml, evaluate, list(callbacks)
-        self.is_main = strategy.is_main
+        self.is_main = strategy.rank == 0
         self.events = events if self.is_main else NullEventLog()  # rank 0 speaks for the run: events, metrics, progress
         self.progress = progress if self.is_main else None
         self.metrics = MetricsLog(metrics_path, enabled=self.is_main, events=self.events)  # the run's listeners see each record
@@ -56,7 +57,7 @@ class TrainLoop:
         self.base_lrs = [g["initial_lr"] for g in optimizer.param_groups]  # the schedule's base rates, before any rollback scaling
         self.stepper, self.scaler, self.heartbeat, self.preemption = stepper, stepper.scaler, stepper.heartbeat, stepper.preemption
         self.state = LoopState(micro_batch=stepper.micro_batch, gradient_checkpointing=specs.batch.gradient_checkpointing,
-                               effective_batch=plan.effective, world_size=strategy.world)
+                               effective_batch=plan.effective, world_size=strategy.dims.dp)
         res = self.resilience
         self.oom, self.guard, self.best = OomPolicy(res.oom_recovery), DivergenceGuard(res, getattr(objective, "spike_floor", 0.0)), BestTracker(self.cadence)
         self.eval_metrics: dict = {}  # the latest in-training eval: {"loss": ..., other metrics} (the callbacks read it)
@@ -113,7 +114,7 @@ class TrainLoop:
     def _start(self, resume_from: CheckpointInfo | None) -> None:
         """Resume (or turn on gradient checkpointing), announce the run, and write the step-0 rollback target."""
         if resume_from is not None:
-            self._resuming = True  # a new process: PowerSGD's per-bucket state does not carry over (Strategy.load_extra)
+            self._resuming = True  # a new process: PowerSGD's per-bucket state does not carry over (Strategy.load)
             self._load(resume_from)
             self._resuming = False
             self._apply_lr_scale()
@@ -135,7 +136,7 @@ class TrainLoop:
     def _start_watchdog(self):
         """The strategy's hang watchdog (several processes), else this process's own when `training.hang_timeout_seconds`."""
         hb = self.heartbeat
-        watchdog = self.strategy.hang_watchdog(run_dir=self.run_dir, progress=lambda: (self.state.step, hb.phase, hb.time),
+        watchdog = strategies.hang_watchdog(self.strategy, run_dir=self.run_dir, progress=lambda: (self.state.step, hb.phase, hb.time),
                                                emit=self.events.emit if self.is_main else None)
         if watchdog is None and self.resilience.hang_timeout_seconds:
             watchdog = Watchdog(self.resilience.hang_timeout_seconds, self.run_dir, lambda: (self.state.step, hb.time), self.events.emit)
@@ -193,7 +194,7 @@ class TrainLoop:
         if st.step % self.cadence.eval_steps == 0 or last:
             metric = self._eval()
             last = last or st.stopped_early
-        stop = self.strategy.stop_signal(self.preemption.signal, self.stepper.agreed_stop)  # all ranks stop at the step they agreed on
+        stop = strategies.stop_signal(self.strategy, self.preemption.signal, self.stepper.agreed_stop)  # all ranks stop at the step they agreed on
         best_now = metric is not None and st.best_step == st.step and self.cadence.keep_best > 0
         if st.step % self.cadence.save_steps == 0 or last or stop or best_now:
             self.save(metric)
@@ -257,7 +258,7 @@ class TrainLoop:
             self._set_gradient_checkpointing(True)
         eff = self.plan.effective
         self.events.emit("cuda_oom", **self.oom.recovered_fields(st, exc, decision, before, eff),
-                         **self.strategy.oom_fields(eff, st.micro_batch, self._resumed_world, self.stepper.oom_ranks))
+                         **strategies.oom_fields(self.strategy, eff, st.micro_batch, self._resumed_world, self.stepper.oom_ranks))
 
     def _roll_back(self, w: int, kind: str, figures: dict) -> None:
         """A divergent step: roll back to the newest good checkpoint, skip window ``w``, scale the learning rate down."""
@@ -342,10 +343,9 @@ class TrainLoop:
         rank = self.strategy.rank
         ranks = st.get("rng_ranks") or [st["rng"]]
         restore_rng(ranks[rank] if rank < len(ranks) else st["rng"])
-        self._powersgd_note = self.strategy.load_extra(st, self._resuming, self.device)
-        if self.state.world_size != self.strategy.world:
+        if self.state.world_size != self.strategy.dims.dp:
             self._resumed_world = self.state.world_size
-        self.state.effective_batch, self.state.world_size = self.plan.effective, self.strategy.world
+        self.state.effective_batch, self.state.world_size = self.plan.effective, self.strategy.dims.dp
 
     def _adopt_effective_batch(self, loop: dict) -> None:
         """Keep the checkpoint's effective batch when the world size changed (2 processes -> 1: the accumulation
@@ -364,14 +364,15 @@ class TrainLoop:
         full, st = gathered.get("gathered"), self.state
         return self.writer.write(
             st.step, weights=(lambda: full[0]) if full is not None else (lambda: {n: p for n, p in self.params}),
-            state=lambda: self.state_dict(gathered), model=self.model, metric=metric, sharded=self.strategy.sharded,
-            info={"window": st.window, "micro_batch": st.micro_batch, "effective_batch": self.plan.effective, "world_size": self.strategy.world},
+            state=lambda: self.state_dict(gathered), model=self.model, metric=metric, sharded=self.strategy.shards_parameters,
+            info={"window": st.window, "micro_batch": st.micro_batch, "effective_batch": self.plan.effective, "world_size": self.strategy.dims.dp},
             labels=dict(self._last_labels) if metric is not None else {},
         )
 
     def _load(self, info: CheckpointInfo) -> None:
         weights, st = CheckpointManager.load(info.path)
-        self.strategy.load(self.model, self.optimizer, weights, st["optimizer"], {n for n, _ in self.params}, info.path)
+        self._powersgd_note = self.strategy.load(self.model, self.optimizer, weights, st, {n for n, _ in self.params}, info.path,
+                                                 resuming=self._resuming, device=self.device)
         self.load_state_dict(st)
 
     def release(self) -> None:
@@ -390,7 +391,7 @@ class TrainLoop:
 
     # ------------------------------------------------------------------ reporting
     def _world_fields(self) -> dict:
-        return self.strategy.world_fields(self.plan.effective, self.state.micro_batch, self._resumed_world)
+        return strategies.world_fields(self.strategy, self.plan.effective, self.state.micro_batch, self._resumed_world)
 
     def _measure_memory(self, final: bool = False, seconds: float | None = None, tokens: int | None = None) -> None:
         self._measured = True

@@ -16,8 +16,8 @@ from trainpipe.train.objectives import Objective, TokenCrossEntropy, prefix_tune
 def prepare_model(model, precision: PrecisionSpec, objective: Objective, strategy, train_data: list[dict]) -> None:
     """Kernels, then the strategy's sharding (FSDP2 shards in place, before the optimizer), then precision, then the
     packing check: the order the loop has always prepared a model in. ``precision`` is `plan.specs.precision`."""
-    use_kernels(model, objective, precision.use_liger_kernel, device_of(model).type, strategy.is_main)
-    strategy.shard(model)
+    use_kernels(model, objective, precision.use_liger_kernel, device_of(model).type, strategy.rank == 0)
+    strategy.wrap(model, device_of(model))  # before the optimizer: FSDP2 shards in place
     set_precision(model, precision)
     check_packing(model, train_data)
 

@@ -78,9 +78,10 @@ def run(ctx: RunContext) -> dict:
             "model shifts positions after the virtual tokens (and PEFT 0.21's generate drops a prefix under transformers 5), so the "
             "samples would not come from the policy being trained. Use `peft: lora` (or another LoRA-family method, ia3, freeze, none)."
         )
-    if rl.algorithm == "ppo" and ctx.dist is not None and ctx.dist.strategy == "fsdp":
-        raise ConfigError("`method.rl.algorithm: ppo` under `distributed.strategy: fsdp` is not supported: the value head reads the policy's "
-                          "hidden states outside the sharded forward. Use `distributed.strategy: ddp` (or one process), or `algorithm: grpo`.")
+    if rl.algorithm == "ppo" and ctx.dist is not None and ctx.dist.caps.shards_parameters:
+        raise ConfigError(f"`method.rl.algorithm: ppo` under `distributed.strategy: {ctx.dist.strategy}` is not supported: the value head reads "
+                          "the policy's hidden states outside the sharded forward (FSDP and ZeRO-3 shard the parameters). "
+                          "Use `distributed.strategy: ddp` (or one process), or `algorithm: grpo`.")
     if cfg.data.packing == "pack":
         raise ConfigError("`method.name: rl` samples completions of single prompts, but `data.packing: pack` joins several examples into one row. Set `data.packing: none`.")
     ev_prompts = [prompt_ids(r) for r in data.eval][: cfg.eval.max_samples or None]
@@ -96,7 +97,7 @@ def run(ctx: RunContext) -> dict:
     if rl.algorithm == "ppo":
         attach_value_head(model)  # trained with the policy (the optimizer and checkpoints hold it), removed before export
     rollout, rollout_reason = choose_rollout(rl.rollout, device_type=device.type, installed=vllm_installed(),
-                                             sharded=ctx.dist is not None and ctx.dist.strategy == "fsdp")
+                                             sharded=ctx.dist is not None and ctx.dist.caps.shards_parameters)
     ui.console().print(f"  rollouts: {rollout} ({rollout_reason})")
     engine = None
     if rollout == "vllm":

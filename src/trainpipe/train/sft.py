@@ -15,6 +15,7 @@ from typing import Callable, Sequence
 
 from trainpipe import ui
 from trainpipe.events import EventLog
+from trainpipe.distributed.strategy import is_main
 from trainpipe.distributed.strategy import make as make_strategy
 from trainpipe.model.checkpoints import CheckpointInfo, CheckpointManager
 from trainpipe.train.callbacks import Callback, default_callbacks
@@ -129,13 +130,13 @@ def build_loop(model, tokenizer, train_data, specs: RunSpecs, *, run_dir: Path, 
     objective = objective if objective is not None else TokenCrossEntropy(tokenizer.pad_token_id)
     device = device_of(model)
     prepare_model(model, specs.precision, objective, strategy, train_data)
-    if strategy.is_main:
+    if is_main(strategy):
         record_loss(run_dir, objective)  # which loss implementation runs (trainpipe's, Liger's), in the run manifest
-    plan = WindowPlan.of(batch, len(train_data), strategy.world)
+    plan = WindowPlan.of(batch, len(train_data), strategy.dims.dp)
     optimizer = build_optimizer(trainable(model), specs.optimizer, device.type)
     scheduler = build_scheduler(optimizer, specs.optimizer, plan.total_windows)
-    strategy.wrap(model, device)
-    optimizer = strategy.attach(optimizer, specs.optimizer.max_grad_norm, loss_scaling=specs.precision.fp16 and device.type == "cuda")  # DeepSpeed: its engine steps the partitions
+    optimizer = strategy.wrap(model, device, optimizer, max_grad_norm=specs.optimizer.max_grad_norm,
+                              loss_scaling=specs.precision.fp16 and device.type == "cuda")  # DDP wraps; DeepSpeed: its engine steps the partitions
     stepper = Stepper(objective=objective, strategy=strategy, device=device, batch=batch, precision=specs.precision,
                       max_grad_norm=specs.optimizer.max_grad_norm, optimizer=optimizer, params=trainable(model), heartbeat=Heartbeat(),
                       preemption=Preemption(specs.resilience.preemption_grace_seconds))

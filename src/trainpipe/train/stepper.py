@@ -2,7 +2,7 @@
 
 The loss of a step is the sum of the objective's per-unit losses over the whole window divided by the window's weight
 (loss tokens for cross-entropy, pairs for DPO, prompts for RL), so splitting a window into smaller micro-batches (after an
-OOM) changes nothing but rounding. Under several processes each micro-step reads ``micro_batch x world`` examples of the
+OOM) changes nothing but rounding. Under several processes each micro-step reads ``micro_batch x dp`` examples (dp: the data-parallel degree) of the
 window and rank r takes its r-th slice, so the optimizer step's global batch is the one a single process reads; the
 strategy sums the gradients over the ranks and carries the loss, the figures, an OOM flag and a stop flag in one
 all-reduce, so every rank takes the same decision at the same step.
@@ -14,6 +14,7 @@ import time
 from contextlib import nullcontext
 
 from trainpipe import faults
+from trainpipe.distributed import strategy as strategies
 from trainpipe.plan.specs import BatchSpec, PrecisionSpec
 from trainpipe.train.errors import OutOfMemoryPlan
 from trainpipe.train.objectives import Objective
@@ -54,8 +55,8 @@ class Stepper:
         total = torch.zeros((), device=self.device)
         amp_dtype = torch.bfloat16 if self.bf16 else torch.float16
         extras: dict[str, float] = {}
-        world, rank = strategy.world, strategy.rank
-        starts = range(0, len(examples), micro * world)  # one micro-step: micro x world examples, rank r takes the r-th slice
+        world, rank = strategy.dims.dp, strategy.dims.dp_rank(strategy.rank)  # the data-parallel degree and this rank's place in it
+        starts = range(0, len(examples), micro * world)  # one micro-step: micro x dp examples, data-parallel rank r takes the r-th slice
         oom: BaseException | None = None
         synced = False
         for j, i in enumerate(starts):
@@ -82,19 +83,19 @@ class Stepper:
                     for k, v in extra.items():
                         extras[k] = extras.get(k, 0.0) + float(v)
                     loss = faults.poison_loss(w, loss_sum / denom)
-                    back = strategy.scale_loss(loss)
+                    back = strategies.scale_loss(strategy, loss)
                     if sync:
-                        strategy.before_sync_backward(mark)
+                        strategies.before_sync_backward(strategy, mark)
                     (self.scaler.scale(back) if self.scaler else back).backward()
                     synced = synced or sync
                     total += loss.detach()
             except Exception as exc:  # noqa: BLE001 - an OOM on one rank must become every rank's OOM (below)
-                action = strategy.oom_action(forwarding) if is_oom(exc) else "raise"
+                action = strategies.oom_action(strategy, forwarding) if is_oom(exc) else "raise"
                 if action == "raise":
                     raise
                 if action == "fatal":
                     raise OutOfMemoryPlan(
-                        f"Out of memory on rank {rank} inside a sharded forward or backward at step {step + 1} ({str(exc)[:120]}). "
+                        f"Out of memory on rank {strategy.rank} inside a sharded forward or backward at step {step + 1} ({str(exc)[:120]}). "
                         f"Under `distributed.strategy: {strategy.name}` the other ranks are then waiting in that step's collectives, so this rank "
                         "cannot retry with a smaller micro-batch; the launcher stops every worker. Resume with `--resume` after setting a "
                         "smaller `training.per_device_train_batch_size` (the accumulation grows, the effective batch stays) or "
@@ -107,7 +108,7 @@ class Stepper:
                 synced = synced or sync
         if oom is not None and not synced:  # this rank ran out of memory before the gradient all-reduce: take part in it, then all retry
             self._join_sync(examples, amp_dtype)
-        total, extras = self._agree(total, oom, extras, world)
+        total, extras = self._agree(total, oom, extras, strategy.dims.world)
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         gnorm = torch.nn.utils.clip_grad_norm_([p for _, p in self.params], self.max_grad_norm)
@@ -119,12 +120,12 @@ class Stepper:
         """Every rank's loss, figures, OOM and stop flags in one all-reduce; an OOM anywhere is raised on every rank."""
         import torch
 
-        total, extras, ooms, stop = self.strategy.agree(total, oom is not None, self.preemption.signal is not None, extras, self.device,
+        total, extras, ooms, stop = self.strategy.reduce(total, oom is not None, self.preemption.signal is not None, extras, self.device,
                                                         self.heartbeat.mark)
         if stop and self.agreed_stop is None:
             self.agreed_stop = self.preemption.signal or "SIGTERM"
         if ooms:
-            self.oom_ranks = [r for r, hit in enumerate(self.strategy.gather(oom is not None)) if hit]
+            self.oom_ranks = [r for r, hit in enumerate(strategies.gather(self.strategy, oom is not None)) if hit]
             self.optimizer.zero_grad(set_to_none=True)
             raise oom if oom is not None else torch.OutOfMemoryError(f"out of memory on another rank ({int(ooms)} of {world} ranks)")
         return total, extras

@@ -7,6 +7,7 @@ import json
 import math
 from pathlib import Path
 
+from trainpipe.distributed import strategy as strategies
 from trainpipe.plan.measure import measure_state_bytes
 from trainpipe.track.manifest import update_manifest, write_json
 
@@ -36,13 +37,13 @@ def record_world(run_dir: Path, strategy, state, effective: int, resumed_world: 
     """State the world size, and a resume under another one, in the run manifest."""
     def change(man: dict) -> None:
         d = man.setdefault("distributed", {})
-        d.update({"world_size": strategy.world, "strategy": strategy.name, "effective_batch": effective, "micro_batch": state.micro_batch,
-                  "accumulation": math.ceil(effective / (state.micro_batch * strategy.world)), **strategy.describe()})
+        d.update({"world_size": strategy.dims.world, "strategy": strategy.name, "effective_batch": effective, "micro_batch": state.micro_batch,
+                  "accumulation": math.ceil(effective / (state.micro_batch * strategy.dims.dp)), **strategies.describe(strategy)})
         if powersgd_note:
             d.setdefault("powersgd_resumes", []).append({"step": state.step, "powersgd": powersgd_note})
         if resumed_world is not None:
             d.setdefault("resumes", []).append({
-                "step": state.step, "window": state.window, "from_world_size": resumed_world, "to_world_size": strategy.world,
+                "step": state.step, "window": state.window, "from_world_size": resumed_world, "to_world_size": strategy.dims.dp,
                 "effective_batch": effective, "note": "the effective batch of the checkpoint is kept; the accumulation follows the world size",
                 **({"powersgd": powersgd_note} if powersgd_note else {}),
             })

@@ -24,9 +24,10 @@ class WindowPlan:
     _perm: dict = field(default_factory=dict, compare=False, repr=False)  # the permutation of the epoch read last
 
     @classmethod
-    def of(cls, batch: BatchSpec, examples: int, world: int) -> "WindowPlan":
-        """From the resolved batch (`plan.specs.batch`): micro-batch x accumulation x the strategy's world size examples per step."""
-        effective = batch.micro_batch * batch.grad_accum * world
+    def of(cls, batch: BatchSpec, examples: int, dp: int) -> "WindowPlan":
+        """From the resolved batch (`plan.specs.batch`): micro-batch x accumulation x the data-parallel degree (the strategy's
+        `dims.dp`, never the bare world size: the ranks of one sequence or tensor group read the same examples) per step."""
+        effective = batch.micro_batch * batch.grad_accum * dp
         return cls(examples=examples, effective=effective, seed=batch.seed, max_steps=batch.max_steps, epochs=batch.num_train_epochs)
 
     @property
@@ -61,6 +62,6 @@ class WindowPlan:
             return step >= self.max_steps
         return window >= self.total_windows
 
-    def accumulation(self, micro_batch: int, world: int = 1) -> int:
-        """Micro-steps per optimizer step (per rank) at this micro-batch."""
-        return math.ceil(self.effective / (micro_batch * world))
+    def accumulation(self, micro_batch: int, dp: int = 1) -> int:
+        """Micro-steps per optimizer step (per rank) at this micro-batch, over ``dp`` data-parallel ranks."""
+        return math.ceil(self.effective / (micro_batch * dp))

@@ -40,7 +40,7 @@ def test_every_field_of_every_spec_is_resolved(name, machine):
     specs = plan.specs
     assert isinstance(specs, RunSpecs)
     assert unresolved(specs) == []
-    for spec in (specs.optimizer, specs.batch, specs.precision, specs.cadence, specs.resilience):
+    for spec in (specs.optimizer, specs.batch, specs.precision, specs.cadence, specs.resilience, specs.distributed):
         for f in dataclasses.fields(spec):
             value = getattr(spec, f.name)
             assert value != "auto", f"{type(spec).__name__}.{f.name}"
@@ -49,7 +49,7 @@ def test_every_field_of_every_spec_is_resolved(name, machine):
             setattr(spec, dataclasses.fields(spec)[0].name, 0)
     b = specs.batch
     assert isinstance(b.micro_batch, int) and isinstance(b.grad_accum, int) and isinstance(b.gradient_checkpointing, bool)
-    assert b.micro_batch * b.grad_accum * b.world_size == b.effective_batch == plan.effective_batch.value
+    assert b.micro_batch * b.grad_accum * b.dp_degree == b.effective_batch == plan.effective_batch.value
     assert specs.precision.mixed in ("bf16", "fp16", "fp32") and specs.precision.mixed == plan.precision.value
     assert specs.precision.model_dtype in ("float32", "bfloat16", "float16")
     assert specs.precision.compute_dtype in ("float32", "bfloat16", "float16")
@@ -64,13 +64,17 @@ def test_the_specs_match_the_resolved_config():
                                         lr_scheduler_type="cosine", warmup_ratio=0.03, warmup_steps=10)
     assert s.optimizer.learning_rate == pytest.approx(5e-5 * 2)  # x sqrt(4)
     assert s.optimizer.warmup_for(1000) == 10
-    assert (s.batch.micro_batch, s.batch.grad_accum, s.batch.world_size) == (t.per_device_train_batch_size, t.gradient_accumulation_steps, 4)
+    assert (s.batch.micro_batch, s.batch.grad_accum, s.batch.dp_degree) == (t.per_device_train_batch_size, t.gradient_accumulation_steps, 4)
     assert s.precision == PrecisionSpec(mixed="bf16", model_dtype="float32", compute_dtype="bfloat16", tf32=True, torch_compile=False,
                                         use_liger_kernel=False)
     assert s.precision.bf16 and not s.precision.fp16
     assert s.cadence.save_steps == t.eval_steps == 50 and s.cadence.greater_is_better is False
     assert s.resilience.oom_recovery is True and s.resilience.collective_timeout_seconds == 600.0
-    assert set(s.to_dict()) == {"optimizer", "batch", "precision", "cadence", "resilience"}
+    assert set(s.to_dict()) == {"optimizer", "batch", "precision", "cadence", "resilience", "distributed"}
+    d = s.distributed  # the strategy reaches the loop through this spec; its topology is what the batch arithmetic reads
+    assert d.strategy == plan.strategy.value
+    assert d.dims.world == 4 and d.dims.dp == s.batch.dp_degree == 4 and (d.dims.cp, d.dims.tp) == (1, 1)
+    assert (d.dims.dp_shard, d.dims.dp_replicate) == ((4, 1) if d.strategy in ("fsdp", "zero2", "zero3") else (1, 4))
 
 
 def test_cpu_precision_and_warmup_from_the_ratio():
