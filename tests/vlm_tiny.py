@@ -104,3 +104,29 @@ def write_jsonl(path: str | Path, records: list[dict]) -> Path:
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
     return p
+
+
+def build_tiny_gemma3(path: str | Path, seed: int = 0) -> Path:
+    """A tiny Gemma 3: a 1-layer SigLIP tower on 28x28 images (7-pixel patches, pooled to 4 soft tokens per image), a
+    2-layer, 64-wide Gemma 3 text model, Gemma 3's slow (PIL) image processor, its begin/end-of-image tokens."""
+    import torch
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3Processor, PreTrainedTokenizerFast
+    from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+
+    path = Path(path)
+    base = build_tokenizer(extra=("<start_of_image>", "<end_of_image>", "<image_soft_token>"))
+    tok = PreTrainedTokenizerFast(tokenizer_object=base.backend_tokenizer, eos_token="<|endoftext|>", bos_token="<|endoftext|>", pad_token="<|pad|>",
+                                  extra_special_tokens={"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"})
+    proc = Gemma3Processor(image_processor=Gemma3ImageProcessorPil(size={"height": 28, "width": 28}), tokenizer=tok,
+                           chat_template=CHATML.replace("<image>", "<start_of_image>"), image_seq_length=4)
+    ids = tok.convert_tokens_to_ids
+    cfg = Gemma3Config(
+        text_config={**_text_config(len(tok), tok, "gemma3_text"), "head_dim": 16, "sliding_window": 64},
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28, patch_size=7),
+        mm_tokens_per_image=4, boi_token_index=ids("<start_of_image>"), eoi_token_index=ids("<end_of_image>"),
+        image_token_index=ids("<image_soft_token>"), pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    Gemma3ForConditionalGeneration(cfg).save_pretrained(path, safe_serialization=True)
+    proc.save_pretrained(path)
+    return path

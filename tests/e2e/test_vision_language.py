@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from vlm_tiny import QUESTION, build_tiny_llava, draw, shape_records, write_jsonl  # noqa: E402
+from vlm_tiny import QUESTION, build_tiny_gemma3, build_tiny_llava, draw, shape_records, write_jsonl  # noqa: E402
 
 from trainpipe.cli import main  # noqa: E402
 
@@ -47,15 +47,22 @@ def _split(weights: dict) -> tuple[dict, dict]:
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory):
+def data_dir(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("vlm")
     write_jsonl(tmp / "data" / "shapes.jsonl", shape_records(tmp / "data", 72))
-    return tmp, build_tiny_llava(tmp / "base")
+    return tmp
 
 
-def test_lora_trains_the_language_model_only_and_the_export_generates(base):
-    tmp, model_dir = base
-    run = _run(tmp, model_dir, "lora")
+@pytest.fixture(scope="module")
+def base(data_dir):
+    return data_dir, build_tiny_llava(data_dir / "llava")
+
+
+@pytest.mark.parametrize("family", ["llava", "gemma3"])
+def test_lora_trains_the_language_model_only_and_the_export_generates(data_dir, family):
+    tmp = data_dir
+    model_dir = (build_tiny_llava if family == "llava" else build_tiny_gemma3)(tmp / f"{family}_base")
+    run = _run(tmp, model_dir, f"lora_{family}")
     summary = json.loads((run / "summary.json").read_text())
     assert summary["final"]["loss"] < summary["baseline"]["loss"] - 0.3
     report = json.loads((run / "data_report.json").read_text())

@@ -239,11 +239,16 @@ def _call(proc, text: str, images: list) -> dict:
     return proc(text=[text], images=images or None, return_tensors="pt", add_special_tokens=False)
 
 
-def image_token_id(proc) -> int | None:
-    tid = getattr(proc, "image_token_id", None)
-    if tid is None and getattr(proc, "image_token", None):
-        tid = proc.tokenizer.convert_tokens_to_ids(proc.image_token)
-    return tid
+def image_token_ids(proc) -> set[int]:
+    """The ids of the tokens that stand for images: the processor's image token, and the tokenizer's image, begin- and
+    end-of-image tokens where it names them (Gemma 3: `<start_of_image>`, the soft tokens, `<end_of_image>`)."""
+    tok = proc.tokenizer
+    ids = {getattr(proc, "image_token_id", None)}
+    for owner, attr in ((proc, "image_token"), (tok, "image_token"), (tok, "boi_token"), (tok, "eoi_token")):
+        name = getattr(owner, attr, None)
+        if isinstance(name, str) and name:
+            ids.add(tok.convert_tokens_to_ids(name))
+    return {i for i in ids if isinstance(i, int) and i != getattr(tok, "unk_token_id", None)}
 
 
 def encode(proc, ex: dict, *, train_on: str, max_length: int, min_tokens: int) -> tuple[dict | None, str | None]:
@@ -269,9 +274,9 @@ def encode(proc, ex: dict, *, train_on: str, max_length: int, min_tokens: int) -
         spans.append((start, min(end, len(ids))))
     for a, b in spans:
         labels[a:b] = ids[a:b]
-    tid = image_token_id(proc)
-    n_image_tokens = sum(1 for t in ids if t == tid) if tid is not None else 0
-    labels = [IGNORE_INDEX if t == tid else x for t, x in zip(ids, labels)]  # an image token never carries loss
+    image_ids = image_token_ids(proc)
+    n_image_tokens = sum(1 for t in ids if t in image_ids)
+    labels = [IGNORE_INDEX if t in image_ids else x for t, x in zip(ids, labels)]  # an image token never carries loss
     if sum(1 for x in labels if x != IGNORE_INDEX) < max(1, min_tokens):
         return None, "no_loss_tokens"
     tensors = {}
