@@ -328,6 +328,9 @@ def run_pipeline(cfg: RunConfig, *, config_path: str | None = None, store: str |
     if cfg.stages or cfg.method.adapters:  # the root's summary.json (and adapters.json) from the branches' own summaries
         status = {r["id"]: r["status"] for r in record_steps}
         record["summary"] = str(parts_summary(cfg, [s for s in steps if s.kind == "train"], status, t0))
+    if only:  # `pipeline step`: the record keeps the other steps' last lines (an orchestrator runs one step per task)
+        mine = {r["id"] for r in record_steps}
+        record = {**record, "steps": [p for p in previous.get("steps", []) if p["id"] not in mine] + record_steps}
     st.put_json(f"pipelines/{pid}.json", record)
     root = Path(cfg.output_dir).resolve()
     if root.is_dir():

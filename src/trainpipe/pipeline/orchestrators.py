@@ -18,7 +18,7 @@ Each file is redacted and written through the ownership rule; the command that s
 
 from __future__ import annotations
 
-import json
+import pprint
 import shlex
 import sys
 from pathlib import Path
@@ -66,7 +66,7 @@ def _common(cfg, config_path: Path, store: str | None, image: str | None, claim:
         img = (img.rsplit(":", 1)[0] if ":" in img.rsplit("/", 1)[-1] else img) + f":{trainpipe.__version__}"
     return {
         "name": dag_name(cfg), "version": trainpipe.__version__, "schedule": _check_cron(cfg), "steps": step_table(cfg, config_path),
-        "config": str(config_path.resolve()), "pod_config": f"{POD_WORKSPACE}/pipeline/{config_path.name}",
+        "config": str(config_path.resolve()), "cwd": str(Path.cwd().resolve()), "pod_config": f"{POD_WORKSPACE}/pipeline/{config_path.name}",
         "launcher": [sys.executable, "-m", "trainpipe.cli"], "store": store, "image": img,
         "claim": claim or f"{dag_name(cfg)[:40]}-workspace",
     }
@@ -116,7 +116,7 @@ def _task(step):
             env_vars={{"HF_HUB_OFFLINE": "1", "TRAINPIPE_VERSION": SPEC["version"]}}, get_logs=True, **common)
     from airflow.providers.standard.operators.bash import BashOperator
 
-    return BashOperator(bash_command=shlex.join(_argv(step["id"], False)), env={{"NO_COLOR": "1"}}, append_env=True, **common)
+    return BashOperator(bash_command=shlex.join(_argv(step["id"], False)), cwd=SPEC["cwd"], env={{"NO_COLOR": "1"}}, append_env=True, **common)
 
 
 with DAG(dag_id=SPEC["name"], schedule=SPEC["schedule"], start_date=datetime(2026, 1, 1), catchup=False, max_active_runs=1,
@@ -146,7 +146,7 @@ STEPS = SPEC["steps"]
 @task
 def run_step(step_id):
     argv = [*SPEC["launcher"], "pipeline", "step", SPEC["config"], step_id] + (["--store", SPEC["store"]] if SPEC["store"] else [])
-    done = subprocess.run(argv, capture_output=True, text=True)
+    done = subprocess.run(argv, cwd=SPEC["cwd"], capture_output=True, text=True)
     print(done.stdout)
     if done.returncode != 0:
         raise RuntimeError(f"step {{step_id}} failed (exit {{done.returncode}}): {{done.stdout[-2000:]}}{{done.stderr[-2000:]}}")
@@ -171,7 +171,7 @@ if __name__ == "__main__":
 
 
 def _render(template: str, spec: dict, file: str) -> str:
-    return template.format(spec=json.dumps(spec, indent=4), version=spec["version"], name=spec["name"], image=spec["image"], claim=spec["claim"],
+    return template.format(spec=pprint.pformat(spec, width=120, sort_dicts=False), version=spec["version"], name=spec["name"], image=spec["image"], claim=spec["claim"],
                            workspace=POD_WORKSPACE, file=file, schedule=spec["schedule"] or "none: on demand")
 
 
