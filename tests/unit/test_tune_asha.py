@@ -53,3 +53,27 @@ def test_asha_still_prunes_a_trial_below_the_top_quarter():
 def test_a_large_study_waits_for_four_trials_at_a_rung():
     assert make_pruner(TuneConfig(pruner="asha", space={}, n_trials=100), 81)._bootstrap_count == 4
     assert make_pruner(TuneConfig(pruner="asha", space={}, n_trials=3), 81)._bootstrap_count == 0
+
+
+def test_a_study_without_a_finished_trial_ends_with_one_paragraph_and_exit_2(tmp_path, capsys):
+    """Every trial pruned (a surrogate objective that prunes itself, with the trial's own TrialPruned) or failed (it returns
+    NaN, which Optuna records as a failed trial): no `best: null` and exit 0, but a paragraph naming the states and the fix."""
+    from pathlib import Path
+
+    import yaml
+
+    from trainpipe.cli import main
+
+    root = Path(__file__).resolve().parents[2]
+    (tmp_path / "obj.py").write_text("import optuna\ndef prune(cfg, trial):\n    raise optuna.TrialPruned()\ndef nan(cfg, trial):\n    return float('nan')\n")
+    for fn, state in (("prune", "3 pruned"), ("nan", "3 fail")):
+        p = tmp_path / f"{fn}.yaml"
+        p.write_text(yaml.safe_dump({
+            "model": {"name_or_path": str(root / "examples/quickstart/base")}, "data": {"sources": [{"path": str(root / "examples/quickstart/data/train.jsonl")}]},
+            "output_dir": str(tmp_path / fn), "tune": {"space": {"training.learning_rate": {"log_uniform": [1.0e-5, 1.0e-3]}},
+                                                      "objective": {"function": f"obj.py:{fn}", "direction": "minimize"}, "n_trials": 3,
+                                                      "pruner": "none", "storage": "memory"}}))
+        assert main(["tune", str(p)]) == 2
+        text = " ".join(capsys.readouterr().out.split())
+        assert "ended without a best trial" in text and state in text and "No best.yaml was written" in text, text
+        assert not (tmp_path / fn / "best.yaml").exists() and (tmp_path / fn / "leaderboard.csv").exists()

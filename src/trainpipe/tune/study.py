@@ -290,3 +290,22 @@ class StudyRun:
             self.client.set_terminated(self.run_id, status=status)
         except Exception as exc:  # noqa: BLE001
             ui.console().print(f"warning: the study's MLflow run was not updated ({type(exc).__name__}: {str(exc)[:200]})", markup=False, highlight=False)
+
+
+def no_winner(out: dict, trials, study_dir: Path) -> str:
+    """One paragraph: the study ended without a finished trial, why (the first failure, the pruner, the plan), what to do."""
+    states = ", ".join(f"{n} {s}" for s, n in out["states"].items() if n)
+    errors = [tr.user_attrs.get("error") for tr in trials if tr.user_attrs.get("error")]
+    skipped = sum(1 for tr in trials if tr.user_attrs.get("skipped"))
+    why = []
+    if errors:
+        why.append(f"the first failure: {errors[0].splitlines()[0][:300]}")
+    if skipped:
+        why.append(f"{skipped} never started because their plan did not fit (`tune.max_memory_gib`)")
+    if out["states"].get("pruned", 0) > skipped:
+        why.append(f"the `{out['pruner']}` pruner stopped {out['states']['pruned'] - skipped} at an in-training eval")
+    return (f"study `{out['study']}` ended without a best trial: none of its {len(trials)} trials finished ({states}); "
+            + ("; ".join(why) + ". " if why else "")
+            + f"No best.yaml was written; {study_dir / 'leaderboard.csv'} and each trial's folder under {study_dir / 'trials'} say more. "
+            "Fix the failure and run the same command again (the study continues), or let trials finish: `tune.pruner: none`, "
+            "a larger `tune.max_memory_gib`, more `tune.n_trials`.")

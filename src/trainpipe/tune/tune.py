@@ -55,7 +55,7 @@ from trainpipe.tune import space as S
 from trainpipe.tune.plans import _this_gpu, plan_fits, price_trial  # noqa: F401 - _this_gpu: automl's and the tests' way in
 from trainpipe.tune.study import (
     OBJECTIVE_ATTR, SPACE_ATTR, StudyRun, TuneError, check_study, create_study, distinct_per_trial, fresh_study_name, make_pruner,
-    make_sampler, open_storage, storage_url, study_identity,
+    make_sampler, no_winner, open_storage, storage_url, study_identity,
 )
 
 def direction_of(t: TuneConfig) -> str:
@@ -530,6 +530,8 @@ def finish(study, cfg: RunConfig, raw: dict, base_dir: Path, study_dir: Path, di
     LB.write_all(study_dir, rows, out, study, direction, t.objective.metric, reads=reads)
     ownership.write_json(study_dir / "tune.json", out, what=OUTPUT_FILES["tune.json"], reads=reads)
     LB.print_table(rows, out, direction)
+    if not complete and trials:  # a study without a winner is a failure the user must see, not `best: null` and exit 0
+        raise TuneError(no_winner(out, trials, study_dir))
     return out
 
 
