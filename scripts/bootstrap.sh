@@ -40,3 +40,10 @@ fi
 echo "[bootstrap] installing trainpipe ($SPEC)"
 python -m pip install --quiet -e "$SPEC" "${CONSTRAINTS[@]}"
 python -c "import trainpipe, torch, transformers, peft; print(f'[bootstrap] trainpipe {trainpipe.__version__}, torch {torch.__version__}, transformers {transformers.__version__}, peft {peft.__version__}')"
+if [[ ",$EXTRAS," == *",dev,"* ]]; then
+  # torchtitan's config parser, for the test that `trainpipe launch --emit torchtitan` writes arguments torchtitan accepts:
+  # installed without its requirements (they would add tensorboard, wandb, an older datasets); these pins are what its
+  # ConfigManager and model registry import, none of them pins torch beyond the installed one
+  python -m pip install --quiet --no-deps torchtitan==0.3.0 tyro==1.0.17 typeguard==4.6.1 spmd_types==0.2.3 torchdata==0.11.0 \
+    torch_checkpointing==0.1.1 docstring_parser==0.18.0 einops==0.8.2
+fi

@@ -23,6 +23,7 @@ LAUNCH_TARGETS: dict[str, Target] = {
     "k8s": Target("trainjob.yaml", "the Kubeflow TrainJob, its ConfigMap and volume claim", "a Kubeflow TrainJob, its ConfigMap and volume claim"),
     "skypilot": Target("skypilot.yaml", "the SkyPilot task", "a SkyPilot task on spot nodes"),
     "deepspeed": Target("launch-deepspeed.sh", "the deepspeed launch script", "a deepspeed launcher script (ZeRO)"),
+    "torchtitan": Target("launch-torchtitan.sh", "the torchtitan launch script", "a torchtitan hand-off: its config from the plan, HF checkpoints in and out"),
 }
 # variants of a launch target chosen by a flag (`--pytorchjob`), not by `--emit`
 LAUNCH_VARIANTS: dict[str, Target] = {

@@ -31,7 +31,7 @@ LAYERS = {
     "trainpipe.evaluate": 4, "trainpipe.export": 4, "trainpipe.export_gguf": 4, "trainpipe.export_family": 4, "trainpipe.track": 4, "trainpipe.report": 4,
     "trainpipe.train": 5,
     "trainpipe.run": 6,
-    "trainpipe.pipeline": 7, "trainpipe.launch": 7, "trainpipe.launch_files": 7,
+    "trainpipe.pipeline": 7, "trainpipe.launch": 7, "trainpipe.launch_files": 7, "trainpipe.launch_torchtitan": 7,
     "trainpipe.tune": 8,
     "trainpipe.cli": 9,
 }
