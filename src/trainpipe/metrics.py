@@ -38,6 +38,9 @@ METHOD_METRICS = {
     "classification": ("loss", "accuracy", "macro_f1"),
     "dpo": _PAIRS, "orpo": _PAIRS, "kto": _KTO, "rl": _RL,
 }
+# the tabular, custom and image families: what their final and in-training evals measure, by task (train/supervised.py)
+TASK_METRICS = {"classification": ("loss", "accuracy", "macro_f1", "balanced_accuracy", "log_loss", "roc_auc"),
+                "regression": ("loss", "rmse", "mae", "r2")}
 # what each recipe's in-training eval hands the loop's eval hooks (train/loop.py `loop.eval_metrics`), i.e. what a pruner can
 # be given; sft/pretrain: loss and perplexity, plus the generated metrics of `eval.metrics` with `eval.generate_in_training`
 IN_TRAINING_METRICS = {**METHOD_METRICS, "rl": ("loss", *_RL)}  # rl's in-training loss: minus the KL-regularised reward

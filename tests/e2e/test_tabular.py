@@ -153,3 +153,27 @@ def test_bad_tables_are_one_paragraph_and_exit_2(tmp_path, capsys, case, expect)
     for e in expect:
         assert e in flat, flat[-1500:]
     assert str(tmp_path / "table.csv") in flat or case == "constant_label"
+
+
+def test_tune_searches_the_architecture_with_parameters_and_step_time_in_the_leaderboard(tmp_path, capsys):
+    pytest.importorskip("optuna")
+    write_table(tmp_path / "table.csv", n=200)
+    cfg = write_config(tmp_path, training={"num_train_epochs": 2, "eval_steps": 5, "save_steps": 5})
+    mapping = yaml.safe_load(cfg.read_text())
+    mapping["tune"] = {"n_trials": 3, "pruner": "hyperband", "objective": {"metric": "accuracy"}, "seed": 3,
+                       "space": {"model.args.hidden_size": {"choice": [8, 64]}, "model.args.depth": {"int": [1, 3]}}}
+    cfg.write_text(yaml.safe_dump(mapping))
+    res = invoke(capsys, "tune", str(cfg))
+    assert res.exit_code == 0, res.output[-3000:]
+    with (tmp_path / "run" / "leaderboard.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    done = [r for r in rows if r["state"] == "complete"]  # hyperband may stop one early (multi-fidelity search)
+    assert len(rows) == 3 and len(done) >= 2 and all(r["state"] in ("complete", "pruned") for r in rows)
+    for r in done:  # the parameter count follows the sampled architecture: x1, x2, flag + colour's embedding (5 entries x 3)
+        h, d = int(r["model.args.hidden_size"]), int(r["model.args.depth"])
+        width, n = 6, 0
+        for _ in range(d):
+            n += width * h + h + 2 * h  # Linear + LayerNorm
+            width = h
+        assert int(r["parameters"]) == n + width * 2 + 2 + 5 * 3, r
+        assert float(r["step_seconds"]) > 0

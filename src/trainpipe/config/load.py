@@ -11,10 +11,11 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from trainpipe.config.family import resolve_family, resolve_task
 from trainpipe.config.messages import format_validation_error
 from trainpipe.config.run import RunConfig
 from trainpipe.errors import ConfigError
-from trainpipe.metrics import in_training_metrics, metric_direction, metric_key
+from trainpipe.metrics import TASK_METRICS, in_training_metrics, metric_direction, metric_key
 from trainpipe.redact import redact_obj, register_secrets
 
 
@@ -219,6 +220,8 @@ def _check_metric_for_best(cfg: RunConfig, source: str) -> None:
         return
     name = cfg.training.metric_for_best
     during = in_training_metrics(cfg.method.name, cfg.eval.metrics, cfg.eval.generate_in_training)
+    if resolve_family(cfg.model, cfg.data)[0] != "text":  # tabular, custom, image: the task's metrics at every eval
+        during = TASK_METRICS[resolve_task(cfg.method, cfg.data)[0]]
     if metric_key(name) not in during:
         raise ConfigError(
             f"{source}: `training.metric_for_best: {name}` is not measured by the in-training evals of a `{cfg.method.name}` run with this "

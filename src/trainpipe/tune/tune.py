@@ -38,10 +38,11 @@ import yaml
 
 from trainpipe import ownership, ui
 from trainpipe.config import RunConfig, TuneConfig, apply_overrides, build_config, load_config, read_yaml
+from trainpipe.config.family import resolve_family, resolve_task
 from trainpipe.errors import ConfigError, TrainpipeError
 from trainpipe.events import read_events
 from trainpipe.metrics import (  # noqa: F401 - the table's names, re-exported for tune's callers
-    ALIASES, DIRECTIONS, IN_TRAINING_METRICS, METHOD_METRICS, MINIMIZED, NO_DIRECTION, MetricDirectionError, metric_direction, metric_key,
+    ALIASES, DIRECTIONS, IN_TRAINING_METRICS, METHOD_METRICS, MINIMIZED, NO_DIRECTION, TASK_METRICS, MetricDirectionError, metric_direction, metric_key,
 )
 from trainpipe.metrics import in_training_metrics as _in_training_metrics
 from trainpipe.pipeline.run import run
@@ -106,6 +107,8 @@ def load_study_config(path: str | Path, overrides: list[str]) -> tuple[RunConfig
 
 def in_training_metrics(cfg: RunConfig) -> tuple[str, ...]:
     """The metrics a run of ``cfg`` measures at every in-training eval (what the pruner can be given)."""
+    if resolve_family(cfg.model, cfg.data)[0] != "text":  # tabular, custom, image: the task's metrics at every eval
+        return TASK_METRICS[resolve_task(cfg.method, cfg.data)[0]]
     return _in_training_metrics(cfg.method.name, cfg.eval.metrics, cfg.eval.generate_in_training)
 
 
@@ -119,6 +122,8 @@ def check_metric(cfg: RunConfig) -> str | None:
     m = metric_key(name)
     shown = m if m == name else f"{name}` (`{m}`"
     allowed = METHOD_METRICS.get(cfg.method.name) or tuple(cfg.eval.metrics)
+    if resolve_family(cfg.model, cfg.data)[0] != "text":
+        allowed = in_training_metrics(cfg)
     if m not in allowed:
         raise ConfigError(
             f"`tune.objective.metric: {shown}` is not measured by a `{cfg.method.name}` run with this config (it measures {', '.join(allowed)}). "
@@ -283,6 +288,11 @@ def _record(trial, summary: dict, t0: float) -> None:
     """What a finished trial keeps in the study: its time, steps, final and baseline metrics and its exported model."""
     trial.set_user_attr("seconds", round(time.time() - t0, 3))
     trial.set_user_attr("train_steps", summary.get("train", {}).get("global_step"))
+    tr, size = summary.get("train") or {}, (summary.get("parameters") or {}).get("trainable")
+    if size is not None:
+        trial.set_user_attr("parameters", size)
+    if tr.get("global_step") and tr.get("train_seconds"):  # measured seconds per optimizer step (evals and checkpoints included)
+        trial.set_user_attr("step_seconds", round(tr["train_seconds"] / tr["global_step"], 5))
     trial.set_user_attr("final", {k: v for k, v in (summary.get("final") or {}).items() if isinstance(v, (int, float))})
     trial.set_user_attr("baseline", {k: v for k, v in (summary.get("baseline") or {}).items() if isinstance(v, (int, float))})
     trial.set_user_attr("model", summary.get("artifacts", {}).get("model"))
