@@ -19,7 +19,7 @@ from trainpipe.config import DataConfig
 from trainpipe.data import formats
 from trainpipe.data.blocks import BlockStream
 from trainpipe.data.dedup import Decontaminator
-from trainpipe.data.intake import Intake, Stages, check_read
+from trainpipe.data.intake import DROP_RULES, Intake, Stages, check_read
 from trainpipe.data.lengths import row_loss_tokens, row_tokens
 from trainpipe.data.packing import non_pad_share, pack_bins, pack_rows
 from trainpipe.data.sources import Rejected, expand, read_file
@@ -92,6 +92,7 @@ class _Build:
         self.decon_report: dict = {"enabled": cfg.decontamination.enabled}
         self.split_stats: dict[str, dict] = {}
         self.truncated = 0
+        self.cut = [0, 0]  # truncated pairs: prompt and reply tokens removed (data/lengths.truncate_pair)
         self.chunked = self.blocks = 0  # raw-text documents over max_length, and the max_length blocks they became
         self.streams: dict[str, BlockStream] = {}  # `pretrain_blocks: stream`: each split's raw-text block stream
         self.train_lengths: list[int] = []
@@ -186,6 +187,8 @@ class _Build:
                     keep.append(i)
                     continue
                 self.dropped["decontaminated"] += 1
+                self.intake.filtered.append({"source": str(meta[i][4]), "line": meta[i][2], "unit": "line", "kind": "decontaminated",
+                                             "stage": "decontamination", "reason": DROP_RULES["decontaminated"]})
                 drops.append({"record": f"{meta[i][4]}:{meta[i][2]}", "ngram": hit[0], "matched": hit[1], "overlap": hit[2]})
         self.stages.mark("decontamination", len(assign["train"]) - len(keep), len(keep))
         assign["train"] = keep
@@ -236,8 +239,13 @@ class _Build:
         out to ``out``. Returns the rows not yet written."""
         if enc.row is None:
             self.dropped[enc.reason] += 1
+            m = self.intake.meta[i]
+            self.intake.filtered.append({"source": str(m[4]), "line": m[2], "unit": "line", "kind": enc.reason, "stage": "length",
+                                         "split": name, "reason": DROP_RULES.get(enc.reason, enc.reason)})
             return rows
         self.truncated += enc.truncated
+        self.cut[0] += enc.cut[0]
+        self.cut[1] += enc.cut[1]
         st["records"] += 1
         copies = 1
         w = self.cfg.sources[self.intake.meta[i][0]].weight
@@ -348,7 +356,9 @@ class _Build:
             return lengths[min(len(lengths) - 1, int(round(p * (len(lengths) - 1))))] if lengths else 0
 
         return {"p50": pct(0.5), "p95": pct(0.95), "max": lengths[-1] if lengths else 0, "max_length": cfg.max_length,
-                "dropped_too_long": dropped.get("too_long", 0) + dropped.get("too_long_chars", 0),
+                "dropped_too_long": dropped.get("too_long", 0) + dropped.get("too_long_chars", 0) + dropped.get("too_long_prompt", 0),
+                "truncated_tokens": {"prompt": self.cut[0], "replies": self.cut[1],
+                                     "prompt_mean": round(self.cut[0] / self.truncated, 1) if self.truncated else 0.0},
                 "dropped_before_tokenizing": dropped.get("too_long_chars", 0), "cut_before_tokenizing": self.intake.cut_early,
                 "max_chars": self.intake.chars, "max_record_bytes": self.intake.limits.max_record_bytes, "truncated": self.truncated,
                 "policy": cfg.truncation, "chunked_documents": self.chunked, "chunk_blocks": self.blocks,
@@ -362,6 +372,8 @@ class _Build:
         writer.write_json("eval_generation.json", self.gens)
         with open(writer.path("rejected.jsonl"), "w", encoding="utf-8") as out:
             for r in self.intake.rejects.items:
+                out.write(json.dumps(r, default=str) + "\n")
+            for r in self.intake.filtered:  # every filter's drops too, each with its file, line and rule
                 out.write(json.dumps(r, default=str) + "\n")
         with open(writer.path("duplicates.jsonl"), "w", encoding="utf-8") as out:
             for d in self.intake.duplicates:

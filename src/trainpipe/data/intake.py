@@ -29,6 +29,40 @@ REJECT_KINDS = ("invalid_json", "not_an_object", "duplicate_key", "ragged_row", 
 SIZE_KINDS = ("too_big", "bad_image")
 
 
+# what each drop rule means, as rejected.jsonl states it beside the record's file and line
+DROP_RULES = {
+    "too_long_chars": "far over max_length in characters (`data.max_length`, `data.truncation`)",
+    "identical_pair": "chosen and rejected are the same: nothing to prefer",
+    "empty_response": "a response is empty (`data.filters.empty_response`)",
+    "bad_encoding": "control characters or mojibake (`data.filters.bad_encoding`)",
+    "repetitive": "a trained response repeats itself over `data.filters.max_repetition` of its word 3-grams",
+    "exact_duplicate": "the same text as an earlier record (`data.dedup.exact`; the match is in duplicates.jsonl)",
+    "near_duplicate": "nearly the same text as an earlier record (`data.dedup.near`; the match is in duplicates.jsonl)",
+    "decontaminated": "shares an n-gram with an eval/test response or a benchmark item (`data.decontamination`)",
+    "too_long": "over `data.max_length` tokens (`data.truncation`)",
+    "too_long_prompt": "the prompt's budget cannot hold the answer's header: truncating would break the turn",
+    "too_short": "fewer loss tokens than `data.filters.min_tokens`",
+    "no_loss_tokens": "no token carries loss",
+    "too_long_response": "more response tokens than `data.filters.max_tokens`",
+}
+
+
+def _at(at: str) -> tuple[str, int]:
+    src, _, line = at.rpartition(":")
+    return src, int(line) if line.isdigit() else 0
+
+
+def _taught(ex: dict) -> list[str]:
+    """The responses the repetition filter judges: the ones the model is taught to produce. A KTO example labelled
+    undesirable (`label: false`) and a pair's rejected reply are there to teach what NOT to say: a repetitive one is what
+    they are for, so they are never dropped for it."""
+    if ex["kind"] == "preference":
+        return [formats.said(m) for m in ex["chosen"] if m["role"] == "assistant"]
+    if ex["kind"] == "kto" and not ex.get("label", True):
+        return []
+    return formats.responses(ex)
+
+
 def where(unit: str, line: int) -> str:
     return "(the whole file)" if unit == "file" else f"{unit} {line}"
 
@@ -110,6 +144,7 @@ class Intake:
         self.near = NearDedup(dd.threshold, dd.shingle_size, dd.num_perm) if dd.near else None
         self.seen: dict[bytes, int] | None = {}
         self.duplicates: list[dict] = []
+        self.filtered: list[dict] = []  # every record a filter, dedup, length or decontamination rule dropped: rejected.jsonl
         self.changed: list[str] = []  # files whose content changed between the cache lookup and the read
         self.limits = Limits(cfg.max_record_bytes or default_record_bytes(cfg.max_length))
         self.chars = max_chars(cfg.max_length)
@@ -147,7 +182,7 @@ class Intake:
                 continue
             ex, cut = bound_example(ex, self.chars, self.cfg.truncation)
             if ex is None:  # far over max_length: never cleaned, deduplicated, rendered or tokenized
-                self.dropped["too_long_chars"] += 1
+                self.drop("too_long_chars", item.source, item.line, "length")
                 continue
             self.cut_early += cut
             if reservoir is not None:  # max_records: seeded reservoir sample, original order kept
@@ -220,23 +255,20 @@ class Intake:
 
     def keep(self, item, ex, data, si, src) -> int:
         """Clean, filter and dedup one example; spill it when kept. Returns 1 when kept."""
-        cfg, dropped = self.cfg, self.dropped
+        cfg = self.cfg
         f = cfg.filters
         if self.scrub_record is not None:  # one value, one replacement, in every text of the record (data/pii.py)
             ex = self.scrub_record(ex, f"{item.source}:{item.line}")
+        at = (item.source, item.line)
         if ex["kind"] == "preference" and _texts(ex["chosen"]) == _texts(ex["rejected"]):
-            dropped["identical_pair"] += 1  # nothing to prefer: the loss is flat at log 2 whatever the model does
-            return 0
+            return self.drop("identical_pair", *at)  # nothing to prefer: the loss is flat at log 2 whatever the model does
         resp = formats.responses(ex)
         if f.empty_response and (not resp or any(not r.strip() for r in resp)):
-            dropped["empty_response"] += 1
-            return 0
+            return self.drop("empty_response", *at)
         if f.bad_encoding and clean.encoding_problem(formats.strings(ex)):
-            dropped["bad_encoding"] += 1
-            return 0
-        if f.max_repetition is not None and any(clean.repetition(r) > f.max_repetition for r in resp):
-            dropped["repetitive"] += 1
-            return 0
+            return self.drop("bad_encoding", *at)
+        if f.max_repetition is not None and any(clean.repetition(r) > f.max_repetition for r in _taught(ex)):
+            return self.drop("repetitive", *at)
         if self._duplicate(ex, f"{item.source}:{item.line}"):
             return 0
         self.offsets.append(self._spill.tell())
@@ -244,6 +276,13 @@ class Intake:
         stratum = data.get(cfg.stratify_by) if cfg.stratify_by else None
         self.meta.append((si, src.role, item.line, stratum, item.source, ex["kind"] == "text" and "label" not in ex))
         return 1
+
+    def drop(self, rule: str, source: str, line: int, stage: str = "filters") -> int:
+        """Count a dropped record under ``rule`` and list it (file, line, rule, stage) for rejected.jsonl; returns 0 (kept none)."""
+        self.dropped[rule] += 1
+        self.filtered.append({"source": str(source), "line": line, "unit": "line", "kind": rule, "stage": stage,
+                              "reason": DROP_RULES.get(rule, rule)})
+        return 0
 
     def _duplicate(self, ex: dict, at: str) -> bool:
         """Exact, then near dedup against the examples kept so far (the first of a group is kept); a duplicate is
@@ -257,14 +296,14 @@ class Intake:
             k = exact_key(ws)
             first = seen.get(k)
             if first is not None:
-                self.dropped["exact_duplicate"] += 1
+                self.drop("exact_duplicate", *_at(at), "dedup")
                 self.duplicates.append({"record": at, "matched": self._loc(first), "kind": "exact", "similarity": 1.0})
                 return True
             seen[k] = gid
         if near is not None and not ex.get("image_sha256"):  # images: same text about different pictures is no duplicate
             hit = near.check_and_add(gid, ids)
             if hit is not None:
-                self.dropped["near_duplicate"] += 1
+                self.drop("near_duplicate", *_at(at), "dedup")
                 self.duplicates.append({"record": at, "matched": self._loc(hit[0]), "kind": "near", "similarity": round(hit[1], 3)})
                 if cfg.dedup.exact:
                     del seen[k]

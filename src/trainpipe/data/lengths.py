@@ -91,14 +91,19 @@ def bound_example(ex: dict, limit: int, truncation: str) -> tuple[dict | None, b
     return {**ex, "prompt": _keep_end(ex["prompt"], limit - longest - tools)}, True
 
 
-def truncate_pair(prompt: list[int], replies: list[list[int]], max_length: int) -> tuple[list[int] | None, list[list[int]]]:
-    """TRL's DPO rule (`truncation_mode: keep_start`, with `max_prompt_length` half of `max_length`): the prompt keeps
-    what the longest reply leaves, but at least its budget of half `max_length`, cut keeping its start; then each
-    reply keeps its start up to what is left. (None, replies) when even that cannot train: no room for a reply, or
-    chosen and rejected become the same tokens (nothing left to prefer)."""
+def truncate_pair(prompt: list[int], replies: list[list[int]], max_length: int, header: int = 0) -> tuple[list[int] | None, list[list[int]]]:
+    """TRL's DPO rule with `truncation_mode: keep_end` for the prompt (`max_prompt_length` half of `max_length`): the
+    prompt keeps what the longest reply leaves, but at least its budget of half `max_length`, cut from its START so the
+    turns nearest the answer and the answer's header (the template's generation prompt, ``header`` tokens at the end)
+    stay whole; then each reply keeps its start up to what is left. (None, replies) when even that cannot train: the
+    budget cannot hold the answer's header (a cut through it would glue the reply onto a broken turn), no room for a
+    reply, or chosen and rejected become the same tokens (nothing left to prefer)."""
     longest = max(len(r) for r in replies)
     budget = max(max_length - longest, max_length // 2)
-    prompt = prompt[:budget]
+    if len(prompt) > budget:
+        if budget <= header:
+            return None, replies
+        prompt = prompt[len(prompt) - budget:]
     room = max_length - len(prompt)
     replies = [r[:room] for r in replies]
     if room < 1 or (len(replies) == 2 and replies[0] == replies[1]):

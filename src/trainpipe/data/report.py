@@ -29,6 +29,10 @@ def summary_lines(r: dict) -> list[str]:
         out.append(f"split {name}: {st['records']} records, {st['rows']} rows, {st['tokens']} tokens ({st['loss_tokens']} carry loss)")
     ln = r["length"]
     out.append(f"length p50 {ln['p50']}  p95 {ln['p95']}  max {ln['max']}  (max_length {ln['max_length']}; {ln['dropped_too_long']} dropped, {ln['truncated']} truncated)")
+    tt = ln.get("truncated_tokens") or {}
+    if tt.get("prompt") or tt.get("replies"):
+        out.append(f"  truncated pairs: {tt['prompt']} prompt tokens cut from the prompts' start ({tt['prompt_mean']} per truncated example; "
+                   f"the answer's header kept), {tt['replies']} reply tokens cut from the replies' end")
     b = r["batching"]
     out.append(f"batching {b['mode']}: non-pad share {b['non_pad_share']:.3f} ({b['basis']}); padding to max_length would give {b['padded_to_max_length_share']:.3f}")
     c = r.get("cache", {})

@@ -94,6 +94,7 @@ class Encoded:
     generation: dict | None = None
     more: list = field(default_factory=list)  # raw text longer than max_length: the blocks after ``row``
     doc: bool = False  # a whole raw-text document for the split's block stream (``pretrain_blocks: stream``, data/blocks.py)
+    cut: tuple[int, int] = (0, 0)  # a truncated pair: (prompt tokens, reply tokens) removed
 
 
 def encode_batch(tokenizer, tpl: Template, examples: list[dict], *, train_on: str, max_length: int, truncation: str,
@@ -123,11 +124,12 @@ def _encode_batch(tokenizer, tpl: Template, examples: list[dict], *, train_on: s
     if pairs:
         flat = [t for _, parts in pairs for t in parts]
         encs = _encode(tokenizer, flat)
+        header = answer_header_tokens(tokenizer, tpl)
         k = 0
         for i, parts in pairs:
             ids = [list(e.ids) for e in encs[k : k + len(parts)]]
             k += len(parts)
-            out[i] = _pair_row(examples[i], ids[0], ids[1:], max_length=max_length, truncation=truncation, min_tokens=min_tokens)
+            out[i] = _pair_row(examples[i], ids[0], ids[1:], max_length=max_length, truncation=truncation, min_tokens=min_tokens, header=header)
     return out  # type: ignore[return-value]
 
 
@@ -223,21 +225,41 @@ def _whole(enc: Encoded) -> Encoded:
     return Encoded(row, None, False, None, [], True)
 
 
-def _pair_row(ex: dict, prompt: list[int], replies: list[list[int]], *, max_length: int, truncation: str, min_tokens: int) -> Encoded:
-    """A preference pair's or KTO example's row (prompt and reply tokens), or the reason it is dropped."""
+def answer_header_tokens(tokenizer, tpl: Template) -> int:
+    """How many tokens the template's generation prompt (the answer's header, `<|im_start|>assistant\\n`) adds at the end
+    of a prompt: what pair truncation must never cut (measured once per template on a probe turn)."""
+    key = ("_answer_header", tpl.source)
+    cached = getattr(tokenizer, "_trainpipe_header", None)
+    if cached and cached[0] == key:
+        return cached[1]
+    probe = [{"role": "user", "content": "Hello there."}]
+    plain, with_header = tpl.render(probe), tpl.render(probe, add_generation_prompt=True)
+    a, b = _encode(tokenizer, [plain, with_header])
+    n = max(1, len(b.ids) - len(a.ids))
+    tokenizer._trainpipe_header = (key, n)
+    return n
+
+
+def _pair_row(ex: dict, prompt: list[int], replies: list[list[int]], *, max_length: int, truncation: str, min_tokens: int, header: int = 0) -> Encoded:
+    """A preference pair's or KTO example's row (prompt and reply tokens), or the reason it is dropped. A prompt that must
+    be cut keeps its end (the answer's header whole); one whose budget cannot hold the header is dropped as
+    `too_long_prompt`, never mangled. ``Encoded.cut``: the prompt and reply tokens truncation removed."""
     truncated = False
+    cut = (0, 0)
     longest = max(len(r) for r in replies)
     if len(prompt) + longest > max_length:
         if policy(truncation, ex["kind"]) == "drop":
             return Encoded(None, "too_long")
-        prompt, replies = truncate_pair(prompt, replies, max_length)
+        before = (len(prompt), sum(len(r) for r in replies))
+        prompt, replies = truncate_pair(prompt, replies, max_length, header)
         if prompt is None:
-            return Encoded(None, "too_long")
+            return Encoded(None, "too_long_prompt" if max(max_length - longest, max_length // 2) <= header else "too_long")
         truncated = True
+        cut = (before[0] - len(prompt), before[1] - sum(len(r) for r in replies))
     if min(len(r) for r in replies) < max(1, min_tokens):
         return Encoded(None, "too_short")
     if ex["kind"] == "preference":
         row = {"prompt_input_ids": prompt, "chosen_input_ids": replies[0], "rejected_input_ids": replies[1]}
     else:
         row = {"prompt_input_ids": prompt, "completion_input_ids": replies[0], "label": ex["label"]}
-    return Encoded(row, None, truncated)
+    return Encoded(row, None, truncated, cut=cut)

@@ -1,5 +1,5 @@
-"""Preference pairs over max_length are truncated as TRL's DPO does (prompt keeps its start within its budget, then
-the replies keep their start to fit), so they are kept; on main only the prompt was cut and a pair whose reply alone
+"""Preference pairs over max_length are truncated as TRL's DPO does with `keep_end` (the prompt keeps its END within
+its budget, the answer's header whole: issue 35; then the replies keep their start to fit), so they are kept; on main only the prompt was cut and a pair whose reply alone
 was long was dropped (203 of 300 at max_length 384)."""
 
 import json
@@ -21,9 +21,9 @@ def words(tag, n):
     return " ".join(f"{tag}{k}" for k in range(n))
 
 
-def test_rule_keeps_prompt_start_and_fits_replies():
+def test_rule_keeps_prompt_end_and_fits_replies():
     prompt, replies = truncate_pair(list(range(300)), [list(range(1000, 1400)), list(range(2000, 2050))], 256)
-    assert prompt == list(range(128))  # the prompt budget: half of max_length, its start kept
+    assert prompt == list(range(172, 300))  # the prompt budget: half of max_length, its end (the answer's header) kept
     assert replies[0] == list(range(1000, 1128)) and replies[1] == list(range(2000, 2050))
     short, reps = truncate_pair(list(range(20)), [list(range(1000, 1400)), list(range(2000, 2400))], 256)
     assert short == list(range(20)) and all(len(short) + len(r) <= 256 for r in reps)
