@@ -77,3 +77,23 @@ def test_a_study_without_a_finished_trial_ends_with_one_paragraph_and_exit_2(tmp
         text = " ".join(capsys.readouterr().out.split())
         assert "ended without a best trial" in text and state in text and "No best.yaml was written" in text, text
         assert not (tmp_path / fn / "best.yaml").exists() and (tmp_path / fn / "leaderboard.csv").exists()
+
+
+def test_no_importance_for_a_parameter_that_never_varied():
+    from trainpipe.tune.leaderboard import importances
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    for _ in range(8):
+        tr = study.ask()
+        lr = tr.suggest_float("lr", 1e-4, 1e-2, log=True)
+        tr.suggest_categorical("r", [8])  # one value: never varies
+        study.tell(tr, (lr - 1e-3) ** 2)
+    imp = importances(study)
+    assert set(imp) == {"lr"} and imp["lr"] == 1.0
+    few = optuna.create_study()
+    for v in (1.0, 2.0):
+        few.enqueue_trial({"lr": v})
+        t = few.ask({"lr": optuna.distributions.FloatDistribution(0.5, 3.0)})
+        few.tell(t, v)
+    assert importances(few) == {}  # 2 complete trials: too few to say
