@@ -89,6 +89,8 @@ def test_table_classification_types_accounts_beats_guessing_and_predict_equals_f
     conf = summary["task_report"]["confusion"]
     assert conf["classes"] == ["neg", "pos"] and sum(map(sum, conf["matrix"])) == report["splits"]["eval"]
     assert {g["name"]: g["status"] for g in summary["gates"]["results"]}["beats_trivial"] == "pass"
+    page = (run / "report.html").read_text()
+    assert 'id="confusion"' in page and 'id="per-class"' in page and "always <code>" in page
 
     # the export, on the same rows, predicts what the final eval predicted
     res = invoke(capsys, "predict", str(run), "--data", str(tmp_path / "table.csv"), "--out", str(tmp_path / "pred.csv"))
@@ -122,6 +124,7 @@ def test_table_regression_beats_the_training_mean(tmp_path, capsys):
     assert summary["task"] == "regression" and final["r2"] > 0.8 and final["rmse"] < 0.5 * trivial["rmse"], (final, trivial)
     assert 90 < trivial["train_mean"] < 110  # in the target's own units
     assert len(summary["task_report"]["predicted_vs_true"]) > 10
+    assert 'id="predicted-vs-true"' in (tmp_path / "run" / "report.html").read_text()
     gates = {g["name"]: g["status"] for g in summary["gates"]["results"]}
     assert gates["beats_trivial"] == "pass" and gates["beats_baseline"] == "pass"
 

@@ -23,6 +23,7 @@ from trainpipe.evaluate.metrics import reading
 from trainpipe.metrics import DIRECTIONS, metric_key
 from trainpipe.report import plots
 from trainpipe.report.diagnose import damaged_files, read_log, read_mapping, SECTIONS
+from trainpipe.report.task import section_task
 from trainpipe.track.manifest import write_json
 
 CSS = """
@@ -148,7 +149,8 @@ def build_html(r: dict) -> str:
            + (f" <small>{escape(detail[:400])}</small>" if detail else "") + "</p>",
            f'<p><span class="verdict {verdict[0]}" id="verdict">{escape(verdict[1])}</span></p>']
     damaged = list(r.get("damaged") or [])
-    for title, section, arg in (("Quality gates", _section_gates, gates), ("Baseline vs final", _section_results, s), ("Training curves", _section_curves, r),
+    for title, section, arg in (("Quality gates", _section_gates, gates), ("Baseline vs final", _section_results, s), ("Task metrics", section_task, s),
+                                ("Training curves", _section_curves, r),
                                 ("Forgetting", _section_forgetting, r), ("Benchmarks", _section_benchmarks, s), ("Sample generations", _section_samples, s),
                                 ("Data", _section_data, r), ("Plan vs measured", _section_plan, r), ("Events", _section_events, r),
                                 ("Manifest", _section_manifest, r)):
