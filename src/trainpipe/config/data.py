@@ -42,8 +42,8 @@ class DataSource(_Section):
     """Take at most this many records of this source (a seeded random choice when it has more)."""
     role: Literal["train", "eval", "test"] = "train"
     """`eval` or `test` makes this source the eval/test set instead of a share of the training sources."""
-    split_by: Literal["document", "paragraph", "line"] = "document"
-    """How a `.txt` file becomes raw-text records: the whole file (`document`), each block between blank lines (`paragraph`), or each non-blank line (`line`). Long documents are cut into `max_length` blocks for training, none of their tokens lost."""
+    split_by: Literal["auto", "document", "paragraph", "line"] = "auto"
+    """How a `.txt` file becomes raw-text records: the whole file (`document`), each block between blank lines (`paragraph`), or each non-blank line (`line`); `auto` (default): `line` for a file of one document a line (no blank line, at least two lines, the median line 200 characters or more, as LLaMA-Factory's `wiki_demo.txt`), else `document`; the choice and why are printed. Long documents are cut into `max_length` blocks for training, none of their tokens lost."""
 
     @model_validator(mode="after")
     def _one_origin(self) -> "DataSource":

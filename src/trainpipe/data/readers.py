@@ -290,15 +290,19 @@ def _read_csv(p: Path, delim: str, digests: dict | None, max_field: int | None) 
         digests[str(p)] = {"sha256": sha, "exact": True}
 
 
-def read_txt(p: Path, digests: dict | None = None, split_by: str = "document") -> Iterator[Record]:
+def read_txt(p: Path, digests: dict | None = None, split_by: str = "auto") -> Iterator[Record]:
     """Raw-text records of a .txt file (for continued pretraining): the whole file (``split_by: document``), each
-    non-blank line (``line``), or each block of lines between blank lines (``paragraph``); a record's ``line`` is the
-    line it starts on."""
+    non-blank line (``line``), or each block of lines between blank lines (``paragraph``); ``auto`` reads the file's
+    shape (:func:`txt_shape`: one document a line -> ``line``, else ``document``) and says it on the console. A record's
+    ``line`` is the line it starts on."""
     raw = _read_bytes(p, digests)
     try:
         text = raw.decode("utf-8").removeprefix(_BOM)
     except UnicodeDecodeError as exc:
         raise _utf8_error(p, exc, None) from None
+    if split_by == "auto":
+        split_by, why = txt_shape(text)
+        _say_split(p, split_by, why)
     if split_by == "document":
         yield Record(str(p), 1, {"text": text}, unit="file")
         return
@@ -318,6 +322,39 @@ def read_txt(p: Path, digests: dict | None = None, split_by: str = "document") -
             block = []
     if block:
         yield Record(str(p), start, {"text": "\n".join(block)}, unit="line")
+
+
+DOC_LINE_CHARS = 200  # a median line this long, with no blank line in the file: one document a line (wiki_demo.txt)
+
+
+def txt_shape(text: str) -> tuple[str, str]:
+    """(`split_by` for ``split_by: auto``, why): `line` for a file of one document a line (no blank line, at least two
+    lines, the median line at least DOC_LINE_CHARS characters: LLaMA-Factory's wiki_demo.txt, one article a line);
+    `document` otherwise (prose wrapped at ~80 characters, or paragraphs between blank lines, is one document)."""
+    lines = text.splitlines()
+    filled = [len(x) for x in lines if x.strip()]
+    blank = len(lines) - len(filled)
+    if len(filled) >= 2 and not blank:
+        median = sorted(filled)[len(filled) // 2]
+        if median >= DOC_LINE_CHARS:
+            return "line", f"{len(filled):,} lines, no blank line, median {median:,} characters a line: one document a line"
+        return "document", f"{len(filled):,} lines of median {median:,} characters: wrapped text, one document"
+    return "document", f"{len(filled):,} non-blank and {blank:,} blank lines: one document"
+
+
+_SAID_SPLIT: set = set()
+
+
+def _say_split(p: Path, split_by: str, why: str) -> None:
+    """The shape `split_by: auto` read, said once per file on the console, with the key that changes it."""
+    if str(p) in _SAID_SPLIT:
+        return
+    _SAID_SPLIT.add(str(p))
+    from trainpipe import ui
+
+    other = "document" if split_by == "line" else "line` or `paragraph"
+    ui.console().print(f"  {p.name}: read with split_by {split_by} ({why}); set `split_by: {other}` on the source to read it otherwise",
+                       markup=False, highlight=False, soft_wrap=True)
 
 
 def read_arrow_dir(p: Path, split: str = "train") -> Iterator[Record]:

@@ -115,11 +115,11 @@ def iter_source(src, digests: dict | None = None, limits: Limits | None = None) 
         yield from bounded(read_sql(src.sql.url, src.sql.query), limits)
         return
     for f in expand(src.path):
-        yield from read_file(f, split=src.hub_split, digests=digests, limits=limits, split_by=getattr(src, "split_by", "document"))
+        yield from read_file(f, split=src.hub_split, digests=digests, limits=limits, split_by=getattr(src, "split_by", "auto"))
 
 
 def read_file(p: Path, split: str = "train", digests: dict | None = None, limits: Limits | None = None,
-              split_by: str = "document") -> Iterator[Record | Rejected]:
+              split_by: str = "auto") -> Iterator[Record | Rejected]:
     if _is_arrow_dir(p):
         yield from bounded(read_arrow_dir(p, split), limits)
         if digests is not None:
