@@ -57,7 +57,7 @@ def attach_processor(tok, folder: str | Path, *, trust_remote_code: bool = False
     try:
         proc = AutoProcessor.from_pretrained(str(p), trust_remote_code=trust_remote_code)
     except (OSError, ValueError, TypeError, AttributeError, ImportError) as exc:
-        needs = "torchvision" in str(exc) or "VIDEO_PROCESSOR" in str(exc) or "_extra_content" in str(exc)
+        needs = isinstance(exc, ImportError) or any(k in str(exc) for k in ("torchvision", "VIDEO_PROCESSOR", "_extra_content"))
         raise ModelLoadError(
             f"The processor in `{folder}` cannot be loaded ({type(exc).__name__}: {str(exc).splitlines()[0][:160]}). "
             + ("This family's processor builds a video processor, which needs torchvision (not importable here): install a "

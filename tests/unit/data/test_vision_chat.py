@@ -151,3 +151,24 @@ def test_images_for_a_text_model_are_refused_in_one_paragraph(tmp_path):
     with pytest.raises(DataError) as e:
         _prep(tmp_path, tok, shape_records(tmp_path, 3))
     assert "no image processor" in str(e.value) and "vision-language" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_processor_that_needs_torchvision_says_so(tmp_path):
+    pytest.importorskip("PIL")
+    try:
+        import torchvision  # noqa: F401
+    except Exception:  # noqa: BLE001 - the environment this test is about: torchvision missing or broken beside torch
+        pass
+    else:
+        pytest.skip("torchvision imports here")
+    from vlm_tiny import build_tokenizer
+
+    from trainpipe.errors import ModelLoadError
+    from trainpipe.model.vision import attach_processor
+
+    tok = build_tokenizer(extra=("<|vision_start|>", "<|vision_end|>", "<|image_pad|>"))
+    tok.save_pretrained(tmp_path)
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps({"image_processor_type": "Qwen2VLImageProcessor", "processor_class": "Qwen2VLProcessor"}))
+    with pytest.raises(ModelLoadError) as e:
+        attach_processor(tok, tmp_path)
+    assert "video processor, which needs torchvision" in str(e.value) and "LLaVA" in str(e.value)
