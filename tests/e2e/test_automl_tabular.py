@@ -31,7 +31,7 @@ def autogluon_python() -> str:
 def write_config(tmp: Path, **automl) -> Path:
     cfg = {"name": "bc", "model": {"args": {"hidden_size": 64, "depth": 2, "dropout": 0.1}},
            "data": {"sources": [{"path": str(TABLE)}], "label": "diagnosis", "eval_split": 0.2, "test_split": 0.2},
-           "training": {"learning_rate": 1.0e-3, "num_train_epochs": 8, "per_device_train_batch_size": 32, "eval_steps": 20, "save_steps": 20},
+           "training": {"learning_rate": 1.0e-3, "num_train_epochs": 6, "per_device_train_batch_size": 32, "eval_steps": 20, "save_steps": 20},
            "tracking": {"backend": "none"}, "gates": {"on_fail": "warn"}, "output_dir": str(tmp / "unused"),
            "automl": {"task": "tabular", "time_limit": 45, "output_dir": str(tmp / "automl"), **automl}}
     p = tmp / "bc.yaml"
@@ -40,7 +40,7 @@ def write_config(tmp: Path, **automl) -> Path:
 
 
 def test_autogluon_beats_the_neural_model_and_the_trivial_predictor_on_one_test_split(tmp_path, autogluon_python):
-    config = write_config(tmp_path, python=autogluon_python)
+    config = write_config(tmp_path, python=autogluon_python, memory_gib=4)
     assert main(["automl", str(config)]) == 0
     out = tmp_path / "automl"
     res = json.loads((out / "automl.json").read_text())

@@ -72,6 +72,8 @@ class AutomlConfig(_Section):
     """tabular: AutoGluon's fit budget in seconds (default: `budget_hours` x 3600, else 120)."""
     presets: str = "auto"
     """tabular: AutoGluon's presets; `auto`: `medium_quality` under 1 h of `time_limit`, `good_quality` up to 4 h, `best_quality` above (bagging and stacking pay off only with time to fit several folds of every model)."""
+    memory_gib: float | None = Field(default=None, gt=0)
+    """tabular: the memory AutoGluon may use, in GiB (its `memory_limit`: it skips or stops a model expected to exceed it); default: the memory this machine has free."""
     python: str | None = None
     """tabular: the Python interpreter that has AutoGluon (its own environment: AutoGluon pins pandas below 2.4, trainpipe pandas 3); default `$TRAINPIPE_AUTOML_PYTHON`, else the one `scripts/automl_venv.sh` makes (`~/.cache/trainpipe/automl-venv/bin/python`)."""
     data: str | None = None

@@ -39,7 +39,7 @@ def fit(spec: dict) -> dict:
     bagged = spec["presets"] in ("best_quality", "high_quality", "good_quality", "extreme_quality")
     t0 = time.time()
     predictor.fit(train, tuning_data=tune, time_limit=spec["time_limit"], presets=spec["presets"], hyperparameters=spec["hyperparameters"],
-                  num_cpus=spec.get("num_cpus") or "auto", **({"use_bag_holdout": True} if bagged else {}))
+                  num_cpus=spec.get("num_cpus") or "auto", memory_limit=spec.get("memory_limit") or "auto", **({"use_bag_holdout": True} if bagged else {}))
     return {"seconds": round(time.time() - t0, 3), "models": list(predictor.model_names()), "best": predictor.model_best}
 
 

@@ -182,7 +182,8 @@ def automl_tabular(config: str | Path, overrides: list[str], a: AutomlConfig) ->
     common = {"label": LABEL, "categorical": categorical_columns(data), "problem_type": problem, "classes": data.classes}
     spec = {**common, "train": str(write_split(splits, "train", data, data.train, reads)), "eval": str(write_split(splits, "eval", data, data.eval, reads)),
             "eval_metric": "accuracy" if data.task == "classification" else "root_mean_squared_error", "time_limit": time_limit,
-            "presets": presets, "hyperparameters": LIGHT_MODELS, "num_cpus": free_cores()}
+            "presets": presets, "hyperparameters": LIGHT_MODELS, "num_cpus": free_cores(),
+            "memory_limit": a.memory_gib * 1024**3 / 1e9 if a.memory_gib else None}  # AutoGluon counts GB
     con.print(f"automl tabular: AutoGluon {version} ({presets}, {time_limit:g} s, {', '.join(LIGHT_MODELS)}, {spec['num_cpus']} core(s)) on {len(data.train)} training "
               f"and {len(data.eval)} tuning rows; {len(data.test)} test rows held out", markup=False, highlight=False)
 
@@ -227,7 +228,13 @@ def finish(out: Path, rows: list[dict], data, cfg, a, scored: dict, ag_dir: Path
     import io
 
     metric, higher = primary(data.task)
-    ranked = sorted(rows, key=lambda r: (r.get(metric) is None, -(r.get(metric) or 0) if higher else (r.get(metric) or 0)))
+    second = "log_loss" if data.task == "classification" else "mae"  # ties (a small test split) go to the better second metric, then the faster fit
+
+    def key(r: dict) -> tuple:
+        v, w = r.get(metric), r.get(second)
+        return (v is None, -(v or 0) if higher else (v or 0), w is None, w or 0, r.get("fit_seconds") or 0)
+
+    ranked = sorted(rows, key=key)
     for i, r in enumerate(ranked, 1):
         r["rank"] = i
     winner = ranked[0]
@@ -305,8 +312,10 @@ def predict_winner(folder: Path, data_path: Path, target: Path) -> dict:
                                        "categorical": meta["categorical"], "problem_type": meta["problem_type"]}, timeout=1800)
     buf = io.StringIO()
     w = csv.writer(buf)
-    w.writerow(["prediction", *(f"p_{c}" for c in res.get("classes", []))])
+    columns = list(raw[0]) if raw else []
+    w.writerow([*columns, "prediction", *(f"prob_{c}" for c in res.get("classes", []))])  # as `trainpipe predict` of trainpipe's own model
     for i, p in enumerate(res["prediction"]):
-        w.writerow([p, *(res["probabilities"][i] if "probabilities" in res else [])])
+        probs = [round(x, 6) for x in res["probabilities"][i]] if "probabilities" in res else []
+        w.writerow([*(raw[i].get(c) for c in columns), p, *probs])
     ownership.write_text(target, buf.getvalue(), what="the predictions", reads=[(Path(data_path), "the data to predict"), (Path(folder), "the model")])
     return {"rows": len(res["prediction"]), "family": "tabular (AutoGluon winner)", "task": prep.task, "out": str(target)}
