@@ -119,18 +119,19 @@ def emit_torchtitan(cfg, config_path: str, layout: dict, name: str, sets=(), *, 
     args = torchtitan_args(cfg, plan, world=g * n, hf_dir='"$HF"', data_dir='"$DATA"', out_dir='"$OUT"')
     argv = " ".join(a if a.startswith('"$') else shell_join([a]) for a in args)
     d = degrees(plan, g * n)
-    head = (f"# trainpipe: torchtitan hand-off of {name} ({n} node(s) x {g} {accelerator}): TP {d['tensor_parallel_degree']} x PP "
-            f"{d['pipeline_parallel_degree']} x CP {d['context_parallel_degree']} x DP {d['data_parallel_shard_degree']}, micro-batch "
-            f"{plan['recommendation']['micro_batch']}, effective batch {plan['recommendation']['effective_batch']}\n"
-            f"# the plan: {'; '.join(x['key'] + ' ' + str(x['value']) for x in plan['decision'] if x['key'] not in ('objective', 'continued'))}\n"
-            f"# fits: {plan['fits']}{'' if plan['fits'] else ' (' + str(plan.get('why_not')) + ')'}\n")
+    lines = [f"trainpipe: torchtitan hand-off of {name} ({n} node(s) x {g} {accelerator}): TP {d['tensor_parallel_degree']} x PP "
+             f"{d['pipeline_parallel_degree']} x CP {d['context_parallel_degree']} x DP {d['data_parallel_shard_degree']}, micro-batch "
+             f"{plan['recommendation']['micro_batch']}, effective batch {plan['recommendation']['effective_batch']}",
+             "the plan: " + "; ".join(f"{x['key']} {x['value']}" for x in plan["decision"] if x["key"] not in ("objective", "continued")),
+             f"fits: {plan['fits']}" + ("" if plan["fits"] else f" ({plan.get('why_not')})")]
+    head = "".join("# " + " ".join(str(x).split()) + "\n" for x in lines)  # one comment line each, whatever the values hold
     rdzv = "" if n == 1 else '--rdzv-backend c10d --rdzv-endpoint "${MASTER_ADDR:?set MASTER_ADDR to the first node}:${MASTER_PORT:-29500}" '
     return (
         "#!/usr/bin/env bash\n" + head +
         "# needs: pip install torchtitan==0.3.0 (its own torch); HF: the base model's Hugging Face folder (weights, config, tokenizer)\n"
         "set -euo pipefail\n"
         'cd "$(dirname "$0")"\n'
-        f'HF="${{HF:-{cfg.model.name_or_path}}}"\n'
+        f'HF=${{HF:-{shell_join([str(cfg.model.name_or_path)])}}}\n'
         'OUT="${OUT:-torchtitan-out}"\n'
         'DATA="$OUT/data"\n'
         f'mkdir -p "$DATA" && cp -f {shell_join([str(data)])} "$DATA/"  # torchtitan reads the folder with load_dataset(folder, split="train")\n'

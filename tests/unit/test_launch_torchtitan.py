@@ -5,6 +5,7 @@ the plan decides), and torchtitan 0.3's `ConfigManager` parses those arguments (
 from __future__ import annotations
 
 import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ def _emit(tmp_path: Path, model: str, length: int, nodes: int, peft: str = "none
     cfg.write_text(CONFIG.format(name="handoff", model=model, length=length, nodes=nodes, peft=peft))
     assert main(["launch", str(cfg), "--emit", "torchtitan", "-o", str(tmp_path / "out"), "--accelerator", "H100"]) == 0
     script = (tmp_path / "out" / "launch-torchtitan.sh").read_text()
+    subprocess.run(["bash", "-n", str(tmp_path / "out" / "launch-torchtitan.sh")], check=True)  # valid bash
     line = next(x for x in script.splitlines() if x.startswith("torchrun "))
     argv = shlex.split(line.replace('"$HF"', "/hf").replace('"$DATA"', "/data").replace('"$OUT"', "/out").replace(' "$@"', ""))
     return script, argv[argv.index("torchtitan.train") + 1:]

@@ -380,9 +380,10 @@ def is_main(s: Strategy) -> bool:
 
 
 def scale_loss(s: Strategy, loss):
-    """The backward's loss: DDP, FSDP and ZeRO average the gradients over the data-parallel ranks; the window's gradient
-    is their sum, so the loss is scaled by the data-parallel degree (one process: the loss itself)."""
-    return loss if s.dims.world == 1 else loss * s.dims.dp
+    """The backward's loss: DDP, FSDP and ZeRO average the gradients over the ranks that hold different tokens (the
+    data-parallel ranks, and the sequence ranks of each: `dims.dp x dims.cp`; tensor ranks hold slices of one gradient);
+    the window's gradient is their sum, so the loss is scaled by that count (one process: the loss itself)."""
+    return loss if s.dims.world == 1 else loss * (s.dims.dp * s.dims.cp)
 
 
 def before_sync_backward(s: Strategy, mark: Mark) -> None:
