@@ -46,6 +46,7 @@ class Profile:
     isolate: bool  # each run in its own process (a clean CUDA peak per run; a hung run is killed by its timeout)
     budget_s: float
     extra: dict = field(default_factory=dict)
+    long_seq: tuple[int, ...] = (4096, 8192, 16384, 32768, 65536)  # the long-context section's lengths (one sequence per GPU)
 
     @staticmethod
     def gpu() -> "Profile":
@@ -57,7 +58,7 @@ class Profile:
     def smoke() -> "Profile":
         return Profile("cpu-smoke", dict(TINY), records=48, tokenizer_texts=300, vocab=400, max_length=96, batch=4, steps=3, warmup=1,
                        eval_records=4, median_words=20, planner_seq=(64, 128), planner_batch=2, planner_steps=2, grpo_steps=2,
-                       grpo_new_tokens=6, isolate=False, budget_s=120.0)
+                       grpo_new_tokens=6, isolate=False, budget_s=120.0, long_seq=(128, 256))
 
 
 # --------------------------------------------------------------------------- data, tokenizer, model

@@ -19,6 +19,10 @@ Sections (keys of `sections` in the JSON):
   QLoRA at two sequence lengths (packed rows, so every step is the planned shape), error in %.
 - `grpo`: a GRPO step's rollout share (time generating / step time) with `generate`, and with vLLM where trainpipe
   and the machine have it.
+- `long_context`: one sequence per GPU (sequence parallelism 1) at doubling lengths (packed rows, micro-batch 1, LoRA,
+  gradient checkpointing) until a run fails: peak memory per GPU, tokens/s and the planner's prediction at each
+  length, the longest that trained, and the sequence degree the planner's long-context rule would choose for the next.
+  Sequence parallelism > 1 is not measured: trainpipe's loop does not split sequences (the plan hands it to torchtitan).
 """
 
 from __future__ import annotations
@@ -251,6 +255,57 @@ class Check:
                        "error_pct": _pct(pred.get("predicted_reserved_bytes"), meas),
                        "allocated_error_pct": _pct(pred.get("predicted_allocated_bytes"), r.get("cuda_max_memory_allocated")), "wall_s": r.get("wall_s")}
 
+    def long_context(self) -> dict:
+        if not self.cuda and not self.b.args.cpu_smoke:
+            return {"status": "skipped", "reason": "needs CUDA: the point is the GPU's memory at long sequences"}
+        long_dir = self.work / "model-long"  # the same weights, positions up to 128k (rotary positions are computed per token)
+        if not long_dir.exists():
+            long_dir.mkdir()
+            for f in self.model_dir.iterdir():
+                if f.name != "config.json":
+                    (long_dir / f.name).symlink_to(f)
+            conf = json.loads((self.model_dir / "config.json").read_text())
+            (long_dir / "config.json").write_text(json.dumps({**conf, "max_position_embeddings": 131072}))
+        rows, longest = [], None
+        for seq in self.p.long_seq:
+            dotted = {"model__name_or_path": str(long_dir), "data__packing": "pack", "data__max_length": seq, "data__truncation": "truncate", "method__peft": "lora",
+                      "method__lora": {"r": 16, "alpha": 32}, "training__per_device_train_batch_size": 1,
+                      "training__gradient_checkpointing": True, "training__max_steps": 2}
+            row: dict = {"seq_len": seq, "sequence_parallel": 1}
+            try:
+                r = self.tp(f"long-{seq}", **dotted)
+                pred = _predicted(((r.get("plan") or {}).get("predicted") or {}).get("memory"))
+                row |= {"peak_allocated_bytes": r.get("cuda_max_memory_allocated"), "peak_reserved_bytes": r.get("cuda_max_memory_reserved"),
+                        "tokens_per_s": r.get("tokens_per_s"), **pred, "error_pct": _pct(pred.get("predicted_reserved_bytes"), r.get("cuda_max_memory_reserved"))}
+                longest = seq
+            except RunFailed as exc:
+                row["reason"] = str(exc)[:600]
+                rows.append(row)
+                break
+            rows.append(row)
+        out = {"status": "ok" if longest else "no-measurement", "rows": rows, "longest_seq_len_sp1": longest,
+               "sequence_parallel_gt1": "not run: trainpipe's loop does not split sequences yet (the plan hands such runs to torchtitan)"}
+        try:
+            out["planner_rule"] = self._sp_rule(rows, longest)
+        except Exception as exc:  # noqa: BLE001 - the figures above stand without it
+            out["planner_rule"] = {"reason": f"{type(exc).__name__}: {exc}"[:400]}
+        return out
+
+    def _sp_rule(self, rows: list[dict], longest: int | None) -> dict:
+        """What the planner's long-context rule says for the first length that did not train (or twice the longest)."""
+        from trainpipe.plan import long_context
+        from trainpipe.plan.catalog import spec_from_config_dict
+        from trainpipe.plan.gpus import find_gpu, gpu_from_device_name
+        from trainpipe.plan.memory import Setup
+
+        seq = next((r["seq_len"] for r in rows if r.get("reason")), (longest or 1024) * 2)
+        spec = spec_from_config_dict("benchmark-1b", json.loads((self.model_dir / "config.json").read_text()), "benchmark")
+        name = gpu_from_device_name(self.gpu.get("name") or "")
+        gpu = find_gpu(name) if name else None
+        s = Setup(method="lora", micro_batch=1, seq_len=seq, grad_ckpt=True, strategy="ddp", num_gpus=8)
+        d = long_context.decide(spec, s, gpu, 8) if gpu else None
+        return {"seq_len": seq, "gpus": 8, "decision": (d[0].value, d[0].rule) if d else None}
+
     def grpo(self) -> dict:
         """GRPO (LoRA) steps with the rollouts timed: through the model's `generate`, then through the colocated vLLM
         engine (`method.rl.rollout: vllm`) where the GPU has vLLM and trainpipe has the option."""
@@ -345,7 +400,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--budget-s", type=float, default=None, help="the whole check's time budget in seconds (default: 450 on a GPU)")
     ap.add_argument("--started-at", type=float, default=None, help="epoch seconds the check started (run.sh passes it: setup counts)")
     ap.add_argument("--work", help="scratch folder (default: a new temporary folder, removed at the end)")
-    ap.add_argument("--sections", default="sft_vs_trl,batching,gpu_utilization,planner,liger,grpo", help="which sections, in order")
+    ap.add_argument("--sections", default="sft_vs_trl,batching,gpu_utilization,planner,liger,grpo,long_context", help="which sections, in order")
     ap.add_argument("--isolate", action="store_true", help="--cpu-smoke too: each run in its own process, as on a GPU")
     args = ap.parse_args(argv)
     if not args.cpu_smoke and not args.out:
@@ -357,7 +412,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-NEED_S = {"sft_vs_trl": 30, "batching": 30, "gpu_utilization": 0, "liger": 20, "grpo": 20, "planner": 20}
+NEED_S = {"sft_vs_trl": 30, "batching": 30, "gpu_utilization": 0, "liger": 20, "grpo": 20, "planner": 20, "long_context": 40}
 
 
 def main(argv: list[str] | None = None) -> int:

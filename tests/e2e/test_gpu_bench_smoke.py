@@ -17,7 +17,7 @@ import pytest
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
-SECTIONS = ("setup", "sft_vs_trl", "batching", "gpu_utilization", "liger", "grpo", "planner")
+SECTIONS = ("setup", "sft_vs_trl", "batching", "gpu_utilization", "liger", "grpo", "planner", "long_context")
 
 
 def _numbers_or_reason(d: dict) -> bool:
@@ -40,6 +40,8 @@ def test_cpu_smoke_writes_every_section(tmp_path):
         assert s[name]["status"] in ("ok", "partial", "skipped", "no-measurement"), (name, s[name])
         assert s[name]["status"] == "ok" or s[name].get("reason"), (name, s[name])
 
+    lc = s["long_context"]  # one sequence per device at doubling lengths until a run fails (the smoke's two both train)
+    assert lc["status"] != "ok" or (lc["longest_seq_len_sp1"] == 256 and all(x["tokens_per_s"] > 0 for x in lc["rows"]))
     h = r["headline"]  # the targets' figures in one place: the CPU has ratios, no MFU and no measured planner rows
     assert h["trainpipe_over_trl"] == s["sft_vs_trl"]["ratio_trainpipe_over_trl"] and h["mfu_trainpipe_padded"] is None
     assert h["planner_within_15pct"] is None and h["gpu_utilization_gate"] == "n/a" and 0 < h["rollout_share_generate"] < 1
