@@ -138,3 +138,17 @@ def test_bad_factories_are_one_paragraph_and_exit_2(tmp_path, capsys, factory, e
     assert "Traceback" not in out
     for e in expect:
         assert e in out, out[-1500:]
+
+
+def test_custom_module_recovers_from_an_oom_and_a_nan(tmp_path):
+    """An OOM in window 2 halves the micro-batch (same effective batch); a NaN loss in window 6 rolls back to the last
+    checkpoint at a lower learning rate; the run still ends well above guessing."""
+    cfg = write(tmp_path, "faulty")
+    rc, out = finish(launch(cfg, nproc=None, faults={"oom_at_windows": [2], "nan_at_windows": [6]}))
+    assert rc == 0, out[-3000:]
+    ev = events(tmp_path / "faulty")
+    (rec,) = [e for e in ev if e["event"] == "oom_recovered"]
+    assert rec["micro_batch"] == 4 and rec["effective_batch"] == 16
+    assert any(e["event"] == "rolled_back" for e in ev)
+    s = json.loads((tmp_path / "faulty" / "summary.json").read_text())
+    assert s["final"]["accuracy"] > s["trivial"]["majority_accuracy"] + 0.1
