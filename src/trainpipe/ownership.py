@@ -18,16 +18,19 @@ prove nothing.
   proves nothing.
 - **Writers inside an owned folder** that cannot go through :func:`write_text` (a library's
   ``save_pretrained``, a checkpoint) register a name before they write (:func:`intend`: a
-  pending entry, accepted unverified, so a kill mid-write leaves a folder still provably ours)
-  and fingerprint it after (:func:`record`, :func:`seal`).
+  pending entry) and fingerprint it after (:func:`record`, :func:`seal`). A pending entry is no
+  licence: what lies under it must be what its interrupted writer could have produced (its
+  temporary names, the shape it declared, the content it was renaming in; :mod:`trainpipe.pending`),
+  or it is foreign and named.
 - Files that only grow (``*.jsonl`` logs) are fingerprinted by their prefix: appended lines keep
-  them trainpipe's; any other change does not.
+  them trainpipe's; any other change does not (:func:`appended` says how much grew since).
 
 Files over 64 MiB are fingerprinted by size and the SHA-256 of their first and last MiB, so
-that sealing a run of multi-GB checkpoints stays cheap; a file whose size and modification time
-are unchanged keeps its recorded fingerprint without being read again.
+that sealing a run of multi-GB checkpoints stays cheap; a file whose size, modification time and
+inode change time (which no one can set back) are unchanged keeps its recorded fingerprint
+without being read again; any other is read.
 
-A core module: it imports only ``errors`` and ``redact``.
+A core module: it imports only ``errors``, ``redact`` and ``pending``.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from trainpipe import pending as _pending
 from trainpipe.errors import TrainpipeError
 from trainpipe.redact import redact_obj, redact_text
 
@@ -86,23 +90,24 @@ def _fp_file(p: Path, old: dict | None = None, *, grows: bool | None = None) -> 
     st = p.lstat()
     if stat.S_ISLNK(st.st_mode):
         return {"link": os.readlink(p)}
-    if old and old.get("size") == st.st_size and old.get("mtime_ns") == st.st_mtime_ns and "sha256" in old:
-        return old  # unchanged since it was fingerprinted: not read again
+    if old and (old.get("size"), old.get("mtime_ns"), old.get("ctime_ns")) == (st.st_size, st.st_mtime_ns, st.st_ctime_ns) and "sha256" in old:
+        return old  # unchanged since it was fingerprinted (a modification time put back changes the ctime): not read again
     grows = p.name.endswith(GROWS_SUFFIXES) if grows is None else grows
-    fp = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": _sha_file(p, st.st_size)}
+    fp = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "sha256": _sha_file(p, st.st_size)}
     if grows:
         fp["grows"] = True
     return fp
 
 
-def _fp(p: Path, old: dict | None = None) -> dict:
-    """The fingerprint of a file or a folder (every file below it, by relative path)."""
+def _fp(p: Path, old: dict | None = None, accept: Callable[[str], bool] | None = None) -> dict:
+    """The fingerprint of a file or a folder (every file below it, by relative path; only those ``accept(rel)`` takes)."""
     if p.is_dir() and not p.is_symlink():
         old_files = (old or {}).get("files", {}) if isinstance(old, dict) else {}
         files = {}
         for f in sorted(_walk(p)):
             rel = f.relative_to(p).as_posix()
-            files[rel] = _fp_file(f, old_files.get(rel))
+            if accept is None or accept(rel):
+                files[rel] = _fp_file(f, old_files.get(rel))
         return {"dir": True, "files": files}
     return _fp_file(p, old)
 
@@ -130,8 +135,8 @@ def _file_matches(p: Path, fp: dict) -> bool:
     size = fp.get("size")
     if not isinstance(size, int):
         return False
-    if st.st_size == size and st.st_mtime_ns == fp.get("mtime_ns"):
-        return True  # untouched since trainpipe fingerprinted it
+    if st.st_size == size and (st.st_mtime_ns, st.st_ctime_ns) == (fp.get("mtime_ns"), fp.get("ctime_ns")):
+        return True  # untouched since trainpipe fingerprinted it (an edit whose mtime was put back still moves the ctime)
     if st.st_size < size or (st.st_size > size and not fp.get("grows")):
         return False
     try:
@@ -140,23 +145,18 @@ def _file_matches(p: Path, fp: dict) -> bool:
         return False
 
 
-def _mismatches(p: Path, fp: dict, pending: list[str], rel0: str) -> list[str]:
-    """The paths below ``p`` (relative to the manifest's folder) that its fingerprint does not prove."""
-    if _is_pending(rel0, pending):
-        return []
-    if not fp.get("dir"):
-        return [] if _file_matches(p, fp) else [rel0]
-    if not p.is_dir() or p.is_symlink():
-        return [rel0]
-    files = fp.get("files") or {}
-    bad = []
+def _mismatches(p: Path, fp: dict, data: dict, rel0: str) -> list[str]:
+    """The paths below ``p`` (relative to the manifest's folder) that neither its fingerprint nor a pending entry proves."""
+    folder = p.parent
+    if not fp.get("dir") or not p.is_dir() or p.is_symlink():
+        if p.is_dir() and not p.is_symlink():
+            return _unproven_below(folder, rel0, data)
+        return [] if _file_matches(p, fp) or _proves(folder, rel0, data) else [rel0]
+    files, bad = fp.get("files") or {}, []
     for f in sorted(_walk(p)):
         rel = f.relative_to(p).as_posix()
-        full = f"{rel0}/{rel}"
-        if _is_pending(full, pending):
-            continue
-        if rel not in files or not _file_matches(f, files[rel]):
-            bad.append(full)
+        if (rel not in files or not _file_matches(f, files[rel])) and not _proves(folder, f"{rel0}/{rel}", data):
+            bad.append(f"{rel0}/{rel}")
     return bad
 
 
@@ -164,9 +164,24 @@ def _is_pending(rel: str, pending: list[str]) -> bool:
     return any(rel == p or rel.startswith(p + "/") for p in pending)
 
 
-def _leads_to_pending(name: str, pending: list[str]) -> bool:
-    """An unlisted folder on the way to a registered path (``checkpoints`` for ``checkpoints/step-4.tmp``)."""
-    return any(p.startswith(name + "/") for p in pending)
+def _unproven_below(folder: Path, rel0: str, data: dict) -> list[str]:
+    """The files below ``folder/rel0`` that no pending entry proves, by relative path."""
+    base = folder / rel0
+    return [r for f in sorted(_walk(base)) if not _proves(folder, r := f"{rel0}/{f.relative_to(base).as_posix()}", data)]
+
+
+def _proves(folder: Path, rel: str, data: dict) -> bool:
+    """Whether the file ``folder/rel`` is what a pending entry's interrupted writer could have left (:func:`trainpipe.pending.proves`)."""
+    return _pending.proves(folder, rel, data, _nested)
+
+
+def _nested(folder: Path, parts: list[str]) -> bool:
+    """Whether a run folder nested below ``folder`` (a stage's, an adapter's) proves the file ``parts`` by its own manifest."""
+    for i in range(len(parts) - 1, 0, -1):
+        sub = folder.joinpath(*parts[:i])
+        if (sub / MANIFEST).is_file() and read_manifest(sub)["entries"]:
+            return _internal(parts[i]) or "/".join(parts[i:]) not in foreign(sub)
+    return False
 
 
 # ----------------------------------------------------------------------------- the manifest
@@ -244,15 +259,13 @@ def foreign(folder: Path) -> list[str]:
             continue
         fp = entries.get(p.name)
         if fp is None:
-            if _is_pending(p.name, pending):
-                continue
-            if _leads_to_pending(p.name, pending) and p.is_dir() and not p.is_symlink():
-                below = [f"{p.name}/{f.relative_to(p).as_posix()}" for f in _walk(p)]
-                bad += [b for b in below if not _is_pending(b, pending)]
-                continue
-            bad.append(p.name)
+            # a pending folder, or an unlisted one on the way to a pending path (`checkpoints` for `checkpoints/.tmp-step-4-PID`)
+            if p.is_dir() and not p.is_symlink() and (_is_pending(p.name, pending) or any(x.startswith(p.name + "/") for x in pending)):
+                bad += _unproven_below(folder, p.name, data)
+            elif not _proves(folder, p.name, data):
+                bad.append(p.name)
             continue
-        bad += _mismatches(p, fp, pending, p.name)
+        bad += _mismatches(p, fp, data, p.name)
     return bad
 
 
@@ -262,8 +275,10 @@ def is_ours(path: Path) -> bool:
     data = read_manifest(path.parent)
     fp = data["entries"].get(path.name)
     if fp is None:
-        return _is_pending(path.name, data["pending"]) and path.exists()
-    return not _mismatches(path, fp, data["pending"], path.name)
+        if path.is_dir() and not path.is_symlink():
+            return _is_pending(path.name, data["pending"]) and not _unproven_below(path.parent, path.name, data)
+        return path.exists() and _proves(path.parent, path.name, data)
+    return not _mismatches(path, fp, data, path.name)
 
 
 def _reads(reads: Iterable[Any]) -> list[tuple[Path, str]]:
@@ -331,6 +346,7 @@ def write_bytes(path: str | Path, data: bytes, *, what: str, reads: Iterable[Any
             os.chmod(tmp, mode)
         if target.is_symlink():
             target.unlink()
+        _expect(target, data)
         os.replace(tmp, target)
     finally:
         if tmp.exists():
@@ -352,10 +368,27 @@ def write_json(path: str | Path, obj: Any, *, what: str, reads: Iterable[Any] = 
     return write_text(path, json.dumps(redact_obj(obj), indent=indent, default=str) + "\n", what=what, reads=reads)
 
 
+def _expect(target: Path, data: bytes) -> None:
+    """Note the content about to be renamed into a pending name: a kill before :func:`record` leaves it provable."""
+    if target.name in read_manifest(parent := target.parent.resolve())["pending"]:
+        _update(parent, lambda d: d.setdefault("expect", {}).__setitem__(target.name, {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}))
+
+
+def _drop_pending(data: dict, keep: Callable[[str], bool]) -> None:
+    """Keep only the pending entries ``keep`` takes, with their shapes and expected contents."""
+    data["pending"] = [p for p in data["pending"] if keep(p)]
+    data.update({key: {k: v for k, v in data[key].items() if k in data["pending"]} for key in ("shapes", "expect") if key in data})
+
+
+def appended(folder: str | Path) -> list[tuple[str, int]]:
+    """(name, lines added) of each append-only log of ``folder`` that grew since trainpipe last fingerprinted it."""
+    return _pending.appended(Path(folder), read_manifest(folder)["entries"])
+
+
 # ----------------------------------------------------------------------------- recording
-def record(path: str | Path, *, grows: bool | None = None) -> None:
-    """Record ``path`` (a file or a whole folder, just written by trainpipe) in its parent folder's manifest, and drop
-    its pending mark."""
+def record(path: str | Path, *, grows: bool | None = None, accept: Callable[[str], bool] | None = None) -> None:
+    """Record ``path`` (a file or a whole folder, just written by trainpipe; of a folder only the files ``accept(rel)``
+    takes) in its parent folder's manifest, and drop its pending mark."""
     path = Path(os.path.abspath(Path(path).expanduser()))
     parent = path.parent.resolve()
     path = parent / path.name
@@ -363,18 +396,19 @@ def record(path: str | Path, *, grows: bool | None = None) -> None:
     def fn(data: dict) -> None:
         old = data["entries"].get(path.name)
         if path.exists() or path.is_symlink():
-            fp = _fp(path, old) if grows is None or path.is_dir() else _fp_file(path, old, grows=grows)
+            fp = _fp(path, old, accept) if grows is None or path.is_dir() else _fp_file(path, old, grows=grows)
             data["entries"][path.name] = fp
         else:
             data["entries"].pop(path.name, None)
-        data["pending"] = [p for p in data["pending"] if not (p == path.name or p.startswith(path.name + "/"))]
+        _drop_pending(data, lambda p: not (p == path.name or p.startswith(path.name + "/")))
 
     _update(parent, fn)
 
 
-def intend(folder: str | Path, rel: str | Iterable[str]) -> None:
-    """Register ``folder/rel`` (one relative path, or several) as about to be written by trainpipe (accepted unverified
-    until :func:`seal` fingerprints it)."""
+def intend(folder: str | Path, rel: str | Iterable[str], shapes: dict[str, list[str]] | None = None, begun: float | None = None) -> None:
+    """Register ``folder/rel`` (one relative path, or several) as about to be written by trainpipe, with the shape of
+    what its writer writes (``shapes[rel]``: globs, :mod:`trainpipe.pending`); until :func:`seal` fingerprints it, only
+    what fits that shape, the writer's temporary names or its expected content is accepted under it."""
     folder = Path(folder).resolve()
     folder.mkdir(parents=True, exist_ok=True)
     rels = [rel] if isinstance(rel, str) else list(rel)
@@ -383,16 +417,23 @@ def intend(folder: str | Path, rel: str | Iterable[str]) -> None:
         for r in rels:
             if r not in data["pending"]:
                 data["pending"].append(r)
+            if shapes and shapes.get(r):
+                data.setdefault("shapes", {})[r] = list(shapes[r])
+        data.update({"begun": begun} if begun else {})  # when the run that registers them began (rundir.seal's `since`)
 
     _update(folder, fn)
 
 
-def seal(folder: str | Path, names: Iterable[str] | Callable[[Path], bool] | None = None) -> None:
+def seal(folder: str | Path, names: Iterable[str] | Callable[[Path], bool] | None = None, *, verify: bool = False,
+         since: float | None = None) -> None:
     """Fingerprint entries of ``folder`` into its manifest: the given names, or the entries ``names(path)`` accepts, or
-    (None) those already listed or pending. Pending marks of paths that now exist are resolved; those gone are dropped."""
+    (None) those already listed or pending. Pending marks of paths that now exist are resolved; those gone are dropped.
+    ``verify``: of listed and pending names, only what is proven (:func:`foreign`) or (``since``) changed since then (inode
+    change time) is fingerprinted; an unlisted name that is not pending is taken whole (a legacy folder adopted)."""
     folder = Path(folder).resolve()
     if not folder.is_dir():
         return
+    bad = _pending.unsealable(folder, foreign(folder), read_manifest(folder), since) if verify else set()
 
     def fn(data: dict) -> None:
         entries = data["entries"]
@@ -406,11 +447,13 @@ def seal(folder: str | Path, names: Iterable[str] | Callable[[Path], bool] | Non
         chosen += list(entries)
         for name in dict.fromkeys(chosen):
             p = folder / name
+            if name in bad:  # a file not proven: its old entry (if any) stays, and so it stays foreign
+                continue
             if p.exists() or p.is_symlink():
-                entries[name] = _fp(p, entries.get(name))
+                entries[name] = _fp(p, entries.get(name), (lambda rel, n=name: f"{n}/{rel}" not in bad) if bad else None)
             else:
                 entries.pop(name, None)
-        data["pending"] = []
+        _drop_pending(data, lambda p: False)
 
     _update(folder, fn)
 
@@ -419,7 +462,7 @@ def forget(folder: str | Path, name: str) -> None:
     """Drop ``name`` from the folder's manifest (after trainpipe deleted it)."""
     folder = Path(folder).resolve()
     if (folder / MANIFEST).exists():
-        _update(folder, lambda d: (d["entries"].pop(name, None), d.__setitem__("pending", [p for p in d["pending"] if p != name and not p.startswith(name + "/")])))
+        _update(folder, lambda d: (d["entries"].pop(name, None), _drop_pending(d, lambda p: p != name and not p.startswith(name + "/"))))
 
 
 # ----------------------------------------------------------------------------- folders

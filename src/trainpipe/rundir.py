@@ -11,8 +11,9 @@ The rules (issue 16, issue 22):
   - *empty*: nothing but the marker, the lock and the manifest;
   - *prepared*: nothing but ``data/`` as `trainpipe data prepare` wrote it (proven), which a
     run takes as a fresh start;
-  - *ours*: every entry proven by the manifest (pending entries of a run that was killed
-    mid-write included);
+  - *ours*: every entry proven by the manifest (what lies under the pending names of a run
+    that was killed mid-write included, when it is what that writer could have left:
+    trainpipe.pending);
   - *foreign*: anything else; the unproven entries are named. A run of a trainpipe older than
     the manifest is foreign too: it is deleted by hand, never by trainpipe.
 - **Sealing.** A run seals its folder (:func:`begin`) right after laying it out, and marks the
@@ -45,8 +46,9 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from trainpipe import __version__
-from trainpipe import ownership as owned
+from trainpipe import ownership as owned, ui
 from trainpipe.errors import RunDirError
+from trainpipe.pending import RUN_SHAPES
 
 MARKER = ".trainpipe-run"  # the run folder's ownership marker (checkpoints/ below it: model/checkpoints.py reads it)
 
@@ -135,14 +137,17 @@ def is_artefact(p: Path, parts: Iterable[str] = ()) -> bool:
     return p.name == MARKER or p.name in ARTEFACTS or p.name in set(parts)
 
 
-def seal(folder: Path, parts: Iterable[str] = ()) -> None:
+def seal(folder: Path, parts: Iterable[str] = (), *, strict: bool = False) -> None:
     """Fingerprint the run's artefacts in ``folder`` (:func:`is_artefact`) and resolve every pending entry. A person's
-    files (not artefact names) are never sealed. A missing folder is left missing."""
+    files (not artefact names) are never sealed. Of what lies under the names, only what the ownership rule proves
+    (under a pending name: what its writer could have left) or, unless ``strict`` (what an earlier, killed process
+    left), what changed since the run began (:func:`begin`). A missing folder is left missing."""
     folder = Path(folder)
     if folder.is_dir():
         parts = list(parts)
+        begun = owned.read_manifest(folder).get("begun")
         try:
-            owned.seal(folder, lambda p: is_artefact(p, parts))
+            owned.seal(folder, lambda p: is_artefact(p, parts), verify=strict or bool(begun), since=None if strict or not begun else begun - 1.0)
         except OSError:  # a full disk: no half-written manifest left beside the old one
             drop_manifest_tmp(folder)
             raise
@@ -153,12 +158,9 @@ def begin(folder: Path, parts: Iterable[str] = ()) -> None:
     pending, so that a kill at any moment leaves a folder that is still provably the run's (:func:`seal` at the end
     fingerprints them)."""
     parts = list(parts)
-    seal(folder, parts)
-    pending = set(owned.read_manifest(folder)["pending"])
-    try:
-        for name in sorted(ARTEFACTS | set(parts)):
-            if name not in pending:
-                owned.intend(folder, name)
+    seal(folder, parts, strict=True)
+    try:  # each with the shape of what its writer writes (pending.py): a kill leaves only that provable under the name
+        owned.intend(folder, sorted(ARTEFACTS | set(parts)), shapes=RUN_SHAPES, begun=time.time())
     except OSError:
         drop_manifest_tmp(folder)
         raise
@@ -240,7 +242,12 @@ def clear(folder: Path, *, overwrite: bool, protected: list[tuple[Path, str]], w
         return
     if kind == "foreign":
         raise RunDirError(refusal(folder, bad, why))
+    grown = owned.appended(folder)
     owned.clear_dir(folder, what=f"the run folder ({why})", keep=[MARKER])
+    if grown:  # lines appended to a log are accepted as the run's (a log only grows), but say that they went with it
+        logs = ", ".join(f"{n} line(s) of `{name}`" for name, n in grown)
+        ui.console().print(f"note: {why} deleted {logs} appended since trainpipe last fingerprinted them (a run appends after its "
+                           f"last seal when it is killed; lines you added went too).", markup=False, highlight=False)
 
 
 def refusal(folder: Path, bad: list[str], why: str) -> str:

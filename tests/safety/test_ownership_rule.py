@@ -71,21 +71,70 @@ def test_a_copied_or_moved_manifest_proves_nothing(tmp_path):
     assert (moved / "config.yaml").is_file()
 
 
-def test_pending_entries_are_accepted_until_sealed(tmp_path):
+def test_pending_entries_accept_only_what_their_writer_could_leave(tmp_path):
+    """Issue 36: a pending name is no licence; what lies under it must be its writer's (temporary names, the declared shape:
+    checkpoint files their own manifest lists), and anything else is named."""
+    import hashlib
+
+    from trainpipe.pending import RUN_SHAPES
+
     folder = _owned(tmp_path / "out")
-    ownership.intend(folder, "checkpoints")  # a new folder, registered before the first write into it
-    (folder / "checkpoints" / "step-2").mkdir(parents=True)
-    (folder / "checkpoints" / "step-2" / "w").write_bytes(b"2")
+    ownership.intend(folder, "checkpoints", shapes=RUN_SHAPES)  # a new folder, registered before the first write into it
+    step2 = folder / "checkpoints" / "step-2"
+    step2.mkdir(parents=True)
+    (step2 / "w").write_bytes(b"2")
+    (step2 / "manifest.json").write_text(json.dumps({"files": {"w": {"size": 1, "sha256": hashlib.sha256(b"2").hexdigest()}}}))
     assert ownership.foreign(folder) == []
+    (step2 / "NOTES.md").write_text("mine")
+    assert ownership.foreign(folder) == ["checkpoints/step-2/NOTES.md"]
+    (step2 / "NOTES.md").unlink()
     ownership.seal(folder)  # fingerprinted: its pending mark is gone
     assert ownership.read_manifest(folder)["pending"] == []
-    ownership.intend(folder, "checkpoints/.tmp-step-4")
-    (folder / "checkpoints" / ".tmp-step-4").mkdir()
-    (folder / "checkpoints" / ".tmp-step-4" / "half").write_bytes(b"x")  # killed mid-write
+    ownership.intend(folder, "checkpoints/.tmp-step-4-123")
+    (folder / "checkpoints" / ".tmp-step-4-123").mkdir()
+    (folder / "checkpoints" / ".tmp-step-4-123" / "half").write_bytes(b"x")  # killed mid-write
     assert ownership.foreign(folder) == []
     (folder / "checkpoints" / "step-2" / "w").write_bytes(b"changed")
     (folder / "notes.md").write_text("mine")
     assert ownership.foreign(folder) == ["checkpoints/step-2/w", "notes.md"]
+
+
+def test_foreign_files_under_pending_names_are_named(tmp_path):
+    from trainpipe.pending import RUN_SHAPES
+
+    folder = tmp_path / "run"
+    ownership.make_dir(folder, what="a run folder")
+    ownership.intend(folder, ["model", "export", "tensorboard", "review.json", "events.jsonl", "summary.json"], shapes=RUN_SHAPES)
+    (folder / "model").mkdir()
+    (folder / "model" / "model.safetensors").write_bytes(b"w")  # what save_pretrained was writing when killed
+    (folder / "model" / "config.json").write_text("{}")
+    (folder / "tensorboard").mkdir()
+    (folder / "tensorboard" / "events.out.tfevents.1.host").write_bytes(b"tb")
+    (folder / "events.jsonl").write_text('{"event": "run_started"}\n{"event": "ste')  # a line cut by the kill
+    ownership.write_text(folder / "summary.json", "{}", what="a summary")  # renamed in, recorded
+    assert ownership.foreign(folder) == []
+    (folder / "model" / "serve.py").write_text("mine")
+    (folder / "export" / "prod").mkdir(parents=True)
+    (folder / "export" / "prod" / "deploy.sh").write_text("mine")
+    (folder / "tensorboard" / "mine.tfevents").write_text("mine")
+    (folder / "review.json").write_text("{}")
+    assert ownership.foreign(folder) == ["export/prod/deploy.sh", "model/serve.py", "review.json", "tensorboard/mine.tfevents"]
+    with pytest.raises(ownership.OwnershipError, match="serve.py"):
+        ownership.clear_dir(folder, what="a run folder")
+    assert (folder / "model" / "serve.py").read_text() == "mine" and (folder / "review.json").is_file()
+
+
+def test_an_edit_whose_mtime_is_put_back_is_seen(tmp_path):
+    import os
+
+    folder = _owned(tmp_path / "out")
+    p = folder / "config.yaml"
+    st = p.stat()
+    time.sleep(0.01)
+    p.write_text("a: 9\n")  # same size
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))  # and the modification time put back
+    assert p.stat().st_mtime_ns == st.st_mtime_ns and p.stat().st_size == st.st_size
+    assert ownership.foreign(folder) == ["config.yaml"]
 
 
 def test_replace_dir_keeps_dest_when_the_build_fails_and_refuses_a_foreign_dest(tmp_path):

@@ -195,9 +195,12 @@ def test_ownership_rules(tmp_path):
     assert ownership(ours) == ("foreign", ["notes.txt"])  # a person's file is never sealed
     (ours / "notes.txt").unlink()
     assert ownership(ours) == ("ours", [])
-    (ours / "model").mkdir()  # a run killed while it wrote: its pending artefacts are still its own
-    (ours / "model" / "half.bin").write_bytes(b"x")
+    (ours / "model").mkdir()  # a run killed while it wrote: what its writer writes under a pending name is still its own
+    (ours / "model" / "model.safetensors").write_bytes(b"x")
     assert ownership(ours) == ("ours", [])
+    (ours / "model" / "serve.py").write_text("mine")  # ... and nothing else is (issue 36)
+    assert ownership(ours) == ("foreign", ["model/serve.py"])
+    (ours / "model" / "serve.py").unlink()
     prepared = folder("prepared", {"data/report.json": "{}"})
     assert ownership(prepared) == ("foreign", ["data"])
     owned.record(prepared / "data")

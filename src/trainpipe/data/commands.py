@@ -14,6 +14,7 @@ from trainpipe.data.prepare import prepare
 from trainpipe.data.report import inspect_examples, plain_example, render_example, summary_lines
 from trainpipe.data.templates import setup_chat_template
 from trainpipe.errors import RunDirError
+from trainpipe.pending import RUN_SHAPES
 
 
 def _output_dir(cfg: RunConfig) -> Path:
@@ -35,7 +36,7 @@ def _prepare_folder(cfg: RunConfig) -> Path:
             f"make. Nothing was written. Move them away, or point `output_dir` at a folder of its own (e.g. `runs/NEW_NAME`)."
         )
     ownership.make_dir(root, what="the run folder (`output_dir`)", reads=rundir.protected_paths(cfg, None))
-    ownership.intend(root, "data")
+    ownership.intend(root, "data", shapes=RUN_SHAPES)
     out.mkdir(exist_ok=True)
     return out
 

@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainpipe import faults, ownership
+from trainpipe import faults, ownership, pending
 from trainpipe.errors import TrainpipeError
 from trainpipe.hashing import file_sha256
 from trainpipe.rundir import MARKER as RUN_MARKER, drop_manifest_tmp  # the run folder's marker (the parent of checkpoints/)
@@ -262,7 +262,7 @@ class CheckpointManager:
         removed = []
         for c in infos:
             if c.step not in keep:
-                shutil.rmtree(c.path, ignore_errors=True)
+                _remove_checkpoint(c.path)
                 removed.append(c.path)
         for stale in self.root.glob(".tmp-step-*"):  # leftovers of a killed writer (the run folder's lock rules out a live one)
             shutil.rmtree(stale, ignore_errors=True)
@@ -290,8 +290,8 @@ class CheckpointManager:
         provably the run's; the run's own seal at its end tries again."""
 
         if self._owned() and self.root.is_dir():
-            try:
-                ownership.record(self.root)
+            try:  # only checkpoint files (listed by their checkpoint's manifest) and writer temporaries: a person's notes stay foreign
+                ownership.record(self.root, accept=lambda rel: _checkpoint_file(self.root, rel))
             except OSError:
                 drop_manifest_tmp(self.root.parent)
 
@@ -307,6 +307,33 @@ class CheckpointManager:
         weights = load_file(str(path / WEIGHTS))
         state = torch.load(path / STATE, weights_only=True, map_location="cpu")
         return weights, state
+
+
+def _checkpoint_file(root: Path, rel: str) -> bool:
+    """Whether ``rel`` (below ``root``, `checkpoints/`) is a checkpoint's file (its manifest lists it with its size) or a
+    writer's temporary."""
+    parts = rel.split("/")
+    if pending.temp_name(parts[0]):
+        return True
+    return len(parts) == 2 and bool(_NAME.match(parts[0])) and pending.listed(root / parts[0], parts[1], content=False)
+
+
+def _remove_checkpoint(path: Path) -> list[str]:
+    """Delete checkpoint ``path``: the files its own manifest lists (name and size), then the manifest, then the folder
+    when nothing else is in it. Anything else (a person's `NOTES.md`) stays, and so does the folder; returns those names."""
+    try:
+        files = json.loads((path / MANIFEST).read_text(encoding="utf-8")).get("files") or {}
+    except (OSError, ValueError, AttributeError):
+        files = {}
+    for name in files:
+        if isinstance(name, str) and "/" not in name and name != MANIFEST and pending.listed(path, name, content=False):
+            (path / name).unlink()
+    if files:
+        (path / MANIFEST).unlink(missing_ok=True)
+    left = sorted(p.name for p in path.iterdir()) if path.is_dir() else []
+    if not left:
+        path.rmdir()
+    return left
 
 
 # --------------------------------------------------------------------------------- files other tools open

@@ -15,6 +15,7 @@ from pathlib import Path
 import yaml
 
 from trainpipe import ownership, rundir, ui
+from trainpipe.pending import RUN_SHAPES
 from trainpipe.report.html import write_report
 
 
@@ -148,7 +149,7 @@ def carry_checkpoints(parent: Path, child: Path, reads: list = ()) -> None:
     # an earlier search into the same `automl.output_dir` left a run here: a run folder, cleared by the run-folder rule (a folder of the
     # user's is refused, nothing deleted), then filled in place and recorded in its manifest
     rundir.clear(child, overwrite=False, protected=list(reads), why="the next rung of an AutoML arm")
-    ownership.intend(child, "checkpoints")
+    ownership.intend(child, "checkpoints", shapes=RUN_SHAPES)
     shutil.copytree(parent / "checkpoints", child / "checkpoints", symlinks=True)
     tmp = child / f"{rundir.MARKER}.tmp-{os.getpid()}"
     shutil.copyfile(parent / rundir.MARKER, tmp)
