@@ -21,7 +21,7 @@ from pathlib import Path
 
 from trainpipe import ui
 from trainpipe.config import LoraConfig, ModelConfig
-from trainpipe.errors import ModelLoadError
+from trainpipe.errors import ConfigError, ModelLoadError
 from trainpipe.model import vision
 from trainpipe.model.attention import for_this_machine
 
@@ -111,8 +111,13 @@ def load_model(cfg: ModelConfig, dtype: str, *, quantization=None, on_accelerato
             use_safetensors=True,
             quantization_config=quantization,
             device_map=device_map,
-            attn_implementation=for_this_machine(cfg.attn_implementation),
+            attn_implementation=for_this_machine(cfg.attn_implementation, cfg.name_or_path),
         )
+    except ValueError as exc:  # transformers refuses a kernel this architecture does not implement (the config did not say)
+        if "does not support an attention implementation" not in str(exc):
+            raise
+        raise ConfigError(f"`model.attn_implementation: {cfg.attn_implementation}`: {str(exc).split('. Please')[0]}. Use `eager` "
+                          "(every architecture implements it), or `auto`, which checks what the model's config declares.") from None
     except OSError as exc:
         if Path(cfg.name_or_path).exists():
             raise ModelLoadError(
@@ -374,7 +379,7 @@ def init_model(cfg: ModelConfig, seed: int):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = vision.auto_class(vision.is_vision_config(mcfg)).from_config(mcfg, dtype=getattr(torch, DTYPES[cfg.dtype if cfg.dtype in DTYPES else "float32"]), trust_remote_code=cfg.trust_remote_code,
-                                                 attn_implementation=for_this_machine(cfg.attn_implementation))
+                                                 attn_implementation=for_this_machine(cfg.attn_implementation, str(src)))
     if torch.cuda.is_available():  # where load_model puts pretrained weights: this process's GPU
         model = model.to(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}")
     return model

@@ -22,7 +22,7 @@ flash-attention kernel (the same varlen path). The padding-free rule (`decide_pa
 from __future__ import annotations
 
 from trainpipe.errors import ConfigError
-from trainpipe.model.attention import PACKING_METHODS, PROMPT_LEARNING, choose_attention, is_flash, keeps_examples_apart
+from trainpipe.model.attention import PACKING_METHODS, PROMPT_LEARNING, choose_attention, is_flash, keeps_examples_apart, model_config
 from trainpipe.plan.decisions import Decision
 from trainpipe.plan.gpus import find_gpu, gpu_from_device_name
 
@@ -83,7 +83,7 @@ def capability_of(hw) -> float:
 
 def resolve_attention(cfg, hw, decisions: list[Decision]) -> None:
     """Fill `model.attn_implementation` and every `data.packing` of ``cfg`` (in place), each `auto` with its Decision."""
-    d = decide_attention(cfg.model.attn_implementation, hw.accelerator, capability_of(hw))
+    d = decide_attention(cfg.model.attn_implementation, hw.accelerator, capability_of(hw), config=model_config(cfg.model.name_or_path))
     decisions.append(d)  # always: the kernel shapes speed and memory, so the run's start and its manifest name it
     cfg.model.attn_implementation = d.value
     sections = [cfg.data] + [a.data for a in (cfg.method.adapters or []) if getattr(a, "data", None) is not None]

@@ -34,9 +34,9 @@ def fake_installed(*mods):
     ("cuda", 8.0, ("flash_attn",), ONLINE, "flash_attention_2"),
     ("cuda", 8.0, ("flash_attn_interface",), ONLINE, "sdpa"),  # flash-attn 3 is Hopper-only
     ("cuda", 7.5, ("flash_attn", "kernels"), ONLINE, "sdpa"),  # Turing: no flash-attention kernel
-    ("cuda", 8.6, ("kernels",), ONLINE, "kernels-community/flash-attn2"),
-    ("cuda", 9.0, ("kernels",), ONLINE, "kernels-community/vllm-flash-attn3"),
-    ("cuda", 8.6, ("kernels",), OFFLINE, "sdpa"),  # a hub kernel needs the hub
+    ("cuda", 8.6, ("kernels",), ONLINE, "sdpa"),  # issue 36: auto never fetches a Hub kernel, `kernels` installed or not
+    ("cuda", 9.0, ("kernels",), ONLINE, "sdpa"),
+    ("cuda", 8.6, ("kernels",), OFFLINE, "sdpa"),
     ("cuda", 10.0, (), ONLINE, "sdpa"),
 ])
 def test_auto_rule_from_fake_capability_and_packages(accel, cap, mods, env, expect):
@@ -51,6 +51,33 @@ def test_requested_kept_flash_refused_without_cuda_and_names_validated():
     assert ModelConfig(name_or_path="m", attn_implementation="kernels-community/flash-attn2").attn_implementation.startswith("kernels")
     with pytest.raises(ValueError, match="unknown attention implementation"):
         ModelConfig(name_or_path="m", attn_implementation="flash")
+
+
+GEMMA2 = {"model_type": "gemma2", "attn_logit_softcapping": 50.0}
+PIN = "kernels-community/flash-attn2@" + "0" * 40
+
+
+def test_auto_respects_soft_capping_and_names_the_rule():
+    impl, rule = choose_attention("auto", "cpu", config=GEMMA2)
+    assert impl == "eager" and "attn_logit_softcapping" in rule and "Gemma 2" in rule
+    assert choose_attention("auto", "cuda", 8.0, have=fake_installed(), config=GEMMA2)[0] == "eager"
+    assert choose_attention("auto", "cuda", 8.0, have=fake_installed("flash_attn"), config=GEMMA2)[0] == "flash_attention_2"  # FA2 caps
+    assert choose_attention("auto", "cpu", config={"model_type": "gemma3_text", "attn_logit_softcapping": None})[0] == "sdpa"
+    for impl in ("sdpa", "flex_attention"):
+        with pytest.raises(ConfigError, match="soft-caps its attention scores"):
+            choose_attention(impl, "cpu", config=GEMMA2)
+
+
+def test_a_hub_kernel_runs_only_named_pinned_installed_and_online():
+    with pytest.raises(ConfigError, match="pinned revision"):
+        choose_attention("kernels-community/flash-attn2", "cuda", 9.0, have=fake_installed("kernels"), env=ONLINE)
+    with pytest.raises(ConfigError, match="pinned revision"):
+        choose_attention("kernels-community/flash-attn2@main", "cuda", 9.0, have=fake_installed("kernels"), env=ONLINE)
+    with pytest.raises(ConfigError, match="`kernels` package"):
+        choose_attention(PIN, "cuda", 9.0, have=fake_installed(), env=ONLINE)
+    with pytest.raises(ConfigError, match="HF_HUB_OFFLINE"):
+        choose_attention(PIN, "cuda", 9.0, have=fake_installed("kernels"), env=OFFLINE)
+    assert choose_attention(PIN, "cuda", 9.0, have=fake_installed("kernels"), env=ONLINE) == (PIN, "as requested")
 
 
 def test_capability_of_described_gpus():
