@@ -172,3 +172,29 @@ def test_a_processor_that_needs_torchvision_says_so(tmp_path):
     with pytest.raises(ModelLoadError) as e:
         attach_processor(tok, tmp_path)
     assert "video processor, which needs torchvision" in str(e.value) and "LLaVA" in str(e.value)
+
+
+def test_parquet_image_bytes_and_several_images_over_several_turns(tmp_path, llava):
+    _, tok = llava
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    red, blue = _png(size=(28, 28), colour=(220, 30, 30)), _png(size=(28, 28), colour=(30, 60, 220))
+    rows = []
+    for i in range(6):
+        convo = [{"role": "user", "content": f"<image>{QUESTION}"}, {"role": "assistant", "content": "red"},
+                 {"role": "user", "content": "And this one?<image>"}, {"role": "assistant", "content": "blue"}]
+        rows.append({"messages": json.dumps(convo), "images": [{"bytes": red, "path": None}, {"bytes": blue, "path": f"{i}.png"}]})
+    table = pa.table({"messages": [json.loads(r["messages"]) for r in rows], "images": [r["images"] for r in rows]})
+    pq.write_table(table, tmp_path / "d.parquet")
+    cfg = DataConfig(sources=[{"path": str(tmp_path / "d.parquet")}], eval_split=1, cache_dir=str(tmp_path / "cache"), max_length=96,
+                     dedup={"exact": False, "near": False})
+    data = prepare(cfg, tok, train_on="assistant", seed=0)
+    assert data.report["records_kept"] == 6 and data.report["splits"]["train"]["images"] == 2 * 5
+    image_id = tok.convert_tokens_to_ids("<image>")
+    for r in _rows(data):
+        assert sum(1 for t in r["input_ids"] if t == image_id) == 8  # two images, 4 tokens each
+        trained = tok.decode([lab for lab in r["labels"] if lab != IGNORE_INDEX])
+        assert trained.replace("<|im_end|>", "|").replace("\n", "") == "red|blue|"  # both answers, nothing else
+    batch = PadCollator(tok.pad_token_id)(_rows(data)[:2])
+    assert tuple(batch["pixel_values"].shape) == (4, 3, 28, 28)
