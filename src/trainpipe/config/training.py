@@ -123,6 +123,8 @@ class DistributedConfig(_Section):
     """`auto`: by model size and world size (one process: `single`; <1B or a state that fits one device: `ddp`; 1-10B: `zero2` where the replicated weights fit, else `fsdp`; 10-100B: `zero3` with checkpointing, and optimizer offload when still short; >100B: stop and name Megatron-LM / torchtitan, outside trainpipe). `ddp` replicates the model; `fsdp` shards parameters, gradients and optimizer state (FSDP2); `zero2`/`zero3` are DeepSpeed ZeRO stages."""
     offload: Literal["none", "optimizer", "optimizer+params"] = "none"
     """CPU offload, as each strategy has it: `zero2` `optimizer`; `zero3` `optimizer` or `optimizer+params`; `fsdp` `optimizer+params` only (FSDP2's CPUOffloadPolicy moves parameters, gradients and the optimizer step together); `single`/`ddp` none. Needs host RAM (the plan checks it)."""
+    sequence_parallel: int | Literal["auto"] = "auto"
+    """GPUs that split one sequence (Ulysses sequence parallelism; torchtitan's context parallelism in the hand-off). `auto`: the planner's long-context rule (at 32k tokens and above, the smallest degree dividing the GPUs per node, the heads and the sequence that fits; 1 otherwise); an integer: that degree, which must divide `data.max_length`, the attention and key/value heads and the GPUs per node. `trainpipe run` trains one sequence per GPU (a degree above 1 is refused: `trainpipe launch --emit torchtitan` runs it)."""
     nproc_per_node: int | Literal["auto"] = "auto"
     """Processes per machine. `auto`: the launcher's world (torchrun / `--nproc-per-node`), else 1."""
     nnodes: int = Field(default=1, ge=1)
@@ -141,6 +143,13 @@ class DistributedConfig(_Section):
     """`NCCL_IB_TIMEOUT` in the launch files: the InfiniBand verbs timeout exponent (4.096 us x 2^value; NCCL's default 20, about 4 s). Raise it (e.g. 22) on large or congested fabrics where transfers time out. Null: NCCL's default."""
     nccl_ib_retry_cnt: int | None = Field(default=None, ge=0, le=7)
     """`NCCL_IB_RETRY_CNT` in the launch files: InfiniBand retries before a transfer fails (NCCL's default 7). Null: NCCL's default."""
+
+    @field_validator("sequence_parallel")
+    @classmethod
+    def _sequence_degree(cls, v):
+        if isinstance(v, int) and v < 1:
+            raise ValueError(f"`distributed.sequence_parallel` is the number of GPUs that split one sequence, at least 1 (or `auto`); got {v}")
+        return v
 
     @model_validator(mode="after")
     def _offload_of_strategy(self) -> "DistributedConfig":

@@ -74,4 +74,29 @@ def decide(spec: ModelSpec, s: Setup, gpu: GPU, gpus_per_node: int) -> tuple[Dec
     return Decision("sequence_parallel", d, rule, watch), b
 
 
-__all__ = ["HEAVY", "LIGHT", "LONG_CONTEXT", "decide", "degrees", "memory"]
+def asked(spec: ModelSpec, s: Setup, gpu: GPU, gpus_per_node: int, d: int, attention: str) -> tuple[Decision, Breakdown]:
+    """`distributed.sequence_parallel: d` as set: checked (one paragraph naming what does not divide, or the kernel), sized."""
+    heads = spec.arch.get("heads") or 0
+    kv = spec.arch.get("kv_heads") or heads
+    broken = [why for bad, why in (
+        (s.seq_len % d != 0, f"`data.max_length` {s.seq_len} (each GPU holds an equal share of every sequence)"),
+        (bool(heads) and heads % d != 0, f"the {heads} attention heads of `{spec.id}` (each GPU attends on whole heads)"),
+        (bool(kv) and kv % d != 0, f"the {kv} key/value heads of `{spec.id}`"),
+        (gpus_per_node % d != 0, f"the {gpus_per_node} GPUs per node (a sequence group stays inside a node)"),
+    ) if bad]
+    if broken:
+        ok = degrees(spec, s.seq_len, gpus_per_node)
+        raise D.PlanError(f"`distributed.sequence_parallel: {d}` does not divide {'; nor '.join(broken)}. Set it to a degree that divides "
+                          f"them all ({', '.join(map(str, ok)) if ok else 'none here: change data.max_length or the GPUs per node'}), "
+                          "or `auto` for the planner's rule.")
+    if attention == "eager":
+        raise D.PlanError(f"`distributed.sequence_parallel: {d}` with `model.attn_implementation: eager`: the sequence-parallel path "
+                          "(torchtitan's context parallelism) shards SDPA and flex attention only, and eager attention would materialize "
+                          "the whole sequence's scores on every GPU. Set `model.attn_implementation: sdpa` (or `auto`).")
+    b = memory(spec, s, d)
+    rule = (f"as set (`distributed.sequence_parallel: {d}`): {s.seq_len // d} tokens per GPU, activations "
+            f"{b.activations_bytes / GIB:.1f} GiB, {b.total_bytes / GIB:.1f} GiB per GPU; data-parallel degree {s.num_gpus // d}")
+    return Decision("sequence_parallel", d, rule, "keep the sequence group inside a node (NVLink): the all-to-all runs every layer"), b
+
+
+__all__ = ["HEAVY", "LIGHT", "LONG_CONTEXT", "asked", "decide", "degrees", "memory"]

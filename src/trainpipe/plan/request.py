@@ -244,7 +244,11 @@ def _sequence_parallel(spec: ModelSpec, cfg, w: WhatIf, gpu: GPU, out: dict) -> 
     """Long contexts: the sequence-parallel rule (plan/long_context.py) on the chosen setup; when it applies, one GPU's memory
     is the split sequence's, and the accumulation keeps the effective batch over the smaller data-parallel degree."""
     s, world = out["setup"], w.num_gpus * w.nodes
-    sp = long_context.decide(spec, s, gpu, w.num_gpus)
+    asked = cfg.distributed.sequence_parallel
+    if asked == 1:
+        return out
+    attn = cfg.model.attn_implementation
+    sp = long_context.decide(spec, s, gpu, w.num_gpus) if asked == "auto" else long_context.asked(spec, s, gpu, w.num_gpus, asked, attn)
     if sp is None:
         return out
     d, b = sp
@@ -411,7 +415,8 @@ def whatif_from_config(cfg, *, gpu: str | None = None) -> tuple:
     if precision != "auto":
         training |= {"bf16": precision == "bf16", "fp16": precision == "fp16"}
     new = build_config({
-        "model": {"name_or_path": cfg.model.name_or_path},
+        "model": {"name_or_path": cfg.model.name_or_path, "attn_implementation": cfg.model.attn_implementation},
+        "distributed": {"sequence_parallel": cfg.distributed.sequence_parallel},
         "data": {"sources": [{"path": "planned.jsonl"}], "max_length": cfg.first_data().max_length},
         "method": {"peft": _peft(method), "lora": {"r": cfg.method.lora.r, "target_modules": targets, "dropout": cfg.method.lora.dropout}},
         "training": training,

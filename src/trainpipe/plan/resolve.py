@@ -280,6 +280,13 @@ def plan_run(cfg: RunConfig, hw: Hardware, world_size: int | None = None, *, nno
     """The plan `run` executes: `resolve` with this process's launcher environment (or ``world_size`` when the caller knows it).
     DeepSpeed ZeRO (`zero2`, `zero3`) runs as a strategy of trainpipe's loop (distributed/zero.py), on GPUs or on the CPU
     with gloo."""
+    sp = cfg.distributed.sequence_parallel
+    if isinstance(sp, int) and sp > 1:
+        raise ConfigError(
+            f"`distributed.sequence_parallel: {sp}` splits one sequence over {sp} GPUs, and trainpipe's own loop trains one sequence per "
+            "GPU (it has no sequence-parallel attention yet). Run it through torchtitan's context parallelism with `trainpipe launch "
+            "CONFIG --emit torchtitan -o DIR`, or set `distributed.sequence_parallel: 1` (or `auto`) and, if one sequence does not "
+            "fit a GPU, a shorter `data.max_length`.", ["distributed.sequence_parallel"])
     if cfg.method.name == "auto":  # the objective rule first (plan/objective.py), as `run` applies it: the first stage is planned
         cfg, _ = expand_auto(cfg)
     return resolve(cfg, hw, world_size, nnodes=nnodes, env=os.environ, sizing=sizing)

@@ -45,3 +45,30 @@ def test_the_degree_divides_the_node_the_heads_and_the_sequence(seq, heads_ok):
     spec = find_model("meta-llama/Llama-3.1-8B")  # 32 attention heads, 8 key/value heads
     assert long_context.degrees(spec, seq, 8) == heads_ok
     assert long_context.degrees(spec, 65536, 6) == [2]  # 3 and 6 divide neither 32 heads nor 8 kv heads
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--set", "distributed.sequence_parallel=3"], "does not divide `data.max_length` 65536"),
+    (["--set", "distributed.sequence_parallel=2", "--set", "model.attn_implementation=eager"], "model.attn_implementation: sdpa"),
+])
+def test_a_sequence_degree_that_cannot_shard_is_one_paragraph_exit_2(capsys, extra, needle):
+    rc = main(["plan", "--model", "meta-llama/Llama-3.1-8B", "--set", "data.max_length=65536", *extra, "--gpu", "H100", "--num-gpus", "8"])
+    out = " ".join(capsys.readouterr())
+    assert rc == 2 and needle in out and "Traceback" not in out and "distributed.sequence_parallel" in out
+
+
+def test_a_sequence_degree_as_set_is_planned_and_run_refuses_it_naming_the_hand_off(capsys):
+    p = _plan(capsys, 65536, "--set", "distributed.sequence_parallel=4")
+    sp = next(d for d in p["decision"] if d["key"] == "sequence_parallel")
+    assert sp["value"] == 4 and sp["rule"].startswith("as set") and p["parallel"]["data"] == 2
+    assert p["memory"]["detail"]["tokens_per_rank"] == 16384
+    from trainpipe.config import build_config
+    from trainpipe.errors import ConfigError
+    from trainpipe.plan.hardware import Hardware
+    from trainpipe.plan.resolve import plan_run
+
+    cfg = build_config({"model": {"name_or_path": "meta-llama/Llama-3.1-8B"}, "data": {"sources": [{"path": "x.jsonl"}]},
+                        "distributed": {"sequence_parallel": 2}})
+    with pytest.raises(ConfigError, match="--emit torchtitan") as exc:  # `trainpipe run` plans through plan_run: exit 2
+        plan_run(cfg, Hardware("cpu", 0, (), False, 1, "test"), 1)
+    assert exc.value.exit_code == 2
