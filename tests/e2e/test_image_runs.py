@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from test_distributed import finish, launch, max_diff
+from trainpipe.cli import main
 
 pytestmark = pytest.mark.e2e
 
@@ -153,9 +154,7 @@ def test_example_learns_and_its_export_predicts_what_the_final_eval_measured(tmp
 def test_two_processes_equal_one_process_with_augmentation_on(tmp_path, vit, images):
     one = write_config(tmp_path / "one", vit, images, max_steps=4, eval_steps=4, save_steps=4)
     two = write_config(tmp_path / "two", vit, images, max_steps=4, eval_steps=4, save_steps=4, per_device_train_batch_size=4)
-    p = cli(["run", str(one)])
-    out, _ = p.communicate(timeout=300)
-    assert p.returncode == 0, out[-3000:]
+    assert main(["run", str(one)]) == 0
     rc, out = finish(launch(two))
     assert rc == 0, out[-3000:]
     diff = max_diff(newest_checkpoint(tmp_path / "one" / "run"), newest_checkpoint(tmp_path / "two" / "run"))
@@ -166,7 +165,7 @@ def test_two_processes_equal_one_process_with_augmentation_on(tmp_path, vit, ima
 
 
 def test_sigkill_then_resume_is_bit_identical_with_augmentation_on(tmp_path, vit, images):
-    ref = write_config(tmp_path / "ref", vit, images)
+    ref = write_config(tmp_path / "ref", vit, images)  # every run in a subprocess of one thread: the same float reduction order
     p = cli(["run", str(ref)])
     out, _ = p.communicate(timeout=300)
     assert p.returncode == 0, out[-3000:]
@@ -194,21 +193,19 @@ def test_sigkill_then_resume_is_bit_identical_with_augmentation_on(tmp_path, vit
 # ------------------------------------------------------------------------------ bad input
 
 
-def test_corrupt_image_and_missing_label_column_are_one_paragraph_exit_2(tmp_path, vit, images):
+def test_corrupt_image_and_missing_label_column_are_one_paragraph_exit_2(tmp_path, vit, images, capsys):
     import shutil
 
     bad = tmp_path / "bad"
     shutil.copytree(images, bad)
     (bad / "3" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
-    p = cli(["run", str(write_config(tmp_path / "a", vit, bad))])
-    out, _ = p.communicate(timeout=300)
-    assert p.returncode == 2, out[-2000:]
+    assert main(["run", str(write_config(tmp_path / "a", vit, bad))]) == 2
+    out = capsys.readouterr().out
     assert "broken.png" in out and "data.on_error: skip" in out and "Traceback" not in out
     assert not (tmp_path / "a" / "run" / "model").exists()
 
     table = tmp_path / "t.jsonl"
     table.write_text("".join(json.dumps({"image": f"bad/0/{f.name}", "digit": "0"}) + "\n" for f in sorted((bad / "0").iterdir())))
-    p = cli(["run", str(write_config(tmp_path / "b", vit, table))])
-    out, _ = p.communicate(timeout=300)
-    assert p.returncode == 2, out[-2000:]
+    assert main(["run", str(write_config(tmp_path / "b", vit, table))]) == 2
+    out = capsys.readouterr().out
     assert "no `label` column" in out and "`digit`" in out and "data.label" in out and "Traceback" not in out
