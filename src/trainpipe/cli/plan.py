@@ -28,7 +28,7 @@ def plan(
     gpu_file: Annotated[Optional[Path], typer.Option("--gpu-file", help="GPU catalog JSON that overrides/extends the built-in one.")] = None,
     host_ram_gib: Annotated[Optional[float], typer.Option("--host-ram-gib", help="Host RAM per GPU for offload plans (default 64).")] = None,
     max_quality: Annotated[bool, typer.Option("--max-quality", help="With --model: prefer a full fine-tune when memory allows.")] = False,
-    data: Annotated[Optional[list[str]], typer.Option("--data", help="With --model: the data at hand for the objective rule, instruction|preference|text or a data file (repeatable).")] = None,
+    data: Annotated[Optional[list[str]], typer.Option("--data", help="With --model: the data at hand for the objective rule, instruction|preference|unpaired|text (unpaired: KTO rows) or a data file (repeatable).")] = None,
     tasks: Annotated[int, typer.Option(help="With --model: number of tasks (> 1: one adapter per task).")] = 1,
     json_: Annotated[bool, typer.Option("--json", help="Print the plan as one JSON object.")] = False,
     trace: Annotated[bool, typer.Option("--trace", help="Also run the chosen setup's real training step on fake tensors (no GPU, seconds) and print its exact peak allocated next to the estimate.")] = False,

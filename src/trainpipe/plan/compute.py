@@ -96,10 +96,24 @@ class Compute:
     hours: float
     gpus: int
     scaling_efficiency: float = 1.0
+    interconnect: str = ""
 
     def to_dict(self) -> dict:
         return {"flops": self.flops, "tokens": self.tokens, "mfu_assumed": self.mfu_assumed, "scaling_efficiency": self.scaling_efficiency,
-                "hours": self.hours, "gpu_hours": self.hours * self.gpus}
+                "hours": self.hours, "gpu_hours": self.hours * self.gpus, "interconnect": self.interconnect}
+
+
+def interconnect_rule(gpu: GPU, gpus: int, nodes: int, method: str, eff: float, network: str = "infiniband") -> str:
+    """What the scaling efficiency assumes about the links, said so a reader can check it against their cluster."""
+    if gpus <= 1:
+        return "one GPU: no gradient all-reduce"
+    within = gpu.interconnect or "an unknown link (PCIe assumed)"
+    adapter = "; an adapter all-reduces a fraction of the weights, so a fifth of the loss applies" if method not in ("full", "freeze") else ""
+    if nodes > 1:
+        names = ", ".join(f"{k} {int(v * 100)} %" for k, v in SCALING_ACROSS_NODES.items())
+        return (f"{nodes} nodes: ASSUMED {network} between the nodes ({names} of perfect scaling; within a node {within}){adapter}: "
+                f"{eff:.0%}. The network between your nodes decides this: on Ethernet the run is slower than planned")
+    return f"one node: {within}{adapter}: {eff:.0%} of perfect scaling"
 
 
 def compute(spec: ModelSpec, method: str, tokens: float, seq_len: int, grad_ckpt: bool, gpu: GPU, gpus: int, precision: str,
@@ -109,7 +123,7 @@ def compute(spec: ModelSpec, method: str, tokens: float, seq_len: int, grad_ckpt
     eff = scaling_efficiency(gpu, gpus, nodes, method)
     peak = gpu.peak_tflops(precision) * 1e12
     hours = flops / (max(1, gpus) * peak * m * eff) / 3600 if peak > 0 else float("inf")
-    return Compute(flops, tokens, m, hours, gpus, eff)
+    return Compute(flops, tokens, m, hours, gpus, eff, interconnect_rule(gpu, gpus, nodes, method, eff))
 
 
 def young_daly_interval(checkpoint_hours: float, mtbf_hours: float) -> float:

@@ -29,16 +29,17 @@ from trainpipe.plan import decisions as D
 from trainpipe.plan.decisions import Decision, PlanError
 
 GOALS = ("auto", "task", "knowledge", "vocabulary", "alignment", "multitask")
-DATA_KINDS = ("instruction", "preference", "text")
+DATA_KINDS = ("instruction", "preference", "unpaired", "text")  # unpaired: KTO rows (one completion labelled desirable or not)
 KL_CONTROL = ("low", "high")
 # data formats (data/formats.py) -> the kind of data the tree reads
-KIND_OF_FORMAT = {"alpaca": "instruction", "chat": "instruction", "sharegpt": "instruction", "preference": "preference", "kto": "preference", "text": "text"}
+KIND_OF_FORMAT = {"alpaca": "instruction", "chat": "instruction", "sharegpt": "instruction", "preference": "preference", "kto": "unpaired", "text": "text"}
 
 WATCH = {
     "sft": "eval loss on the responses should fall within the first 50-100 steps; sample generations at each eval",
     "pretrain": "held-out perplexity on domain text should fall steadily; watch a general-text eval for forgetting (mix in 5-10 % general text if it rises)",
     "reward": "held-out preference accuracy should rise well above 50 % (0.65-0.75 is typical); a reward model at ~50 % gives the RL stage nothing to learn",
     "rl": "the KL to the SFT policy should stay bounded (e.g. < 10 nats); reward rising while KL explodes is reward hacking: raise the KL coefficient",
+    "kto": "KTO beta 0.1: the desirable completions' implicit reward should rise above the undesirable ones' (held-out `accuracy`, `rewards_desirable` vs `rewards_undesirable`); keep the desirable/undesirable weights balancing their counts",
     "dpo": "DPO beta 0.1: the chosen-vs-rejected margin and held-out preference accuracy should rise; falling chosen log-probs mean over-optimisation: lower the lr or raise beta",
 }
 
@@ -72,7 +73,7 @@ def choose_objective(*, goal: str = "auto", data: set[str] | frozenset[str] | li
     if kl_control not in KL_CONTROL:
         raise PlanError(f"`method.kl_control: {kl_control}` (`--set method.kl_control={kl_control}`) must be `low` or `high`.")
     if not kinds:
-        raise PlanError("the objective rule needs to know the data: give `--data instruction|preference|text` (or a data file), or a config with `data.sources`.")
+        raise PlanError("the objective rule needs to know the data: give `--data instruction|preference|unpaired|text` (or a data file), or a config with `data.sources`.")
     decisions: list[Decision] = []
     if continued:
         decisions.append(Decision("continued", True, "continued training of an already fine-tuned model: start from its weights, keep its objective, "
@@ -97,6 +98,14 @@ def choose_objective(*, goal: str = "auto", data: set[str] | frozenset[str] | li
         else:
             c = ObjectiveChoice(["pretrain"], f"{why}: continued pre-training on the raw domain text; add instruction data for the SFT stage that "
                                 "should follow (the tree's next step)", WATCH["pretrain"], ["text"])
+    elif "unpaired" in kinds and "preference" not in kinds:
+        why = ("unpaired preference data (each completion labelled desirable or undesirable, no chosen/rejected pairs): KTO, the "
+               "objective for such labels (DPO, ORPO and a reward model need pairs)")
+        if "instruction" in kinds:
+            c = ObjectiveChoice(["sft", "kto"], f"{why}: SFT on the instruction data, then KTO on the labelled completions",
+                                f"SFT: {WATCH['sft']}; KTO: {WATCH['kto']}", ["instruction", "unpaired"])
+        else:
+            c = ObjectiveChoice(["kto"], f"{why} (start from an instruction-tuned model)", WATCH["kto"], ["unpaired"])
     elif "preference" in kinds:
         if kl_control == "high":
             if "instruction" not in kinds:

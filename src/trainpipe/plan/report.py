@@ -93,7 +93,10 @@ def _print_memory(con, plan: dict) -> None:
             mt.add_row("offloaded to CPU", _gib(pd["cpu_offload_bytes"]))
         con.print(mt)
     fits = plan["memory"]["fits"]
-    if fits:
+    if fits and plan.get("fits") is False:  # the GPU memory is not the whole answer (host RAM, ...): never print `fits: yes` then
+        con.print("GPU memory: " + ", ".join(f"{g} {'enough' if ok else 'too little'}" for g, ok in fits.items()) + "; overall: does not fit",
+                  markup=False, soft_wrap=True)
+    elif fits:
         con.print("fits: " + ", ".join(f"{g} {'yes' if ok else 'no'}" for g, ok in fits.items()), markup=False, soft_wrap=True)
     if plan.get("fits") is False:
         con.print(f"DOES NOT FIT: {plan.get('why_not')}", markup=False, soft_wrap=True)
@@ -112,8 +115,15 @@ def _print_recommendation(con, plan: dict) -> None:
 
 
 def _print_compute(con, plan: dict) -> None:
-    """Compute, time and cost (with the tokens known), else FLOPs per token."""
+    """What the plan assumed (sequence length, batch), compute, time and cost (with the tokens known), else FLOPs per
+    token, and the interconnect the scaling assumes."""
+    a = plan.get("assumed")
+    if a:
+        con.print(f"assumed: sequence length {a['seq_len']} tokens ({a['seq_len_from']}), micro-batch {a['micro_batch']} x accumulation "
+                  f"{a['gradient_accumulation']} = effective batch {a['effective_batch']} ({a['batch_from']})", markup=False, soft_wrap=True)
     c = plan.get("compute")
+    if c and c.get("interconnect"):
+        con.print(f"interconnect: {c['interconnect']}", markup=False, soft_wrap=True)
     if c:
         if c.get("tokens_known"):
             cost = plan["cost"]

@@ -39,6 +39,22 @@ def _objective_rows(cfg, w: WhatIf):
     return c
 
 
+def assumed(cfg, out: dict) -> dict:
+    """The sequence length and batch the plan sized memory and time with, and where each came from: a plan must never
+    size a run with a length nobody chose without saying so."""
+    from trainpipe.config import DataConfig
+
+    seq = cfg.first_data().max_length
+    default = DataConfig.model_fields["max_length"].default
+    r = out["recommendation"]
+    t = cfg.training
+    return {"seq_len": seq, "seq_len_from": "`data.max_length`'s default: set `--set data.max_length=N` to your data's length" if seq == default
+            else "`data.max_length`",
+            "micro_batch": r["micro_batch"], "gradient_accumulation": r["gradient_accumulation"], "effective_batch": r["effective_batch"],
+            "batch_from": f"the planner: the largest micro-batch that fits, accumulation up to `training.target_effective_batch_size` {t.target_effective_batch_size}"
+            if t.per_device_train_batch_size == "auto" or t.gradient_accumulation_steps is None else "the config"}
+
+
 def make_plan(cfg, w: WhatIf) -> dict:
     """The what-if plan of a run config (the default one of `plan --model`, or a config read by `whatif_from_config`) on
     the machine and data the WhatIf describes."""
@@ -115,6 +131,7 @@ def make_plan(cfg, w: WhatIf) -> dict:
     out["decision"] = [asdict(d) for d in choice.decisions] + out["decision"]
     out["fits"] = why_not is None
     out["why_not"] = why_not
+    out["assumed"] = assumed(cfg, out)
     if "parallel" in chosen:
         out["parallel"] = chosen["parallel"]
     return out
