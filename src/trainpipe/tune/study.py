@@ -3,12 +3,13 @@ retries), sampler, pruner, the identity a joining worker is checked against, per
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import zlib
 from pathlib import Path
 
-from trainpipe import ui
+from trainpipe import ownership, ui
 from trainpipe.config import RunConfig, TuneConfig
 from trainpipe.errors import ConfigError, TrainpipeError
 from trainpipe.redact import redact_text, redact_url
@@ -309,3 +310,20 @@ def no_winner(out: dict, trials, study_dir: Path) -> str:
             + f"No best.yaml was written; {study_dir / 'leaderboard.csv'} and each trial's folder under {study_dir / 'trials'} say more. "
             "Fix the failure and run the same command again (the study continues), or let trials finish: `tune.pruner: none`, "
             "a larger `tune.max_memory_gib`, more `tune.n_trials`.")
+
+
+@contextlib.contextmanager
+def trial_output(path: Path, reads=()):
+    """A trial's console output (its run's tables, event lines, progress) into ``path`` (`trials/trial-NNNN.log`, through the
+    ownership rule and redaction) instead of the terminal, where the study prints one line per trial: a 3-trial study
+    printed 144 lines."""
+    import io
+
+    buf = io.StringIO()
+    previous = ui._console
+    ui._console = ui.RedactingConsole(file=buf, width=120, no_color=True, highlight=False, soft_wrap=False)
+    try:
+        yield path
+    finally:
+        ui._console = previous
+        ownership.write_text(path, buf.getvalue(), what="the trial's console output", reads=reads)

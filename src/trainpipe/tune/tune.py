@@ -56,7 +56,7 @@ from trainpipe.tune import space as S
 from trainpipe.tune.plans import _this_gpu, plan_fits, price_trial  # noqa: F401 - _this_gpu: automl's and the tests' way in
 from trainpipe.tune.study import (
     OBJECTIVE_ATTR, SPACE_ATTR, StudyRun, TuneError, check_study, create_study, distinct_per_trial, fresh_study_name, make_pruner,
-    make_sampler, no_winner, open_storage, storage_url, study_identity,
+    make_sampler, no_winner, open_storage, storage_url, study_identity, trial_output,
 )
 
 def direction_of(t: TuneConfig) -> str:
@@ -267,8 +267,10 @@ class Objective:
         if self.study_run is not None and self.study_run.active:
             parent = dict(run_id=self.study_run.run_id, uri=self.study_run.uri,
                           tags={"trainpipe.tune.study": self.study_run.study, "trainpipe.tune.trial": str(trial.number)})
+        log = trials_dir / f"trial-{trial.number:04d}.log"
         try:
-            summary = run(cfg, overwrite=True, parent_run=parent, callbacks=(EvalHook(report),))  # the pruner sees every in-training eval
+            with trial_output(log, self.reads):  # the run's own output in the trial's log; one line per trial here
+                summary = run(cfg, overwrite=True, parent_run=parent, callbacks=(EvalHook(report),))  # the pruner sees every in-training eval
         except StopTrial:
             trial.set_user_attr("seconds", round(time.time() - t0, 3))
             trial.set_user_attr("train_steps", _steps_done(run_dir))
@@ -276,11 +278,13 @@ class Objective:
             raise optuna.TrialPruned() from None
         except TrainpipeError as exc:
             trial.set_user_attr("error", exc.message[:500])
+            con.print(f"  [red]trial {trial.number} failed[/]: {exc.message.splitlines()[0][:200]} (output: {log})", markup=True, highlight=False)
             raise
         final = summary.get("final") or {}
         if metric not in final:
             raise TuneError(f"trial {trial.number}'s summary has no final `{metric}` (it has {', '.join(final)}); set `tune.objective.metric` to one of those.")
         _record(trial, summary, t0)
+        con.print(f"  trial {trial.number}: {metric} = {float(final[metric]):.4g} in {time.time() - t0:.1f} s (output: {log})", markup=False, highlight=False)
         return float(final[metric])
 
 
