@@ -124,6 +124,14 @@ def _print_result(con, name: str, summary: dict) -> None:
             table.add_row(k, f"{100 * b:.1f} %", f"{100 * v:.1f} %", f"{100 * (v - b):+.1f} pts", *extra)
         else:
             table.add_row(k, f"{b:.4f}", f"{v:.4f}", f"{v - b:+.4f}", *extra)
+    for task, bm in (summary.get("benchmarks") or {}).items():  # lm-eval tasks beside the eval split's metrics
+        b, v = bm.get("baseline"), bm.get("final")
+        extra = [str(bm.get("samples") or "")] if per_metric else []
+        name = f"{task} ({bm.get('metric')}, lm-eval{', ' + str(bm['samples']) + ' items' if bm.get('samples') and not per_metric else ''})"
+        if isinstance(b, (int, float)) and isinstance(v, (int, float)):
+            table.add_row(name, f"{b:.4f}", f"{v:.4f}", f"{v - b:+.4f}", *extra)
+        else:
+            table.add_row(name, str(b), str(v), "", *extra)
     con.print(table)
     for note in notes:
         con.print(note, markup=False, highlight=False, soft_wrap=True)
