@@ -18,13 +18,14 @@ module runs your code) and :func:`predict_file` applies the saved preprocessing 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
-from trainpipe import ownership
+from trainpipe import ownership, rundir
 from trainpipe.config.family import resolve_family
 from trainpipe.data.tabular import Preprocessing, read_features
 from trainpipe.errors import ConfigError
-from trainpipe.export import export_folder, model_card
+from trainpipe.export import MARKER as EXPORT_MARKER, export_folder, model_card
 from trainpipe.model.custom import build_module
 from trainpipe.model.tabular import build_tabular_mlp
 
@@ -178,5 +179,23 @@ def export_onnx(path: Path, *, atol: float = 1e-4) -> dict:
     diff = float(abs(got - ref).max()) if ref.size else 0.0
     if diff > atol:
         raise ConfigError(f"The ONNX export of `{folder}` differs from PyTorch by up to {diff:.3g} (tolerance {atol:g}) on the sample inputs; `model.onnx` was not written.")
-    ownership.write_bytes(folder / "model.onnx", buf.getvalue(), what="the ONNX export")
+    write_beside(folder, "model.onnx", buf.getvalue())
     return {"path": str(folder / "model.onnx"), "max_abs_diff": diff, "inputs": names, "onnxruntime": ort.__version__}
+
+
+def write_beside(folder: Path, name: str, data: bytes) -> None:
+    """Add a file to an exported folder. A run's own `model/` is sealed in the run's manifest, so it is rebuilt the way the
+    run wrote it (export.py `export_folder`: its files and the new one in `model.tmp/`, then renamed) between `rundir.begin`
+    and `rundir.seal` under the run's lock: the folder stays provably the run's (a later `--overwrite` may clear it)."""
+    run_dir = folder.parent
+    if folder.name != "model" or not (run_dir / rundir.MARKER).is_file():
+        ownership.write_bytes(folder / name, data, what=f"`{name}` beside the exported model")
+        return
+    with rundir.RunLock(run_dir):
+        rundir.begin(run_dir)
+        with export_folder(folder, run_dir=run_dir, card={"trainpipe_version": __import__("trainpipe").__version__}) as tmp:
+            for f in folder.iterdir():
+                if f.is_file() and f.name not in (rundir.MANIFEST, EXPORT_MARKER, name):
+                    shutil.copy2(f, tmp / f.name)
+            (tmp / name).write_bytes(data)
+        rundir.seal(run_dir)

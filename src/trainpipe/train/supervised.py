@@ -22,6 +22,7 @@ from trainpipe.export_family import decode, export_supervised, model_meta
 from trainpipe.model.custom import NAMED_LOSSES, build_datasets, build_module, import_object
 from trainpipe.model.loading import parameter_counts
 from trainpipe.model.tabular import build_tabular_mlp
+from trainpipe.plan.module_trace import trace_module_step
 from trainpipe.track.manifest import write_json
 from trainpipe.train.context import RunContext
 from trainpipe.train.objectives import Objective
@@ -251,9 +252,13 @@ def run(ctx: RunContext) -> dict:
     model, where = build_model(cfg, data)
     objective = SupervisedObjective(default_loss(data.task, cfg.method.loss), data.task)
     check_outputs(model, objective, data, where)
+    micro = data.train[: ctx.specs.batch.micro_batch]
+    traced = trace_module_step(lambda: build_model(cfg, data)[0], lambda m, b: objective.loss_sum(m, b)[0], objective.collate(micro))  # the planner's memory
     params = parameter_counts(model)
     ui.console().print(f"  {where}: {params['trainable']:,} trainable parameters; task {data.task}, loss {objective.name}"
                        + (f"; classes: {', '.join(data.classes[:10])}" if data.classes else ""), markup=False, soft_wrap=True)
+    ui.console().print(f"  plan: one training step at micro-batch {traced['micro_batch']} peaks at {traced['peak_bytes'] / 2**20:.2f} MiB of tensors "
+                       f"(weights {traced['weights_bytes'] / 2**20:.2f} MiB; fake-tensor trace, {traced['seconds']:.1f} s)", markup=False, soft_wrap=True)
 
     # 2. baseline: the trivial predictor (what `beats_baseline` compares with) and the untrained model, on the eval split
     base_trivial = trivial(objective, data, data.eval)
@@ -289,6 +294,6 @@ def run(ctx: RunContext) -> dict:
         "classes": data.classes, "baseline": baseline, "untrained": untrained, "final": final, **({"test": test} if test else {}),
         "trivial": {k: v for k, v in base_trivial.items() if k not in ("confusion", "per_class", "predicted_vs_true")},
         "task_report": {k: full[k] for k in ("confusion", "per_class", "predicted_vs_true") if k in full},
-        "train": asdict(outcome), "parameters": params, "data": ctx.data_summary(),
+        "train": asdict(outcome), "parameters": params, "plan_trace": traced, "data": ctx.data_summary(),
         "artifacts": {"run_dir": str(ctx.run_dir), "model": str(model_dir), "events": str(ctx.run_dir / "events.jsonl")},
     }
