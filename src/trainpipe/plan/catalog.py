@@ -25,6 +25,7 @@ from pathlib import Path
 
 from trainpipe.errors import TrainpipeError
 from trainpipe.model.loading import decoder_blocks, freeze_plan
+from trainpipe.plan import vision
 
 
 class ModelNotFoundError(TrainpipeError):
@@ -331,12 +332,13 @@ def spec_from_config_dict(id: str, cfg_dict: dict, source: str) -> ModelSpec:
         return _spec(id, mt, "causal-lm", c, source, shapes_from_model(model, 0), note)
     d.pop("architectures", None)
     d.pop("quantization_config", None)
-    if model_type == "gemma3" and "text_config" in d:  # multimodal wrapper: plan the text decoder
-        d, model_type = dict(d["text_config"]), "gemma3_text"
-        d.pop("model_type", None)
+    text = vision.text_part(model_type, d)
+    if text is not None:  # a vision-language model: plan its text decoder (the image side is in the plan's notes: plan/vision.py)
+        model_type, d = text
     try:
         cfg = AutoConfig.for_model(model_type, **d)
-        model = build_meta_model("", cfg, _task_for(cfg_dict))
+        task = "causal-lm" if text is not None else _task_for(cfg_dict)
+        model = build_meta_model("", cfg, task)
     except (ValueError, KeyError) as exc:
         raise ModelNotFoundError(
             f"`{id}`: transformers cannot build model_type `{model_type}` ({str(exc).splitlines()[0][:160]}). "
@@ -344,7 +346,8 @@ def spec_from_config_dict(id: str, cfg_dict: dict, source: str) -> ModelSpec:
         ) from None
     shapes = shapes_from_model(model, 0)
     full = cfg.to_dict()
-    return _spec(id, model_type, _task_for(cfg_dict), full, source, shapes)
+    note = "vision-language model: the text decoder is sized; the vision tower is in the plan's notes" if text is not None else None
+    return _spec(id, model_type, task, full, source, shapes, note)
 
 
 def _close_names(name: str, n: int = 5) -> list[str]:

@@ -47,6 +47,7 @@ from trainpipe.plan.measure import predict_state_bytes
 from trainpipe.plan.memory import Setup, estimate
 from trainpipe.plan.objective import expand_auto
 from trainpipe.plan.specs import RunSpecs, build_specs
+from trainpipe.plan import vision
 
 # trainpipe `method.peft` -> the planner's memory method (same parameter, gradient and optimizer bytes)
 PLAN_METHOD = {"none": "full", "freeze": "freeze", "lora": "lora", "rslora": "lora", "dora": "dora", "qlora": "qlora"}
@@ -302,6 +303,7 @@ def _size(cfg: RunConfig, hw: Hardware, world: int, sizing: bool, notes: list[st
     except Exception as exc:  # noqa: BLE001 - the planner informs, it never blocks a run
         spec = None
         notes.append(f"the planner could not size `{cfg.model.name_or_path}` ({str(exc).splitlines()[0][:160]}); no predictions")
+    notes.extend(vision.run_notes(cfg))  # a vision-language model: image tokens, the tower, the advice (plan/vision.py)
     gpu = gpu or catalog_gpu(hw)
     if hw.accelerator == "cuda" and gpu is None:
         notes.append(f"GPU `{hw.device_names[0] if hw.device_names else '?'}` is not in the GPU catalog: sized as a CPU run")
@@ -585,10 +587,12 @@ def _predict_state(cfg: RunConfig, spec) -> dict | None:
     path = src if src.suffix == ".json" else src / "config.json"
     if not path.is_file():
         return None
+    if vision.text_part("", raw := json.loads(path.read_text())) is not None:  # a VLM: not built for real here
+        return None
     lora = cfg.method.lora
     targets = lora.target_modules if isinstance(lora.target_modules, str) else list(lora.target_modules)
     dtype = cfg.model.dtype if cfg.model.dtype != "auto" else "float32"
-    return predict_state_bytes(json.loads(path.read_text()), method=m, dtype=dtype, optimizer=o, lora_r=lora.r, lora_alpha=lora.alpha,
+    return predict_state_bytes(raw, method=m, dtype=dtype, optimizer=o, lora_r=lora.r, lora_alpha=lora.alpha,
                                lora_dropout=lora.dropout, lora_targets=targets, double_quant=cfg.method.quantization.double_quant,
                                upcast_rest=cfg.method.quantization.upcast_rest)
     # (train/model.py keeps bitsandbytes off its CPU repack, so the baseline eval leaves the 4-bit layout as loaded)
