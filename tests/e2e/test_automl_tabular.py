@@ -62,6 +62,8 @@ def test_autogluon_beats_the_neural_model_and_the_trivial_predictor_on_one_test_
     # the test split reached no fit: its file was written after every file of AutoGluon's predictor
     fitted = max(p.stat().st_mtime for p in (out / "autogluon").rglob("*") if p.is_file())
     assert (out / "splits" / "test.parquet").stat().st_mtime >= fitted
+    page = (out / "report.html").read_text()
+    assert "<svg" in page and "<script" not in page and all(r["model"] in page for r in board)
     # the winner predicts through `trainpipe predict`, with the preprocessing fitted at training
     target = tmp_path / "pred.csv"
     assert main(["predict", str(out / "winner"), "--data", str(TABLE), "--out", str(target)]) == 0

@@ -41,6 +41,7 @@ from trainpipe.evaluate import task_metrics
 from trainpipe.pipeline.run import run as run_one
 from trainpipe.rundir import protected_paths
 from trainpipe.train import supervised
+from trainpipe.tune.leaderboard import svg_bars
 
 RUNNER = Path(__file__).with_name("autogluon_runner.py")
 DEFAULT_VENV = Path("~/.cache/trainpipe/automl-venv").expanduser()
@@ -265,6 +266,8 @@ def finish(out: Path, rows: list[dict], data, cfg, a, scored: dict, ag_dir: Path
               "trivial": {metric: trivial.get(metric)}, "neural": {metric: neural.get(metric)},
               "autogluon_best": scored["best"], "leaderboard": ranked, "data_report": data.report}
     ownership.write_json(out / "automl.json", result, what="the AutoML summary", reads=reads)
+    ownership.write_text(out / "report.html", report_page(result, [c for c in COLUMNS if any(c in r for r in ranked)]),
+                         what="the AutoML report", reads=reads)
     print_table(ranked, metric, winner_dir)
     return result
 
@@ -319,3 +322,26 @@ def predict_winner(folder: Path, data_path: Path, target: Path) -> dict:
         w.writerow([*(raw[i].get(c) for c in columns), p, *probs])
     ownership.write_text(target, buf.getvalue(), what="the predictions", reads=[(Path(data_path), "the data to predict"), (Path(folder), "the model")])
     return {"rows": len(res["prediction"]), "family": "tabular (AutoGluon winner)", "task": prep.task, "out": str(target)}
+
+
+def report_page(result: dict, columns: list[str]) -> str:
+    """`report.html`: the merged leaderboard (every model's test metrics, validation score, fit and predict seconds) and the
+    test metric per model as bars; self-contained (inline SVG, no scripts)."""
+    import html
+
+    def cell(v) -> str:
+        return html.escape(f"{v:.4f}" if isinstance(v, float) else "" if v is None else str(v))
+
+    metric, board = result["metric"], result["leaderboard"]
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{cell(r.get(c))}</td>" for c in columns) + "</tr>" for r in board)
+    bars = svg_bars({f"{r['model']} ({r['engine']})": float(r[metric]) for r in board if isinstance(r.get(metric), (int, float))})
+    win = result["winner"]
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>trainpipe automl: tabular</title>"
+            "<style>body{font-family:sans-serif;margin:2em}td,th{padding:2px 8px;text-align:right}</style></head><body>"
+            f"<h1>AutoML (tabular): {html.escape(result['engine'])}, {html.escape(result['presets'])}, {result['time_limit']:g} s</h1>"
+            f"<p>{result['rows']['train']} training, {result['rows']['eval']} tuning and {result['rows']['test']} test rows; every model "
+            f"measured on the test split by trainpipe's metrics. Winner: <b>{html.escape(win['model'])}</b> ({html.escape(win['engine'])}), "
+            f"{html.escape(metric)} {cell(win.get(metric))}; trivial predictor {cell(result['trivial'].get(metric))}, trainpipe's model "
+            f"{cell(result['neural'].get(metric))}.</p><h2>Leaderboard (test split)</h2><table><tr>{head}</tr>{body}</table>"
+            f"<h2>{html.escape(metric)} on the test split</h2>{bars}</body></html>")
