@@ -120,3 +120,20 @@ def test_the_batch_arithmetic_reads_the_data_parallel_degree_not_the_world():
     assert plan.effective == 24 == batch.effective_batch and plan.accumulation(2, dims.dp) == 3
     s = strategies.make(DistRuntime(DistEnv(rank=0, world_size=8, local_world_size=8, launcher="torchrun"), strategy="fsdp", dims=dims))
     assert strategies.world_fields(s, 24, 2, None)["per_rank_accumulation"] == 3  # over dp 4, not the world 8
+
+
+def test_ulysses_refuses_a_kernel_it_cannot_shard_and_an_uneven_sequence():
+    import torch
+
+    from trainpipe.distributed import ulysses
+
+    with pytest.raises(TrainpipeError, match="model.attn_implementation") as exc:
+        ulysses.register(object(), 2, micro_batch=1, seq_len=64, attention="eager")
+    assert "sdpa" in str(exc.value) and exc.value.exit_code == 2
+    with pytest.raises(TrainpipeError, match="multiple of 2"):
+        ulysses.register(object(), 2, micro_batch=1, seq_len=63, attention="sdpa")
+    ids = torch.arange(8).reshape(1, 8)
+    part = ulysses.shard(ids, ids.clone(), 1, 2)  # rank 1 of 2: tokens 4-7, their global positions, targets shifted before the cut
+    assert part["input_ids"].tolist() == [[4, 5, 6, 7]] and part["position_ids"].tolist() == [[4, 5, 6, 7]]
+    assert part["shift_labels"].tolist() == [[5, 6, 7, -100]]
+    assert ulysses.shard(ids, ids.clone(), 0, 2)["shift_labels"].tolist() == [[1, 2, 3, 4]]  # the boundary token's target is kept
