@@ -32,7 +32,7 @@ def write_config(tmp: Path, **automl) -> Path:
     cfg = {"name": "bc", "model": {"args": {"hidden_size": 64, "depth": 2, "dropout": 0.1}},
            "data": {"sources": [{"path": str(TABLE)}], "label": "diagnosis", "eval_split": 0.2, "test_split": 0.2},
            "training": {"learning_rate": 1.0e-3, "num_train_epochs": 6, "per_device_train_batch_size": 32, "eval_steps": 20, "save_steps": 20},
-           "tracking": {"backend": "none"}, "gates": {"on_fail": "warn"}, "output_dir": str(tmp / "unused"),
+           "tracking": {"backend": "mlflow", "uri": f"sqlite:///{tmp / 'mlflow.db'}"}, "gates": {"on_fail": "warn"}, "output_dir": str(tmp / "unused"),
            "automl": {"task": "tabular", "time_limit": 45, "output_dir": str(tmp / "automl"), **automl}}
     p = tmp / "bc.yaml"
     p.write_text(yaml.safe_dump(cfg))
@@ -62,6 +62,10 @@ def test_autogluon_beats_the_neural_model_and_the_trivial_predictor_on_one_test_
     # the test split reached no fit: its file was written after every file of AutoGluon's predictor
     fitted = max(p.stat().st_mtime for p in (out / "autogluon").rglob("*") if p.is_file())
     assert (out / "splits" / "test.parquet").stat().st_mtime >= fitted
+    from mlflow import MlflowClient  # the search as one MLflow run: every model's test metric
+
+    run = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(res["mlflow_run_id"])
+    assert run.data.params["winner"] == res["winner"]["model"] and run.data.metrics["LightGBM.test_accuracy"] == next(r["accuracy"] for r in ag if r["model"] == "LightGBM")
     page = (out / "report.html").read_text()
     assert "<svg" in page and "<script" not in page and all(r["model"] in page for r in board)
     # the winner predicts through `trainpipe predict`, with the preprocessing fitted at training

@@ -40,6 +40,8 @@ from trainpipe.errors import ConfigError, TrainpipeError
 from trainpipe.evaluate import task_metrics
 from trainpipe.pipeline.run import run as run_one
 from trainpipe.rundir import protected_paths
+from trainpipe.track.backends import MlflowBackend
+from trainpipe.track.tracking import resolve_settings
 from trainpipe.train import supervised
 from trainpipe.tune.leaderboard import svg_bars
 
@@ -268,8 +270,37 @@ def finish(out: Path, rows: list[dict], data, cfg, a, scored: dict, ag_dir: Path
     ownership.write_json(out / "automl.json", result, what="the AutoML summary", reads=reads)
     ownership.write_text(out / "report.html", report_page(result, [c for c in COLUMNS if any(c in r for r in ranked)]),
                          what="the AutoML report", reads=reads)
+    run_id = track(cfg, out, result)
+    if run_id:
+        result["mlflow_run_id"] = run_id
+        ownership.write_json(out / "automl.json", result, what="the AutoML summary", reads=reads)
     print_table(ranked, metric, winner_dir)
     return result
+
+
+def track(cfg, out: Path, result: dict) -> str | None:
+    """The AutoML search as one MLflow run (`tracking.backend` mlflow; the store the neural run used, beside it): its
+    settings and winner as params, every model's test metrics as `MODEL.test_METRIC`, the leaderboard, summary and report as
+    artefacts. An unreachable tracker warns and the search's files stand."""
+    settings = resolve_settings(cfg.tracking, out / "neural", cfg.name)
+    if settings["backend"] != "mlflow":
+        return None
+    try:
+        b = MlflowBackend(settings)
+        b.open({}, {}, {"mlflow.runName": f"{cfg.name or 'tabular'}-automl", "trainpipe.automl": "tabular"})
+        b.log_params({"engine": result["engine"], "presets": result["presets"], "time_limit": result["time_limit"], "models": ",".join(result["models"]),
+                      "metric": result["metric"], "winner": result["winner"]["model"], "winner_engine": result["winner"]["engine"]})
+        metrics = {}
+        for r in result["leaderboard"]:
+            name = "".join(c if c.isalnum() or c in "_-." else "_" for c in r["model"])
+            metrics.update({f"{name}.test_{k}": float(v) for k, v in r.items() if k in COLUMNS[4:12] and isinstance(v, (int, float))})
+        b.log_metrics(metrics, 0, time.time())
+        b.log_artifacts(out, [out / "leaderboard.csv", out / "automl.json", out / "report.html"], None)
+        b.client.set_terminated(b.run_id)
+        return b.run_id
+    except Exception as exc:  # noqa: BLE001 - the tracker is a copy; the search's own files are the record
+        ui.console().print(f"warning: the AutoML run was not logged to MLflow ({type(exc).__name__}: {str(exc)[:200]})", markup=False, highlight=False)
+        return None
 
 
 def print_table(ranked: list[dict], metric: str, winner_dir: Path) -> None:
