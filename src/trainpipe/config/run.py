@@ -144,6 +144,7 @@ class RunConfig(_Section):
         if self.method.adapters:
             return self.method.adapters[0].data
         return next(st.data for st in self.stages or [] if st.data is not None)
+
     @model_validator(mode="after")
     def _model_named(self) -> "RunConfig":
         family, rule = resolve_family(self.model, self.data)
@@ -153,7 +154,6 @@ class RunConfig(_Section):
                 "(classification) or `data.target` (regression), for your own module `model.factory: file.py:function`"
             )
         return self
-
 
     def hash(self) -> str:
         """SHA-256 of the canonical JSON of this config (the cache and manifest key)."""

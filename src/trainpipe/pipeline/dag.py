@@ -251,6 +251,15 @@ def folder_digest(path: Path, patterns: tuple[str, ...] = ("*",), digests=None) 
     return digest_of(folder_sha256s(p, files, digests))
 
 
+def user_code_digests(cfg, digests=None) -> dict[str, str]:
+    """The content of the Python files a config names (`model.factory`, `data.factory`, `method.loss` as `file.py:fn`)."""
+    out = {}
+    for key, spec in (("model.factory", cfg.model.factory), ("data.factory", cfg.data.factory), ("method.loss", cfg.method.loss)):
+        if spec and ".py:" in spec and Path(spec.rpartition(":")[0]).is_file():
+            out[key] = folder_digest(Path(spec.rpartition(":")[0]), digests=digests)
+    return out
+
+
 def external_inputs(step: Step, digests=None) -> dict[str, str]:
     cfg = step.cfg
     if step.kind == "custom":  # its `path:` inputs, by content
@@ -259,6 +268,8 @@ def external_inputs(step: Step, digests=None) -> dict[str, str]:
         out = {f"source[{i}]": source_sha256(src, digests) for i, src in enumerate(cfg.data.sources)}
         if "base_model" in step.inputs:  # the upstream model's content is an input already
             return out
+        if cfg.model.name_or_path is None:  # tabular / custom families: no tokenizer; your code's files are inputs (train/family.py)
+            return out | user_code_digests(cfg, digests)
         m = Path(cfg.model.name_or_path)
         out["tokenizer"] = folder_digest(m, ("tokenizer*", "special_tokens_map.json", "vocab*", "merges.txt", "*.model", "chat_template*"), digests) if m.is_dir() \
             else sha256_bytes(f"hub:{cfg.model.name_or_path}@{cfg.model.revision}".encode())
@@ -272,7 +283,7 @@ def external_inputs(step: Step, digests=None) -> dict[str, str]:
         if cfg.method.name == "rl" and "reward_model" not in step.inputs and cfg.method.rl.reward_model:
             p = Path(cfg.method.rl.reward_model)
             out["reward_model"] = folder_digest(p, digests=digests) if p.exists() else sha256_bytes(cfg.method.rl.reward_model.encode())
-        return out
+        return out | user_code_digests(cfg, digests)  # your model.factory / method.loss: a changed file trains again
     return {}
 
 

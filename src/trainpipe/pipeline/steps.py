@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from trainpipe import ownership, ui
 from trainpipe import run as one_run
 from trainpipe.config import RunConfig
+from trainpipe.config.family import resolve_family
 from trainpipe.data.prepare import prepare
 from trainpipe.data.tokenize import setup_chat_template
 from trainpipe.errors import ConfigError, DataError, RunDirError, TrainpipeError
@@ -25,6 +26,7 @@ from trainpipe.redact import redact_obj
 from trainpipe.report.html import write_report
 from trainpipe.track import tracking
 from trainpipe.track.manifest import write_json
+from trainpipe.train.family import family
 
 if TYPE_CHECKING:
     from trainpipe.pipeline.dag import Step
@@ -54,7 +56,12 @@ def _prepared(cfg: RunConfig, model_path: str | None = None, report_path: Path |
 
 
 def _step_prepare(step: Step, entries, st, work: Path, **_) -> dict:
-    """Read, clean, dedup, split and tokenize the data (trainpipe's data step; the data cache keeps the tokens)."""
+    """Read, clean, dedup, split and tokenize the data (trainpipe's data step; the data cache keeps the tokens). A table or
+    `data.factory` (tabular, custom families): that family's data step (train/family.py), its report as the artefact."""
+    name = resolve_family(step.cfg.model, step.cfg.data)[0]
+    if name != "text":
+        write_json(work / "data_report.json", family(name).prepare(step.cfg).report)
+        return {"data": work / "data_report.json"}
     _, data = _prepared(step.cfg, report_path=work / "data_report.json")
     if not (work / "data_report.json").exists():
         write_json(work / "data_report.json", data.report)
