@@ -203,6 +203,10 @@ def test_corrupt_image_and_missing_label_column_are_one_paragraph_exit_2(tmp_pat
     out = capsys.readouterr().out
     assert "broken.png" in out and "data.on_error: skip" in out and "Traceback" not in out
     assert not (tmp_path / "a" / "run" / "model").exists()
+    # under `data.on_error: skip` the same file is dropped, counted and named (`trainpipe data prepare` prints the report)
+    assert main(["data", "prepare", str(tmp_path / "a" / "run.yaml"), "--set", "data.on_error=skip"]) == 0
+    out = capsys.readouterr().out
+    assert "161 read, 160 usable" in out and "not_image 1" in out and "broken.png" in out
 
     table = tmp_path / "t.jsonl"
     table.write_text("".join(json.dumps({"image": f"bad/0/{f.name}", "digit": "0"}) + "\n" for f in sorted((bad / "0").iterdir())))

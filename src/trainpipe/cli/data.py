@@ -60,6 +60,14 @@ def data_prepare(
     from trainpipe.model.loading import load_tokenizer
 
     cfg, micro = _data_config(config, set_ or [], "prepare", json_)
+    from trainpipe.config.family import resolve_family
+
+    if resolve_family(cfg.model, cfg.data)[0] == "image":  # images: read, decode, check, split and count; no tokenizer, no cache
+        from trainpipe.data.images import describe, prepare_images
+
+        report = prepare_images(cfg.data, seed=cfg.training.seed).report
+        typer.echo(json.dumps(report, indent=2) if json_ else "\n".join(describe(report)))
+        return
     prepare_command(cfg, load_tokenizer(cfg.model, cfg.model.pad_token), batch_size_hint=micro, as_json=json_)
 
 

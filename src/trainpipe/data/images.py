@@ -384,3 +384,17 @@ def _report(reader: _Reader, splits, labels: list[str], dup: list, leak: list, s
                        else f"stratified by class (seeded): eval {data_cfg.eval_split}, test {data_cfg.test_split}; every class keeps at least one training image"),
         "augment": bool(getattr(data_cfg, "augment", False)),
     }
+
+
+def describe(report: dict) -> list[str]:
+    """The data report in a few lines for the console: what was read, kept, dropped (by reason), the classes."""
+    dropped = ", ".join(f"{k} {v}" for k, v in report["dropped"].items()) or "none"
+    lines = [f"images: {report['records_read']} read, {report['images_usable']} usable (train {report['train_examples']}, eval "
+             f"{report['eval_examples']}, test {report['test_examples']}); dropped: {dropped}"]
+    counts = report["class_counts"]["train"]
+    lines.append(f"classes ({len(counts)}), training images each: " + ", ".join(f"{c} {n}" for c, n in counts.items()))
+    for s in report["small_classes"]:
+        lines.append(f"class `{s['class']}`: {s['reason']}")
+    named = [d for v in report["dropped_files"].values() for d in v][:5]
+    lines += [f"dropped `{d['name']}`: {d['reason']}" for d in named]
+    return lines

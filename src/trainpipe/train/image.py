@@ -21,7 +21,7 @@ from pathlib import Path
 from trainpipe import ownership, ui
 from trainpipe.data.image_transforms import load_image_processor, pixel_values
 from trainpipe.data.sources import read_file
-from trainpipe.data.images import check_image, decode_rgb, prepare_images
+from trainpipe.data.images import check_image, decode_rgb, describe, prepare_images
 from trainpipe.errors import ConfigError, DataError
 from trainpipe.evaluate import task_metrics
 from trainpipe.export import base_model_dir, export_folder, model_card
@@ -42,6 +42,8 @@ def prepare(cfg) -> Prepared:
     if cfg.method.task not in ("auto", "classification"):
         raise ConfigError(f"the image family trains classifiers: `method.task` must be `classification` (or `auto`), got `{cfg.method.task}`.")
     d = prepare_images(cfg.data, seed=cfg.training.seed)
+    for line in describe(d.report):
+        ui.console().print(f"  {line}", markup=False, soft_wrap=True, highlight=False)
     return Prepared(d.train, d.eval, d.test, d.report, "classification", d.labels)
 
 
