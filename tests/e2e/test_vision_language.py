@@ -94,3 +94,13 @@ def test_full_fine_tune_freezes_the_tower_unless_asked(base):
     _, vis_free = _split(_weights(free / "model"))
     assert all((vis0[k] == vis_frozen[k]).all() for k in vis0)
     assert any(not (vis0[k] == vis_free[k]).all() for k in vis0 if "multi_modal_projector" in k)
+
+
+def test_qlora_on_a_4bit_vision_language_base(base):
+    pytest.importorskip("bitsandbytes")
+    tmp, model_dir = base
+    run = _run(tmp, model_dir, "qlora", peft="qlora")
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["final"]["loss"] < summary["baseline"]["loss"] - 0.2
+    adapter = json.loads((run / "model" / "adapter" / "adapter_config.json").read_text())
+    assert adapter["target_modules"] and all(".language_model." in t for t in adapter["target_modules"])

@@ -1,6 +1,7 @@
 """The loop's guarantees hold with images in the batches (a tiny LLaVA built in the test, tests/vlm_tiny.py): 2 gloo
-processes x micro-batch 4 equal 1 process x micro-batch 8, and a run stopped by SIGTERM then resumed ends bit-identical
-to the uninterrupted run (LoRA dropout on: the RNG state is restored with the data position)."""
+processes x micro-batch 4 equal 1 process x micro-batch 8, a run stopped by SIGTERM then resumed ends bit-identical
+to the uninterrupted run (LoRA dropout on: the RNG state is restored with the data position), and an out-of-memory
+error halves the micro-batch (accumulation doubled) and ends within 1e-5 of the run without it."""
 
 from __future__ import annotations
 
@@ -72,3 +73,14 @@ def test_sigterm_then_resume_is_bit_identical_with_images(tmp_path, base):
     assert rc == 0, out[-2000:]
     assert [e for e in events(run) if e["event"] == "checkpoint_resumed"]
     assert max_diff(newest_weights(run), newest_weights(tmp_path / "ref")) == 0.0
+
+
+def test_an_oom_halves_the_micro_batch_and_the_run_matches_the_uninterrupted_one(tmp_path, base):
+    ref = _config(tmp_path, base, "plain", 8)
+    assert main(["run", str(ref)]) == 0
+    cfg = _config(tmp_path, base, "oom", 8)
+    rc, out = finish(launch(cfg, nproc=None, faults={"oom_at_windows": [2]}), timeout=300)
+    assert rc == 0, out[-2000:]
+    rec = next(e for e in events(tmp_path / "oom") if e["event"] == "oom_recovered")
+    assert rec["micro_batch"] == 4 and rec["effective_batch"] == 16
+    assert max_diff(newest_weights(tmp_path / "oom"), newest_weights(tmp_path / "plain")) < 1e-5
