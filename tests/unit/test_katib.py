@@ -234,3 +234,28 @@ def test_a_trials_command_runs_here_and_katib_reads_its_objective(tmp_path):
     assert latest == summary["final"]["loss"]  # the printed value is the value, to the bit
     resolved = yaml.safe_load((run_dir / "config.resolved.yaml").read_text())  # the trial ran with the values Katib gave it
     assert resolved["training"]["learning_rate"] == 0.003 and resolved["method"]["lora"]["r"] == 4 and resolved["training"]["warmup_steps"] == 0
+
+
+def test_credentials_reach_the_trials_by_reference_only(tmp_path):
+    """A SQL source and a tracking URI with passwords: the file holds neither password; the ConfigMap's config holds a
+    `$(TRAINPIPE_SECRET_...)` reference and the Job's container gets that variable from the Kubernetes Secret."""
+    password, track = "PGPASS_S3CRET", "TRACKPASS999"
+    config = write_config(tmp_path, fidelity={"data_fraction": 0.5})
+    cfg = yaml.safe_load(config.read_text())
+    cfg["data"]["sources"].append({"sql": {"url": f"postgresql://trainer:{password}@db.example:5432/train", "query": "SELECT instruction, output FROM t"},
+                                   "format": "alpaca"})
+    cfg["tracking"] = {"backend": "mlflow", "uri": f"http://mlf:{track}@mlflow.example:5000"}
+    config.write_text(yaml.safe_dump(cfg))
+    assert main(["tune", str(config), "--emit", "katib", "-o", str(tmp_path / "out")]) == 0
+    text = (tmp_path / "out" / "katib-experiment.yaml").read_text()
+    assert password not in text and track not in text
+    cm, exp = list(yaml.safe_load_all(text))
+    validate(exp)
+    base = yaml.safe_load(cm["data"]["run.yaml"])
+    env = "TRAINPIPE_SECRET_DATA_SOURCES_1_SQL_URL_PASSWORD"
+    assert base["data"]["sources"][1]["sql"]["url"] == f"postgresql://trainer:$({env})@db.example:5432/train"
+    lines = sum(1 for ln in DATA.read_text().splitlines() if ln.strip())
+    assert base["data"]["sources"][0]["max_records"] == -(-lines // 2)  # tune.fidelity.data_fraction 0.5 of the file's records, as `trainpipe tune`
+    container = exp["spec"]["trialTemplate"]["trialSpec"]["spec"]["template"]["spec"]["containers"][0]
+    refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"] if "secretKeyRef" in e.get("valueFrom", {})}
+    assert refs[env] == {"name": "trainpipe-katib-demo-secrets", "key": env}
