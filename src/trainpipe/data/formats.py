@@ -37,7 +37,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from trainpipe.data.sources import Record, Rejected, is_data_file, read_file
+from trainpipe.data.sources import MAX_DEPTH, Record, Rejected, is_data_file, read_file
 
 Format = Literal["alpaca", "chat", "sharegpt", "preference", "kto", "text", "classification"]
 ROLES = ("system", "user", "assistant", "tool")
@@ -209,7 +209,7 @@ def _content(value, where: str, *, allow_none: bool = False) -> str:
 def _arguments(value, where: str) -> dict:
     if isinstance(value, str):
         try:
-            value = json.loads(value) if value.strip() else {}
+            value = _loads(value, where) if value.strip() else {}
         except json.JSONDecodeError as exc:
             raise FormatError(f"{where} is not valid JSON ({exc.msg} at character {exc.pos}); give the arguments as an object or a JSON string of one") from None
     if not isinstance(value, dict):
@@ -222,10 +222,28 @@ def _parsed(value, where: str, hint: str):
     ``where`` and saying what is expected (``hint``)."""
     if isinstance(value, str):
         try:
-            value = json.loads(value)
+            value = _loads(value, where)
         except json.JSONDecodeError as exc:
             raise FormatError(f"{where} is not valid JSON ({exc.msg} at character {exc.pos}); {hint}") from None
     return [value] if isinstance(value, dict) else value
+
+
+def _loads(text: str, where: str):
+    """``json.loads`` of a JSON string inside a record (tool calls, arguments, tools), refusing (FormatError, so the record is
+    dropped or named) one nested deeper than :data:`MAX_DEPTH`, before the parser recurses into it."""
+    depth, in_str, esc = 0, False, False
+    for ch in text if text.count("[") + text.count("{") > MAX_DEPTH else ():
+        if in_str:
+            esc, in_str = (False, True) if esc else (ch == "\\", ch != '"')
+        elif ch == '"':
+            in_str = True
+        elif ch in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise FormatError(f"{where} nests lists or objects more than {MAX_DEPTH} deep; no function call or schema does, so the record is not read")
+        elif ch in "]}":
+            depth -= 1
+    return json.loads(text)
 
 
 def _tool_calls(value, where: str) -> list[dict]:

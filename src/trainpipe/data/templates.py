@@ -275,7 +275,7 @@ class Template:
         are appended to it (transformers' AssistantTracker)."""
         import contextlib
 
-        from jinja2.exceptions import SecurityError
+        from jinja2.exceptions import SecurityError, TemplateError as JinjaError
 
         with template_watch():
             CLOCK.deadline = time.monotonic() + TEMPLATE_SECONDS
@@ -297,9 +297,22 @@ class Template:
                 raise self._refused("memory") from None
             except (SecurityError, OverflowError) as exc:
                 raise self._refused(f"sandbox: {exc}") from None
+            except (JinjaError, TypeError, ValueError, KeyError, AttributeError, IndexError, ZeroDivisionError) as exc:
+                if isinstance(exc, TemplateError):  # trainpipe's own (label masking), raised by callers' checks
+                    raise
+                raise self._failed(exc) from None
             finally:
                 CLOCK.deadline = None
         return "".join(parts)
+
+    def _failed(self, exc: BaseException) -> ModelLoadError:
+        which = "its own chat template" if self.name == "tokenizer" else f"the built-in {self.name} chat template"
+        return ModelLoadError(
+            f"The chat template of `{self.origin}` ({which}) failed while rendering a conversation: {type(exc).__name__}: "
+            f"{' '.join(str(exc).split())[:200]}. A chat template is code that came with the model; one that reads attributes "
+            "a conversation does not have (or probes the sandbox) cannot format your data. Set `data.chat_template` to a built-in "
+            "one (chatml, llama-3, mistral, alpaca), or fix the template (`chat_template` in the tokenizer's files)."
+        )
 
     def _refused(self, what: str) -> ModelLoadError:
         which = "its own chat template" if self.name == "tokenizer" else f"the built-in {self.name} chat template"

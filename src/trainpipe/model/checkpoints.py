@@ -63,6 +63,21 @@ class CheckpointWriteError(OSError):
     """A checkpoint could not be written; the previous checkpoints are intact."""
 
 
+class CheckpointUnreadable(TrainpipeError):
+    """A checkpoint file its manifest vouches for that safetensors or the weights-only unpickler refuses (exit 2)."""
+
+    def __init__(self, file: Path, exc: BaseException):
+        text = str(exc)
+        why = text.split("WeightsUnpickler error:", 1)[1] if "WeightsUnpickler error:" in text else text
+        why = " ".join(why.strip().split("\n\n")[0].split())[:200] or type(exc).__name__
+        super().__init__(
+            f"The checkpoint file `{file}` cannot be read safely ({why}). trainpipe reads weights with safetensors and training "
+            f"state with PyTorch's weights-only loader, which accepts tensors and plain values only; this file holds something "
+            f"else (a header or offsets past any real file, or pickled objects that would run code), so it was not written by "
+            f"trainpipe or was changed since. Nothing was loaded from it. Move `{file.parent}` away to resume from the checkpoint "
+            f"before it, or start over with `--overwrite`.")
+
+
 def write_error(exc: BaseException, where: Path | None = None) -> OSError | None:
     """The OSError behind a failed write, or None when ``exc`` is not one.
 
@@ -304,8 +319,15 @@ class CheckpointManager:
         reason = verify(path)
         if reason:
             raise CheckpointWriteError(0, f"checkpoint {path} is not usable: {reason}")
-        weights = load_file(str(path / WEIGHTS))
-        state = torch.load(path / STATE, weights_only=True, map_location="cpu")
+        name = WEIGHTS
+        try:
+            weights = load_file(str(path / WEIGHTS))
+            name = STATE
+            state = torch.load(path / STATE, weights_only=True, map_location="cpu")
+        except Exception as exc:  # a hostile or damaged file: safetensors' header checks, torch's weights-only unpickler
+            if isinstance(exc, OSError):
+                raise
+            raise CheckpointUnreadable(path / name, exc) from None
         return weights, state
 
 

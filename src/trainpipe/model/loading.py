@@ -125,6 +125,12 @@ def load_model(cfg: ModelConfig, dtype: str, *, quantization=None, on_accelerato
                 "safetensors only; convert .bin weights with `model.save_pretrained(path, safe_serialization=True)`."
             ) from None
         raise _hub_error(cfg.name_or_path, exc) from None
+    except Exception as exc:  # safetensors' own refusal: a header or offsets past any real file (a hostile or broken file)
+        if type(exc).__name__ != "SafetensorError":
+            raise
+        raise ModelLoadError(f"The weights in `{cfg.name_or_path}` cannot be read safely ({' '.join(str(exc).split())[:200]}): the safetensors "
+                             "header claims sizes or offsets no real file has, so the file is damaged or was crafted. Nothing was loaded. "
+                             "Re-save the model from a copy you trust (`save_pretrained(path, safe_serialization=True)`).") from None
     return model
 
 
