@@ -121,3 +121,44 @@ def test_one_step_runs_with_its_upstream_reused(tmp_path, capsys):
     said = capsys.readouterr().out
     assert " a                      reused" in said and (tmp_path / "runs" / "bad" / "b" / "out").read_text() == "hello\n"
     assert main(["pipeline", "step", str(cfg), "c"]) == 2
+
+
+FEED = '''
+import json
+
+def to_alpaca(inputs, outputs, params):
+    rows = [line.split("\\t") for line in inputs["raw"].read_text().splitlines() if line.strip()]
+    with open(outputs["data"] / "train.jsonl", "w") as f:
+        for q, a in rows:
+            f.write(json.dumps({"instruction": q, "output": a}) + "\\n")
+'''
+
+
+def test_a_builtin_chain_trains_on_what_a_custom_step_wrote(tmp_path, tiny_model_dir, capsys):
+    """`pipeline.data_from: feed.data`: the built-in prepare reads `data.sources` inside the folder the custom step wrote;
+    the chain trains on it, and a re-run reuses every step."""
+    from tiny import alpaca_records
+
+    (tmp_path / "feed.py").write_text(FEED)
+    recs = alpaca_records(40, seed=5)
+    clean = lambda t: " ".join(t.split())  # noqa: E731 - one line, no tab, per field
+    (tmp_path / "raw.tsv").write_text("".join(f"{clean(r['instruction'])}\t{clean(r['output'])}\n" for r in recs))
+    cfg = {"name": "fed", "output_dir": str(tmp_path / "run"), "model": {"name_or_path": str(tiny_model_dir)},
+           "data": {"sources": [{"path": "train.jsonl"}], "eval_split": 8, "max_length": 64},
+           "method": {"peft": "lora", "lora": {"r": 4, "alpha": 8, "dropout": 0.0}}, "eval": {"metrics": ["loss"]},
+           "training": {"max_steps": 2, "eval_steps": 2, "logging_steps": 1, "per_device_train_batch_size": 8, "early_stopping_patience": None},
+           "tracking": {"backend": "none"},
+           "pipeline": {"data_from": "feed.data", "steps": [
+               {"name": "feed", "function": "feed.py:to_alpaca", "inputs": {"raw": {"path": "raw.tsv"}}, "outputs": {"data": "folder"}}]}}
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    assert main(["pipeline", "show", str(tmp_path / "p.yaml")]) == 0
+    assert "data_source: folder <- feed.data" in capsys.readouterr().out
+    assert main(["pipeline", "run", str(tmp_path / "p.yaml")]) == 0
+    rec = _record(tmp_path / "run")
+    assert list(rec) == ["feed", "prepare", "train", "evaluate", "export", "register", "report"]  # feed first: prepare reads it
+    assert all(s["status"] == "ran" for s in rec.values())
+    assert rec["prepare"]["parts"]["inputs"]["data_source"] == rec["feed"]["outputs"]["data"]["digest"]  # prepare's key holds what feed wrote
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["data"]["train_examples"] + summary["data"]["eval_examples"] >= 30  # trained on the 40 rows feed converted
+    assert main(["pipeline", "run", str(tmp_path / "p.yaml")]) == 0
+    assert all(s["status"] == "reused" for s in _record(tmp_path / "run").values())

@@ -49,6 +49,9 @@ class PipelineConfig(_Section):
     """Steps of your own (a Python function or a command) beside the built-in ones: config/steps.py, pipeline/custom.py."""
     builtin: bool = True
     """Run the built-in chain (prepare -> train -> evaluate -> export -> register -> report); `false`: only `steps:`."""
+    data_from: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9_-]*\.[A-Za-z0-9_-]+$")
+    """`step.output` of `steps:` (a folder): the built-in chain's `data.sources` are read inside it (each `path` relative to the
+    config file becomes the same path inside the folder the step wrote), e.g. `featurize.features`."""
     schedule: str | None = None
     """Five-field cron expression of the compiled pipeline's schedule (Airflow, Prefect, Vertex); none: run on demand."""
 

@@ -92,10 +92,16 @@ def link_custom(cfg: RunConfig, builtin: list, make) -> list:
             if inp.type != "any" and inp.type != got:
                 raise PipelineError(f"{where}: the input is declared `type: {inp.type}` and `{src}.{out}` is a {got}; make them agree.")
             step.inputs[name] = (src, out)
-    return builtin + _ordered(custom, specs)
+    for s in builtin:  # `pipeline.data_from`: a built-in step reading a custom step's output
+        for name, (src, out) in s.inputs.items():
+            if src not in everything or out not in everything[src].outputs:
+                raise PipelineError(f"`pipeline.data_from: {src}.{out}` names no output of `pipeline.steps`; the steps are "
+                                    f"{', '.join(custom)}. Name a folder output as `step.output`.")
+    return _ordered(everything)
 
 
-def _ordered(custom: dict, specs) -> list:
+def _ordered(steps: dict) -> list:
+    """Every step after the steps it reads (the built-in order kept where nothing forces another); a cycle: one paragraph."""
     order: list = []
     state: dict[str, int] = {}  # 1: on the path, 2: done
 
@@ -107,14 +113,13 @@ def _ordered(custom: dict, specs) -> list:
             raise PipelineError(f"The steps of `pipeline.steps` form a cycle: {' -> '.join(cycle)} (each reads an output of the next "
                                 "through `inputs.*.from`). A pipeline is a DAG: remove one of these `from:` links.")
         state[name] = 1
-        for src, _ in custom[name].inputs.values():
-            if src in custom:
-                visit(src, path + [name])
+        for src, _ in steps[name].inputs.values():
+            visit(src, path + [name])
         state[name] = 2
-        order.append(custom[name])
+        order.append(steps[name])
 
-    for spec in specs:
-        visit(spec.name, [])
+    for name in steps:
+        visit(name, [])
     return order
 
 
@@ -276,8 +281,15 @@ def ownership_clear(outs_dir: Path, outs: dict[str, Path], step) -> None:
             outs[n].mkdir()
 
 
+def steps_root(cfg: RunConfig) -> Path:
+    """Where custom steps' outputs are published: `<output_dir>/` when only they run (`pipeline.builtin: false`), else
+    `<output_dir>.steps/` beside the built-in chain's run folder (which must never hold a run's inputs)."""
+    out = Path(cfg.output_dir).resolve()
+    return out if not cfg.pipeline.builtin else out.with_name(out.name + ".steps")
+
+
 def publish(step, entry: dict, st: ArtifactStore, root: Path) -> Path:
-    """The step's outputs under `<output_dir>/<step>/` (replaced only when every entry there is trainpipe's)."""
+    """The step's outputs under `<root>/<step>/` (`steps_root`; replaced only when every entry there is trainpipe's)."""
     dest = root / step.id
     try:
         if json.loads((dest / "step.json").read_text(encoding="utf-8"))["key"] == entry["key"]:
@@ -291,5 +303,5 @@ def publish(step, entry: dict, st: ArtifactStore, root: Path) -> Path:
         (tmp / "step.json").write_text(json.dumps({"step": step.id, "key": entry["key"], "outputs": {n: o["uri"] for n, o in entry["outputs"].items()}},
                                                   indent=2), encoding="utf-8")
 
-    ownership.make_dir(root, what="the pipeline's output folder (`output_dir`)")
+    ownership.make_dir(root, what="the folder of the pipeline steps' outputs")
     return ownership.replace_dir(dest, build, what=f"the published outputs of step `{step.id}`")

@@ -39,7 +39,7 @@ from trainpipe.config import RunConfig, load_config, load_yaml_text
 from trainpipe.errors import ConfigError, TrainpipeError
 from trainpipe.pipeline.adapters import check_adapters
 from trainpipe.pipeline.cache import StepCache, code_hash, step_key
-from trainpipe.pipeline.custom import CustomStep, check_paths, custom_code_hash, link_custom, publish, run_custom
+from trainpipe.pipeline.custom import CustomStep, check_paths, custom_code_hash, link_custom, publish, run_custom, steps_root
 from trainpipe.pipeline.digests import folder_sha256s, source_sha256
 from trainpipe.pipeline.parts import part_names, parts_summary, seal_root
 from trainpipe.pipeline.stages import stage_plan
@@ -53,7 +53,7 @@ from trainpipe.track.tracking import flatten
 KINDS = ("prepare", "train", "evaluate", "export", "register", "report")
 # the typed interface of each kind of step: inputs (name -> type) and outputs (name -> type)
 INPUTS = {
-    "prepare": {"base_model": "Model"},  # a later stage: the tokenizer of the model it starts from
+    "prepare": {"base_model": "Model", "data_source": "folder"},  # a later stage: the tokenizer of the model it starts from; `pipeline.data_from`
     "train": {"data": "PreparedData", "base_model": "Model", "reward_model": "Model"},
     "evaluate": {"run": "RunDir", "data": "PreparedData"},
     "export": {"run": "RunDir", "metrics": "EvalReport"},
@@ -181,6 +181,11 @@ def build_dag(cfg: RunConfig, *, check_inputs: bool = False, base: Path | None =
     check_types(steps)
     if cfg.pipeline.steps:
         where = (base or Path.cwd()).resolve()
+        if cfg.pipeline.data_from:  # the built-in chain reads its data inside a custom step's output folder
+            for s in steps:
+                if s.kind == "prepare" and s.branch is None:
+                    s.inputs["data_source"] = tuple(cfg.pipeline.data_from.rsplit(".", 1))
+                    s.external["data_base"] = str(where)  # the config's folder: `data.sources` paths are relative to it
         steps = link_custom(cfg, steps, lambda spec: CustomDagStep(spec.name, "custom", cfg, {}, spec=spec, base=where))
         if check_inputs:
             check_paths(steps)
@@ -356,6 +361,8 @@ def execute_step(step: Step, entries: dict[str, dict], cache: StepCache, *, use_
     con = ui.console()
     st = cache.store
     t = time.time()
+    if "data_source" in step.inputs:
+        feed_data(step)
     inputs = {name: entries[src]["outputs"][out]["digest"] for name, (src, out) in step.inputs.items()}
     inputs |= external_inputs(step, st.digests)
     section = step.config_section()
@@ -377,7 +384,7 @@ def execute_step(step: Step, entries: dict[str, dict], cache: StepCache, *, use_
         entry = _run_step(step, key, parts, entries, cache, st, config_path=config_path)
         status = "ran"
     if step.kind == "custom":  # its outputs where one looks for them: <output_dir>/<step>/
-        publish(step, entry, st, Path(step.cfg.output_dir).resolve())
+        publish(step, entry, st, steps_root(step.cfg))
     rec = {"id": step.id, "kind": step.kind, "status": status, "why": why, "key": key, "parts": parts, "config": redact_obj(section),
            "outputs": {n: {"uri": o["uri"], "digest": o["digest"], "type": o["type"]} for n, o in entry["outputs"].items()},
            "seconds": round(time.time() - t, 3), **({"warning": warning} if warning else {})}
@@ -518,12 +525,24 @@ def _run_step(step: Step, key: str, parts: dict, entries: dict, cache: StepCache
 
 
 def _custom_runner(step: Step, st: ArtifactStore):
-    root = Path(step.cfg.output_dir).resolve()
+    root = steps_root(step.cfg)
     store_path = st.local_path("") if st.local else None
 
     def fn(step, entries, st, work, *, config_path, key):
         return run_custom(step, entries, st, work, local_input=_local_input, root=root, store_path=store_path)
     return fn
+
+
+def feed_data(step: Step) -> None:
+    """`pipeline.data_from`: the chain's data sources moved into the folder the custom step published
+    (`<output_dir>.steps/<step>/<output>`); the chain's steps share this config, so train and evaluate read the same files."""
+    src, out = step.inputs["data_source"]
+    folder = steps_root(step.cfg) / src / out
+    base = Path(step.external["data_base"])
+    for source in step.cfg.data.sources:
+        if source.path and not Path(source.path).is_relative_to(folder):
+            p = Path(source.path)
+            source.path = str(folder / (p.relative_to(base) if p.is_absolute() and p.is_relative_to(base) else p))
 
 
 def upstream_of(steps: list[Step], only: list[str]) -> list[Step]:
