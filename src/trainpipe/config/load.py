@@ -60,6 +60,7 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
 
 MAX_YAML_ALIASES = 1_000  # `*name` uses in one document: configs use a handful
 MAX_YAML_NODES = 200_000  # values after every alias is expanded: a config has hundreds; a "billion laughs" file billions
+MAX_YAML_CHARS = 16 << 20  # characters of text after every alias is expanded: one 1 MB anchor used 300 times is 300 MB
 
 
 class _YamlTooBig(Exception):
@@ -84,18 +85,18 @@ class BoundedLoader(yaml.SafeLoader):
         return super().compose_node(parent, index)
 
     def construct_document(self, node):
-        sizes: dict[int, int] = {}
+        sizes: dict[int, tuple[int, int]] = {}
 
-        def size(n) -> int:
+        def size(n) -> tuple[int, int]:  # (values, characters) once every alias is expanded
             if id(n) in sizes:
                 return sizes[id(n)]
-            total = 1
-            if isinstance(n, yaml.SequenceNode):
-                total += sum(size(c) for c in n.value)
-            elif isinstance(n, yaml.MappingNode):
-                total += sum(size(k) + size(v) for k, v in n.value)
-            if total > MAX_YAML_NODES:
+            parts = list(n.value) if isinstance(n, yaml.SequenceNode) else [x for kv in n.value for x in kv] if isinstance(n, yaml.MappingNode) else []
+            subs = [size(c) for c in parts]
+            total = (1 + sum(s[0] for s in subs), (len(n.value) if isinstance(n, yaml.ScalarNode) else 0) + sum(s[1] for s in subs))
+            if total[0] > MAX_YAML_NODES:
                 raise _YamlTooBig(f"expands to more than {MAX_YAML_NODES:,} values once its aliases (`*name`) are filled in")
+            if total[1] > MAX_YAML_CHARS:
+                raise _YamlTooBig(f"expands to more than {MAX_YAML_CHARS >> 20} MB of text once its aliases (`*name`) are filled in")
             sizes[id(n)] = total
             return total
 
