@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from trainpipe.distributed.env import PeerLeft, peer_gone
+from trainpipe.errors import ConfigError
 
 EXIT_HANG = 5
 POWERSGD_START_STEP = 10  # plain all-reduce for the first steps (PowerSGD's warm-up, its paper's advice), then rank-1 compression
@@ -56,6 +57,12 @@ def register_compression(ddp, kind: str):
     if kind == "fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
     elif kind == "bf16":
+        import torch.distributed as dist
+
+        if dist.get_backend() == "gloo":  # gloo has no bfloat16 all-reduce: the first backward would fail inside the hook
+            raise ConfigError("`distributed.grad_compression: bf16` needs a backend that all-reduces bfloat16 (NCCL, on GPUs); "
+                              "these processes use gloo (the CPU), which has no bfloat16 reduction. Use `grad_compression: fp16` "
+                              "or `powersgd`, or `none`.")
         ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
     elif kind == "powersgd":
         state = powerSGD_hook.PowerSGDState(
