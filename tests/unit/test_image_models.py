@@ -78,3 +78,27 @@ def test_timm_names_without_a_working_timm_say_how_to_install_it():
     assert "pip install 'trainpipe[timm]'" in msg and "torchvision" in msg and "\n" not in msg
     with pytest.raises(ModelLoadError):
         load_image_classifier(ModelConfig(name_or_path="timm/resnet18.a1_in1k", family="image"), ["a", "b"])
+
+
+def test_the_planners_trace_of_an_image_step_equals_the_same_step_on_real_tensors(tmp_path):
+    """train/image.py `trace_step` (fake tensors, nothing allocated) against the same program on real zeros."""
+    import torch.nn.functional as F
+    from transformers import AutoModelForImageClassification, ViTImageProcessor
+
+    from trainpipe.model.images import logits
+    from trainpipe.plan.module_trace import trace_module_step
+    from trainpipe.train.image import trace_step
+    from trainpipe.train.supervised import Prepared
+
+    folder = tmp_path / "vit"
+    AutoModelForImageClassification.from_config(_configs()["vit"]).save_pretrained(folder)
+    ViTImageProcessor(size={"height": 16, "width": 16}).save_pretrained(folder)
+    labels = ["a", "b"]
+    rows = [{"image": _png(i * 9), "label": labels[i % 2], "index": i, "sha256": str(i)} for i in range(6)]
+    obj = ImageCrossEntropy(load_image_processor(str(folder)), {"a": 0, "b": 1}, hf=True, seed=0, augment=False)
+    traced = trace_step(ModelConfig(name_or_path=str(folder), family="image"), Prepared(rows, [], [], {}, "classification", labels), obj, 4)
+    model_cfg = load_image_classifier(ModelConfig(name_or_path=str(folder), family="image"), labels).config
+    real = trace_module_step(lambda: AutoModelForImageClassification.from_config(model_cfg),
+                             lambda m, b: F.cross_entropy(logits(m, b["pixel_values"], True), b["y"], reduction="sum"),
+                             obj.collate(rows[:4], train=False), fake=False)
+    assert traced["micro_batch"] == 4 and traced["peak_bytes"] == real["peak_bytes"] > traced["weights_bytes"] > 0

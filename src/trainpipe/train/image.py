@@ -28,6 +28,7 @@ from trainpipe.export import base_model_dir, export_folder, model_card
 from trainpipe.export_family import META
 from trainpipe.model.images import TimmProcessor, is_timm, load_image_classifier, logits, save_timm
 from trainpipe.model.loading import parameter_counts
+from trainpipe.plan.module_trace import trace_module_step
 from trainpipe.train.context import RunContext
 from trainpipe.train.objectives import Objective
 from trainpipe.train.sft import build_loop, train, worker_summary
@@ -165,6 +166,7 @@ def run(ctx: RunContext) -> dict:
     objective = ImageCrossEntropy(processor, {c: i for i, c in enumerate(data.classes)}, hf=hf, seed=cfg.training.seed, augment=cfg.data.augment)
     params = parameter_counts(model)
     warn_batch_norm(model)
+    traced = trace_step(cfg.model, data, objective, ctx.specs.batch.micro_batch) if hf else None  # the planner's memory
     ui.console().print(f"  {cfg.model.name_or_path}: {params['trainable']:,} trainable parameters; {len(data.classes)} classes: "
                        f"{', '.join(data.classes[:10])}{' ...' if len(data.classes) > 10 else ''}; augmentation "
                        f"{'on (training only)' if cfg.data.augment else 'off'}", markup=False, soft_wrap=True)
@@ -197,9 +199,33 @@ def run(ctx: RunContext) -> dict:
         "classes": data.classes, "baseline": baseline, "untrained": untrained, "final": final, **({"test": test} if test else {}),
         "trivial": {k: v for k, v in base_trivial.items() if k not in ("confusion", "per_class")},
         "task_report": {k: full[k] for k in ("confusion", "per_class") if k in full},
-        "train": asdict(outcome), "parameters": params, "data": ctx.data_summary(),
+        "train": asdict(outcome), "parameters": params, "data": ctx.data_summary(), **({"plan_trace": traced} if traced else {}),
         "artifacts": {"run_dir": str(ctx.run_dir), "model": str(model_dir), "events": str(ctx.run_dir / "events.jsonl")},
     }
+
+
+def trace_step(model_cfg, data: Prepared, objective: ImageCrossEntropy, micro_batch: int) -> dict | None:
+    """One training step of the classifier (new head included) at the planned micro-batch, on fake tensors
+    (plan/module_trace.py): the peak bytes of tensors it needs, printed and kept in `summary.json` `plan_trace`."""
+    import torch.nn.functional as F
+    from transformers import AutoConfig, AutoModelForImageClassification
+
+    labels = data.classes
+    conf = AutoConfig.from_pretrained(model_cfg.name_or_path, num_labels=len(labels), id2label=dict(enumerate(labels)),
+                                      label2id={c: i for i, c in enumerate(labels)}, trust_remote_code=model_cfg.trust_remote_code,
+                                      revision=model_cfg.revision)
+    batch = objective.collate(data.train[:micro_batch], train=False)
+    try:
+        traced = trace_module_step(lambda: AutoModelForImageClassification.from_config(conf),  # the loss alone: no data-dependent figure
+                                   lambda m, b: F.cross_entropy(logits(m, b["pixel_values"], True), b["y"], reduction="sum"), batch)
+    except Exception as exc:  # noqa: BLE001 - an estimate that cannot be made never stops the run; it says why
+        ui.console().print(f"  warning: the fake-tensor trace of one training step failed ({type(exc).__name__}: {str(exc)[:160]}); "
+                           "the run goes on without the planner's memory figure", markup=False, soft_wrap=True)
+        return None
+    ui.console().print(f"  plan: one training step at micro-batch {traced['micro_batch']} peaks at {traced['peak_bytes'] / 2**20:.2f} MiB of "
+                       f"tensors (weights {traced['weights_bytes'] / 2**20:.2f} MiB; fake-tensor trace, {traced['seconds']:.1f} s)",
+                       markup=False, soft_wrap=True)
+    return traced
 
 
 def export_image_model(*, run_dir: Path, model, processor, base, labels: list[str], hf: bool, card: dict) -> Path:
