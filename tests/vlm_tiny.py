@@ -130,3 +130,16 @@ def build_tiny_gemma3(path: str | Path, seed: int = 0) -> Path:
     Gemma3ForConditionalGeneration(cfg).save_pretrained(path, safe_serialization=True)
     proc.save_pretrained(path)
     return path
+
+
+def shape_pairs(folder: str | Path, n: int, seed: int = 0) -> list[dict]:
+    """LLaMA-Factory's DPO layout with images: `conversations` (the question with `<image>`), `chosen` (the colour),
+    `rejected` (another colour), `images`."""
+    rng = random.Random(seed + 1)
+    out = []
+    for rec in shape_records(folder, n, seed):
+        right = rec["messages"][1]["content"]
+        wrong = rng.choice([c for c in sorted(COLOURS) if c != right])
+        out.append({"conversations": [{"from": "human", "value": rec["messages"][0]["content"]}], "chosen": {"from": "gpt", "value": right},
+                    "rejected": {"from": "gpt", "value": wrong}, "images": rec["images"]})
+    return out

@@ -111,7 +111,9 @@ def _encode_batch(tokenizer, tpl: Template, examples: list[dict], *, train_on: s
     out: list[Encoded | None] = [None] * len(examples)
     vision = _vision(tokenizer, examples)  # conversations rendered by a vision-language model's processor (data/vision_chat.py)
     for i in vision:
-        row, reason = vision_chat.encode(vision_chat.processor_of(tokenizer), examples[i], train_on=train_on, max_length=max_length, min_tokens=min_tokens)
+        proc, ex = vision_chat.processor_of(tokenizer), examples[i]
+        row, reason = (vision_chat.encode(proc, ex, train_on=train_on, max_length=max_length, min_tokens=min_tokens) if ex["kind"] == "sft"
+                       else vision_chat.encode_pair(proc, ex, max_length=max_length, min_tokens=min_tokens))
         out[i] = Encoded(row, reason)
     sft, pairs = _render(tokenizer, tpl, examples, train_on, skip=set(vision))
     if sft:
@@ -134,8 +136,8 @@ def _encode_batch(tokenizer, tpl: Template, examples: list[dict], *, train_on: s
 
 
 def _vision(tokenizer, examples: list[dict]) -> list[int]:
-    """The examples a vision-language model's processor tokenizes: every conversation when the tokenizer carries one
-    (model/vision.py); an example with images is an error without one, and outside a conversation (not yet supported)."""
+    """The examples a vision-language model's processor tokenizes: every conversation and preference pair when the tokenizer
+    carries one (model/vision.py); an example with images is an error without one, and in a KTO example (not yet supported)."""
     proc = vision_chat.processor_of(tokenizer)
     out = []
     for i, ex in enumerate(examples):
@@ -145,10 +147,10 @@ def _vision(tokenizer, examples: list[dict]) -> list[int]:
                 f"(`{getattr(tokenizer, 'name_or_path', 'the tokenizer')}`: no processor_config.json / preprocessor_config.json), so it "
                 "is a text model. Train a vision-language model (docs/vision-language.md), or remove the images from the data."
             )
-        if ex.get("images") and ex["kind"] != "sft":
-            raise DataError(f"Images in {ex['kind']} examples are not supported yet: vision-language training is SFT on "
-                            "conversations (`messages` or `conversations` with `<image>` placeholders and `images`).")
-        if proc is not None and ex["kind"] == "sft":
+        if ex.get("images") and ex["kind"] not in ("sft", "preference"):
+            raise DataError(f"Images in {ex['kind']} examples are not supported yet: vision-language training is SFT on conversations "
+                            "and DPO/ORPO on preference pairs (`<image>` placeholders in the prompt and `images`).")
+        if proc is not None and ex["kind"] in ("sft", "preference"):
             out.append(i)
     return out
 

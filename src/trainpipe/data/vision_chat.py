@@ -254,8 +254,6 @@ def image_token_ids(proc) -> set[int]:
 def encode(proc, ex: dict, *, train_on: str, max_length: int, min_tokens: int) -> tuple[dict | None, str | None]:
     """(the row of one conversation with images, or None and the drop reason)."""
     import torch
-    from safetensors.torch import save
-
     msgs, images = ex["messages"], decode(ex)
     out = _call(proc, _render(proc, msgs, False), images)
     ids = out["input_ids"][0].tolist()
@@ -279,16 +277,68 @@ def encode(proc, ex: dict, *, train_on: str, max_length: int, min_tokens: int) -
     labels = [IGNORE_INDEX if t in image_ids else x for t, x in zip(ids, labels)]  # an image token never carries loss
     if sum(1 for x in labels if x != IGNORE_INDEX) < max(1, min_tokens):
         return None, "no_loss_tokens"
+    return {"input_ids": ids, "labels": labels, "mm": _extras(out), "n_images": len(images), "image_tokens": n_image_tokens}, None
+
+
+def _extras(out: dict) -> bytes:
+    """The processor's tensors besides the tokens, as one safetensors blob (per-token ones marked with ``PER_TOKEN``)."""
+    import torch
+    from safetensors.torch import save
+
     tensors = {}
     for k, v in out.items():
         if k in ("input_ids", "attention_mask") or not isinstance(v, torch.Tensor):
             continue
         per_token = v.dim() == 2 and v.shape == out["input_ids"].shape
         tensors[(PER_TOKEN + k) if per_token else k] = (v[0] if per_token else v).contiguous()
-    return {"input_ids": ids, "labels": labels, "mm": save(tensors), "n_images": len(images), "image_tokens": n_image_tokens}, None
+    return save(tensors)
+
+
+def encode_pair(proc, ex: dict, *, max_length: int, min_tokens: int) -> tuple[dict | None, str | None]:
+    """(the row of one preference pair whose prompt shows images, or None and the drop reason): the prompt rendered with
+    its generation prompt and images, each reply the tokens its full conversation adds after the prompt."""
+    if any(IMAGE in m["content"] for k in ("chosen", "rejected") for m in ex[k]):
+        raise DataError("An image placeholder stands in a chosen or rejected reply; images belong to the prompt, which the two "
+                        "replies share (LLaMA-Factory's DPO layout: `conversations` + `chosen` + `rejected` + `images`).")
+    images = decode(ex)
+    out = _call(proc, _render(proc, ex["prompt"], True), images)
+    prompt = out["input_ids"][0].tolist()
+    replies = []
+    for key in ("chosen", "rejected"):
+        full = _call(proc, _render(proc, ex["prompt"] + ex[key], False), images)["input_ids"][0].tolist()
+        if full[: len(prompt)] != prompt:
+            return None, "template_not_prefix"
+        replies.append(full[len(prompt):])
+    if len(prompt) + max(len(r) for r in replies) > max_length:
+        return None, "too_long_with_images" if images else "too_long"
+    if min(len(r) for r in replies) < max(1, min_tokens):
+        return None, "too_short"
+    image_ids = image_token_ids(proc)
+    return {"prompt_input_ids": prompt, "chosen_input_ids": replies[0], "rejected_input_ids": replies[1], "mm": _extras(out),
+            "n_images": len(images), "image_tokens": sum(1 for t in prompt if t in image_ids)}, None
 
 
 # ------------------------------------------------------------------------------ batches
+
+
+def pair_tensors(examples: list[dict], width: int) -> dict:
+    """The image tensors of a pair batch laid out as train/preference.py's `collate_pairs` lays out the rows (every
+    prompt + chosen, then every prompt + rejected): each pair's images twice, per-token extras padded to ``width``."""
+    import torch
+    from safetensors.torch import load
+
+    rows = [load(ex["mm"]) for ex in examples] * 2
+    out: dict = {}
+    for i, tensors in enumerate(rows):
+        for k, v in tensors.items():
+            if k.startswith(PER_TOKEN):
+                name = k[len(PER_TOKEN):]
+                if name not in out:
+                    out[name] = torch.zeros((len(rows), width), dtype=v.dtype)
+                out[name][i, : v.shape[0]] = v
+            else:
+                out.setdefault(k, []).append(v)
+    return {k: torch.cat(v, dim=0) if isinstance(v, list) else v for k, v in out.items()}
 
 
 def collate(batch: list[dict], pad_id: int) -> dict:

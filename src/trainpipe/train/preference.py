@@ -66,6 +66,7 @@ from trainpipe.distributed.ddp import unwrap
 from trainpipe.train import fused_preference as fused
 from trainpipe.train.context import RunContext
 from trainpipe.train.objectives import Objective
+from trainpipe.data import vision_chat
 from trainpipe.train.sft import artifacts, build_loop, train, worker_summary
 from trainpipe.evaluate import suite
 from trainpipe.export import export_model
@@ -185,6 +186,9 @@ def _pad(seqs: list[list[int]], masks: list[list[int]], pad_id: int) -> dict:
     return {"input_ids": ids, "attention_mask": att, "loss_mask": loss}
 
 
+PAIR_KEYS = ("input_ids", "attention_mask", "loss_mask", "nll_scale")
+
+
 def collate_pairs(examples: list[dict], pad_id: int) -> dict:
     """[prompt + chosen for each pair; prompt + rejected for each pair], right-padded, loss mask on the replies."""
     seqs, masks = [], []
@@ -193,17 +197,21 @@ def collate_pairs(examples: list[dict], pad_id: int) -> dict:
             p, r = list(ex["prompt_input_ids"]), list(ex[key])
             seqs.append(p + r)
             masks.append([0] * len(p) + [1] * len(r))
-    return _pad(seqs, masks, pad_id)
+    out = _pad(seqs, masks, pad_id)
+    if "mm" in examples[0]:  # a vision-language model's pairs: each prompt's images, for the chosen and the rejected row
+        out.update(vision_chat.pair_tensors(examples, out["input_ids"].shape[1]))
+    return out
 
 
 # ------------------------------------------------------------------------------ log-probs and the reference
 
 
-def sequence_logps(model, input_ids, attention_mask, loss_mask):
-    """(sum of the log-probs of the reply tokens, number of reply tokens) per row, in float32."""
+def sequence_logps(model, input_ids, attention_mask, loss_mask, **images):
+    """(sum of the log-probs of the reply tokens, number of reply tokens) per row, in float32; ``images``: a vision-language
+    model's pixel tensors (data/vision_chat.py)."""
     import torch
 
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **images).logits
     logits = logits[:, -input_ids.size(1):-1].float()  # prompt tuning prepends virtual tokens: keep the real positions
     targets = input_ids[:, 1:]
     mask = loss_mask[:, 1:].to(logits.dtype)
@@ -225,15 +233,15 @@ class Reference:
             for p in self.frozen.parameters():
                 p.requires_grad_(False)
 
-    def logps(self, model, input_ids, attention_mask, loss_mask):
+    def logps(self, model, input_ids, attention_mask, loss_mask, **images):
         import torch
 
         with torch.no_grad():
             if self.frozen is None:
                 model = unwrap(model)  # the adapter switch lives on the PEFT model inside DDP; no gradient, no sync
                 with model.disable_adapter():
-                    return sequence_logps(model, input_ids, attention_mask, loss_mask)[0]
-            return sequence_logps(self.frozen, input_ids, attention_mask, loss_mask)[0]
+                    return sequence_logps(model, input_ids, attention_mask, loss_mask, **images)[0]
+            return sequence_logps(self.frozen, input_ids, attention_mask, loss_mask, **images)[0]
 
     def hidden(self, model, input_ids, attention_mask):
         """(last hidden states, LM head weight, bias) of π_ref without gradients: what Liger's chunked losses read
@@ -347,7 +355,8 @@ class PairObjective(Objective):
     def terms(self, model, batch: dict) -> dict:
         """Per-pair tensors: losses (incl. the NLL share), scores and implicit rewards of chosen and rejected."""
         ids, att, lm = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
-        logps, lens = sequence_logps(model, ids, att, lm)
+        images = {k: v for k, v in batch.items() if k not in PAIR_KEYS}  # a vision-language model's pixel tensors
+        logps, lens = sequence_logps(model, ids, att, lm, **images)
         pc, pr = logps.chunk(2)
         len_c, len_r = lens.chunk(2)
         p = self.pref
@@ -356,7 +365,7 @@ class PairObjective(Objective):
         else:
             rc = rr = None
             if self.reference is not None:
-                rc, rr = self.reference.logps(model, ids, att, lm).chunk(2)
+                rc, rr = self.reference.logps(model, ids, att, lm, **images).chunk(2)
             losses, rew_c, rew_r = dpo_losses(pc, pr, rc, rr, len_c, len_r, loss_type=p.loss_type, beta=p.beta, label_smoothing=p.label_smoothing, gamma=p.simpo_gamma)
         if self.nll_weight:
             losses = losses - self.nll_weight * batch["nll_scale"] * pc  # sums to weight x token-mean NLL of the chosen replies
@@ -368,7 +377,7 @@ class PairObjective(Objective):
                 "logp_chosen": pc.detach(), "logp_rejected": pr.detach(), "tokens_chosen": len_c, "tokens_rejected": len_r}
 
     def loss_sum(self, model, batch: dict):
-        if self.fused is not None:
+        if self.fused is not None and all(k in PAIR_KEYS for k in batch):  # Liger's chunked loss reads no images: VLM pairs use `terms`
             return self.fused.pair_loss_sum(self, model, batch)
         t = self.terms(model, batch)
         margin = t["rewards_chosen"] - t["rewards_rejected"]
