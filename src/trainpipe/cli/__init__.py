@@ -3,7 +3,7 @@ point (`main.py`). Importing the package registers every command; `trainpipe = "
 
 from __future__ import annotations
 
-from trainpipe.cli import run, plan, data, runs, search, evaluate, configs, pipeline, predict  # noqa: F401 - registers the commands, in --help order
+from trainpipe.cli import run, plan, data, runs, search, evaluate, configs, pipeline, predict, chat  # noqa: F401 - registers the commands, in --help order
 from trainpipe.cli._app import app
 from trainpipe.cli.main import _redacted_excepthook, main
 from trainpipe.cli.run import _print_result

@@ -13,10 +13,12 @@ from trainpipe.cli._app import app
 @app.command()
 def predict(
     run_dir: Annotated[Path, typer.Argument(help="A finished run directory (or its exported `model/` folder).", show_default=False)],
-    data: Annotated[Path, typer.Option("--data", help="The rows to predict: a CSV/TSV, Parquet or JSONL file with the columns the model was trained on.", show_default=False)],
-    out: Annotated[Optional[Path], typer.Option("--out", help="Where to write the predictions (CSV). Default: `predictions.csv` beside the data file.")] = None,
+    data: Annotated[Path, typer.Option("--data", help="The rows to predict: a CSV/TSV, Parquet or JSONL file with the columns the model was trained on; for a text model JSONL records (`messages`, `instruction`, `prompt` or `text`).", show_default=False)],
+    out: Annotated[Optional[Path], typer.Option("--out", help="Where to write the predictions (CSV; JSONL for a text model). Default: `<data>.predictions.csv` (`.jsonl`) beside the data file.")] = None,
 ) -> None:
-    """Predict with a run's exported model, applying the preprocessing fitted at training (the family's own loader: tables and custom modules today)."""
+    """Predict with a run's exported model, by its family: tables and custom modules with the preprocessing fitted at
+    training, images, and text models (a causal LM generates a reply per JSONL record with the export's chat template;
+    a classifier predicts the class of each `text`)."""
     from trainpipe.errors import ConfigError
     from trainpipe.train.family import family, family_of_export
     from trainpipe.tune.automl_tabular import is_winner, predict_winner
@@ -34,6 +36,6 @@ def predict(
     if not data.is_file() and not (name == "image" and data.is_dir()):  # an image model also predicts a folder of images
         raise ConfigError(f"`--data {data}` is not a file; give a CSV/TSV, Parquet or JSONL file with the model's input columns"
                           + (" (or, for an image model, an image file or a folder of images)." if name == "image" else "."))
-    target = out if out is not None else data.with_name(data.stem + ".predictions.csv")
+    target = out if out is not None else data.with_name(data.stem + (".predictions.jsonl" if name == "text" else ".predictions.csv"))
     res = fam.predict(run_dir, data, target)
     typer.echo(f"predicted {res['rows']} rows ({res['family']}, {res['task']}): {res['out']}")

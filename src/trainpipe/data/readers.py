@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from trainpipe import ui
 from trainpipe.data.files import Opened, compression_of, file_kind
 from trainpipe.data.records import MAX_DEPTH, Limits, Record, Rejected, excerpt, measure, too_big_reason, too_deep_reason
 from trainpipe.errors import DataError
@@ -350,8 +351,6 @@ def _say_split(p: Path, split_by: str, why: str) -> None:
     if str(p) in _SAID_SPLIT:
         return
     _SAID_SPLIT.add(str(p))
-    from trainpipe import ui
-
     other = "document" if split_by == "line" else "line` or `paragraph"
     ui.console().print(f"  {p.name}: read with split_by {split_by} ({why}); set `split_by: {other}` on the source to read it otherwise",
                        markup=False, highlight=False, soft_wrap=True)

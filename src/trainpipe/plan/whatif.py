@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, replace
 
+from trainpipe.config import DataConfig
 from trainpipe.data.formats import detect_file
 from trainpipe.plan import compute as C
 from trainpipe.plan import decisions as D
@@ -42,8 +43,6 @@ def _objective_rows(cfg, w: WhatIf):
 def assumed(cfg, out: dict) -> dict:
     """The sequence length and batch the plan sized memory and time with, and where each came from: a plan must never
     size a run with a length nobody chose without saying so."""
-    from trainpipe.config import DataConfig
-
     seq = cfg.first_data().max_length
     default = DataConfig.model_fields["max_length"].default
     r = out["recommendation"]

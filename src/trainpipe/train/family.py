@@ -26,7 +26,7 @@ from typing import Any, Callable
 from trainpipe.config.family import FAMILIES
 from trainpipe.errors import ConfigError
 from trainpipe.export_family import META, model_folder, predict_file
-from trainpipe.train import image, supervised
+from trainpipe.train import image, supervised, textgen
 from trainpipe.train.context import RunContext
 
 
@@ -40,8 +40,8 @@ class Family:
 
 def family(name: str) -> Family:
     """The parts of the family ``name`` (one of config/family.py `FAMILIES`)."""
-    if name == "text":
-        return Family("text", None, None, None)
+    if name == "text":  # generation (causal LM) or a class per text (classifier): train/textgen.py
+        return Family("text", None, None, textgen.predict_file)
     if name in ("tabular", "custom"):
         return Family(name, supervised.prepare, supervised.run, predict_file)
     if name == "image":
