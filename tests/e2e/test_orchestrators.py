@@ -95,13 +95,15 @@ def test_prefect_flow_runs_and_a_second_run_reuses_every_step(project, capsys):
     assert "flow.py --serve   # a deployment on `30 2 * * 1`" in capsys.readouterr().out
     env = {**_orch_env(project), "PREFECT_HOME": str(project / "prefect-home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     entries = project / "runs" / ".trainpipe-store" / "cache" / "custom"
-    outs = []
-    for _ in range(2):
-        done = subprocess.run([str(py), "flow.py"], env=env, capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-        outs.append(done.stdout)
-        if len(outs) == 1:
-            built = sorted(p.name for p in entries.glob("[!.]*.json"))
+    # both runs in one process (one ephemeral API server), the cache entries listed between them
+    driver = ("import importlib.util, json, pathlib; spec = importlib.util.spec_from_file_location('flow', 'flow.py'); "
+              "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); m.pipeline(); "
+              f"print('SECOND-RUN' + json.dumps(sorted(p.name for p in pathlib.Path({str(entries)!r}).glob('[!.]*.json')))); m.pipeline()")
+    done = subprocess.run([str(py), "-c", driver], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    first, _, second = done.stdout.partition("SECOND-RUN")
+    built = json.loads(second.splitlines()[0])  # the entries after the first run
+    outs = [first, second]
     assert outs[0].count("1 step(s) ran") == 2  # each task ran its own step (shout's upstream: none; count reused shout)
     assert outs[1].count("0 step(s) ran") == 2 and "1 step(s) ran" not in outs[1]  # the second run reused every step
     assert sorted(p.name for p in entries.glob("[!.]*.json")) == built and len(built) == 2
@@ -121,3 +123,18 @@ def test_vertex_job_body_validates_and_names_no_account(project):
     assert {t["taskInfo"]["name"] for t in tasks.values()} == {"shout", "count"}
     with pytest.raises(jsonschema.ValidationError):  # the check is real: an output-only field is refused
         jsonschema.validate({**body, "state": "PIPELINE_STATE_RUNNING"}, schema)
+
+
+def test_kfp_local_runner_runs_the_steps_of_ones_own(project, monkeypatch):
+    """The KFP file of the same pipeline (one generic component for steps of one's own) run by kfp's local runner; each
+    task finds the step's files in TRAINPIPE_STEPS_DIR (on a cluster: the config folder on the workspace volume)."""
+    from kfp import components, local
+
+    assert main(["pipeline", "compile", "p.yaml", "--target", "kfp", "-o", "pipeline.yaml"]) == 0
+    spec = yaml.safe_load((project / "pipeline.yaml").read_text())
+    assert {t["taskInfo"]["name"] for t in spec["root"]["dag"]["tasks"].values()} == {"shout", "count"}
+    monkeypatch.setenv("TRAINPIPE_STEPS_DIR", str(project))
+    monkeypatch.setenv("TRAINPIPE_TRACKING", "none")
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(project / "kfp-root"))
+    components.load_component_from_file(str(project / "pipeline.yaml"))()  # raises when a task fails
+    assert (project / "runs" / "orch" / "count" / "stats" / "count.txt").read_text() == "12"

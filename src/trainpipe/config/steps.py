@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from trainpipe.config.base import _Section
 
@@ -32,6 +32,8 @@ OUTPUT_TYPES = ("file", "folder")
 
 class StepInput(_Section):
     """One declared input: a file or folder outside the DAG (`path`), or another step's output (`from: step.output`)."""
+
+    model_config = ConfigDict(**_Section.model_config, populate_by_name=True)  # a dumped config (`from_`) reads back
 
     path: str | None = None
     """A file or folder (relative to the config file's folder); its content is part of the step's cache key."""
