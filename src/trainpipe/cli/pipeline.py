@@ -35,8 +35,15 @@ def pipeline_step(
 ) -> None:
     """Run one step of CONFIG's DAG (what an Airflow or Prefect task runs): the steps it reads are reused from the cache
     (or run, when never built), then the step itself, cached like every step."""
+    from trainpipe.errors import ConfigError
     from trainpipe.pipeline.dag import load_config_for, run_pipeline
+    from trainpipe.redact import MissingReference, resolve_references
 
+    try:  # a compiled DAG's `--store` names its credentials by reference: the values come from the task's environment
+        store = resolve_references(store) if store else None
+    except MissingReference as exc:
+        raise ConfigError(f"`--store` refers to the environment variable {exc.args[0]}, which is not set here: set it (the compiled "
+                          "file's instructions name it), then run the step again.", ["--store"]) from None
     run_pipeline(load_config_for(config, set_ or []), config_path=str(config.resolve()), store=store, no_cache=no_cache, only=[step])
 
 

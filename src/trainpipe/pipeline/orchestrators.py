@@ -27,7 +27,7 @@ import trainpipe
 from trainpipe import ownership
 from trainpipe.errors import ConfigError
 from trainpipe.pipeline.dag import build_dag
-from trainpipe.redact import redact_text
+from trainpipe.redact import SecretRefs, redact_text
 from trainpipe.rundir import protected_paths
 
 POD_WORKSPACE = "/workspace"  # the volume claim every step's pod mounts (Kubernetes mode)
@@ -60,15 +60,16 @@ def _check_cron(cfg) -> str | None:
     return cron
 
 
-def _common(cfg, config_path: Path, store: str | None, image: str | None, claim: str | None) -> dict:
+def _common(cfg, config_path: Path, store: str | None, image: str | None, claim: str | None, refs: SecretRefs) -> dict:
     img = image or cfg.pipeline.image
+    store = refs.url(store, "store") if store else None  # its credentials as $(TRAINPIPE_SECRET_...) references
     if "@sha256:" not in img:
         img = (img.rsplit(":", 1)[0] if ":" in img.rsplit("/", 1)[-1] else img) + f":{trainpipe.__version__}"
     return {
         "name": dag_name(cfg), "version": trainpipe.__version__, "schedule": _check_cron(cfg), "steps": step_table(cfg, config_path),
         "config": str(config_path.resolve()), "cwd": str(Path.cwd().resolve()), "pod_config": f"{POD_WORKSPACE}/pipeline/{config_path.name}",
         "launcher": [sys.executable, "-m", "trainpipe.cli"], "store": store, "image": img,
-        "claim": claim or f"{dag_name(cfg)[:40]}-workspace",
+        "claim": claim or f"{dag_name(cfg)[:40]}-workspace", "secret": refs.name if refs else None,
     }
 
 
@@ -113,7 +114,8 @@ def _task(step):
             container_resources=k8s.V1ResourceRequirements(limits=limits, requests=limits),
             volumes=[k8s.V1Volume(name="workspace", persistent_volume_claim=k8s.V1PersistentVolumeClaimVolumeSource(claim_name=SPEC["claim"]))],
             volume_mounts=[k8s.V1VolumeMount(name="workspace", mount_path="{workspace}")],
-            env_vars={{"HF_HUB_OFFLINE": "1", "TRAINPIPE_VERSION": SPEC["version"]}}, get_logs=True, **common)
+            env_vars={{"HF_HUB_OFFLINE": "1", "TRAINPIPE_VERSION": SPEC["version"]}}, get_logs=True,
+            env_from=[k8s.V1EnvFromSource(secret_ref=k8s.V1SecretEnvSource(name=SPEC["secret"]))] if SPEC["secret"] else None, **common)
     from airflow.providers.standard.operators.bash import BashOperator
 
     return BashOperator(bash_command=shlex.join(_argv(step["id"], False)), cwd=SPEC["cwd"], env={{"NO_COLOR": "1"}}, append_env=True, **common)
@@ -182,7 +184,8 @@ def compile_orchestrator(cfg, target: str, out: Path, *, config_path: Path, stor
     reads = [(p, w) for p, w in protected_paths(cfg, str(config_path)) if p not in {Path.cwd().resolve(), Path.home().resolve()}]
     what = "the Airflow DAG file" if target == "airflow" else "the Prefect flow file"
     ownership.check_writable(out, what=what, reads=reads)
-    spec = _common(cfg, Path(config_path), store, image, claim)
+    refs = SecretRefs(f"{dag_name(cfg)[:45]}-secrets")
+    spec = _common(cfg, Path(config_path), store, image, claim, refs)
     text = _render(AIRFLOW if target == "airflow" else PREFECT, spec, out.name)
     compile(text, str(out), "exec")  # the file is valid Python before it is written
     ownership.write_text(out, redact_text(text), what=what, reads=reads)
@@ -194,4 +197,7 @@ def compile_orchestrator(cfg, target: str, out: Path, *, config_path: Path, stor
         submit = [f"python {shlex.quote(str(out))}   # one run now (Prefect's ephemeral API, or PREFECT_API_URL's server)",
                   f"python {shlex.quote(str(out))} --serve   # a deployment on `{spec['schedule']}`" if spec["schedule"] else
                   f"python {shlex.quote(str(out))} --serve   # a deployment run on demand (`prefect deployment run`)"]
-    return {"path": str(out), "submit": submit, "steps": [s["id"] for s in spec["steps"]], "spec": spec}
+    if refs:  # `pipeline step` puts the values back from the task's environment, in memory only
+        submit.append(f"the store's credentials are references: set {', '.join(refs.refs)} in the environment of every task "
+                      f"(Kubernetes mode: the Secret `{refs.name}`: {refs.create_command()})")
+    return {"path": str(out), "submit": [redact_text(x) for x in submit], "steps": [s["id"] for s in spec["steps"]], "spec": spec}
