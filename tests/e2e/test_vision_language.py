@@ -20,12 +20,12 @@ from trainpipe.cli import main  # noqa: E402
 pytestmark = pytest.mark.e2e
 
 
-def _run(tmp: Path, base: Path, name: str, **method) -> Path:
+def _run(tmp: Path, base: Path, name: str, steps: int = 12, **method) -> Path:
     cfg = {
         "model": {"name_or_path": str(base)},
         "data": {"sources": [{"path": str(tmp / "data" / "shapes.jsonl")}], "eval_split": 12, "max_length": 64},
         "method": {"peft": "lora", "lora": {"r": 8, "alpha": 16, "dropout": 0.0}, **method},
-        "training": {"max_steps": 12, "eval_steps": 6, "logging_steps": 6, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 1,
+        "training": {"max_steps": steps, "eval_steps": steps // 2, "logging_steps": steps // 2, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 1,
                      "learning_rate": 3e-3, "early_stopping_patience": None},
         "eval": {"metrics": ["loss"]}, "gates": {"on_fail": "warn"},
         "output_dir": str(tmp / name),
@@ -87,8 +87,8 @@ def test_lora_trains_the_language_model_only_and_the_export_generates(data_dir, 
 
 def test_full_fine_tune_freezes_the_tower_unless_asked(base):
     tmp, model_dir = base
-    frozen = _run(tmp, model_dir, "full", peft="none")
-    free = _run(tmp, model_dir, "full_free", peft="none", freeze_vision=False)
+    frozen = _run(tmp, model_dir, "full", steps=4, peft="none")
+    free = _run(tmp, model_dir, "full_free", steps=4, peft="none", freeze_vision=False)
     _, vis0 = _split(_weights(model_dir))
     _, vis_frozen = _split(_weights(frozen / "model"))
     _, vis_free = _split(_weights(free / "model"))
@@ -99,7 +99,7 @@ def test_full_fine_tune_freezes_the_tower_unless_asked(base):
 def test_qlora_on_a_4bit_vision_language_base(base):
     pytest.importorskip("bitsandbytes")
     tmp, model_dir = base
-    run = _run(tmp, model_dir, "qlora", peft="qlora")
+    run = _run(tmp, model_dir, "qlora", steps=8, peft="qlora")
     summary = json.loads((run / "summary.json").read_text())
     assert summary["final"]["loss"] < summary["baseline"]["loss"] - 0.2
     adapter = json.loads((run / "model" / "adapter" / "adapter_config.json").read_text())

@@ -125,8 +125,8 @@ def test_a_bomb_and_a_long_gif_are_bounded(tmp_path, llava):
     big = Image.new("1", (30000, 30000))  # 1-bit: 110 MB in memory here, a few hundred kB as PNG; refused from its header
     big.save(tmp_path / "images" / "bomb.png", optimize=False)
     del big
-    frames = [Image.new("P", (8, 8), i % 256) for i in range(10_000)]
-    frames[0].save(tmp_path / "images" / "long.gif", save_all=True, append_images=frames[1:])
+    frames = [Image.new("P", (1, 1), i % 2) for i in range(10_000)]
+    frames[0].save(tmp_path / "images" / "long.gif", save_all=True, append_images=frames[1:], optimize=False, disposal=0)
     recs[0]["images"] = ["images/bomb.png"]
     recs[1]["images"] = ["images/long.gif"]  # its first frame is the image, the rest never decoded
     data = _prep(tmp_path, tok, recs)
