@@ -4,7 +4,7 @@ run's final eval measured; 2 gloo processes equal 1 process and SIGKILL + `--res
 the seeded train-only augmentation on; a corrupt image and a missing label column are one paragraph and exit 2.
 
 The ViT (LayerNorm, dropout 0) is used for the equalities: BatchNorm models (the example's ResNet) compute batch statistics
-per process and keep running statistics outside the checkpoint, which docs/images.md states."""
+per process, which docs/images.md states; their running statistics are checkpointed (the last test)."""
 
 from __future__ import annotations
 
@@ -213,3 +213,29 @@ def test_corrupt_image_and_missing_label_column_are_one_paragraph_exit_2(tmp_pat
     assert main(["run", str(write_config(tmp_path / "b", vit, table))]) == 2
     out = capsys.readouterr().out
     assert "no `label` column" in out and "`digit`" in out and "data.label" in out and "Traceback" not in out
+
+
+def test_batchnorm_running_statistics_are_checkpointed_and_the_best_checkpoint_restores_them(tmp_path, images):
+    """A ResNet's BatchNorm running statistics are buffers the forward pass updates: the checkpoint holds them, so the
+    final eval of the best checkpoint measures exactly what the in-training eval of that checkpoint measured."""
+    import torch
+    from transformers import ResNetConfig, ResNetForImageClassification, ViTImageProcessor
+
+    base = tmp_path / "resnet"
+    torch.manual_seed(0)
+    ResNetForImageClassification(ResNetConfig(num_channels=3, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic",
+                                              num_labels=3)).save_pretrained(base)
+    ViTImageProcessor(size={"height": 16, "width": 16}, image_mean=[0.5] * 3, image_std=[0.5] * 3).save_pretrained(base)
+    cfg = write_config(tmp_path / "bn", base, images, max_steps=6, metric_for_best="loss")
+    doc = yaml.safe_load(cfg.read_text())
+    doc["data"]["augment"] = False  # a continuous figure: an earlier checkpoint is the best only if its loss is
+    cfg.write_text(yaml.safe_dump(doc))
+    assert main(["run", str(cfg)]) == 0
+    run = tmp_path / "bn" / "run"
+    ck = newest_checkpoint(run)
+    assert any(k.endswith("running_mean") for k in ck) and any(k.endswith("num_batches_tracked") for k in ck)
+    ev = [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines()]
+    train = {e["step"]: e for e in ev if e["event"] == "eval_done" and e.get("phase") == "train"}
+    best = min(train.values(), key=lambda e: e["eval_loss"])
+    final = next(e for e in ev if e["event"] == "eval_done" and e.get("phase") == "final")
+    assert abs(final["loss"] - best["eval_loss"]) < 1e-6, (final, best)

@@ -348,7 +348,7 @@ def _load_plain(model, optimizer, weights: dict, state: dict, trainable: set, pa
 
 def _check_loaded(model, weights: dict, trainable: set, path) -> None:
     missing = trainable - set(weights)
-    unexpected = sorted(set(weights) - {n for n, _ in model.named_parameters()})
+    unexpected = sorted(set(weights) - {n for n, _ in model.named_parameters()} - {n for n, _ in model.named_buffers()})
     if unexpected or missing:
         raise TrainpipeError(f"Checkpoint {path} does not match the model (missing {sorted(missing)[:3]}, unexpected {unexpected[:3]}).")
 

@@ -96,16 +96,15 @@ class ImageCrossEntropy(Objective):
 
 
 def warn_batch_norm(model) -> None:
-    """One warning for a model with BatchNorm running statistics (ResNet): they are buffers, not parameters."""
+    """One note for a model with BatchNorm (ResNet): batch statistics depend on how the batch is split."""
     import torch
 
     if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.track_running_stats for m in model.modules()):
         ui.console().print(
-            "  warning: this model has BatchNorm layers; their running statistics are buffers, which trainpipe's checkpoints (the "
-            "trainable parameters and the optimizer) do not hold, and each process computes batch statistics over its own "
-            "micro-batch: the best checkpoint and a resumed run keep the statistics of the last step, and 2 processes or a halved "
-            "micro-batch do not equal 1 process bit for bit. Models normalised with LayerNorm (ViT, ConvNeXt, Swin) have neither "
-            "limit.", markup=False, soft_wrap=True)
+            "  note: this model has BatchNorm layers: each process normalises over its own micro-batch, so 2 processes or a "
+            "halved micro-batch (after an OOM) do not equal 1 process bit for bit (their running statistics are checkpointed, so "
+            "resume and the best checkpoint are exact). Models normalised with LayerNorm (ViT, ConvNeXt, Swin) have no such limit.",
+            markup=False, soft_wrap=True)
 
 
 def predict_probs(model, objective: ImageCrossEntropy, rows: list, batch_size: int = EVAL_BATCH):

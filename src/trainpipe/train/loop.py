@@ -30,7 +30,7 @@ from trainpipe.train.callbacks import Callback, MetricsLog
 from trainpipe.train.checkpointing import CheckpointWriter
 from trainpipe.train.errors import Preempted, TrainingDiverged
 from trainpipe.train.objectives import Objective, shards_eval
-from trainpipe.train.optim import build_scheduler, scale_lr, trainable
+from trainpipe.train.optim import build_scheduler, running_stats, scale_lr, trainable
 from trainpipe.train.preemption import Watchdog
 from trainpipe.train.prepare import gradient_checkpointing
 from trainpipe.train.recovery import DivergenceGuard, OomPolicy, evaluate_or_stop
@@ -363,7 +363,7 @@ class TrainLoop:
     def _write_checkpoint(self, metric: float | None, gathered: dict) -> CheckpointInfo | None:
         full, st = gathered.get("gathered"), self.state
         return self.writer.write(
-            st.step, weights=(lambda: full[0]) if full is not None else (lambda: {n: p for n, p in self.params}),
+            st.step, weights=(lambda: full[0]) if full is not None else (lambda: {n: p for n, p in self.params} | running_stats(self.model)),
             state=lambda: self.state_dict(gathered), model=self.model, metric=metric, sharded=self.strategy.shards_parameters,
             info={"window": st.window, "micro_batch": st.micro_batch, "effective_batch": self.plan.effective, "world_size": self.strategy.dims.dp},
             labels=dict(self._last_labels) if metric is not None else {},

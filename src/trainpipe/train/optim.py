@@ -18,6 +18,22 @@ def trainable(model) -> list[tuple[str, object]]:
     return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
 
 
+def running_stats(model) -> dict:
+    """{name: buffer} of the running statistics of normalisation layers that track them (BatchNorm's running mean and
+    variance and its batch count): the forward pass updates them, so a checkpoint that holds only the trainable parameters
+    would resume, and load its best weights, with the statistics of another step. Empty for models without BatchNorm
+    (transformers LMs, ViT, ConvNeXt)."""
+    import torch
+
+    out = {}
+    for name, m in model.named_modules():
+        if isinstance(m, torch.nn.modules.batchnorm._NormBase) and m.track_running_stats:
+            for b, t in m.named_buffers(recurse=False):
+                if t is not None:
+                    out[f"{name}.{b}" if name else b] = t
+    return out
+
+
 def build_optimizer(params: list[tuple[str, object]], spec: OptimizerSpec, device_type: str, lr: float | None = None):
     """`spec.name` over ``params`` ((name, parameter) pairs) at the resolved `spec.learning_rate` (or ``lr``)."""
     import torch
