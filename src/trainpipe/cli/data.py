@@ -68,6 +68,18 @@ def data_prepare(
         report = prepare_images(cfg.data, seed=cfg.training.seed).report
         typer.echo(json.dumps(report, indent=2) if json_ else "\n".join(describe(report)))
         return
+    if resolve_family(cfg.model, cfg.data)[0] in ("tabular", "custom") and cfg.data.factory is None:  # a table: typed, accounted, split
+        from trainpipe.config.family import resolve_task
+        from trainpipe.data.tabular import describe_report, prepare_tabular
+
+        report = prepare_tabular(cfg.data, task=resolve_task(cfg.method, cfg.data)[0], seed=cfg.training.seed).report
+        typer.echo(json.dumps(report, indent=2) if json_ else "\n".join(describe_report(report)))
+        return
+    if cfg.data.factory is not None:
+        from trainpipe.errors import ConfigError
+
+        raise ConfigError(f"`data.factory: {cfg.data.factory}` builds the datasets in your code, which `trainpipe data prepare` does not run; "
+                          "`trainpipe run` calls it (and writes data_report.json).")
     prepare_command(cfg, load_tokenizer(cfg.model, cfg.model.pad_token), batch_size_hint=micro, as_json=json_)
 
 

@@ -357,3 +357,17 @@ def read_features(path: str | Path, prep: Preprocessing) -> tuple[list[dict], li
         if missing:
             raise DataError(f"`{path}` lacks the column(s) {', '.join(f'`{c}`' for c in missing)} the model was trained on; add them (empty values are allowed).")
     return rows, [prep.features(r) for r in rows]
+
+
+def describe_report(report: dict) -> list[str]:
+    """The table's data report as lines (`trainpipe data prepare` on a tabular config)."""
+    lines = [f"table: {report['task']} of `{report['label_column']}` ({report['label_key']}); {report['accounting']}"]
+    if report.get("dropped"):
+        lines.append("dropped: " + ", ".join(f"{k} {v}" for k, v in report["dropped"].items()))
+    lines.append(f"splits: {report['splits']} (preprocessing {report['fitted_on']})")
+    lines += [f"  {c['name']}: {c['kind']} ({c['rule']}; {c['missing']} missing)" for c in report["columns"]]
+    lines.append(f"missing values: {report['missing_rule']}")
+    for split, counts in (report.get("class_counts") or {}).items():
+        if counts:
+            lines.append(f"classes ({split}): " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    return lines
