@@ -22,7 +22,7 @@ Sections (keys of `sections` in the JSON):
 - `long_context`: one sequence per GPU (sequence parallelism 1) at doubling lengths (packed rows, micro-batch 1, LoRA,
   gradient checkpointing) until a run fails: peak memory per GPU, tokens/s and the planner's prediction at each
   length, the longest that trained, and the sequence degree the planner's long-context rule would choose for the next.
-  Sequence parallelism > 1 is not measured: trainpipe's loop does not split sequences (the plan hands it to torchtitan).
+  Sequence parallelism > 1 is not measured: it needs two GPUs or more, and the check runs on one.
 """
 
 from __future__ import annotations
@@ -284,7 +284,7 @@ class Check:
                 break
             rows.append(row)
         out = {"status": "ok" if longest else "no-measurement", "rows": rows, "longest_seq_len_sp1": longest,
-               "sequence_parallel_gt1": "not run: trainpipe's loop does not split sequences yet (the plan hands such runs to torchtitan)"}
+               "sequence_parallel_gt1": "not run: a sequence group needs two GPUs or more, and this check has one"}
         try:
             out["planner_rule"] = self._sp_rule(rows, longest)
         except Exception as exc:  # noqa: BLE001 - the figures above stand without it

@@ -4,14 +4,18 @@ denominator, the same gradients, and after an SGD step the same weights (to 1e-5
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+from pathlib import Path
 
 import pytest
 import torch
 
 pytestmark = pytest.mark.e2e
 pytest.importorskip("deepspeed")
+
+from test_distributed import base  # noqa: E402,F401 - the tiny model fixture
 
 CONFIG = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
               max_position_embeddings=256, attn_implementation="sdpa")
@@ -89,3 +93,29 @@ def test_sequence_parallel_2_equals_one_process(tmp_path):
     diff = max(float((p - sp["weights"][n]).abs().max()) for n, p in model.named_parameters())
     moved = max(float((p - q).abs().max()) for (n, p), q in zip(model.named_parameters(), _model().parameters()))
     assert diff < 1e-5 and moved > 1e-3, (diff, moved)  # the step moved the weights, and both runs moved them alike
+
+
+def test_trainpipe_run_with_sequence_parallel_2_equals_one_process(tmp_path, base):  # noqa: F811 - `base` is a fixture
+    """The loop itself: `trainpipe run --nproc-per-node 2` with `distributed.sequence_parallel: 2` (one data-parallel rank whose
+    sequences are split over both processes) ends with the weights one process reaches on the same batches."""
+    import yaml
+
+    from test_distributed import events, finish, launch, max_diff, newest_weights, sft_config
+    from trainpipe.cli import main
+
+    common = {"data.packing": "none", "training.max_steps": 4, "training.save_steps": 2, "training.eval_steps": 2}
+    one = sft_config(tmp_path / "one", base, **common)
+    two = sft_config(tmp_path / "two", base, **common, **{"distributed.sequence_parallel": 2})
+    assert main(["run", str(one)]) == 0
+    rc, out = finish(launch(two))
+    assert rc == 0, out[-3000:]
+    run1, run2 = (Path(yaml.safe_load(c.read_text())["output_dir"]) for c in (one, two))
+    diff = max_diff(newest_weights(run1), newest_weights(run2))
+    steps = [[json.loads(x)["loss"] for x in (r / "metrics.jsonl").read_text().splitlines() if '"loss"' in x and "eval" not in x]
+             for r in (run1, run2)]
+    print(f"\nSP=2 vs one process: weights {diff:.2e}, losses {steps}")
+    assert diff < 1e-5 and steps[0] and all(abs(a - b) < 1e-5 for a, b in zip(*steps, strict=True))
+    started = next(e for e in events(run2) if e["event"] == "training_started")
+    assert started["effective_batch"] == 8  # micro-batch 4 x accumulation 2 x data-parallel degree 1 (not the 2 processes)
+    man = json.loads((run2 / "manifest.json").read_text())
+    assert man["distributed"]["topology"] == {"dp_replicate": 1, "dp_shard": 1, "cp": 2, "tp": 1}

@@ -55,9 +55,10 @@ class ParallelDims:
     def of(cls, strategy: str, world: int, *, cp: int = 1, tp: int = 1) -> "ParallelDims":
         """The dims of ``world`` processes under ``strategy`` with sequence degree ``cp`` and tensor degree ``tp``."""
         if world < 1 or cp < 1 or tp < 1 or world % (cp * tp):
+            what = f"a sequence degree of {cp}" + (f" x a tensor degree of {tp}" if tp > 1 else "")
             raise TrainpipeError(
-                f"A world of {world} processes cannot hold a sequence degree of {cp} x a tensor degree of {tp}: their product must "
-                f"divide the world size. Set `distributed.sequence_parallel` and `distributed.tensor_parallel` to divisors of {world}."
+                f"A world of {world} processes cannot hold {what}: it must divide the world size (each data-parallel rank gets a "
+                f"whole group). Set `distributed.sequence_parallel` to a divisor of {world}, or change the process count."
             )
         dp = world // (cp * tp)
         dims = cls(dp_shard=dp, cp=cp, tp=tp) if strategy in SHARDING else cls(dp_replicate=dp, cp=cp, tp=tp)

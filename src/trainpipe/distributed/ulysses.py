@@ -13,8 +13,9 @@ the cut, so that the target of a shard's last token is the next shard's first to
 boundary. Each rank's loss is the sum over its tokens; their sum over the sequence group is the whole sequence's, and
 the denominator is the window's loss-token count, as without sequence parallelism (the exact-denominator rule).
 
-The training loop does not use this yet (`trainpipe run` refuses `distributed.sequence_parallel` above 1); a 2-process
-gloo test holds it to one process: the same loss and gradients within 1e-6 on a tiny Llama.
+train/sft.py `build_loop` registers it and hands the stepper a :class:`SequenceShard` when the resolved topology has a
+sequence degree above 1 (DDP, sft/pretrain, padded batches: plan/resolve.py refuses the rest); 2-process gloo tests hold
+the attention alone and a whole `trainpipe run` to one process.
 """
 
 from __future__ import annotations
@@ -44,8 +45,10 @@ def register(model, degree: int, *, micro_batch: int, seq_len: int, attention: s
     if not torch.cuda.is_available():
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # gloo does the exchanges (as distributed/zero.py)
     deepspeed.init_distributed(dist_backend=torch.distributed.get_backend(), dist_init_required=False)
-    return UlyssesSPAttentionHF.register_with_transformers(model, attention, degree, micro_batch, seq_length=seq_len,
-                                                          seq_length_is_variable=False)
+    # variable lengths (batches are padded to their longest row, then to a multiple of the degree); evaluation runs the
+    # model's own attention on whole sequences (rank 0's or each rank's eval batches are not split)
+    return UlyssesSPAttentionHF.register_with_transformers(model, attention, degree, micro_batch, seq_length_is_variable=True,
+                                                          disable_in_eval=True)
 
 
 def shard(input_ids, labels, rank: int, degree: int) -> dict:
@@ -63,4 +66,23 @@ def shard(input_ids, labels, rank: int, degree: int) -> dict:
     return {"input_ids": input_ids[:, cut], "position_ids": positions[:, cut], "shift_labels": shifted[:, cut]}
 
 
-__all__ = ["KERNELS", "register", "shard"]
+class SequenceShard:
+    """What the stepper applies to each collated micro-batch under sequence parallelism: rows padded to the registered
+    micro-batch (DeepSpeed's wrapper keeps one batch shape; padded rows carry no loss) and tokens to a multiple of the
+    degree, then this rank's :func:`shard`. The ranks of one sequence group are consecutive (DeepSpeed's groups)."""
+
+    def __init__(self, rank: int, degree: int, micro_batch: int):
+        self.rank, self.degree, self.micro_batch = rank % degree, degree, micro_batch
+
+    def __call__(self, batch: dict) -> dict:
+        import torch
+
+        ids, labels = batch["input_ids"], batch["labels"]
+        rows, cols = max(0, self.micro_batch - ids.shape[0]), (-ids.shape[1]) % self.degree
+        if rows or cols:
+            ids = torch.nn.functional.pad(ids, (0, cols, 0, rows), value=0)
+            labels = torch.nn.functional.pad(labels, (0, cols, 0, rows), value=-100)
+        return shard(ids, labels, self.rank, self.degree)
+
+
+__all__ = ["KERNELS", "SequenceShard", "register", "shard"]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from trainpipe.errors import ConfigError
 from trainpipe.plan import decisions as D
 from trainpipe.plan.catalog import ModelSpec
 from trainpipe.plan.decisions import Decision
@@ -99,4 +100,22 @@ def asked(spec: ModelSpec, s: Setup, gpu: GPU, gpus_per_node: int, d: int, atten
     return Decision("sequence_parallel", d, rule, "keep the sequence group inside a node (NVLink): the all-to-all runs every layer"), b
 
 
-__all__ = ["HEAVY", "LIGHT", "LONG_CONTEXT", "asked", "decide", "degrees", "memory"]
+def check_in_loop(plan) -> None:
+    """`distributed.sequence_parallel` above 1 in trainpipe's own loop: DDP (the sequence and data-parallel ranks in one
+    gradient all-reduce), token cross-entropy objectives (sft, pretrain) and padded batches (`data.packing: none`: a packed or
+    padding-free row would let the gathered sequence's causal attention cross examples). Anything else: one paragraph."""
+    cfg, sp = plan.config, plan.specs.distributed.dims.cp
+    if sp == 1:
+        return
+    broken = [why for bad, why in (
+        (plan.strategy.value != "ddp", f"`distributed.strategy: ddp` (the plan has `{plan.strategy.value}`)"),
+        (cfg.method.name not in ("sft", "pretrain"), f"`method.name: sft` or `pretrain` (got `{cfg.method.name}`)"),
+        (cfg.first_data().packing != "none", f"`data.packing: none` (the plan has `{cfg.first_data().packing}`)"),
+    ) if bad]
+    if broken:
+        raise ConfigError(
+            f"`distributed.sequence_parallel: {sp}` in trainpipe's own loop needs {'; '.join(broken)}. Set those, or run the plan through "
+            "torchtitan's context parallelism with `trainpipe launch CONFIG --emit torchtitan -o DIR`.", ["distributed.sequence_parallel"])
+
+
+__all__ = ["HEAVY", "LIGHT", "LONG_CONTEXT", "asked", "check_in_loop", "decide", "degrees", "memory"]

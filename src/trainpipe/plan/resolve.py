@@ -43,6 +43,7 @@ from trainpipe.plan.decisions import Decision, PlanError
 from trainpipe.plan.families import apply_family_rules
 from trainpipe.plan.gpus import find_gpu, gpu_from_device_name
 from trainpipe.plan.hardware import Hardware
+from trainpipe.plan.long_context import check_in_loop
 from trainpipe.plan.measure import predict_state_bytes
 from trainpipe.plan.memory import Setup, estimate
 from trainpipe.plan.objective import expand_auto
@@ -253,7 +254,8 @@ def resolve(cfg: RunConfig, hw: Hardware, world_size: int | None = None, *, nnod
     strategy_s, offload_s, ckpt_forced = _resolve_strategy(cfg, spec, gpu, world, method, precision, decisions)
     D.check_strategy(strategy=strategy_s.value, offload=offload_s.value, peft=cfg.method.peft, world=world, accelerator=hw.accelerator)
     dist.strategy, dist.offload = strategy_s.value, offload_s.value
-    dims = ParallelDims.of(strategy_s.value if world > 1 else "single", world)  # the topology (distributed/topology.py): the batch reads dims.dp
+    sp = dist.sequence_parallel if isinstance(dist.sequence_parallel, int) else 1  # `auto`: one sequence per process in a run
+    dims = ParallelDims.of(strategy_s.value if world > 1 else "single", world, cp=sp)  # the topology (distributed/topology.py): the batch reads dims.dp
 
     # 5. micro-batch and gradient checkpointing (`auto`), against the GPU's memory or a share of the RAM
     ckpt_forced = ckpt_forced and ("gradient_checkpointing" not in t.model_fields_set or t.gradient_checkpointing == "auto")
@@ -281,16 +283,12 @@ def plan_run(cfg: RunConfig, hw: Hardware, world_size: int | None = None, *, nno
     """The plan `run` executes: `resolve` with this process's launcher environment (or ``world_size`` when the caller knows it).
     DeepSpeed ZeRO (`zero2`, `zero3`) runs as a strategy of trainpipe's loop (distributed/zero.py), on GPUs or on the CPU
     with gloo."""
-    sp = cfg.distributed.sequence_parallel
-    if isinstance(sp, int) and sp > 1:
-        raise ConfigError(
-            f"`distributed.sequence_parallel: {sp}` splits one sequence over {sp} GPUs, and trainpipe's own loop trains one sequence per "
-            "GPU (it has no sequence-parallel attention yet). Run it through torchtitan's context parallelism with `trainpipe launch "
-            "CONFIG --emit torchtitan -o DIR`, or set `distributed.sequence_parallel: 1` (or `auto`) and, if one sequence does not "
-            "fit a GPU, a shorter `data.max_length`.", ["distributed.sequence_parallel"])
     if cfg.method.name == "auto":  # the objective rule first (plan/objective.py), as `run` applies it: the first stage is planned
         cfg, _ = expand_auto(cfg)
-    return resolve(cfg, hw, world_size, nnodes=nnodes, env=os.environ, sizing=sizing)
+    plan = resolve(cfg, hw, world_size, nnodes=nnodes, env=os.environ, sizing=sizing)
+    check_in_loop(plan)  # plan/long_context.py: a sequence degree above 1 as the loop runs it
+    return plan
+
 
 
 def _size(cfg: RunConfig, hw: Hardware, world: int, sizing: bool, notes: list[str], gpu=None):

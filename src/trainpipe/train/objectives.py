@@ -61,6 +61,9 @@ class TokenCrossEntropy(Objective):
 
     def loss_sum(self, model, batch: dict):
         """Summed next-token CE, in float32 one chunk at a time (model/losses.py): never the full-vocabulary logits upcast at once."""
+        if "shift_labels" in batch:  # a sequence shard (distributed/ulysses.py): the labels were shifted before the cut
+            target = batch.pop("shift_labels")
+            return chunked_cross_entropy_sum(model(**batch).logits, target), {}
         labels = batch.pop("labels")
         if self.fused:  # the model's own (Liger) loss; num_items_in_batch=1 makes its reduction the sum
             return model(**batch, labels=labels, num_items_in_batch=1).loss, {}

@@ -15,6 +15,7 @@ from typing import Callable, Sequence
 
 from trainpipe import ui
 from trainpipe.events import EventLog
+from trainpipe.distributed import ulysses
 from trainpipe.distributed.strategy import is_main
 from trainpipe.distributed.strategy import make as make_strategy
 from trainpipe.model.checkpoints import CheckpointInfo, CheckpointManager
@@ -133,6 +134,9 @@ def build_loop(model, tokenizer, train_data, specs: RunSpecs, *, run_dir: Path, 
     if is_main(strategy):
         record_loss(run_dir, objective)  # which loss implementation runs (trainpipe's, Liger's), in the run manifest
     plan = WindowPlan.of(batch, len(train_data), strategy.dims.dp)
+    cp = specs.distributed.dims.cp
+    if cp > 1:  # Ulysses sequence parallelism (distributed/ulysses.py): every rank wraps its attention, before DDP wraps the model
+        ulysses.register(model, cp, micro_batch=batch.micro_batch, seq_len=batch.max_length, attention=model.config._attn_implementation)
     optimizer = build_optimizer(trainable(model), specs.optimizer, device.type)
     scheduler = build_scheduler(optimizer, specs.optimizer, plan.total_windows)
     optimizer = strategy.wrap(model, device, optimizer, max_grad_norm=specs.optimizer.max_grad_norm,
@@ -140,6 +144,8 @@ def build_loop(model, tokenizer, train_data, specs: RunSpecs, *, run_dir: Path, 
     stepper = Stepper(objective=objective, strategy=strategy, device=device, batch=batch, precision=specs.precision,
                       max_grad_norm=specs.optimizer.max_grad_norm, optimizer=optimizer, params=trainable(model), heartbeat=Heartbeat(),
                       preemption=Preemption(specs.resilience.preemption_grace_seconds))
+    if cp > 1:
+        stepper.sequence = ulysses.SequenceShard(strategy.rank, cp, batch.micro_batch)  # this rank's tokens of each micro-batch
     return TrainLoop(
         model=model, device=device, optimizer=optimizer, scheduler=scheduler, plan=plan, strategy=strategy, objective=objective, train_data=train_data,
         stepper=stepper, specs=specs, ckpt=ckpt, run_dir=run_dir, events=events, config_yaml=config_yaml, evaluate=evaluate,

@@ -44,6 +44,7 @@ class Stepper:
         self.input_seconds = 0.0
         self.agreed_stop: str | None = None  # the stop signal as all ranks agreed it
         self.oom_ranks: list[int] = []  # the ranks that ran out of memory in the last OOM every rank recovered from
+        self.sequence = None  # sequence parallelism: this rank's cut of each micro-batch (distributed/ulysses.py SequenceShard)
 
     def run(self, examples: list[dict], w: int, micro: int, step: int) -> tuple[float, int, float]:
         import torch
@@ -73,7 +74,7 @@ class Stepper:
                     faults.before_forward(w)
                     tc = time.perf_counter()
                     faults.slow_input()
-                    batch = {k: (v.to(self.device) if hasattr(v, "to") else v) for k, v in obj.collate(part or examples[:1]).items()}
+                    batch = self._batch(part or examples[:1])
                     self.input_seconds += time.perf_counter() - tc
                     forwarding = True
                     with torch.autocast(self.device.type, dtype=amp_dtype, enabled=self.amp):
@@ -130,11 +131,16 @@ class Stepper:
             raise oom if oom is not None else torch.OutOfMemoryError(f"out of memory on another rank ({int(ooms)} of {world} ranks)")
         return total, extras
 
+    def _batch(self, examples: list[dict]) -> dict:
+        """The collated micro-batch on the device; under sequence parallelism this rank's share of its tokens."""
+        batch = {k: (v.to(self.device) if hasattr(v, "to") else v) for k, v in self.objective.collate(examples).items()}
+        return self.sequence(batch) if self.sequence is not None else batch
+
     def _join_sync(self, examples: list[dict], amp_dtype) -> None:
         """A zero-loss micro-step that only takes part in the gradient all-reduce (after an OOM on this rank)."""
         import torch
 
-        batch = {k: (v.to(self.device) if hasattr(v, "to") else v) for k, v in self.objective.collate(examples[:1]).items()}
+        batch = self._batch(examples[:1])
         with torch.autocast(self.device.type, dtype=amp_dtype, enabled=self.amp):
             loss_sum, _ = self.objective.loss_sum(self.strategy.forward, batch)
         self.heartbeat.mark("wait")

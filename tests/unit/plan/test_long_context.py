@@ -47,12 +47,13 @@ def test_the_degree_divides_the_node_the_heads_and_the_sequence(seq, heads_ok):
     assert long_context.degrees(spec, 65536, 6) == [2]  # 3 and 6 divide neither 32 heads nor 8 kv heads
 
 
-@pytest.mark.parametrize("extra,needle", [
-    (["--set", "distributed.sequence_parallel=3"], "does not divide `data.max_length` 65536"),
-    (["--set", "distributed.sequence_parallel=2", "--set", "model.attn_implementation=eager"], "model.attn_implementation: sdpa"),
+@pytest.mark.parametrize("length,extra,needle", [
+    (65540, ["--set", "distributed.sequence_parallel=8"], "does not divide `data.max_length` 65540"),
+    (65536, ["--set", "distributed.sequence_parallel=3"], "cannot hold a sequence degree of 3"),
+    (65536, ["--set", "distributed.sequence_parallel=2", "--set", "model.attn_implementation=eager"], "model.attn_implementation: sdpa"),
 ])
-def test_a_sequence_degree_that_cannot_shard_is_one_paragraph_exit_2(capsys, extra, needle):
-    rc = main(["plan", "--model", "meta-llama/Llama-3.1-8B", "--set", "data.max_length=65536", *extra, "--gpu", "H100", "--num-gpus", "8"])
+def test_a_sequence_degree_that_cannot_shard_is_one_paragraph_exit_2(capsys, length, extra, needle):
+    rc = main(["plan", "--model", "meta-llama/Llama-3.1-8B", "--set", f"data.max_length={length}", *extra, "--gpu", "H100", "--num-gpus", "8"])
     out = " ".join(capsys.readouterr())
     assert rc == 2 and needle in out and "Traceback" not in out and "distributed.sequence_parallel" in out
 
@@ -68,7 +69,7 @@ def test_a_sequence_degree_as_set_is_planned_and_run_refuses_it_naming_the_hand_
     from trainpipe.plan.resolve import plan_run
 
     cfg = build_config({"model": {"name_or_path": "meta-llama/Llama-3.1-8B"}, "data": {"sources": [{"path": "x.jsonl"}]},
-                        "distributed": {"sequence_parallel": 2}})
+                        "method": {"name": "dpo"}, "distributed": {"sequence_parallel": 2, "strategy": "ddp"}})
     with pytest.raises(ConfigError, match="--emit torchtitan") as exc:  # `trainpipe run` plans through plan_run: exit 2
-        plan_run(cfg, Hardware("cpu", 0, (), False, 1, "test"), 1)
-    assert exc.value.exit_code == 2
+        plan_run(cfg, Hardware("cpu", 0, (), False, 1, "test"), 2, sizing=False)
+    assert exc.value.exit_code == 2 and "`method.name: sft` or `pretrain` (got `dpo`)" in str(exc.value)
