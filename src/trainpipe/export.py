@@ -270,6 +270,7 @@ def _write(tmp: Path, *, model, tokenizer, base: ModelConfig, peft: str, stop_id
     processor = vision_chat.processor_of(tokenizer)
     if processor is not None:  # a vision-language model: AutoProcessor loads the export as the base's (image settings too)
         processor.save_pretrained(tmp)
+        card = {**card, "images": vision_chat.image_settings(processor)}
     (tmp / "README.md").write_text(model_card({**card, "loading": how_to_load(peft)}), encoding="utf-8")
 
 
@@ -330,6 +331,8 @@ def model_card(card: dict) -> str:
         lines.append(f"| {k} | {b:.4g} | {v:.4g} |" if isinstance(v, (int, float)) and isinstance(b, (int, float)) else f"| {k} | {b} | {v} |")
     if card.get("chat_format"):
         lines += ["", "## Chat format", "", card["chat_format"]]
+    if card.get("images"):  # a vision-language model: the image settings its processor applies (load it with AutoProcessor)
+        lines += ["", "## Images", ""] + [f"- {k}: `{v}`" for k, v in card["images"].items()]
     if card.get("loading"):
         lines += ["", "## Loading", "", card["loading"]]
     lines += ["", "## Resolved config", "", "```json", json.dumps(card.get("config", {}), indent=2), "```", ""]

@@ -74,6 +74,9 @@ def test_lora_trains_the_language_model_only_and_the_export_generates(data_dir, 
     adapter = json.loads((run / "model" / "adapter" / "adapter_config.json").read_text())
     assert all(".language_model." in t for t in adapter["target_modules"])
 
+    card = (run / "model" / "README.md").read_text()
+    assert "## Images" in card and ("Llava" if family == "llava" else "Gemma3") in card and "- size:" in card
+
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     model = AutoModelForImageTextToText.from_pretrained(run / "model")

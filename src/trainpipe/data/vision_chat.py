@@ -63,6 +63,25 @@ def fingerprint(tokenizer) -> str | None:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+IMAGE_SETTINGS = ("size", "crop_size", "min_pixels", "max_pixels", "patch_size", "merge_size", "image_mean", "image_std", "do_pan_and_scan")
+
+
+def image_settings(proc) -> dict:
+    """What the model card says of a processor's image handling: its classes and resolution settings, image tokens."""
+    ip = getattr(proc, "image_processor", None)
+    out = {"processor": type(proc).__name__, "image_processor": type(ip).__name__ if ip is not None else None}
+    for k in IMAGE_SETTINGS:
+        v = getattr(ip, k, None)
+        if hasattr(v, "__dataclass_fields__") or isinstance(v, dict):  # transformers' SizeDict: the fields set
+            v = {f: x for f, x in (v.items() if isinstance(v, dict) else vars(v).items()) if x is not None}
+        if v is not None:
+            out[k] = list(v) if isinstance(v, tuple) else v
+    for k in ("image_token", "image_seq_length", "num_additional_image_tokens", "vision_feature_select_strategy"):
+        if getattr(proc, k, None) is not None:
+            out[k] = getattr(proc, k)
+    return out
+
+
 # ------------------------------------------------------------------------------ reading: records -> examples with images
 
 
