@@ -37,7 +37,7 @@ ALLOWED: dict[str, dict[str, str]] = {
     "distributed/env.py": {"silence_console": "opens os.devnull for writing (no file is written)"},
     "evaluate/gates.py": {"mark_model": STAGING + " (the exported model's card, redacted)", "write_review_samples": RUN_FOLDER + " (redacted)"},
     "events.py": {"emit": RUN_FOLDER + " (events.jsonl, appended; every line redacted)"},
-    "export.py": {"_move_into": STAGING, "_replace": STAGING, "_write": STAGING, "export_folder": STAGING, "export_model": STAGING},
+    "export.py": {"_move_into": STAGING, "_replace": STAGING, "_write": STAGING, "save_tokenizer": STAGING, "export_folder": STAGING, "export_model": STAGING},
     "export_family.py": {"export_supervised": STAGING, "write_beside": STAGING + " (a run's sealed `model/` rebuilt between rundir.begin and rundir.seal)"},
     "export_gguf.py": {"write_gguf": "a temporary file beside the GGUF path checked by ownership.check_writable, then renamed"},
     "model/checkpoints.py": {"_guarded.run": RUN_FOLDER, "interop_writer.write": RUN_FOLDER, "interop_writer.write_full": RUN_FOLDER,

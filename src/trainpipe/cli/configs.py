@@ -74,3 +74,39 @@ def track_sync(
     reg = state.get("registered")
     ui.console().print(f"synced {run_dir} -> {state['backend']} {state.get('uri')}: run {state.get('run_id')}, {state.get('metrics_logged')} metric records"
                        + (f", model {reg['name']} v{reg['version']}" if reg else ""), markup=False, soft_wrap=True)
+
+
+@config_app.command("import")
+def config_import(
+    file: Annotated[Path, typer.Argument(help="A LLaMA-Factory or axolotl training YAML.", show_default=False)],
+    dataset_info: Annotated[Optional[Path], typer.Option("--dataset-info", help="LLaMA-Factory's dataset_info.json (default: `<dataset_dir>/dataset_info.json` beside FILE).")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the trainpipe config here instead of printing it.")] = None,
+) -> None:
+    """Convert a LLaMA-Factory or axolotl training config to a trainpipe run config: each key by its meaning (cutoff_len ->
+    data.max_length, max_samples -> data.sources[].max_records, stage -> method.name, adapter -> method.peft, ...), the
+    datasets through dataset_info.json, and a list of what could not be converted, with why."""
+    import yaml
+
+    from trainpipe import ownership
+    from trainpipe.config import build_config
+    from trainpipe.config.importer import import_config
+    from trainpipe.errors import ConfigError
+
+    if not file.is_file():
+        raise ConfigError(f"`{file}` is not a file; give a LLaMA-Factory or axolotl training YAML.")
+    cfg, tool, notes, lost = import_config(file, dataset_info)
+    head = [f"# converted from {tool} config {file.name} by `trainpipe config import`"]
+    head += [f"#   {n}" for n in notes]
+    if lost:
+        head += [f"# not converted ({len(lost)}):"] + [f"#   {x}" for x in lost]
+    try:
+        build_config(cfg)
+        head.append("# valid: `trainpipe config validate` accepts it")
+    except ConfigError as exc:
+        head += ["# NOT yet valid, fix before `trainpipe run`:"] + [f"#   {p}" for p in (exc.problems or [str(exc)])]
+    text = "\n".join(head) + "\n" + yaml.safe_dump(cfg, sort_keys=False, default_flow_style=None, width=100)
+    if output is not None:
+        ownership.write_text(output, text, what="the converted config", reads=[(file, "the config to convert")])
+        typer.echo(f"{output}: {tool} config converted ({len(lost)} setting(s) not converted, listed at its top)")
+    else:
+        typer.echo(text, nl=False)

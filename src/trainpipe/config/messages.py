@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from trainpipe.config.foreign import FOREIGN_NAMES
 from trainpipe.config.run import RunConfig
 from trainpipe.errors import ConfigError
 
@@ -79,6 +80,12 @@ def _moved_key_hint(loc: tuple) -> str | None:
     """A key trainpipe does not take where it was written: the trainpipe key it is (an HF TrainingArguments / TRL /
     PEFT name, or a trainpipe key in another section), as `; ...` to append to the error, or None."""
     name, here = str(loc[-1]), _dotted(loc)
+    if len(loc) == 1 and name in FOREIGN_NAMES:  # a LLaMA-Factory / axolotl key: its meaning, not a near spelling
+        path, note = FOREIGN_NAMES[name]
+        tail = "; `trainpipe config import FILE.yaml` converts a whole LLaMA-Factory or axolotl config"
+        if path is None:
+            return f"; `{name}` is a LLaMA-Factory/axolotl setting trainpipe does not need: {note}{tail}"
+        return f"; `{name}` is a LLaMA-Factory/axolotl key: in trainpipe it is `{path}` ({note}){tail}" if note else f"; `{name}` is a LLaMA-Factory/axolotl key: in trainpipe it is `{path}`{tail}"
     elsewhere = sorted((p for p in _all_keys().get(name, []) if p != here and not p.startswith(("stages.", "method.adapters."))), key=lambda p: p.count("."))
     if elsewhere:
         section = elsewhere[0].rpartition(".")[0]
