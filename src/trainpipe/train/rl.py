@@ -84,6 +84,8 @@ def run(ctx: RunContext) -> dict:
                           "Use `distributed.strategy: ddp` (or one process), or `algorithm: grpo`.")
     if cfg.data.packing == "pack":
         raise ConfigError("`method.name: rl` samples completions of single prompts, but `data.packing: pack` joins several examples into one row. Set `data.packing: none`.")
+    for r in [*data.train, *data.eval]:  # every row has a prompt, or one paragraph says what removed it
+        prompt_ids(r, max_length=cfg.data.max_length, truncation=cfg.data.truncation)
     ev_prompts = [prompt_ids(r) for r in data.eval][: cfg.eval.max_samples or None]
 
     # 1. reward (checked before any weights load), policy (+ PEFT) and reference

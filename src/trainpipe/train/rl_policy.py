@@ -33,12 +33,20 @@ from trainpipe.train.rollout import generate_rollout, prompt_seeds
 Reward = Callable[[list[str], list[str], list[list[int]], list[list[int]]], list[float]]
 
 
-def prompt_ids(row: dict) -> list[int]:
-    """The prompt of a data row: `prompt_input_ids` (preference, KTO), or the tokens of an SFT row before its first labelled token."""
+def prompt_ids(row: dict, *, max_length: int | None = None, truncation: str = "auto") -> list[int]:
+    """The prompt of a data row: `prompt_input_ids` (preference, KTO), or the tokens of an SFT row before its first labelled
+    token. A row with none is a DataError that blames what removed it: truncation when the row is `max_length` long
+    (a truncated conversation keeps its end), else the data (raw text, or `train_on: all`)."""
     if row.get("prompt_input_ids") is not None:
         return list(row["prompt_input_ids"])
     labels = row["labels"]
     k = next((i for i, x in enumerate(labels) if x != IGNORE_INDEX), len(labels))
+    if k == 0 and max_length and len(labels) >= max_length and truncation != "drop":
+        raise DataError(
+            f"`method.name: rl` needs a prompt in every row, but `data.truncation: {truncation}` cut a conversation to its last "
+            f"{max_length} tokens (`data.max_length`), which left only the reply: there is no prompt to complete. The data format "
+            "is fine. Raise `data.max_length`, or set `data.truncation: drop` so that such records are dropped and counted."
+        )
     if k == 0:
         raise DataError(
             "`method.name: rl` needs prompts, but a data row carries loss on its very first token (raw text, or "
