@@ -21,12 +21,19 @@ def trace_module_step(build: Callable[[], object], loss_of: Callable[[object, di
                       fake: bool = True) -> dict:
     """{"peak_bytes", "weights_bytes", "parameters", "trainable", "micro_batch", "seconds"} of ``steps`` traced steps.
     ``fake=False`` runs the same program on real (zero) tensors, to check the tracer."""
+    import torch
+
+    t0 = time.time()
+    with torch.random.fork_rng(devices=[]):  # the trace draws nothing from the run's random streams (a factory may seed)
+        return _trace(build, loss_of, batch, steps, fake, t0)
+
+
+def _trace(build, loss_of, batch: dict, steps: int, fake: bool, t0: float) -> dict:
     import contextlib
 
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    t0 = time.time()
     with torch.device("meta"):
         model = build()
     parameters = sum(p.numel() for p in model.parameters())
