@@ -6,7 +6,8 @@ cores). The pipeline is two steps of one's own (no torch: the orchestration is w
 pipeline is tests/e2e/test_custom_pipeline.py). Each task runs `trainpipe pipeline step` with the project's venv.
 
 The guarantees: Airflow's DagBag loads the DAG file without import errors, with one task per step, the upstream links,
-the retries and the schedule of the config; `airflow dags test` runs it to success and the steps' outputs are right;
+the retries and the schedule of the config, and in Kubernetes mode one KubernetesPodOperator per step with its image,
+resources and workspace claim; `airflow dags test` runs it to success and the steps' outputs are right;
 a local Prefect run (ephemeral API) completes, and a second run reuses every step (nothing re-runs, the cache has no new
 entry); the Vertex PipelineJob body validates against the PipelineJob schema and names placeholders, not accounts.
 """
@@ -22,6 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+import trainpipe
 from trainpipe.cli import main
 
 pytestmark = pytest.mark.e2e
@@ -80,6 +82,15 @@ def test_airflow_loads_and_runs_the_dag(project):
     got = json.loads(next(x for x in done.stdout.splitlines() if x.startswith("RESULT"))[6:])
     assert got == {"errors": {}, "schedule": "30 2 * * 1",
                    "tasks": {"shout": [2, [], "BashOperator"], "count": [0, ["shout"], "BashOperator"]}}, done.stderr[-3000:]
+    # the same file in Kubernetes mode: one pod per step in the pinned image, the step's resources, the workspace claim
+    kube = probe.replace("[t.retries, sorted(t.upstream_task_ids), type(t).__name__]",
+                         "[type(t).__name__, t.image, t.arguments, t.container_resources.limits, t.volumes[0].persistent_volume_claim.claim_name]")
+    done = subprocess.run([str(py), "-c", kube], env={**env, "TRAINPIPE_AIRFLOW_MODE": "kubernetes"}, capture_output=True, text=True, timeout=300)
+    got = json.loads(next(x for x in done.stdout.splitlines() if x.startswith("RESULT"))[6:])
+    image = f"trainpipe:{trainpipe.__version__}"
+    assert got["errors"] == {} and got["tasks"] == {
+        "shout": ["KubernetesPodOperator", image, ["pipeline", "step", "/workspace/pipeline/p.yaml", "shout"], {"cpu": "1.0", "memory": "2Gi"}, "trainpipe-orch-workspace"],
+        "count": ["KubernetesPodOperator", image, ["pipeline", "step", "/workspace/pipeline/p.yaml", "count"], {"cpu": "2.0", "memory": "1Gi"}, "trainpipe-orch-workspace"]}
     for argv in (["db", "migrate"], ["dags", "test", "trainpipe-orch"]):
         done = subprocess.run([str(py), "-m", "airflow", *argv], env=env, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
