@@ -40,6 +40,8 @@ class TuneConfig(_Section):
     """Stop when the next trial would exceed this spend, each trial priced by the planner on `tune.gpu`."""
     gpu: str | None = None
     """The GPU type trials are priced on (default: this machine's GPU)."""
+    max_params: float | None = Field(default=None, gt=0)
+    """Largest model a trial may build, in parameters (e.g. 5e4): a trial whose model (its `model.args`: the tabular MLP or `model.factory`'s module built on the CPU; a text model as the planner sizes it) has more is never started, pruned with its count."""
     max_memory_gib: float | None = Field(default=None, gt=0)
     """Memory a trial may plan to use per device (default: the GPU's memory less headroom, or the CPU share of the RAM); trials whose plan needs more are never started."""
     sampler: Literal["tpe", "gp", "cmaes", "random", "grid", "qmc"] = "tpe"

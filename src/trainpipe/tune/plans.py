@@ -8,6 +8,8 @@ import os
 from typing import Any
 
 from trainpipe.config import RunConfig, TuneConfig, build_config
+from trainpipe.config.family import resolve_family
+from trainpipe.model.custom import build_module
 from trainpipe.plan import compute as C
 from trainpipe.plan import decisions as D
 from trainpipe.plan.request import _data_size
@@ -15,6 +17,7 @@ from trainpipe.plan.gpus import find_gpu
 from trainpipe.plan.hardware import Hardware, detect
 from trainpipe.plan.resolve import CPU_MEMORY_SHARE, PLAN_METHOD, _ram_bytes, catalog_gpu, model_spec, resolve
 from trainpipe.plan.run_plan import plan_run
+from trainpipe.train import supervised
 
 
 
@@ -114,3 +117,33 @@ def price_steps(cfg, gpu: str | None, gpus: int, steps: int) -> dict | None:
     comp = C.compute(spec, PLAN_METHOD.get(rc.method.peft, "lora"), float(tokens), seq, bool(rc.training.gradient_checkpointing), g, gpus,
                      plan.precision.value, None, mem.get("trainable_params"), 1)
     return {"gpu": g.name, "gpus": gpus, "hours": comp.hours, "usd": comp.hours * g.on_demand_usd * gpus, "tokens": tokens}
+
+
+def parameter_count(cfg: RunConfig) -> int | None:
+    """The parameters of the model a trial's config builds, counted before it trains: the tabular MLP (after the table's data
+    step, for its input sizes) or `model.factory`'s module, built on the CPU; a text model's from the planner's model spec;
+    None when trainpipe cannot tell (an image backbone, a text model the planner cannot size)."""
+    family, _ = resolve_family(cfg.model, cfg.data)
+    if family in ("tabular", "custom"):
+        if cfg.model.factory is not None:
+            model = build_module(cfg.model.factory, dict(cfg.model.args))
+        else:
+            model, _ = supervised.build_model(cfg, supervised.prepare(cfg))
+        return int(sum(p.numel() for p in model.parameters()))
+    if family == "text":
+        try:
+            spec = model_spec(cfg)
+        except Exception:  # noqa: BLE001 - a model the planner cannot size: not counted
+            return None
+        return int(spec.total_params) if spec is not None else None
+    return None
+
+
+def too_big(cfg: RunConfig, t: TuneConfig) -> tuple[int | None, str | None]:
+    """(the trial's parameter count, why it is not started) under `tune.max_params`; (None, None) without the constraint."""
+    if t.max_params is None:
+        return None, None
+    n = parameter_count(cfg)
+    if n is not None and n > t.max_params:
+        return n, f"{n:,} parameters, above `tune.max_params` {t.max_params:,.0f}"
+    return n, None

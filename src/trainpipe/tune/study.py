@@ -302,7 +302,7 @@ def no_winner(out: dict, trials, study_dir: Path) -> str:
     if errors:
         why.append(f"the first failure: {errors[0].splitlines()[0][:300]}")
     if skipped:
-        why.append(f"{skipped} never started because their plan did not fit (`tune.max_memory_gib`)")
+        why.append(f"{skipped} never started: their plan did not fit (`tune.max_memory_gib`) or their model was above `tune.max_params`")
     if out["states"].get("pruned", 0) > skipped:
         why.append(f"the `{out['pruner']}` pruner stopped {out['states']['pruned'] - skipped} at an in-training eval")
     return (f"study `{out['study']}` ended without a best trial: none of its {len(trials)} trials finished ({states}); "

@@ -53,7 +53,7 @@ from trainpipe.train.callbacks import EvalHook
 from trainpipe.train.errors import StopTrial
 from trainpipe.tune import leaderboard as LB
 from trainpipe.tune import space as S
-from trainpipe.tune.plans import _this_gpu, plan_fits, price_trial  # noqa: F401 - _this_gpu: automl's and the tests' way in
+from trainpipe.tune.plans import _this_gpu, plan_fits, price_trial, too_big  # noqa: F401 - _this_gpu: automl's and the tests' way in
 from trainpipe.tune.study import (
     OBJECTIVE_ATTR, SPACE_ATTR, StudyRun, TuneError, check_study, create_study, distinct_per_trial, fresh_study_name, make_pruner,
     make_sampler, no_winner, open_storage, storage_url, study_identity, trial_output,
@@ -239,6 +239,12 @@ class Objective:
         if price:
             trial.set_user_attr("cost_usd", round(price["usd"], 6))
             trial.set_user_attr("planned_hours", price["hours"])
+        size, big = too_big(cfg, self.t)  # `tune.max_params`: the model is built and counted, not trained
+        if big:
+            trial.set_user_attr("parameters", size)
+            trial.set_user_attr("skipped", f"too large: {big}")
+            con.print(f"  [yellow]trial {trial.number} not started:[/] {big}", markup=True, highlight=False)
+            raise optuna.TrialPruned(f"too large: {big}")
         fits, why, plan = plan_fits(cfg, self.t)
         trial.set_user_attr("plan_memory", why)
         if not fits:  # never started: no run directory, no weights loaded
