@@ -270,7 +270,7 @@ def prepare_images(data_cfg, *, seed: int) -> ImageData:
                         "remove them, or set `data.on_error: skip` to drop them (each is then named with its reason in data_report.json). "
                         "Nothing was trained.")
     items = [it for it in reader.items if it.get("size")]
-    pool, held, dup = _dedup(items)
+    pool, held, dup = _dedup(items, exact=data_cfg.dedup.exact)
     train, ev, te, small = _split(pool, held, data_cfg, seed)
     held_hash = {it["sha256"]: it["name"] for it in ev + te}
     leak = [{"name": it["name"], "same_as": held_hash[it["sha256"]]} for it in train if it["sha256"] in held_hash]
@@ -289,8 +289,9 @@ def prepare_images(data_cfg, *, seed: int) -> ImageData:
     return ImageData(*splits, labels=labels, report=report)
 
 
-def _dedup(items: list[dict]) -> tuple[list[dict], dict[str, list[dict]], list[dict]]:
-    """(training pool, {eval|test: items}, dropped duplicates): the first copy of each exact image is kept within a role."""
+def _dedup(items: list[dict], exact: bool = True) -> tuple[list[dict], dict[str, list[dict]], list[dict]]:
+    """(training pool, {eval|test: items}, dropped duplicates): the first copy of each exact image is kept within a role
+    (`data.dedup.exact: false`: every copy is kept; an image in both training and eval/test is still leakage)."""
     seen: dict[tuple[str, str], dict] = {}
     pool: list[dict] = []
     held: dict[str, list[dict]] = {"eval": [], "test": []}
@@ -299,7 +300,7 @@ def _dedup(items: list[dict]) -> tuple[list[dict], dict[str, list[dict]], list[d
         it["sha256"] = hashlib.sha256(it["data"]).hexdigest()
         role = it["role"]
         first = seen.get((role, it["sha256"]))
-        if first is not None:
+        if first is not None and exact:
             note = "" if first["label"] == it["label"] else f" (labelled `{it['label']}` here, `{first['label']}` there: the first label is kept)"
             dup.append({"name": it["name"], "same_as": first["name"], "reason": "exact duplicate" + note})
             continue

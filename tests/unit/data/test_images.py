@@ -63,6 +63,8 @@ def test_every_file_is_accounted_for_by_name(tmp_path):
     assert r["class_counts"]["eval"] == {"a": 1, "b": 1}  # stratified by class
     assert sum(r["class_counts"]["train"].values()) == 10
     json.dumps(r)  # the report is JSON
+    kept = prepare_images(cfg({"path": str(root)}, eval_split=2, on_error="skip", dedup={"exact": False}), seed=0)
+    assert kept.report["duplicates"]["exact"] == 0 and len(kept.train) + len(kept.eval) == 13
 
 
 def test_bad_files_stop_the_run_by_default_naming_them(tmp_path):
