@@ -97,10 +97,11 @@ def test_sequence_parallel_2_equals_one_process(tmp_path):
 
 def test_trainpipe_run_with_sequence_parallel_2_equals_one_process(tmp_path, base):  # noqa: F811 - `base` is a fixture
     """The loop itself: `trainpipe run --nproc-per-node 2` with `distributed.sequence_parallel: 2` (one data-parallel rank whose
-    sequences are split over both processes) ends with the weights one process reaches on the same batches."""
+    sequences are split over both processes) ends with the weights one process reaches on the same batches, and a preempted
+    and resumed sequence-parallel run ends bit-identical to the uninterrupted one."""
     import yaml
 
-    from test_distributed import events, finish, launch, max_diff, newest_weights, sft_config
+    from test_distributed import events, finish, launch, max_diff, newest_weights, sft_config, sigterm_one_worker
     from trainpipe.cli import main
 
     common = {"data.packing": "none", "training.max_steps": 4, "training.save_steps": 2, "training.eval_steps": 2}
@@ -119,3 +120,13 @@ def test_trainpipe_run_with_sequence_parallel_2_equals_one_process(tmp_path, bas
     assert started["effective_batch"] == 8  # micro-batch 4 x accumulation 2 x data-parallel degree 1 (not the 2 processes)
     man = json.loads((run2 / "manifest.json").read_text())
     assert man["distributed"]["topology"] == {"dp_replicate": 1, "dp_shard": 1, "cp": 2, "tp": 1}
+    # preempted after its step-2 checkpoint (SIGTERM to rank 1: every rank stops at one step, exit 75), then resumed: the
+    # same weights, to the bit, as the uninterrupted sequence-parallel run
+    three = sft_config(tmp_path / "three", base, **common, **{"training.resume": "auto", "distributed.sequence_parallel": 2})
+    run3 = Path(yaml.safe_load(three.read_text())["output_dir"])
+    sigterm_one_worker(three, run3, 0.4)
+    rc, out = finish(launch(three))
+    assert rc == 0, out[-3000:]
+    assert any(e["event"] == "checkpoint_resumed" for e in events(run3))
+    a, b = newest_weights(run3), newest_weights(run2)
+    assert all(torch.equal(a[k], b[k]) for k in a), "the resumed sequence-parallel run differs from the uninterrupted one"
