@@ -146,6 +146,7 @@ def test_example_learns_and_its_export_predicts_what_the_final_eval_measured(tmp
     assert p.returncode == 0, out[-2000:]
     rows = (tmp_path / "pred.csv").read_text().splitlines()[1:]
     assert [r.split(",")[1] for r in rows] == pred[:30]
+    assert main(["export", str(run), "--out", str(tmp_path / "again")]) == 2  # re-export is for causal LMs: said, not a tokenizer error
 
 
 # ------------------------------------------------------------------------------ equalities

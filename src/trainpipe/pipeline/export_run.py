@@ -20,6 +20,7 @@ from pathlib import Path
 
 
 from trainpipe.config import build_config, read_yaml, RunConfig
+from trainpipe.config.family import resolve_family
 from trainpipe.data.tokenize import end_of_turn_ids, setup_chat_template
 from trainpipe.errors import RunDirError, TrainpipeError
 from trainpipe.evaluate.gates import mark_model
@@ -113,6 +114,11 @@ def pick_checkpoint(run_dir: Path, name: str):
 def export_single(run_dir: Path, *, out: str | Path | None = None, checkpoint: str | None = None) -> Path:
     cfg = _resolved_config(run_dir)
     gates_block = _gates_block(run_dir) if not checkpoint else None  # a damaged gates.json stops before anything is written
+    family = resolve_family(cfg.model, cfg.data)[0]
+    if family != "text":
+        raise TrainpipeError(f"`trainpipe export` re-exports causal-LM runs; `{run_dir}` is a `{family}` run, whose `model/` `trainpipe run` "
+                             "wrote at its end (an image run: a transformers folder with its image processor; tabular and custom runs: "
+                             f"add ONNX with `trainpipe export {run_dir} --onnx`). Use that folder, or train again with `--overwrite`.")
     if cfg.method.name not in EXPORTABLE or cfg.method.pretrain.new_tokens:
         raise TrainpipeError(f"`trainpipe export` re-exports causal-LM runs ({', '.join(EXPORTABLE)}, without new tokens); this run is `{cfg.method.name}`. "
                              "Its `model/` was written by `trainpipe run`; rerun with `--resume` to write it again.")
