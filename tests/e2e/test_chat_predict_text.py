@@ -53,14 +53,14 @@ def test_predict_writes_one_reply_per_record(exported, tmp_path, capsys):
             {"messages": [{"role": "user", "content": "Say hello."}, {"role": "assistant", "content": "hello"}]},
             {"prompt": "Count to three."}]
     data.write_text("".join(json.dumps(r) + "\n" for r in recs))
-    assert main(["predict", str(run), "--data", str(data)]) == 0
+    assert main(["predict", str(run), "--data", str(data), "--max-new-tokens", "16"]) == 0
     out = tmp_path / "ask.predictions.jsonl"
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     assert len(rows) == 3 and all(isinstance(r["prediction"], str) for r in rows)
     assert rows[0]["output"] == "stone river apple"  # the record is kept beside its prediction
     asked = [[{"role": "user", "content": "Reverse the order of the words.\n\napple river stone"}], [{"role": "user", "content": "Say hello."}],
              [{"role": "user", "content": "Count to three."}]]
-    assert [r["prediction"] for r in rows] == [_reference(exported, m, 256) for m in asked]
+    assert [r["prediction"] for r in rows] == [_reference(exported, m, 16) for m in asked]
     data.write_text('{"question": 3}\n')
     assert main(["predict", str(run), "--data", str(data)]) == 2
     assert "line 1" in capsys.readouterr().out

@@ -14,6 +14,7 @@ from trainpipe.cli._app import app
 def predict(
     run_dir: Annotated[Path, typer.Argument(help="A finished run directory (or its exported `model/` folder).", show_default=False)],
     data: Annotated[Path, typer.Option("--data", help="The rows to predict: a CSV/TSV, Parquet or JSONL file with the columns the model was trained on; for a text model JSONL records (`messages`, `instruction`, `prompt` or `text`).", show_default=False)],
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1, help="Text models: the longest reply generated per record, in tokens.")] = 256,
     out: Annotated[Optional[Path], typer.Option("--out", help="Where to write the predictions (CSV; JSONL for a text model). Default: `<data>.predictions.csv` (`.jsonl`) beside the data file.")] = None,
 ) -> None:
     """Predict with a run's exported model, by its family: tables and custom modules with the preprocessing fitted at
@@ -37,5 +38,5 @@ def predict(
         raise ConfigError(f"`--data {data}` is not a file; give a CSV/TSV, Parquet or JSONL file with the model's input columns"
                           + (" (or, for an image model, an image file or a folder of images)." if name == "image" else "."))
     target = out if out is not None else data.with_name(data.stem + (".predictions.jsonl" if name == "text" else ".predictions.csv"))
-    res = fam.predict(run_dir, data, target)
+    res = fam.predict(run_dir, data, target) if name != "text" else fam.predict(run_dir, data, target, max_new_tokens=max_new_tokens)
     typer.echo(f"predicted {res['rows']} rows ({res['family']}, {res['task']}): {res['out']}")
