@@ -27,7 +27,7 @@ def _run(tmp: Path, base: Path, name: str, steps: int = 12, **method) -> Path:
         "method": {"peft": "lora", "lora": {"r": 8, "alpha": 16, "dropout": 0.0}, **method},
         "training": {"max_steps": steps, "eval_steps": steps // 2, "logging_steps": steps // 2, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 1,
                      "learning_rate": 3e-3, "early_stopping_patience": None},
-        "eval": {"metrics": ["loss"]}, "gates": {"on_fail": "warn"},
+        "eval": {"metrics": ["loss", "exact_match"], "max_new_tokens": 3}, "gates": {"on_fail": "warn"},
         "output_dir": str(tmp / name),
     }
     (tmp / f"{name}.yaml").write_text(yaml.safe_dump(cfg))
@@ -65,6 +65,9 @@ def test_lora_trains_the_language_model_only_and_the_export_generates(data_dir, 
     run = _run(tmp, model_dir, f"lora_{family}")
     summary = json.loads((run / "summary.json").read_text())
     assert summary["final"]["loss"] < summary["baseline"]["loss"] - 0.3
+    # the held-out answers are generated from the images (the processor batches them) before and after training
+    assert summary["metric_examples"]["exact_match"] == 12 and 0.0 <= summary["final"]["exact_match"] <= 1.0
+    assert all(isinstance(x["prediction"], str) and x["reference"] in ("red", "green", "blue", "yellow") for x in summary["samples"])
     report = json.loads((run / "data_report.json").read_text())
     assert report["records_read"] == 72 and report["splits"]["train"]["images"] == report["splits"]["train"]["records"]
     lang0, vis0 = _split(_weights(model_dir))

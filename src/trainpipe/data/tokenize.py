@@ -114,7 +114,8 @@ def _encode_batch(tokenizer, tpl: Template, examples: list[dict], *, train_on: s
         proc, ex = vision_chat.processor_of(tokenizer), examples[i]
         row, reason = (vision_chat.encode(proc, ex, train_on=train_on, max_length=max_length, min_tokens=min_tokens) if ex["kind"] == "sft"
                        else vision_chat.encode_pair(proc, ex, max_length=max_length, min_tokens=min_tokens))
-        out[i] = Encoded(row, reason)
+        gen = vision_chat.generation(proc, ex) if with_generation and row is not None and ex["kind"] == "sft" else None
+        out[i] = Encoded(row, reason, False, gen)
     sft, pairs = _render(tokenizer, tpl, examples, train_on, skip=set(vision))
     if sft:
         sft_i, sft_texts, sft_spans = zip(*sft)

@@ -270,6 +270,21 @@ def image_token_ids(proc) -> set[int]:
     return {i for i in ids if isinstance(i, int) and i != getattr(tok, "unk_token_id", None)}
 
 
+def generation(proc, ex: dict) -> dict:
+    """The eval split's generation prompt of a conversation (its last assistant turn's): the processor's rendering up to
+    the generation prompt, the reference reply, and the images shown before it (base64 PNGs)."""
+    msgs = ex["messages"]
+    last = max(i for i, m in enumerate(msgs) if m["role"] == "assistant")
+    shown = sum(m["content"].count(IMAGE) for m in msgs[:last])
+    return {"prompt": _render(proc, msgs[:last], True), "reference": msgs[last]["content"], "images": list(ex.get("images") or [])[:shown]}
+
+
+def prompt_batch(proc, prompts: list[str], images: list[list[str]]):
+    """A left-padded generation batch of rendered prompts with their images (base64 PNGs, in order), for `generate`."""
+    nested = [decode({"images": ims}) for ims in images]  # one list per prompt (Gemma 3 counts them per sample)
+    return proc(text=prompts, images=nested if any(nested) else None, return_tensors="pt", padding=True, add_special_tokens=False)
+
+
 def encode(proc, ex: dict, *, train_on: str, max_length: int, min_tokens: int) -> tuple[dict | None, str | None]:
     """(the row of one conversation with images, or None and the drop reason)."""
     import torch

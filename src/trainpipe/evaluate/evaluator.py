@@ -49,10 +49,12 @@ def eval_loss(model, examples: list[dict], *, batch_size: int, pad_id: int, adva
     return {"loss": mean, "perplexity": math.exp(min(mean, 50.0)), "loss_tokens": count}
 
 
-def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, batch_size: int, stop_ids: list[int], advance: Callable[[int], None] | None = None) -> list[str]:
+def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, batch_size: int, stop_ids: list[int], advance: Callable[[int], None] | None = None,
+             images: list[list[str]] | None = None) -> list[str]:
     """Greedy generations for ``prompts`` (left-padded batches), cut at the first stop token. Prompt- and
     prefix-tuned models decode one prompt at a time: left padding between the virtual tokens and the prompt would
-    shift the prompt's positions away from those training used (and PEFT's own `generate` drops a prefix)."""
+    shift the prompt's positions away from those training used (and PEFT's own `generate` drops a prefix).
+    ``images``: each prompt's images (a vision-language model's eval split, data/vision_chat.py), batched by its processor."""
     import torch
     from transformers import GenerationConfig
 
@@ -72,7 +74,10 @@ def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, batch
         with torch.no_grad():
             for i in range(0, len(prompts), batch_size):
                 chunk = prompts[i : i + batch_size]
-                enc = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+                if images is not None:
+                    enc = vision_chat.prompt_batch(vision_chat.processor_of(tokenizer), chunk, images[i : i + batch_size]).to(device)
+                else:
+                    enc = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
                 if virtual == "PREFIX_TUNING":
                     rows = [greedy_with_prefix(model, enc["input_ids"], max_new_tokens, stop_ids)]
                 else:
@@ -146,6 +151,7 @@ def evaluate_lm(model, tokenizer, data, ev, *, batch_size: int, stop_ids: list[i
             preds = generate(
                 model, tokenizer, [g["prompt"] for g in gens], max_new_tokens=ev.max_new_tokens,
                 batch_size=batch_size * 4, stop_ids=stop_ids, advance=lambda n: bar.advance(task, n),
+                images=[g.get("images") or [] for g in gens] if vision_chat.processor_of(tokenizer) is not None else None,
             )
         refs = [g["reference"] for g in gens]
         if "exact_match" in ev.metrics:
