@@ -40,6 +40,31 @@ def not_a_module(**kw):
 
 def wrong_width(**kw):
     return nn.Linear(4, 7)
+
+class Block(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.lin = nn.Linear(width, width)
+
+    def forward(self, x):
+        return x + torch.tanh(self.lin(x))
+
+class Blocks(nn.Module):
+    _no_split_modules = ["Block"]  # what FSDP shards one by one (transformers' convention)
+
+    def __init__(self, hidden, classes):
+        super().__init__()
+        self.inp, self.blocks, self.out = nn.Linear(4, hidden), nn.ModuleList(Block(hidden) for _ in range(2)), nn.Linear(hidden, classes)
+
+    def forward(self, x):
+        h = self.inp(x)
+        for b in self.blocks:
+            h = b(h)
+        return self.out(h)
+
+def blocks(hidden=16, classes=3):
+    torch.manual_seed(0)
+    return Blocks(hidden, classes)
 '''
 
 DATA = '''
@@ -152,3 +177,20 @@ def test_custom_module_recovers_from_an_oom_and_a_nan(tmp_path):
     assert any(e["event"] == "rolled_back" for e in ev)
     s = json.loads((tmp_path / "faulty" / "summary.json").read_text())
     assert s["final"]["accuracy"] > s["trivial"]["majority_accuracy"] + 0.1
+
+
+def test_custom_module_under_fsdp_equals_one_process(tmp_path):
+    """FSDP2 shards your module over 2 gloo processes (the blocks its class lists in `_no_split_modules`, then the root);
+    the trained weights equal one process's."""
+    one = write(tmp_path, "one", **{"model.factory": "net.py:blocks"})
+    assert main(["run", str(one)]) == 0
+    two = write(tmp_path, "fsdp", **{"training.per_device_train_batch_size": 4, "model.factory": "net.py:blocks"})
+    mapping = yaml.safe_load(two.read_text())
+    mapping["distributed"] = {"strategy": "fsdp"}
+    two.write_text(yaml.safe_dump(mapping))
+    rc, out = finish(launch(two), timeout=400)
+    assert rc == 0, out[-3000:]
+    started = next(e for e in events(tmp_path / "fsdp") if e["event"] == "training_started")
+    assert started["world_size"] == 2 and started.get("strategy", "fsdp") == "fsdp"
+    diff = max_diff(newest_weights(tmp_path / "one"), newest_weights(tmp_path / "fsdp"))
+    assert diff < 1e-5, diff
