@@ -302,7 +302,8 @@ def encode(proc, ex: dict, *, train_on: str, max_length: int, min_tokens: int) -
         before = sum(m["content"].count(IMAGE) for m in msgs[:k])
         upto = before + msgs[k]["content"].count(IMAGE)
         start = len(_call(proc, _render(proc, msgs[:k], True), images[:before])["input_ids"][0])
-        end = len(_call(proc, _render(proc, msgs[: k + 1], False), images[:upto])["input_ids"][0])
+        # the reply through its end-of-turn token; the whitespace a template writes after it carries no loss (as for text)
+        end = len(_call(proc, _render(proc, msgs[: k + 1], False).rstrip(), images[:upto])["input_ids"][0])
         spans.append((start, min(end, len(ids))))
     for a, b in spans:
         labels[a:b] = ids[a:b]

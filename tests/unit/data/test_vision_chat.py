@@ -59,7 +59,7 @@ def test_llamafactory_layout_masks_all_but_the_answer_and_counts_images(tmp_path
         assert sum(1 for t in r["input_ids"] if t == image_id) == 4
         assert all(lab == IGNORE_INDEX for t, lab in zip(r["input_ids"], r["labels"]) if t == image_id)
         trained = tok.decode([lab for lab in r["labels"] if lab != IGNORE_INDEX])
-        assert trained.split("<|im_end|>")[0] in ("red", "green", "blue", "yellow")
+        assert trained in ("red<|im_end|>", "green<|im_end|>", "blue<|im_end|>", "yellow<|im_end|>")  # the answer and its end of turn
     shown = plain_example(inspect_examples(data, tok, n=1)[0])  # `data inspect`: only the answer between « and »
     assert shown.count("«") == 1 and QUESTION in shown.split("«")[0] and "<image>" in shown.split("«")[0]
 
@@ -195,6 +195,6 @@ def test_parquet_image_bytes_and_several_images_over_several_turns(tmp_path, lla
     for r in _rows(data):
         assert sum(1 for t in r["input_ids"] if t == image_id) == 8  # two images, 4 tokens each
         trained = tok.decode([lab for lab in r["labels"] if lab != IGNORE_INDEX])
-        assert trained.replace("<|im_end|>", "|").replace("\n", "") == "red|blue|"  # both answers, nothing else
+        assert trained == "red<|im_end|>blue<|im_end|>"  # both answers with their end of turn, nothing else
     batch = PadCollator(tok.pad_token_id)(_rows(data)[:2])
     assert tuple(batch["pixel_values"].shape) == (4, 3, 28, 28)
