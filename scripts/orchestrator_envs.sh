@@ -5,7 +5,7 @@
 # scripts/constraints-<name>.txt; trainpipe is not installed there: the compiled DAG / flow runs the project venv's
 # `python -m trainpipe.cli pipeline step ...` for each task. The tests call `<env>/bin/python -m airflow` / `<env>/bin/python`.
 #   bash scripts/orchestrator_envs.sh [airflow] [prefect]     (default: both; an existing env is kept)
-# Measured on 2 busy CPU cores: Airflow ~5 min (30 s of it the Kubernetes provider), Prefect ~4 min (first time; nothing afterwards).
+# Measured here (2 shared CPU cores): Airflow 160-300 s, Prefect 80-230 s the first time (less with pip's cache warm); nothing afterwards.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DEST="${TRAINPIPE_ORCHESTRATORS:-$ROOT/.venv/orchestrators}"
@@ -28,6 +28,7 @@ for name in "${names[@]}"; do
   rm -rf "$env"  # an unfinished one (no .complete): start again
   "$PY" -m venv "$env"
   "$env/bin/pip" install -q --disable-pip-version-check -c "$ROOT/scripts/constraints-$name.txt" "${reqs[@]}"
-  "$env/bin/python" -c "import $probe" && touch "$env/.complete"
+  "$env/bin/python" -c "import $probe" >/dev/null 2>&1 || { echo "[orchestrators] $name: \`import $probe\` fails in $env" >&2; exit 1; }
+  touch "$env/.complete"
   echo "[orchestrators] $name: $env ($(( $(date +%s) - start )) s)"
 done
