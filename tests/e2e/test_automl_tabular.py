@@ -39,7 +39,7 @@ def write_config(tmp: Path, **automl) -> Path:
     return p
 
 
-def test_autogluon_beats_the_neural_model_and_the_trivial_predictor_on_one_test_split(tmp_path, autogluon_python):
+def test_autogluon_beats_the_neural_model_and_the_trivial_predictor_on_one_test_split(tmp_path, autogluon_python, capsys):
     config = write_config(tmp_path, python=autogluon_python, memory_gib=4)
     assert main(["automl", str(config)]) == 0
     out = tmp_path / "automl"
@@ -74,6 +74,12 @@ def test_autogluon_beats_the_neural_model_and_the_trivial_predictor_on_one_test_
     preds = list(csv.DictReader(target.open()))
     truth = [r["diagnosis"] for r in csv.DictReader(TABLE.open())]
     assert len(preds) == len(truth) and sum(p["prediction"] == t for p, t in zip(preds, truth)) / len(truth) > 0.93
+    # and `trainpipe eval` measures it on the config's own test split: the leaderboard's figure again
+    if res["winner"]["engine"] == "autogluon":
+        capsys.readouterr()
+        assert main(["eval", str(out / "winner"), "--config", str(config)]) == 0
+        line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("test accuracy "))
+        assert float(line.split()[-1]) == pytest.approx(res["winner"]["accuracy"], abs=1e-6)
 
 
 def test_without_autogluon_the_command_says_how_to_install_it(tmp_path, capsys):

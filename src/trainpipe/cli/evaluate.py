@@ -23,6 +23,18 @@ def eval_(
     from trainpipe.evaluate.standalone import evaluate_model
 
     cfg = load_config(config, set_ or [])
+    from trainpipe.tune.automl_tabular import evaluate_winner, is_winner
+
+    if is_winner(model_or_run):  # the AutoGluon winner of `trainpipe automl --task tabular`, on CONFIG's eval and test splits
+        res = evaluate_winner(model_or_run, cfg)
+        for split in ("metrics", "test"):
+            for k, v in (res.get(split) or {}).items():
+                ui.console().print(f"{'eval' if split == 'metrics' else 'test'} {k} {v:.6f}", markup=False, highlight=False)
+        if out:
+            from trainpipe import ownership
+
+            ownership.write_json(out, res, what="the evaluation figures", reads=[(Path(model_or_run), "the model"), (Path(config), "the config")])
+        return
     if out:  # refused before anything is evaluated: never an input, never a file trainpipe did not write
         from trainpipe.evaluate.standalone import check_out, write_out
 

@@ -326,6 +326,32 @@ def is_winner(folder: Path) -> bool:
     return (Path(folder) / META).is_file()
 
 
+def _winner_outputs(folder: Path, meta: dict, data: supervised.Prepared, rows: list[dict]) -> list:
+    """The AutoGluon winner's outputs on prepared rows: class probabilities in trainpipe's class order, or values."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "rows.parquet"
+        frame(data, rows).drop(columns=[LABEL]).to_parquet(path, index=False)
+        res = call(os.environ.get(ENV_PYTHON) or meta["python"], "predict", {"path": str(Path(folder) / "predictor"), "data": str(path),
+                   "model": meta["model"], "categorical": meta["categorical"], "problem_type": meta["problem_type"]}, timeout=1800)
+    if data.task != "classification":
+        return res["prediction"]
+    order = [res["classes"].index(c) for c in data.classes]
+    return [[p[i] for i in order] for p in res["probabilities"]]
+
+
+def evaluate_winner(folder: Path, cfg: RunConfig) -> dict:
+    """`trainpipe eval WINNER --config CONFIG`: the AutoGluon winner on CONFIG's eval and test splits (the tabular family's
+    data step), measured by trainpipe's metric functions."""
+    meta = json.loads((Path(folder) / META).read_text(encoding="utf-8"))
+    data = supervised.prepare(cfg)
+    out = {"model": f"{meta['model']} (AutoGluon)", "eval_examples": len(data.eval), "metrics": metrics_of(data, _winner_outputs(folder, meta, data, data.eval), data.eval)}
+    if data.test:
+        out["test"] = metrics_of(data, _winner_outputs(folder, meta, data, data.test), data.test)
+    return out
+
+
 def predict_winner(folder: Path, data_path: Path, target: Path) -> dict:
     """The AutoGluon winner on new rows: trainpipe's saved preprocessing, then AutoGluon's model; predictions as CSV."""
     import csv
