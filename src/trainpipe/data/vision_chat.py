@@ -340,7 +340,7 @@ def encode_pair(proc, ex: dict, *, max_length: int, min_tokens: int) -> tuple[di
     prompt = out["input_ids"][0].tolist()
     replies = []
     for key in ("chosen", "rejected"):
-        full = _call(proc, _render(proc, ex["prompt"] + ex[key], False), images)["input_ids"][0].tolist()
+        full = _call(proc, _render(proc, ex["prompt"] + ex[key], False).rstrip(), images)["input_ids"][0].tolist()
         if full[: len(prompt)] != prompt:
             return None, "template_not_prefix"
         replies.append(full[len(prompt):])
