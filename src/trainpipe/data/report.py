@@ -26,7 +26,9 @@ def summary_lines(r: dict) -> list[str]:
     out += pii_audit_lines(r.get("pii_audit"))
     out += decontamination_lines(r.get("decontamination"))
     for name, st in r["splits"].items():
-        out.append(f"split {name}: {st['records']} records, {st['rows']} rows, {st['tokens']} tokens ({st['loss_tokens']} carry loss)")
+        out.append(f"split {name}: {st['records']} records, {st['rows']} rows, {st['tokens']} tokens ({st['loss_tokens']} carry loss)"
+                   + (f"; {st['images']} images, {st['image_tokens']} image tokens ({st['image_tokens'] / max(1, st['tokens']):.0%} of the tokens)"
+                      if "images" in st else ""))
     ln = r["length"]
     out.append(f"length p50 {ln['p50']}  p95 {ln['p95']}  max {ln['max']}  (max_length {ln['max_length']}; {ln['dropped_too_long']} dropped, {ln['truncated']} truncated)")
     tt = ln.get("truncated_tokens") or {}

@@ -18,7 +18,7 @@ from vlm_tiny import QUESTION, build_tiny_llava, shape_records, write_jsonl  # n
 from trainpipe.config import DataConfig, ModelConfig  # noqa: E402
 from trainpipe.data.collate import IGNORE_INDEX, PadCollator  # noqa: E402
 from trainpipe.data.prepare import prepare  # noqa: E402
-from trainpipe.data.report import inspect_examples, plain_example  # noqa: E402
+from trainpipe.data.report import inspect_examples, plain_example, summary_lines  # noqa: E402
 from trainpipe.errors import DataError  # noqa: E402
 from trainpipe.model.loading import load_tokenizer  # noqa: E402
 
@@ -60,6 +60,8 @@ def test_llamafactory_layout_masks_all_but_the_answer_and_counts_images(tmp_path
         assert all(lab == IGNORE_INDEX for t, lab in zip(r["input_ids"], r["labels"]) if t == image_id)
         trained = tok.decode([lab for lab in r["labels"] if lab != IGNORE_INDEX])
         assert trained in ("red<|im_end|>", "green<|im_end|>", "blue<|im_end|>", "yellow<|im_end|>")  # the answer and its end of turn
+    line = next(x for x in summary_lines(data.report) if x.startswith("split train"))
+    assert f"{len(rows)} images, {4 * len(rows)} image tokens" in line
     shown = plain_example(inspect_examples(data, tok, n=1)[0])  # `data inspect`: only the answer between « and »
     assert shown.count("«") == 1 and QUESTION in shown.split("«")[0] and "<image>" in shown.split("«")[0]
 
