@@ -131,7 +131,7 @@ def lift(record: dict) -> tuple[dict, list]:
 
 
 def has_images(record: dict) -> bool:
-    if record.get("images") or record.get("image") is not None and ("messages" in record or "conversations" in record):
+    if record.get("images") or (record.get("image") is not None and ("messages" in record or "conversations" in record)):
         return True
     for field in ("messages", "conversations"):
         for t in record.get(field) or []:
