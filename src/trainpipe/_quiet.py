@@ -23,6 +23,8 @@
   grid sampler's options ...) and logs an INFO line for each study and trial, which `trainpipe tune` / `automl` already
   report in their own words. Once optuna is imported (by whoever), its `ExperimentalWarning` category is ignored and
   its logger set to WARNING: its warnings and errors still show.
+- MLflow logs each failed write to a SQLite store with a traceback; when the store is on a full disk that record is
+  dropped (trainpipe reports the full disk itself: a tracking warning, or exit 74 with one paragraph).
 - Progress bars of datasets, transformers and huggingface_hub (tqdm: "Loading weights", "Map", "Writing model shards")
   when stderr is not a terminal (a log file, a CI job, a pipe) are a wall of carriage returns in the log: turned off
   there (HF_DATASETS_DISABLE_PROGRESS_BARS / HF_HUB_DISABLE_PROGRESS_BARS, the libraries' own switches, unless the
@@ -91,6 +93,18 @@ class _OfflineTrustSkip(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return record.getMessage() != KERNELS_OFFLINE_TRUST_MESSAGE
+
+
+MLFLOW_DB_LOGGER = "mlflow.store.db.utils"
+
+
+class _FullStore(logging.Filter):
+    """Drops MLflow's "SQLAlchemy database error" record (with its traceback) when its SQLite store is on a full disk:
+    trainpipe says so itself (a tracking warning, or exit 74 with one paragraph). Any other database error still shows."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not any("database or disk is full" in str(e) for e in _chain(exc))
 
 
 DEEPSPEED_LOGGER = "DeepSpeed"
@@ -205,6 +219,7 @@ def install() -> None:
     _add(BNB_LOGGER, _KernelUnavailable)
     _add(KERNELS_HUB_LOGGER, _OfflineTrustSkip)
     _add(DEEPSPEED_LOGGER, _NoGpuToDetect)
+    _add(MLFLOW_DB_LOGGER, _FullStore)
     warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning, module=r"transformers\.modeling_utils")
     _no_progress_bars_off_terminal()
     _follow_imports()

@@ -327,3 +327,22 @@ def trial_output(path: Path, reads=()):
     finally:
         ui._console = previous
         ownership.write_text(path, buf.getvalue(), what="the trial's console output", reads=reads)
+
+
+def disk_full(exc: BaseException, where: Path) -> OSError | None:
+    """The full disk behind a failed study (an OSError, or the SQLite storage's "database or disk is full" that optuna and
+    SQLAlchemy wrap in their own errors, down the cause/context chain), as one ENOSPC OSError: the CLI's exit 74 paragraph."""
+    import errno
+
+    seen, todo = set(), [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return e
+        if "database or disk is full" in str(e) or "No space left on device" in str(e):
+            return OSError(errno.ENOSPC, "No space left on device (the study's storage or a trial's files)", str(where))
+        todo += [e.__cause__, e.__context__, getattr(e, "orig", None)]
+    return None

@@ -24,6 +24,7 @@ unless `tune.pruner: none` (then trials are compared on their final value only, 
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import json
@@ -56,7 +57,7 @@ from trainpipe.tune import space as S
 from trainpipe.tune.plans import _this_gpu, plan_fits, price_trial, too_big  # noqa: F401 - _this_gpu: automl's and the tests' way in
 from trainpipe.tune.study import (
     OBJECTIVE_ATTR, SPACE_ATTR, StudyRun, TuneError, check_study, create_study, distinct_per_trial, fresh_study_name, make_pruner,
-    make_sampler, no_winner, open_storage, storage_url, study_identity, trial_output,
+    disk_full, make_sampler, no_winner, open_storage, storage_url, study_identity, trial_output,
 )
 
 def direction_of(t: TuneConfig) -> str:
@@ -462,7 +463,7 @@ def tune(config: str | Path, overrides: list[str] | None = None, *, n_trials: in
     fn = t.objective.function
 
     per_trial = None if t.budget_usd is None or fn else price_one_trial(raw, t, study_dir, base_dir)
-    optuna.logging.set_verbosity(logging.WARNING)
+    optuna.logging.set_verbosity(logging.ERROR)  # a failed trial is one line of ours (with its log), not optuna's traceback
     ownership.make_dir(study_dir, what="the study's output folder", reads=reads)  # the default SQLite storage lives in it
     storage = open_storage(t, study_dir)
     # every trial draws from its own stream, seeded by (tune.seed, trial number): workers of one study never replay one
@@ -503,9 +504,12 @@ def tune(config: str | Path, overrides: list[str] | None = None, *, n_trials: in
         study.optimize(objective, n_trials=None, timeout=t.timeout_hours * 3600 if t.timeout_hours else None, callbacks=callbacks,
                        catch=(TrainpipeError,), gc_after_trial=True)
         out = finish(study, cfg, raw, base_dir, study_dir, direction, reads)
-    except BaseException:
+    except BaseException as exc:
         if objective.study_run is not None:
-            objective.study_run.close(None, status="FAILED")
+            with contextlib.suppress(Exception):  # on a full disk the tracker's own store may fail too: the disk is the news
+                objective.study_run.close(None, status="FAILED")
+        if (full := disk_full(exc, study_dir)) is not None:  # one paragraph, exit 74 (cli/main.py), no library's traceback:
+            raise full from None
         raise
     if objective.study_run is not None:
         objective.study_run.close(out)
