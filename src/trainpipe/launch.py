@@ -27,10 +27,12 @@ import shlex
 import sys
 import time
 import uuid
+from pathlib import Path
 
 from trainpipe import ownership, ui
 from trainpipe.distributed.env import PeerLeft
 from trainpipe.errors import TrainpipeError
+from trainpipe.events import EventLog
 from trainpipe.plan.hardware import detect
 from trainpipe.plan.request import HOST_PROCESS_GIB
 from trainpipe.plan.resolve import plan_run
@@ -70,7 +72,7 @@ def torchrun_argv(worker_args: list[str], **layout) -> list[str]:
 
 
 def spawn(worker_args: list[str], *, nproc: int, nnodes: int = 1, node_rank: int | None = None, rdzv_endpoint: str | None = None,
-          run_id: str = "trainpipe") -> int:
+          run_id: str = "trainpipe", run_dir: Path | None = None) -> int:
     """Run ``python -m trainpipe.cli *worker_args`` on ``nproc`` workers (torchrun semantics); the run's exit code.
 
     The exit code is the first worker failure's (the one that made the agent stop the others): 75 when the workers
@@ -96,6 +98,14 @@ def spawn(worker_args: list[str], *, nproc: int, nnodes: int = 1, node_rank: int
         return 0
     except ChildFailedError as exc:
         say_failures(exc)
+        lost = lost_worker(exc)
+        if lost is not None:  # a worker killed by a signal (SIGKILL, the OOM killer): the others were stopped after it
+            rank, sig = lost
+            ui.console().print(f"worker lost: rank {rank} was killed by {sig} (not by trainpipe); the other ranks were stopped. "
+                               f"Exit {EXIT_LOST}. Resume with `--resume` from the last checkpoint.", markup=False, highlight=False)
+            if run_dir is not None and (Path(run_dir) / "events.jsonl").is_file():
+                EventLog(Path(run_dir) / "events.jsonl").emit("distributed_hang", level="error", rank=rank, worker_lost=True, signal=sig)
+            return EXIT_LOST
         return exit_code(exc)
     finally:
         quiet.release()
@@ -255,6 +265,24 @@ def exit_code(exc) -> int:
         return EXIT_PREEMPTED
     positive = [c for c in codes if c > 0]
     return positive[0] if positive else 128 + abs(first.exitcode) if first.exitcode < 0 else 1
+
+
+EXIT_LOST = 5  # a worker that is gone (docs/resilience.md: "a distributed hang"), as distributed/ddp.py EXIT_HANG
+
+
+def lost_worker(exc) -> tuple[int, str] | None:
+    """(rank, signal name) when the first worker to fail died by a signal: it was lost, and the SIGTERM the agent then sent
+    the others (which save and exit 75) is not a preemption."""
+    import signal
+
+    first_rank, first = min(exc.failures.items(), key=lambda kv: kv[1].timestamp)
+    if first.exitcode >= 0:
+        return None
+    try:
+        name = signal.Signals(-first.exitcode).name
+    except ValueError:
+        name = f"signal {-first.exitcode}"
+    return (getattr(first, "rank", first_rank), name) if name != "SIGTERM" else None
 
 
 def _peer(failure) -> bool:

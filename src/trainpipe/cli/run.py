@@ -41,7 +41,7 @@ def run(
         from trainpipe.launch import spawn, worker_args
 
         code = spawn(worker_args(str(config.resolve()), set_ or [], overwrite=overwrite, resume=resume), nproc=nproc, nnodes=nodes,
-                     node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, run_id=cfg.name or "trainpipe")
+                     node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, run_id=cfg.name or "trainpipe", run_dir=cfg.output_dir)
         raise typer.Exit(code)
     dist_env.init(d.backend, d.timeout_seconds)  # a worker of torchrun / accelerate launch / --nproc-per-node joins its group
     summary = run_pipeline(cfg, config_path=str(config.resolve()), overwrite=overwrite, resume=resume)
