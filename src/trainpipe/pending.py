@@ -33,11 +33,13 @@ LISTED = "@listed"  # a shape entry: a file its folder's checkpoint `manifest.js
 MAX_JSONL_CHECK = 64 << 20  # a pending log larger than this is not read through: refused unless fingerprinted
 
 # the files `save_pretrained` (model, tokenizer, adapter, generation config, chat template, model card) writes
-MODEL_FILES = ("*.safetensors", "*.safetensors.index.json", "*.json", "*.txt", "*.model", "*.jinja", "*.tiktoken", "README.md",
-               "vocab.*", "merges.txt", "*.gguf", "Modelfile")
+_HF_FILES = ("*.safetensors", "*.safetensors.index.json", "*.json", "*.txt", "*.model", "*.jinja", "*.tiktoken", "README.md",
+             "vocab.*", "merges.txt", "*.gguf", "Modelfile")
+# an export (export.py): those files, its `.trainpipe-export` marker, and one folder below (`adapter/`) of the same files
+MODEL_FILES = (*_HF_FILES, ".trainpipe-export", *(f"*/{g}" for g in _HF_FILES))
 # what the writer of each name at the top of a run folder writes below it (rundir.begin registers them with these)
 RUN_SHAPES = {
-    "model": MODEL_FILES, "base": MODEL_FILES,
+    "model": MODEL_FILES, "base": MODEL_FILES, "export": tuple(f"*/{g}" for g in MODEL_FILES),  # `export/NAME/...`
     "checkpoints": ("step-*/" + LISTED,),
     "tensorboard": ("events.out.tfevents.*", "*/events.out.tfevents.*"),
     "wandb": ("offline-run-*/**", "run-*/**", "latest-run", "debug.log", "debug-internal.log"),

@@ -108,6 +108,8 @@ def test_foreign_files_under_pending_names_are_named(tmp_path):
     (folder / "model").mkdir()
     (folder / "model" / "model.safetensors").write_bytes(b"w")  # what save_pretrained was writing when killed
     (folder / "model" / "config.json").write_text("{}")
+    (folder / "model" / "adapter").mkdir()
+    (folder / "model" / "adapter" / "adapter_model.safetensors").write_bytes(b"a")  # an export's adapter/ folder
     (folder / "tensorboard").mkdir()
     (folder / "tensorboard" / "events.out.tfevents.1.host").write_bytes(b"tb")
     (folder / "events.jsonl").write_text('{"event": "run_started"}\n{"event": "ste')  # a line cut by the kill
