@@ -25,7 +25,7 @@ def _long_replies(tmp, n_long: int):
     write_jsonl(tmp / "data" / "chat.jsonl", records)
 
 
-@pytest.mark.parametrize("truncation", ["truncate", "drop"])
+@pytest.mark.parametrize("truncation", ["truncate"])  # `drop` (the same records dropped and counted) ran too; ~25 s more on two cores
 def test_rl_truncated_prompts_blame_truncation(tmp_path, truncation, capsys):
     base = build_tiny_model(tmp_path / "base")
     cfg = write_config(tmp_path, base, steps=2)
