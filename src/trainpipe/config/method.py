@@ -190,6 +190,8 @@ class MethodConfig(_Section):
     """Multi-task: several named adapters trained one after another on the shared base, each on its own data (needs a LoRA-family `peft`)."""
     train_on: Literal["assistant", "last_assistant", "all"] = "assistant"
     """Tokens that carry loss: every assistant turn (default), the last assistant turn only, or everything."""
+    freeze_vision: bool = True
+    """Vision-language models: `true` (default) trains the language model only: LoRA targets are restricted to its modules, and a full fine-tune freezes the vision tower and the projector (the rule is printed); `false` lets `lora.target_modules` reach them and a full fine-tune train them (docs/vision-language.md)."""
     task: Literal["auto", "classification", "regression"] = "auto"
     """Tabular, custom and image families: what the model predicts. `auto`: `classification` with `data.label`, `regression` with `data.target` (a `data.factory` without either: `classification` unless `method.loss` is `mse`)."""
     loss: str = "auto"
