@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 from trainpipe import ownership, ui
 
-COLUMNS = ("rank", "trial", "state", "value", "train_steps", "seconds", "cost_usd", "pruned_at_step", "note", "run_dir")
+COLUMNS = ("rank", "trial", "state", "value", "parameters", "step_seconds", "train_steps", "seconds", "cost_usd", "pruned_at_step", "note", "run_dir")
 
 
 def rows(trials) -> list[dict]:
@@ -23,6 +23,7 @@ def rows(trials) -> list[dict]:
             note = (note + "; " if note else "") + f"retry of trial {tr.system_attrs['failed_trial']}"
         out.append({
             "trial": tr.number, "state": tr.state.name.lower(), "value": tr.value, "params": dict(tr.params),
+            "parameters": ua.get("parameters"), "step_seconds": ua.get("step_seconds"),  # the model's size and measured step time (architecture search)
             "train_steps": ua.get("train_steps"), "seconds": ua.get("seconds"), "cost_usd": ua.get("cost_usd"),
             "pruned_at_step": ua.get("pruned_at_step"), "note": note, "run_dir": ua.get("run_dir"),
             "intermediate": dict(tr.intermediate_values),
@@ -78,11 +79,11 @@ def print_table(rs: list[dict], out: dict, direction: str) -> None:
     rs = ranked(list(rs), direction)
     params = sorted({k for r in rs for k in r["params"]})
     table = Table(title=f"study {out['study']}: {out['metric']} ({direction}), {out['trials']} trials")
-    for c in ["#", "trial", "state", out["metric"]] + params + ["steps", "seconds", "$"]:
+    for c in ["#", "trial", "state", out["metric"]] + params + ["params", "step s", "steps", "seconds", "$"]:
         table.add_column(c, justify="right" if c not in ("state",) else "left")
     for r in rs:
         table.add_row(str(r.get("rank") or ""), str(r["trial"]), r["state"], _f(r["value"]), *[_f(r["params"].get(p)) for p in params],
-                      _f(r.get("train_steps")), _f(r.get("seconds")), _f(r.get("cost_usd")))
+                      _f(r.get("parameters")), _f(r.get("step_seconds")), _f(r.get("train_steps")), _f(r.get("seconds")), _f(r.get("cost_usd")))
     con = ui.console()
     con.print(table)
     if out.get("best"):
@@ -179,10 +180,10 @@ def html_page(rs: list[dict], out: dict, params: list[str], direction: str, metr
         {"points": sorted(r["intermediate"].items()), "color": "#2ca02c" if r["state"] == "complete" else "#ff7f0e", "line": True, "label": f"trial {r['trial']}"}
         for r in rs if r["intermediate"]
     ], xlabel="step", ylabel="intermediate value (eval loss)", title="Intermediate values (green: complete; orange: pruned)")
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in ["#", "trial", "state", metric] + params + ["steps", "seconds", "$", "note"])
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in ["#", "trial", "state", metric] + params + ["parameters", "step seconds", "steps", "seconds", "$", "note"])
     body = "".join(
         "<tr>" + "".join(f"<td>{html.escape(_f(v))}</td>" for v in [r.get("rank"), r["trial"], r["state"], r["value"]] + [r["params"].get(p) for p in params]
-                         + [r.get("train_steps"), r.get("seconds"), r.get("cost_usd"), r.get("note")]) + "</tr>"
+                         + [r.get("parameters"), r.get("step_seconds"), r.get("train_steps"), r.get("seconds"), r.get("cost_usd"), r.get("note")]) + "</tr>"
         for r in rs
     )
     best = out.get("best")
