@@ -152,7 +152,6 @@ def test_real_process_exit_code(argv, tmp_path):
 
 @pytest.mark.parametrize("argv,key", [(["plan", "--model", "m", "--method", "lora"], "--set method.peft=VALUE"),
                                       (["plan", "--model", "m", "--seq-len", "512"], "--set data.max_length=VALUE"),
-                                      (["automl", "--task", "sft"], "--set automl.task=VALUE"),
                                       (["automl", "-o", "out"], "--set automl.output_dir=VALUE")])
 def test_a_flag_that_became_a_config_key_names_it(capsys, argv, key):
     """Issue 23: `plan --model` and `automl` take the settings that duplicated config keys through `--set`; the old flag

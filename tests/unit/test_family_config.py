@@ -38,7 +38,7 @@ def test_task_rule():
 @pytest.mark.parametrize("parts, words", [
     ({}, "`model.name_or_path` is required for a text model"),
     ({"data": {"sources": [{"path": "t.csv"}], "label": "y", "target": "z"}}, "not both"),
-    ({"model": {"factory": "m.py:f"}, "data": {"sources": []}}, "`sources` needs at least one source"),
+    ({"model": {"factory": "m.py:f"}, "data": {"sources": []}}, "`data.sources` needs at least one source"),
 ])
 def test_config_errors_name_the_key(parts, words):
     with pytest.raises(ValidationError) as e:

@@ -176,7 +176,7 @@ class DataConfig(_Section):
     @model_validator(mode="after")
     def _sources_or_factory(self) -> "DataConfig":
         if not self.sources and self.factory is None:
-            raise ValueError("`sources` needs at least one source (or set `factory` to build the datasets in Python)")
+            raise ValueError("`data.sources` needs at least one source (or set `data.factory` to build the datasets in Python)")
         if self.label is not None and self.target is not None:
             raise ValueError("give `label` (classification) or `target` (regression), not both")
         return self

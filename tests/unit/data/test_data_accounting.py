@@ -101,9 +101,10 @@ def test_a_key_given_twice_is_dropped_as_duplicate_key(tmp_path, tok):
 def test_preference_pairs_with_the_same_reply_are_dropped_as_identical_pair(tmp_path, tok):
     recs = [{"prompt": f"Pick {i}.", "chosen": f"good {i}", "rejected": f"bad {i}"} for i in range(6)]
     recs += [{"prompt": "Same?", "chosen": "same", "rejected": "same"}, {"prompt": "Same again?", "chosen": "same ", "rejected": " same"},
-             {"prompt": "Mail?", "chosen": "write to a@gmail.com", "rejected": "write to b@gmail.com"}]  # equal once PII is replaced
+             {"prompt": "Mail?", "chosen": "write to a@gmail.com", "rejected": "write to b@gmail.com"}]
+    # two different addresses get two different surrogates (consistent within a record), so the mail pair stays a pair
     r = run(write(tmp_path / "p.jsonl", recs), tok, tmp_path).report
-    assert r["dropped"] == {"identical_pair": 3} and r["records_kept"] == 6
+    assert r["dropped"] == {"identical_pair": 2} and r["records_kept"] == 7
     assert r["records_read"] == 9
 
 

@@ -225,7 +225,7 @@ def test_reasoning_tool_calls_and_schemas_count_toward_the_character_bound():
 def test_plan_data_file_uses_the_prepare_detector(capsys):
     from trainpipe.cli import main
 
-    for name, stages in (("dpo_en_demo.json", ["dpo"]), ("kto_en_demo.json", ["dpo"]), ("glaive_toolcall_en_demo.json", ["sft"])):
+    for name, stages in (("dpo_en_demo.json", ["dpo"]), ("kto_en_demo.json", ["kto"]), ("glaive_toolcall_en_demo.json", ["sft"])):
         assert main(["plan", "--model", "Qwen/Qwen2.5-0.5B", "--gpu", "A100-80GB", "--data", str(FMT / name), "--json"]) == 0, name
         assert json.loads(capsys.readouterr().out)["objective"]["stages"] == stages, name
 
