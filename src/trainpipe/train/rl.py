@@ -42,8 +42,6 @@ optimizer steps, their log-probs the old policy's. Any micro-batch split of a st
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import importlib.util
 import math
 from dataclasses import asdict
 from pathlib import Path
@@ -56,6 +54,7 @@ from trainpipe.train import sft
 from trainpipe.train.context import RunContext
 from trainpipe.evaluate import suite
 from trainpipe.export import export_model
+from trainpipe.model.custom import import_object
 from trainpipe.model.loading import build_model, parameter_counts
 from trainpipe.evaluate import shard as sharding
 from trainpipe.data.collate import right_pad
@@ -278,32 +277,8 @@ def turn_suffix_ids(tokenizer) -> list[int]:
 
 
 def import_reward_function(spec: str) -> RewardFn:
-    """`package.module:function` (importable) or `path/to/file.py:function`."""
-    target, sep, name = spec.rpartition(":")
-    if not sep or not target or not name:
-        raise ConfigError(f"`method.rl.reward_function` must be `package.module:function` or `path/to/file.py:function`, got {spec!r}.")
-    try:
-        if target.endswith(".py"):
-            p = Path(target).expanduser()
-            if not p.is_file():
-                raise ConfigError(f"`method.rl.reward_function` names the file `{target}`, which does not exist. Check the path (in a config file, relative paths are read from the config file's folder).")
-            s = importlib.util.spec_from_file_location(f"trainpipe_reward_{abs(hash(str(p.resolve())))}", p)
-            module = importlib.util.module_from_spec(s)
-            s.loader.exec_module(module)
-        else:
-            module = importlib.import_module(target)
-    except ConfigError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - any import failure is the user's module: say which and why
-        raise ConfigError(
-            f"`method.rl.reward_function: {spec}`: importing `{target}` failed ({type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}). "
-            "Make it importable (installed, or on PYTHONPATH), or give the file path: `path/to/file.py:function`."
-        ) from None
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        found = ", ".join(sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))[:10]) or "none"
-        raise ConfigError(f"`method.rl.reward_function: {spec}`: `{target}` has no function `{name}` (its functions: {found}).")
-    return fn
+    """`package.module:function` (importable) or `path/to/file.py:function`: the one importer of user code (`model/custom.py`)."""
+    return import_object(spec, "method.rl.reward_function")
 
 
 def checked(fn, source: str):
