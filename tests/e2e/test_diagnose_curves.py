@@ -149,7 +149,8 @@ def test_slow_training_input_bound(tmp_path, base, monkeypatch):
     cfg = config(tmp_path, base, **{**SMALL, "training.max_steps": 4, "training.eval_steps": 4, "training.save_steps": 4})
     assert run_with_faults(monkeypatch, cfg, {"input_seconds": 1.0}) == 0
     fs = findings(tmp_path / "run", expect="input_bound")
-    assert list(fs) == ["input_bound"]  # 4 logged steps: too few for a verdict on the curve
+    # 4 logged steps: too few for a verdict on the curve (a 4-step run also fails its gates: each one is explained apart)
+    assert [k for k in fs if not k.startswith("gate_")] == ["input_bound"]
     f = fs["input_bound"]
     assert "data.packing" in f.settings and "%" in f.evidence
 
