@@ -34,14 +34,23 @@ def test_quickstart_fine_tune_beats_base(tmp_path, capsys):
 
 def assert_same_as_before_the_redesign(run: Path) -> None:
     """The adapter and every logged loss bit-identical to the quickstart recorded before the redesign
-    (tests/assets/quickstart_before/README.md): reorganising the code must not change one bit of what a run computes."""
+    (tests/assets/quickstart_before/README.md): reorganising the code must not change one bit of what a run computes.
+    The CPU's math kernels round differently from one processor generation to the next (the same code gave grad norms
+    apart in the 7th digit on two machines), so the recording is kept per machine kind seen and the run must equal one of
+    them to the bit; a new kind of machine is recorded from the last landed commit, never from the code under test."""
     import torch
     from safetensors.torch import load_file
 
     before = REPO / "tests" / "assets" / "quickstart_before"
-    want, got = load_file(before / "adapter_model.safetensors"), load_file(run / "model" / "adapter" / "adapter_model.safetensors")
-    assert sorted(want) == sorted(got)
-    assert [k for k in want if not torch.equal(want[k], got[k])] == []
     keys = ("step", "loss", "eval_loss", "grad_norm", "learning_rate")
     rows = [{k: v for k, v in json.loads(line).items() if k in keys} for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert rows == [json.loads(line) for line in (before / "losses.jsonl").read_text().splitlines()]
+    got = load_file(run / "model" / "adapter" / "adapter_model.safetensors")
+    mismatches = {}
+    for rec in [before] + sorted(p for p in before.iterdir() if p.is_dir()):
+        want = load_file(rec / "adapter_model.safetensors")
+        differ = sorted(want) != sorted(got) or [k for k in want if not torch.equal(want[k], got[k])]
+        recorded = [json.loads(line) for line in (rec / "losses.jsonl").read_text().splitlines()]
+        if not differ and rows == recorded:
+            return
+        mismatches[rec.name] = (differ, next((f"{a} != {b}" for a, b in zip(rows, recorded) if a != b), "row count"))
+    raise AssertionError(f"the quickstart equals no recorded run to the bit: {mismatches}")
