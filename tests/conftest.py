@@ -20,6 +20,27 @@ os.environ.setdefault("TRAINPIPE_TRACKING", "none")
 REPO = Path(__file__).resolve().parent.parent
 
 
+_PROCESS_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture(autouse=True)
+def _process_state_restored():
+    """A test that changes the process's torch thread count or its distributed variables (an in-process
+    `main(["--local_rank=0", ...])` sets LOCAL_RANK, as DeepSpeed's launcher expects) must not change the tests after it:
+    both are put back after every test."""
+    import torch
+
+    threads, env = torch.get_num_threads(), {k: os.environ.get(k) for k in _PROCESS_ENV}
+    yield
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    for k, v in env.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
 @pytest.fixture(autouse=True)
 def _isolated_home(tmp_path_factory, monkeypatch):
     home = tmp_path_factory.mktemp("home")
