@@ -138,7 +138,10 @@ def test_openai_tool_calls_render_and_prepare(tmp_path, tok):
     assert data.report["records_kept"] == 4 and not data.report["dropped"]
 
 
-def test_template_that_ignores_tools_gets_them_in_the_system_message_said_once(tok, capsys):
+def test_template_that_ignores_tools_gets_them_in_the_system_message_said_once(tok, capsys, monkeypatch):
+    from trainpipe.data import templates
+
+    monkeypatch.setattr(templates, "_SAID", set())  # "once" is per process: an earlier test may have said it for the same template
     t2 = copy.deepcopy(tok)
     t2.chat_template = CHATML_TEMPLATE
     tpl = Template(t2, "chatml")
