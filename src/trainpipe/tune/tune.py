@@ -554,7 +554,10 @@ def finish(study, cfg: RunConfig, raw: dict, base_dir: Path, study_dir: Path, di
     LB.write_all(study_dir, rows, out, study, direction, t.objective.metric, reads=reads)
     ownership.write_json(study_dir / "tune.json", out, what=OUTPUT_FILES["tune.json"], reads=reads)
     LB.print_table(rows, out, direction)
-    if not complete and trials:  # a study without a winner is a failure the user must see, not `best: null` and exit 0
+    # a study without a winner is a failure the user must see, not `best: null` and exit 0; in a shared study a worker may end
+    # while the other workers' trials still run (none finished yet): that is not the study's end
+    still_running = any(tr.state in (TrialState.RUNNING, TrialState.WAITING) for tr in trials)
+    if not complete and trials and not still_running:
         raise TuneError(no_winner(out, trials, study_dir))
     return out
 
