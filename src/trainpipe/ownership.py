@@ -486,7 +486,7 @@ def make_dir(folder: str | Path, *, what: str, reads: Iterable[Any] = ()) -> Pat
     if folder.exists() and not folder.is_dir():
         raise OwnershipError(f"Refusing to use `{folder}` as {what}: it is a file, not a folder. Nothing was written. Choose a folder path.")
     if not folder.exists():
-        folder.mkdir(parents=True)
+        folder.mkdir(parents=True, exist_ok=True)  # exist_ok: another process (a second tune worker) may make it at the same moment
         _write_manifest(folder, {"version": 1, "entries": {}, "pending": []})
     elif not _manifest_path(folder).exists():
         _write_manifest(folder, {"version": 1, "entries": {}, "pending": []})

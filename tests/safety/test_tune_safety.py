@@ -192,7 +192,7 @@ def test_two_workers_on_the_default_storage_draw_distinct_trials_and_one_worker_
     log = tmp_path / "evaluations.log"
     procs = [worker(cfg, log, TUNE_SLEEP="0.3") for _ in range(2)]
     outs = [p.communicate(timeout=240)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), outs
+    assert all(p.returncode == 0 for p in procs), "\n\n".join(f"worker exit {p.returncode}:\n{o}" for p, o in zip(procs, outs))
     evs = evaluations(log)
     assert len({pid for _, pid, _, _ in evs}) == 2, "only one worker ran trials"
     params = [(lr, wd) for _, _, lr, wd in evs]
