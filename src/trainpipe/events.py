@@ -94,15 +94,30 @@ class EventLog:
         if level not in LEVELS:
             raise ValueError(f"unknown level {level!r}")
         record = redact_obj({"time": utcnow(), "event": event, "level": level, "step": int(step), **fields})  # no credential in the log or on the console
-        line = json.dumps(record, default=str, sort_keys=False)
-        with open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(line + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        append_line(self.path, json.dumps(record, default=str, sort_keys=False), sync=True)
         if self.echo is not None:
             self.echo(record)
         self.notify("event", record)
         return record
+
+
+def append_line(path: str | Path, line: str, *, sync: bool = False) -> None:
+    """Append one line to a JSONL log, whole or not at all: a write that fails (a full disk) cuts the file back to its
+    length before, so that no torn line is left for the next reader, and raises."""
+    rest = memoryview((line + "\n").encode("utf-8"))
+    with open(path, "ab", buffering=0) as fh:  # unbuffered: nothing left in a buffer for close() to write after the cut
+        before = fh.tell()
+        try:
+            while rest:
+                rest = rest[fh.write(rest):]
+            if sync:
+                os.fsync(fh.fileno())
+        except OSError:
+            try:
+                os.truncate(fh.fileno(), before)
+            except OSError:
+                pass
+            raise
 
 
 def read_events(path: str | Path) -> list[dict]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 import time
 import warnings
 from dataclasses import asdict
@@ -233,8 +234,9 @@ def _run_in(cfg: RunConfig, plan, hw, run_dir: Path, config_path: str | None, t_
         raise
     finally:
         if main:  # report.html after every run, also after a failure (with what exists); then the folder is sealed
-            _write_report(run_dir)
-            _seal(run_dir)
+            full = _disk_full(sys.exc_info()[1])  # the run ends on a full disk: its paragraph says it, once (cli/main.py)
+            _write_report(run_dir, quiet=full)
+            _seal(run_dir, quiet=full)
             _print_outcome(run_dir)  # the gates' verdicts and where report.html is, however the run ended (exit 6 included)
         if tracker is not None:
             tracker.finish(status, register=register)
@@ -260,20 +262,32 @@ def _print_outcome(run_dir: Path) -> None:
         ui.console().print(f"warning: the end-of-run summary could not be printed: {type(exc).__name__}: {exc}", markup=False, soft_wrap=True)
 
 
-def _seal(run_dir: Path) -> None:
+def _disk_full(exc: BaseException | None) -> bool:
+    import errno
+
+    return (isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)) or getattr(exc, "exit_code", None) == 74
+
+
+def _seal(run_dir: Path, quiet: bool = False) -> None:
     """Fingerprint the run's artefacts into its manifest (rundir.py `seal`), however the run ended; a seal that
-    fails warns and never hides the run's own outcome (the entries stay pending: still provably the run's)."""
+    fails warns (not when ``quiet``: the run is failing on a full disk and says so) and never hides the run's own
+    outcome (the entries stay pending: still provably the run's)."""
     try:
         rundir.seal(run_dir)
     except OSError as exc:
+        if quiet and _disk_full(exc):
+            return
         ui.console().print(f"warning: {run_dir / rundir.MANIFEST} not updated: {exc}", markup=False, soft_wrap=True)
 
 
-def _write_report(run_dir: Path) -> None:
-    """RUN_DIR/report.html (report/html.py); a report that cannot be drawn warns and never hides the run's own outcome."""
+def _write_report(run_dir: Path, quiet: bool = False) -> None:
+    """RUN_DIR/report.html (report/html.py); a report that cannot be drawn warns (not for a full disk when ``quiet``)
+    and never hides the run's own outcome."""
     try:
         write_report(run_dir)
     except Exception as exc:  # noqa: BLE001 - the run's result (or its error) matters more than its report
+        if quiet and _disk_full(exc):
+            return
         ui.console().print(f"warning: report.html not written: {type(exc).__name__}: {exc}", markup=False, soft_wrap=True)
 
 

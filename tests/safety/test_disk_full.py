@@ -236,3 +236,18 @@ def test_run_whose_data_cache_does_not_fit_is_one_paragraph_exit_74_real_tmpfs(t
     entries = [e for e in (disk / "data").iterdir() if not ownership.internal(e.name)] if (disk / "data").exists() else []
     assert [e.name for e in entries if ".tmp-" in e.name] == [] and all((e / "COMPLETE").is_file() for e in entries)
     assert events(tmp_path / "run")[-1]["event"] == "run_failed"
+
+
+def test_a_log_line_that_does_not_fit_leaves_no_torn_line_real_tmpfs(tmpfs):
+    """events.jsonl / metrics.jsonl are appended a whole line or not at all: a full disk cuts the file back (issue 36:
+    a ZeRO run's events.jsonl ended in half a line when its disk filled)."""
+    from trainpipe.events import append_line, read_events
+
+    disk = tmpfs("64k")
+    log = disk / "events.jsonl"
+    append_line(log, json.dumps({"event": "run_started"}))
+    before = log.read_bytes()
+    with pytest.raises(OSError) as exc:
+        append_line(log, json.dumps({"event": "eval_done", "blob": "x" * 200_000}), sync=True)
+    assert exc.value.errno == 28
+    assert log.read_bytes() == before and read_events(log) == [{"event": "run_started"}]

@@ -21,6 +21,35 @@ def _redacted_excepthook(exc_type, exc, tb) -> None:
     sys.stderr.write(redact_text("".join(traceback.format_exception(exc_type, exc, tb))))
 
 
+def _disk_full_in(exc: BaseException | None) -> bool:
+    """A full disk behind ``exc``: an ENOSPC/EDQUOT OSError or a library's wrapped "disk is full" (SQLite through
+    SQLAlchemy and optuna), down the cause/context chain."""
+    import errno
+
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if (isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)) or "disk is full" in str(exc) or "No space left on device" in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__ or getattr(exc, "orig", None)
+    return False
+
+
+def _thread_excepthook(args) -> None:
+    """A library's thread that dies on a full disk (optuna's heartbeat writing to the study's SQLite file) prints no
+    traceback: the command's own paragraph (exit 74) says the disk is full, once. Any other thread crash is printed as
+    Python prints it, redacted."""
+    if _disk_full_in(args.exc_value):
+        return
+    import threading
+    import traceback
+
+    from trainpipe.redact import redact_text
+
+    name = args.thread.name if args.thread is not None else threading.get_ident()
+    sys.stderr.write(redact_text(f"Exception in thread {name}:\n" + "".join(traceback.format_exception(args.exc_type, args.exc_value, args.exc_traceback))))
+
+
 def _is_main_rank() -> bool:
     from trainpipe.distributed.env import is_main
 
@@ -103,9 +132,59 @@ def _drop_local_rank(args: list[str]) -> list[str]:
     return out
 
 
+def _file_being_written(exc: BaseException) -> str | None:
+    """The file an error without a file name was writing: a write or flush on an open file (an appended log line,
+    ``fh.write``) raises ENOSPC without ``filename``. Found as the file object open for writing in the innermost frame
+    of the traceback that has one; None when there is none."""
+    import io
+
+    for _ in range(4):  # this error, then the disk-full errors it was raised while handling
+        frames = []
+        tb = exc.__traceback__
+        while tb is not None:
+            frames.append(tb.tb_frame)
+            tb = tb.tb_next
+        for frame in reversed(frames):
+            for value in list(frame.f_locals.values()):
+                if isinstance(value, io.IOBase) and isinstance(getattr(value, "name", None), str) and set(getattr(value, "mode", "")) & set("wax+"):
+                    return value.name
+        exc = exc.__context__
+        if not isinstance(exc, OSError):
+            return None
+    return None
+
+
+class WriteFailed(TrainpipeError):
+    """A write that failed for lack of space (ENOSPC, a quota, a read-only disk): exit 74, one paragraph."""
+
+    exit_code = 74
+    title = "write failed"
+
+
+def _said(exc: TrainpipeError, argv: list[str] | None) -> int:
+    """Print the paragraph (rank 0, or one process) and leave it for the launcher (every rank); the exit code."""
+    from rich.markup import escape
+
+    from trainpipe import ui
+    from trainpipe.launch import report_error  # a worker: its launcher says it once, or (rank > 0) its stderr
+
+    ui.console().print(f"[bold red]{exc.title}:[/] {escape(exc.message)}", markup=True, highlight=False, soft_wrap=True)
+    report_error(exc, main_rank=_is_main_rank())
+    if exc.exit_code == 75 and argv is None:
+        # preempted: the checkpoint is on disk; leave at once, skipping interpreter teardown (which can
+        # abort in native thread pools while a signal-driven stop is in flight) so the exit code is ours
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(75)
+    return exc.exit_code
+
+
 def main(argv: list[str] | None = None) -> int:
     if argv is None:  # the `trainpipe` command: even an unexpected crash prints no credential
+        import threading
+
         sys.excepthook = _redacted_excepthook
+        threading.excepthook = _thread_excepthook
     try:
         rv = app(args=_drop_local_rank(sys.argv[1:] if argv is None else list(argv)), standalone_mode=False)
         if rv == 130:  # typer turns Ctrl-C into Exit(130) and, not standalone, returns it instead of raising
@@ -114,21 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             ui.console().print("[bold red]interrupted:[/] stopped by Ctrl-C; nothing was finished.", markup=True, highlight=False, soft_wrap=True)
         return rv if isinstance(rv, int) else 0
     except TrainpipeError as exc:
-        from rich.markup import escape
-
-        from trainpipe import ui
-
-        ui.console().print(f"[bold red]{exc.title}:[/] {escape(exc.message)}", markup=True, highlight=False, soft_wrap=True)
-        from trainpipe.launch import report_error  # a worker: its launcher says it once, or (rank > 0) its stderr
-
-        report_error(exc, main_rank=_is_main_rank())
-        if exc.exit_code == 75 and argv is None:
-            # preempted: the checkpoint is on disk; leave at once, skipping interpreter teardown (which can
-            # abort in native thread pools while a signal-driven stop is in flight) so the exit code is ours
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(75)
-        return exc.exit_code
+        return _said(exc, argv)
     except _click_classes("Exit") as exc:
         return exc.exit_code
     except _click_classes("Abort"):
@@ -145,16 +210,12 @@ def main(argv: list[str] | None = None) -> int:
 
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
             raise
-        from rich.markup import escape
-
-        from trainpipe import ui
-
-        where = f" writing `{exc.filename}`" if exc.filename else ""
-        ui.console().print(
-            f"[bold red]write failed:[/] {escape(exc.strerror or str(exc))}{escape(where)}. Checkpoints, exports and the data cache are "
-            "written to temporary names and renamed only when complete, so what was there before is intact. Free space (or choose "
-            "another `output_dir` / `TRAINPIPE_CACHE`) and run the same command again (`--resume` continues a run).",
-            markup=True, highlight=False, soft_wrap=True,
-        )
-        return 74
+        written = exc.filename or _file_being_written(exc)
+        where = f" writing `{written}`" if written else ""
+        folder = written if written and os.path.isdir(written) else os.path.dirname(os.path.abspath(written or "."))
+        disk = f" on the disk that holds `{folder}`" if written else ""
+        return _said(WriteFailed(
+            f"{exc.strerror or exc}{where}. Checkpoints, exports and the data cache are written to temporary names and renamed only "
+            f"when complete, so what was there before is intact. Free space{disk} (or choose another `output_dir` / `TRAINPIPE_CACHE`) "
+            "and run the same command again (`--resume` continues a run)."), argv)
 

@@ -134,7 +134,9 @@ class HangWatchdog:
         """Stop publishing. The loop calls this in its ``finally``; when the loop is unwinding because a collective
         found another rank's connection closed (a process or a node gone), this rank instead waits like a rank in a
         collective, so that the watchdog names the rank that went silent (``distributed_hang``, exit ``EXIT_HANG``)
-        within the timeout. Without the key-value store (its host is the node that went), `PeerLeft` (exit 5)."""
+        within the timeout. Without the key-value store (its host is the node that went), or when the rank that went
+        published "done" (it left its loop on an error of its own, e.g. a full disk on rank 0, and said so), `PeerLeft`
+        (exit 5) at once: no wait, so that the launcher's SIGTERM does not find this rank still waiting 30 s later."""
         exc = sys.exc_info()[1]
         if exc is not None and peer_gone(exc) and self._thread.is_alive():
             self._waiting = True
@@ -167,6 +169,8 @@ class HangWatchdog:
                 if seen.get(r, (None, 0.0))[0] != x:
                     seen[r] = (x, now)
             recs = [json.loads(x) for x in raw]
+            if self._waiting and any(x["phase"] == "done" for r, x in enumerate(recs) if r != self.rank):
+                return  # the rank that went left its loop on its own error (said by it): nobody to name, stop() says PeerLeft now
             silent = [r for r in range(self.world) if r != self.rank and recs[r]["phase"] != "done" and now - seen[r][1] > self.timeout]
             culprits = silent or self.culprits(recs, self.timeout)
             if culprits:

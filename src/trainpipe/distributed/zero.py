@@ -24,6 +24,8 @@ and the parameters too (ZeRO-3), and runs the optimizer step on each rank's part
 
 from __future__ import annotations
 
+import warnings
+
 from trainpipe.errors import TrainpipeError
 
 OFFLOAD = {"none": {}, "optimizer": {"offload_optimizer": {"device": "cpu"}},
@@ -123,6 +125,8 @@ def initialize(model, optimizer, config: dict):
         # DeepSpeed's CPU accelerator would JIT-compile its shared-memory all-reduce op (g++ and ninja, minutes, under a file
         # lock every worker waits on) before the first step; gloo's collectives do the same reductions
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    # DeepSpeed calls torch's old collective names; torch warns on each call (a FutureWarning per step on the console)
+    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
     names = {id(p): n for n, p in model.named_parameters()}
     groups = [[names[id(p)] for p in g["params"]] for g in optimizer.param_groups]  # one process's optimizer layout
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config, dist_init_required=False)

@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from trainpipe.events import append_line
+
 
 class Callback:
     def on_step_end(self, loop, step: int, loss: float, grad_norm: float) -> None:
@@ -39,8 +41,7 @@ class MetricsLog:
     def write(self, rec: dict) -> None:
         if not self.enabled:
             return
-        with open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(rec) + "\n")
+        append_line(self.path, json.dumps(rec))
         if self.events is not None:
             self.events.notify("metric", rec)  # the run's listeners (the experiment tracker, track/tracking.py) log it now
 
