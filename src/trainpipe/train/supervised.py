@@ -242,6 +242,17 @@ def build_model(cfg, data: Prepared):
     return build_tabular_mlp(len(data.prep.numeric), data.prep.cardinalities, n_out, dict(cfg.model.args)), "the tabular MLP"
 
 
+def plan_trace(cfg, micro_batch: int):
+    """`trainpipe plan --trace` on a custom module: (build, loss_of, make_batch) for plan/family_plan.py. This runs the
+    user's code (`data.factory` and `model.factory` are imported and called, as `trainpipe run` does)."""
+    data = prepare(cfg)
+    model, where = build_model(cfg, data)
+    objective = SupervisedObjective(default_loss(data.task, cfg.method.loss), data.task)
+    check_outputs(model, objective, data, where)
+    return (lambda: build_model(cfg, data)[0]), (lambda m, b: objective.loss_sum(m, b)[0]), \
+        (lambda k: objective.collate((data.train * (k // len(data.train) + 1))[:k]))
+
+
 def run(ctx: RunContext) -> dict:
     import torch
 
