@@ -40,8 +40,8 @@ RULE_STEPS = f"the largest power of two <= training rows / {STEPS_PER_EPOCH} (at
 def auto_micro_batch(rows: int | None, fam: str) -> tuple[int, str]:
     """(micro-batch, the rule) for `per_device_train_batch_size: auto` from ``rows`` training rows (None: not known)."""
     if rows is None:
-        return 64, (f"{fam} family: the training rows are not known before `data.factory` runs (plan never imports it), so 64; "
-                    "set `training.per_device_train_batch_size` to choose")
+        return 64, (f"{fam} family: the training rows cannot be counted before the data step (`data.factory` is your code, which "
+                    "the planner never runs, or a source that does not read here), so 64; set `training.per_device_train_batch_size` to choose")
     b = MIN_BATCH
     while b * 2 <= min(MAX_BATCH, rows / STEPS_PER_EPOCH):
         b *= 2
