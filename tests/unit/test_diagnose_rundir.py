@@ -103,3 +103,8 @@ def test_a_noisy_train_loss_whose_eval_loss_kept_improving_is_not_instability(tm
     # the same train curve with an eval loss that got worse after the train loss's best point is instability
     found = {f.kind for f in diagnose(_noisy_run(tmp_path / "b", [0.66, 0.55, 0.49, 0.58, 0.63]))}
     assert "instability" in found and "noisy_train_loss" not in found
+    # an eval loss that fell during training but ends above the baseline's (measured before training) is no excuse either
+    run = _noisy_run(tmp_path / "c", [0.66, 0.55, 0.49, 0.44, 0.41])
+    (run / "summary.json").write_text(json.dumps({"baseline": {"loss": 0.35}, "final": {"loss": 0.41}}))
+    found = {f.kind for f in diagnose(run)}
+    assert "instability" in found and "noisy_train_loss" not in found

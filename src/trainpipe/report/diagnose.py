@@ -389,12 +389,13 @@ def train_curve(losses: list[float]) -> dict:
     return {"head": head, "tail": tail, "low": low, "low_index": low_i, "k": k, "rising": rising, "falling": falling, "flat": not rising and not falling}
 
 
-def _eval_improved_after(evals: list[tuple[int, float]], low_step: int) -> bool:
+def _eval_improved_after(evals: list[tuple[int, float]], low_step: int, baseline: float | None) -> bool:
     """The last eval loss is below every eval loss measured up to the train loss's best point (or below the first eval,
-    when none came before it): the model kept getting better on held-out data after the train loss stopped falling."""
+    when none came before it) and below the baseline's (summary.json, measured before training): the model kept getting
+    better on held-out data after the train loss stopped falling."""
     before = [x for s, x in evals if s <= low_step] or [x for _, x in evals[:1]]
     after = [x for s, x in evals if s > low_step]
-    return bool(before and after) and evals[-1][1] < min(before)
+    return bool(before and after) and evals[-1][1] < min(before) and (baseline is None or evals[-1][1] < baseline)
 
 
 def _curve_findings(run: Path, metrics: list[dict], cfg: dict, names: list[str], *, diverged: bool) -> list[Finding]:
@@ -412,7 +413,8 @@ def _curve_findings(run: Path, metrics: list[dict], cfg: dict, names: list[str],
         return out
     shape = train_curve([x for _, x in train])
     low_step = train[shape["low_index"]][0]
-    if shape["rising"] and _eval_improved_after(evals, low_step):  # small-batch noise (a table's loss), not a diverging run
+    base = (_jsonl_or_json(run / "summary.json").get("baseline") or {}).get("loss")
+    if shape["rising"] and _eval_improved_after(evals, low_step, base if isinstance(base, (int, float)) else None):  # small-batch noise (a table's loss), not a diverging run
         out.append(Finding(
             "noisy_train_loss", "info",
             "the training loss is noisy (its smoothed tail sits above its best point) but the eval loss kept improving: not instability",
