@@ -77,3 +77,34 @@ def test_an_eval_loss_that_ends_above_its_start_is_said(tmp_path):
 def test_a_healthy_run_is_still_ok(tmp_path):
     found = diagnose(_finished_run(tmp_path, [2.5, 1.8, 1.2, 0.9, 0.8, 0.7, 0.6, 0.6, 0.5, 0.5, 0.5, 0.4], [2.0, 1.8, 1.7, 1.65], lr=2e-4, slope=0.1))
     assert [f.kind for f in found] == ["ok"]
+
+
+def _noisy_run(tmp_path, eval_losses):
+    """A table's small-batch training curve: the loss falls, then its smoothed tail sits 22 % above its best point."""
+    import yaml
+
+    tmp_path.mkdir()
+
+    ev = [{"event": "run_started", "step": 0, "level": "info", "time": 0}, {"event": "training_started", "step": 0, "level": "info", "time": 1},
+          {"event": "run_finished", "step": 40, "level": "info", "time": 2, "wall_seconds": 60}]
+    (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in ev))
+    loss = [0.7 - 0.016 * i for i in range(25)] + [0.42 + 0.03 * (i % 3) for i in range(15)]  # smoothed low 0.371 at step 26, tail 0.454
+    rows = [{"step": i + 1, "loss": x, "grad_norm": 0.5} for i, x in enumerate(loss)]
+    rows += [{"step": 8 * (i + 1), "eval_loss": v} for i, v in enumerate(eval_losses)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in sorted(rows, key=lambda r: r["step"])))
+    (tmp_path / "config.resolved.yaml").write_text(yaml.safe_dump({"training": {"learning_rate": 1e-3, "max_grad_norm": 1.0}}))
+    return tmp_path
+
+
+def test_a_noisy_train_loss_whose_eval_loss_kept_improving_is_not_instability(tmp_path):
+    found = {f.kind: f for f in diagnose(_noisy_run(tmp_path / "a", [0.66, 0.55, 0.49, 0.44, 0.41]))}
+    assert "instability" not in found and found["noisy_train_loss"].severity == "info"
+    assert "0.4100 at step 40" in found["noisy_train_loss"].evidence
+    # the same train curve with an eval loss that got worse after the train loss's best point is instability
+    found = {f.kind for f in diagnose(_noisy_run(tmp_path / "b", [0.66, 0.55, 0.49, 0.58, 0.63]))}
+    assert "instability" in found and "noisy_train_loss" not in found
+    # an eval loss that fell during training but ends above the baseline's (measured before training) is no excuse either
+    run = _noisy_run(tmp_path / "c", [0.66, 0.55, 0.49, 0.44, 0.41])
+    (run / "summary.json").write_text(json.dumps({"baseline": {"loss": 0.35}, "final": {"loss": 0.41}}))
+    found = {f.kind for f in diagnose(run)}
+    assert "instability" in found and "noisy_train_loss" not in found

@@ -31,7 +31,7 @@ def plan(
     data: Annotated[Optional[list[str]], typer.Option("--data", help="With --model: the data at hand for the objective rule, instruction|preference|unpaired|text (unpaired: KTO rows) or a data file (repeatable).")] = None,
     tasks: Annotated[int, typer.Option(help="With --model: number of tasks (> 1: one adapter per task).")] = 1,
     json_: Annotated[bool, typer.Option("--json", help="Print the plan as one JSON object.")] = False,
-    trace: Annotated[bool, typer.Option("--trace", help="Also run the chosen setup's real training step on fake tensors (no GPU, seconds) and print its exact peak allocated next to the estimate.")] = False,
+    trace: Annotated[bool, typer.Option("--trace", help="Also run the chosen setup's real training step on fake tensors (no GPU, seconds) and print its exact peak allocated next to the estimate. For a custom module (`model.factory`) this imports and runs your `model.factory` and `data.factory`, as `trainpipe run` does.")] = False,
 ) -> None:
     """Plan a run before spending anything: method, strategy, memory per GPU, time and cost, each choice with its rule.
 
@@ -43,8 +43,9 @@ def plan(
 
     Exit codes: 0 a plan, also one that does not fit (`fits: false` and the reason, with what would fit); 2 bad input."""
     from trainpipe.plan.command import plan_command
+    from trainpipe.train.supervised import plan_trace
 
     plan_command(config=config, overrides=set_ or [], model=model, gpu=gpu, num_gpus=num_gpus, nodes=nodes, tokens=tokens, examples=examples,
                  avg_len=avg_len, budget_usd=budget_usd, deadline_hours=deadline_hours, objective=objective, mfu=mfu,
                  gpu_file=str(gpu_file) if gpu_file else None, host_ram_gib=host_ram_gib, max_quality=max_quality, data=data, tasks=tasks,
-                 as_json=json_, **({"trace": True} if trace else {}))
+                 as_json=json_, **({"trace": True, "custom_tracer": plan_trace} if trace else {}))

@@ -167,17 +167,40 @@ def _link_optimizer_state(opt) -> None:
             lazy_init_hp_params_optimizer_state(opt.bit16_groups[i], opt.single_partition_of_fp32_groups[i], opt.optimizer.state)
 
 
+def _set_full(param, value, key: str | None = None) -> None:
+    """DeepSpeed's `safe_set_full_fp32_param` / `safe_set_full_optimizer_state`, except that under ZeRO-3 a parameter
+    whose size the world size does not divide (a 3-class head's bias on 2 ranks: partitions of 2, the last one padded)
+    is set from the value padded to the partitions' whole size: DeepSpeed 0.19 narrows the unpadded value and fails on
+    the last rank ("start (2) + length (2) exceeds dimension size (3)")."""
+    import torch
+    from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
+
+    if not hasattr(param, "ds_id"):
+        safe_set_full_fp32_param(param, value) if key is None else safe_set_full_optimizer_state(param, value, key)
+        return
+    if not param.requires_grad:
+        return
+    opt = param._z3_optimizer
+    part, group = opt._get_fp32_opt_state_partition(param, release_swap_buffers=False, optim_state_key=key)
+    n, rank = part.numel(), opt._get_param_partition_rank(param)
+    flat = value.flatten()
+    if flat.numel() < n * (rank + 1):
+        flat = torch.cat([flat, flat.new_zeros(n * (rank + 1) - flat.numel())])
+    part.data.copy_(flat.narrow(0, n * rank, n).data)
+    if opt._swappable_optimizer_subgroup(group):
+        opt._optimizer_states_and_gradient_swap_out(group)
+
+
 def load_full_state(model, groups: list[list[str]], base, engine_optimizer, weights: dict, optim_sd: dict | None, stage: int) -> None:
     """Set every rank's partitions (weights, master weights, optimizer state) from a full checkpoint (every rank passes the
     same full state)."""
     import torch
-    from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
 
     params = dict(model.named_parameters())
     for g in groups:
         for n in g:
             p = params[n]
-            safe_set_full_fp32_param(p, weights[n].to(torch.float32))
+            _set_full(p, weights[n].to(torch.float32))
             if stage == 3:
                 import deepspeed
 
@@ -202,7 +225,7 @@ def load_full_state(model, groups: list[list[str]], base, engine_optimizer, weig
     for i, n in enumerate(order):
         for k, v in optim_sd["state"][i].items():
             if hasattr(v, "dim") and v.dim() > 0:
-                safe_set_full_optimizer_state(params[n], v.to(torch.float32), k)
+                _set_full(params[n], v.to(torch.float32), k)
     for pg, saved in zip(base.param_groups, optim_sd["param_groups"], strict=False):
         for k, v in saved.items():
             if k not in ("params", "lr"):

@@ -29,6 +29,7 @@ from trainpipe.numbers import COUNT, POSITIVE, OptionError, check_all
 from trainpipe.plan import compute as C
 from trainpipe.plan import decisions as D
 from trainpipe.plan.decisions import PlanError
+from trainpipe.plan.family_plan import plan_family
 from trainpipe.plan.gpus import GIB, find_gpu
 from trainpipe.plan.hardware import Hardware, detect
 from trainpipe.plan.memory import Breakdown
@@ -45,26 +46,28 @@ from trainpipe.plan.whatif import _reserve, make_plan
 # --------------------------------------------------------------------------- the command
 
 
-def plan_command(*, config=None, overrides=(), model=None, as_json=False, gpu=None, num_gpus=None, nodes=None, trace=False, **flags) -> dict:
+def plan_command(*, config=None, overrides=(), model=None, as_json=False, gpu=None, num_gpus=None, nodes=None, trace=False, custom_tracer=None,
+                 **flags) -> dict:
     """`trainpipe plan`: from a run config (the plan `run` executes) or from `--model` (the default run config with that model;
     `--set KEY=VALUE` changes either). The other options describe the machine, the data size and the budget, which a
     run config has no key for. `trace`: also run the chosen setup's training step on fake tensors (plan/trace.py) and show
-    its exact peak next to the estimate."""
+    its exact peak next to the estimate; for a custom module (`model.factory`) that imports your code, through
+    ``custom_tracer`` (train/supervised.py `plan_trace`, handed in by the CLI)."""
     check_flags(num_gpus=num_gpus, nodes=nodes, **flags)
     check_files(gpu_file=flags.get("gpu_file"), data=flags.get("data"))
     if config is None and model is None:
         raise PlanError("`trainpipe plan` needs a run config (`trainpipe plan run.yaml`) or `--model NAME_OR_PATH` (a catalog hub id or a folder with config.json).")
     if config is not None:
-        out = plan_for_config(config, list(overrides), model=model, gpu=gpu, num_gpus=num_gpus, nodes=nodes, **flags)
+        out = plan_for_config(config, list(overrides), model=model, gpu=gpu, num_gpus=num_gpus, nodes=nodes, trace=trace, custom_tracer=custom_tracer, **flags)
     else:
         kw = {k: v for k, v in flags.items() if k in WhatIf.__dataclass_fields__ and v is not None}
         if flags.get("data") is not None:
             kw["data_at_hand"] = tuple(flags["data"])
         out = make_plan(whatif_run_config(model, list(overrides)), WhatIf(gpu=gpu, num_gpus=num_gpus or 1, nodes=nodes or 1, **kw))
-    if trace:
+    if trace and "family" not in out:  # the text models' trace; the other families traced theirs in plan_family
         out["trace"] = trace_plan(out)
     _show(out, as_json)
-    if trace and not as_json:
+    if trace and not as_json and "trace" in out:
         _show_trace(out["trace"])
     return out
 
@@ -252,7 +255,8 @@ def _config_plan(plan, hw, g):
 
 
 def plan_for_config(config, overrides: list[str], *, model=None, gpu=None, num_gpus=None, nodes=None, tokens=None, examples=None, avg_len=None,
-                    budget_usd=None, deadline_hours=None, mfu=None, gpu_file=None, preemptions_per_hour: float = 0.1, **flags) -> dict:
+                    budget_usd=None, deadline_hours=None, mfu=None, gpu_file=None, preemptions_per_hour: float = 0.1, trace=False, custom_tracer=None,
+                    **flags) -> dict:
     """The plan `trainpipe run CONFIG` executes (one resolver: `plan.resolve.resolve`), with memory, time and cost."""
     if flags.get("max_quality"):
         raise PlanError("`--max-quality` belongs to `trainpipe plan --model`; with a run config, ask for a full fine-tune with `--set method.peft=none`.")
@@ -312,4 +316,5 @@ def plan_for_config(config, overrides: list[str], *, model=None, gpu=None, num_g
             why_not = ram_rule
     out["fits"] = why_not is None
     out["why_not"] = why_not
+    plan_family(out, plan, hw, described, trace=trace, custom_tracer=custom_tracer)  # tabular, image, custom: their traced step
     return out

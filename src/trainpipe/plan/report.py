@@ -7,6 +7,7 @@ wrap at spaces, and nothing is ever cut off with "…": a cell too wide for what
 from __future__ import annotations
 
 from trainpipe import ui
+from trainpipe.plan.family_plan import family_lines
 
 GIB = 1024**3
 PROSE_MIN = 14  # the narrowest a rule / what-to-watch column may get before the table gives way to a list
@@ -30,8 +31,15 @@ def _gib(x) -> str:
 
 def print_plan(plan: dict) -> None:
     con = ui.console()
-    for part in (_print_model, _print_decisions, _print_memory, _print_recommendation, _print_compute, _print_ranking):
+    for part in (_print_model, _print_decisions, _print_memory, _print_family, _print_recommendation, _print_compute, _print_ranking):
         part(con, plan)
+
+
+def _print_family(con, plan: dict) -> None:
+    """Memory and time of a tabular, image or custom model's traced step (plan/family_plan.py)."""
+    if plan.get("family"):
+        for line in family_lines(plan["family"]):
+            con.print(line, markup=False, soft_wrap=True)
 
 
 def _print_model(con, plan: dict) -> None:

@@ -40,7 +40,7 @@ from trainpipe.plan import decisions as D
 from trainpipe.plan.attention import memory_attention, resolve_attention
 from trainpipe.plan.catalog import find_model
 from trainpipe.plan.decisions import Decision, PlanError
-from trainpipe.plan.families import apply_family_rules
+from trainpipe.plan.families import apply_family_rules, family_decisions
 from trainpipe.plan.gpus import find_gpu, gpu_from_device_name
 from trainpipe.plan.hardware import Hardware
 from trainpipe.plan.long_context import check_in_loop
@@ -276,7 +276,7 @@ def resolve(cfg: RunConfig, hw: Hardware, world_size: int | None = None, *, nnod
     specs = build_specs(cfg, hw, dims=dims, effective_batch=eff_s.value, precision=precision)
     return Plan(config=cfg, hardware=hw, world_size=world_s, nnodes=nodes_s, nproc_per_node=local_s, strategy=strategy_s, offload=offload_s, peft=peft_s,
                 micro_batch=mb_s, grad_accum=acc_s, effective_batch=eff_s, precision=precision_s, gradient_checkpointing=ck_s, learning_rate=lr_s,
-                lr_scaling=scaling_s, specs=specs, decisions=tuple(decisions), predicted=predicted, notes=tuple(notes))
+                lr_scaling=scaling_s, specs=specs, decisions=family_decisions(decisions, family), predicted=predicted, notes=tuple(notes))
 
 
 def plan_run(cfg: RunConfig, hw: Hardware, world_size: int | None = None, *, nnodes: int | None = None, sizing: bool = True) -> Plan:

@@ -389,6 +389,15 @@ def train_curve(losses: list[float]) -> dict:
     return {"head": head, "tail": tail, "low": low, "low_index": low_i, "k": k, "rising": rising, "falling": falling, "flat": not rising and not falling}
 
 
+def _eval_improved_after(evals: list[tuple[int, float]], low_step: int, baseline: float | None) -> bool:
+    """The last eval loss is below every eval loss measured up to the train loss's best point (or below the first eval,
+    when none came before it) and below the baseline's (summary.json, measured before training): the model kept getting
+    better on held-out data after the train loss stopped falling."""
+    before = [x for s, x in evals if s <= low_step] or [x for _, x in evals[:1]]
+    after = [x for s, x in evals if s > low_step]
+    return bool(before and after) and evals[-1][1] < min(before) and (baseline is None or evals[-1][1] < baseline)
+
+
 def _curve_findings(run: Path, metrics: list[dict], cfg: dict, names: list[str], *, diverged: bool) -> list[Finding]:
     """Instability (train loss rising after its low), overfitting (train falling, eval rising after its best),
     not learning (flat train loss); from the logged curves, not from the first and last points alone."""
@@ -404,7 +413,17 @@ def _curve_findings(run: Path, metrics: list[dict], cfg: dict, names: list[str],
         return out
     shape = train_curve([x for _, x in train])
     low_step = train[shape["low_index"]][0]
-    if shape["rising"]:
+    base = (_jsonl_or_json(run / "summary.json").get("baseline") or {}).get("loss")
+    if shape["rising"] and _eval_improved_after(evals, low_step, base if isinstance(base, (int, float)) else None):  # small-batch noise (a table's loss), not a diverging run
+        out.append(Finding(
+            "noisy_train_loss", "info",
+            "the training loss is noisy (its smoothed tail sits above its best point) but the eval loss kept improving: not instability",
+            f"smoothed train loss lowest at step {low_step} ({shape['low']:.4f}), last logs {shape['tail']:.4f}; eval loss "
+            f"{min(x for s, x in evals if s <= low_step) if any(s <= low_step for s, _ in evals) else evals[0][1]:.4f} by then, "
+            f"{evals[-1][1]:.4f} at step {evals[-1][0]}",
+            "Nothing to fix; a larger `training.per_device_train_batch_size` or `training.logging_steps` smooths the logged curve.",
+        ))
+    elif shape["rising"]:
         fp16 = " and fp16 overflow (`training.fp16: false`, or `training.bf16: true` on a GPU with bf16)" if t.get("fp16") else ""
         out.append(Finding(
             "instability", "warning",

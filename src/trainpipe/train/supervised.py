@@ -103,10 +103,12 @@ class SupervisedObjective(Objective):
         import torch
         from torch.utils.data import default_collate
 
-        if "x_num" in examples[0]:
+        if "x_num" in examples[0]:  # through numpy: torch.tensor on nested lists is 2x slower (benchmarks/tabular_throughput.py)
+            import numpy as np
+
             n = len(examples)
-            return {"x_num": torch.tensor([e["x_num"] for e in examples], dtype=torch.float32).reshape(n, -1),
-                    "x_cat": torch.tensor([e["x_cat"] for e in examples], dtype=torch.long).reshape(n, -1),
+            return {"x_num": torch.from_numpy(np.array([e["x_num"] for e in examples], dtype=np.float32).reshape(n, -1)),
+                    "x_cat": torch.from_numpy(np.array([e["x_cat"] for e in examples], dtype=np.int64).reshape(n, -1)),
                     "y": torch.tensor([e["y"] for e in examples], dtype=torch.long if self.task == "classification" else torch.float32)}
         batch = default_collate(examples)
         x = batch["x"]
@@ -240,6 +242,17 @@ def build_model(cfg, data: Prepared):
         return build_module(cfg.model.factory, dict(cfg.model.args)), "model.factory `" + cfg.model.factory + "`"
     n_out = 1 if data.task == "regression" or cfg.method.loss == "bce" else len(data.classes)
     return build_tabular_mlp(len(data.prep.numeric), data.prep.cardinalities, n_out, dict(cfg.model.args)), "the tabular MLP"
+
+
+def plan_trace(cfg, micro_batch: int):
+    """`trainpipe plan --trace` on a custom module: (build, loss_of, make_batch) for plan/family_plan.py. This runs the
+    user's code (`data.factory` and `model.factory` are imported and called, as `trainpipe run` does)."""
+    data = prepare(cfg)
+    model, where = build_model(cfg, data)
+    objective = SupervisedObjective(default_loss(data.task, cfg.method.loss), data.task)
+    check_outputs(model, objective, data, where)
+    return (lambda: build_model(cfg, data)[0]), (lambda m, b: objective.loss_sum(m, b)[0]), \
+        (lambda k: objective.collate((data.train * (k // len(data.train) + 1))[:k]))
 
 
 def run(ctx: RunContext) -> dict:
