@@ -143,3 +143,76 @@ def shape_pairs(folder: str | Path, n: int, seed: int = 0) -> list[dict]:
         out.append({"conversations": [{"from": "human", "value": rec["messages"][0]["content"]}], "chosen": {"from": "gpt", "value": right},
                     "rejected": {"from": "gpt", "value": wrong}, "images": rec["images"]})
     return out
+
+
+# ------------------------------------------------------------------------------ families whose processors need torchvision
+# (Qwen2-VL / Qwen2.5-VL, SmolVLM: their processors build a video processor; built and trained in the vision environment,
+# scripts/vision_venv.sh, by tests/e2e/test_vision_language_torchvision.py)
+
+QWEN_IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
+
+
+def build_tiny_qwen2vl(path: str | Path, seed: int = 0, version: str = "2") -> Path:
+    """A tiny Qwen2-VL (``version`` "2") or Qwen2.5-VL ("2.5"): a 1-layer vision tower (14-pixel patches, 2x2 merged: a
+    28x28 image is 1 image token, 56x56 is 4), a 2-layer, 64-wide Qwen2 text model with M-RoPE, Qwen2-VL's slow (PIL) image
+    processor with min/max pixels 28*28 .. 56*56 (so the image tokens vary with the image's size), its video processor."""
+    import torch
+    from transformers import PreTrainedTokenizerFast
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+
+    if version == "2.5":
+        from transformers import Qwen2_5_VLConfig as Config, Qwen2_5_VLForConditionalGeneration as Model, Qwen2_5_VLProcessor as Processor
+    else:
+        from transformers import Qwen2VLConfig as Config, Qwen2VLForConditionalGeneration as Model, Qwen2VLProcessor as Processor
+    path = Path(path)
+    base = build_tokenizer(extra=("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"))
+    tok = PreTrainedTokenizerFast(tokenizer_object=base.backend_tokenizer, eos_token="<|im_end|>", bos_token="<|endoftext|>",
+                                  pad_token="<|pad|>", additional_special_tokens=["<|im_start|>", "<|im_end|>", "<|vision_start|>",
+                                                                                  "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"])
+    pixels = {"shortest_edge": 28 * 28, "longest_edge": 56 * 56}
+    proc = Processor(image_processor=Qwen2VLImageProcessorPil(size=pixels, patch_size=14, merge_size=2, temporal_patch_size=2),
+                     video_processor=Qwen2VLVideoProcessor(size=pixels, patch_size=14, merge_size=2, temporal_patch_size=2),
+                     tokenizer=tok, chat_template=CHATML.replace("<image>", QWEN_IMAGE))
+    ids = tok.convert_tokens_to_ids
+    vision = dict(depth=1, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2, patch_size=14, spatial_merge_size=2, temporal_patch_size=2)
+    if version == "2.5":
+        vision = dict(depth=1, hidden_size=32, out_hidden_size=64, intermediate_size=64, num_heads=2, patch_size=14, spatial_merge_size=2,
+                      temporal_patch_size=2, window_size=56, fullatt_block_indexes=[0])
+    text = {**_text_config(len(tok), tok, "qwen2_vl_text" if version == "2" else "qwen2_5_vl_text"),
+            "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0}}
+    cfg = Config(text_config=text, vision_config=vision, image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
+                 vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"), pad_token_id=tok.pad_token_id)
+    torch.manual_seed(seed)
+    Model(cfg).save_pretrained(path, safe_serialization=True)
+    proc.save_pretrained(path)
+    return path
+
+
+def build_tiny_smolvlm(path: str | Path, seed: int = 0) -> Path:
+    """A tiny SmolVLM (Idefics3's architecture): a 1-layer SigLIP-style tower on 28x28 images (7-pixel patches: 16,
+    pixel-shuffled by 2 to 4 image tokens), a 2-layer, 64-wide Llama, SmolVLM's slow (PIL) image processor without image
+    splitting, its video processor, and its `<fake_token_around_image>` / `<global-img>` / `<end_of_utterance>` tokens."""
+    import torch
+    from transformers import PreTrainedTokenizerFast, SmolVLMConfig, SmolVLMForConditionalGeneration, SmolVLMProcessor
+    from transformers.models.smolvlm.image_processing_pil_smolvlm import SmolVLMImageProcessorPil
+    from transformers.models.smolvlm.video_processing_smolvlm import SmolVLMVideoProcessor
+
+    path = Path(path)
+    extra = ("<image>", "<fake_token_around_image>", "<global-img>", "<end_of_utterance>", "<video>")
+    base = build_tokenizer(extra=extra)
+    tok = PreTrainedTokenizerFast(tokenizer_object=base.backend_tokenizer, eos_token="<|im_end|>", bos_token="<|endoftext|>",
+                                  pad_token="<|pad|>", additional_special_tokens=["<|im_start|>", "<|im_end|>", *extra])
+    size = {"longest_edge": 28}
+    proc = SmolVLMProcessor(image_processor=SmolVLMImageProcessorPil(size=size, max_image_size=size, do_image_splitting=False),
+                            video_processor=SmolVLMVideoProcessor(size=size, max_image_size=size), tokenizer=tok,
+                            image_seq_len=4, chat_template=CHATML)
+    cfg = SmolVLMConfig(
+        text_config=_text_config(len(tok), tok),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28, patch_size=7),
+        scale_factor=2, image_token_id=tok.convert_tokens_to_ids("<image>"), pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    SmolVLMForConditionalGeneration(cfg).save_pretrained(path, safe_serialization=True)
+    proc.save_pretrained(path)
+    return path

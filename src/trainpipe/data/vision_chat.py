@@ -373,7 +373,7 @@ def pair_tensors(examples: list[dict], width: int) -> dict:
                 out[name][i, : v.shape[0]] = v
             else:
                 out.setdefault(k, []).append(v)
-    return {k: torch.cat(v, dim=0) if isinstance(v, list) else v for k, v in out.items()}
+    return {k: cat_images(v) if isinstance(v, list) else v for k, v in out.items()}
 
 
 def collate(batch: list[dict], pad_id: int) -> dict:
@@ -402,5 +402,23 @@ def collate(batch: list[dict], pad_id: int) -> dict:
             else:
                 extras.setdefault(k, []).append(v)
     out = {"input_ids": ids, "attention_mask": mask, "labels": labels, **per_token}
-    out.update({k: torch.cat(v, dim=0) for k, v in extras.items()})
+    out.update({k: cat_images(v) for k, v in extras.items()})
     return out
+
+
+def cat_images(tensors: list):
+    """The examples' image tensors of one batch joined along the first dimension. Where they differ in a later dimension
+    (Idefics3 / SmolVLM: `pixel_values` of (1, images in this example, 3, H, W) and its `pixel_attention_mask`; the number of
+    images or sub-images varies per example) each is zero-padded to the largest first, as the processor pads a batch
+    itself: an all-zero image is a padding image that those models drop, and a zero mask hides padded pixels."""
+    import torch
+
+    if len({tuple(t.shape[1:]) for t in tensors}) <= 1 or len({t.dim() for t in tensors}) > 1:
+        return torch.cat(tensors, dim=0)
+    dims = [max(t.shape[d] for t in tensors) for d in range(1, tensors[0].dim())]
+    out = []
+    for t in tensors:
+        padded = t.new_zeros((t.shape[0], *dims))
+        padded[(slice(None), *(slice(0, n) for n in t.shape[1:]))] = t
+        out.append(padded)
+    return torch.cat(out, dim=0)

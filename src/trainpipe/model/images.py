@@ -1,13 +1,17 @@
 """Image classifiers: a transformers `AutoModelForImageClassification` (ViT, ConvNeXt, ResNet, Swin, ...) from a local
-folder or hub id, or a `timm/NAME` model through `timm.create_model`, each with a new head of one output per class found
-in the training data (`id2label` / `label2id` set, so the export names its classes).
+folder or hub id, or a timm model through `timm.create_model` (a `timm/NAME` hub name, or a local folder timm wrote:
+`config.json` with `architecture` + `model.safetensors`), each with a new head of one output per class found in the
+training data (`id2label` / `label2id` set, or timm's `label_names`, so the export names its classes).
 
-timm needs torchvision built for the installed torch; where it does not import, a `timm/...` name stops with one paragraph
-that says how to install it. (In trainpipe's own test environment it cannot import: PyPI's torchvision does not load
-beside the pinned torch, so the timm path is exercised only where timm is installed.)
+timm needs torchvision built for the installed torch; where it does not import, a timm model stops with one paragraph
+that says how to install it. (trainpipe's main test environment cannot import it: PyPI's torchvision does not load beside
+the pinned torch; the timm tests run in the vision environment of scripts/vision_venv.sh.)
 """
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 from trainpipe.errors import ModelLoadError
 from trainpipe.model.loading import DTYPES, check_model_source
@@ -15,8 +19,49 @@ from trainpipe.model.loading import DTYPES, check_model_source
 TIMM_PREFIX = "timm/"
 
 
+def is_timm_folder(path) -> bool:
+    """Whether ``path`` is a folder timm wrote (`save_for_hf`: its config.json names an `architecture`, no `model_type`)."""
+    cfg = Path(str(path)).expanduser() / "config.json"
+    try:
+        conf = json.loads(cfg.read_text(encoding="utf-8")) if cfg.is_file() else None
+    except (OSError, ValueError):
+        return False
+    return isinstance(conf, dict) and "architecture" in conf and "model_type" not in conf
+
+
 def is_timm(name_or_path: str | None) -> bool:
-    return bool(name_or_path) and str(name_or_path).startswith(TIMM_PREFIX)
+    """A timm model: a `timm/NAME` hub name or a local timm folder."""
+    return bool(name_or_path) and (str(name_or_path).startswith(TIMM_PREFIX) or is_timm_folder(name_or_path))
+
+
+def timm_source(model_cfg) -> tuple[str, bool, dict]:
+    """(the name `timm.create_model` takes, pretrained, its other keyword arguments) of a timm ``model_cfg``: `timm/NAME` is
+    `hf-hub:timm/NAME` with its weights, or the bare architecture with random weights under `model.args.pretrained: false`;
+    a local folder is `local-dir:FOLDER`. The rest of `model.args` goes to `timm.create_model` (`drop_rate`, `img_size`, ...)."""
+    args = dict(model_cfg.args)
+    pretrained = bool(args.pop("pretrained", True))
+    name = str(model_cfg.name_or_path)
+    if name.startswith(TIMM_PREFIX):
+        arch = name[len(TIMM_PREFIX):]
+        return (f"hf-hub:timm/{arch}" if pretrained else arch), pretrained, args
+    return f"local-dir:{Path(name).expanduser().resolve()}", pretrained, args
+
+
+def create_timm(model_cfg, num_classes: int):
+    """`timm.create_model` for ``model_cfg`` with a head of ``num_classes`` outputs (timm drops the saved head when its size
+    differs); anything timm refuses is one paragraph naming the model and the fix."""
+    timm = import_timm()
+    name, pretrained, kwargs = timm_source(model_cfg)
+    try:
+        return timm.create_model(name, pretrained=pretrained, num_classes=num_classes, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - timm raises RuntimeError/ValueError/TypeError/OSError/hub errors alike
+        raise ModelLoadError(
+            f"timm cannot build `model.name_or_path` `{model_cfg.name_or_path}` (`timm.create_model({name!r}, pretrained={pretrained}, "
+            f"**model.args)`: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}). Give a timm hub name "
+            "(`timm/resnet18.a1_in1k`; offline, its weights must be in the Hugging Face cache), `model.args.pretrained: false` for "
+            "random weights, or a folder timm wrote (`timm.models.save_for_hf`: config.json + model.safetensors); `model.args` are "
+            "`timm.create_model`'s keyword arguments."
+        ) from None
 
 
 def import_timm():
@@ -39,9 +84,7 @@ def load_image_classifier(model_cfg, labels: list[str], dtype: str = "float32"):
     import torch
 
     if is_timm(model_cfg.name_or_path):
-        timm = import_timm()
-        name = str(model_cfg.name_or_path)[len(TIMM_PREFIX):]
-        model = timm.create_model(f"hf-hub:timm/{name}", pretrained=True, num_classes=len(labels))
+        model = create_timm(model_cfg, len(labels))
         model.pretrained_cfg = {**getattr(model, "pretrained_cfg", {}), "label_names": list(labels)}
         return model.to(getattr(torch, DTYPES[dtype]))
     from transformers import AutoModelForImageClassification
@@ -74,13 +117,13 @@ def logits(model, pixel_values, hf: bool):
 
 
 class TimmProcessor:
-    """A timm model's own eval transform (resize, centre crop, normalise from its `pretrained_cfg`), called like a
-    transformers image processor: ``processor(images=[...], return_tensors="pt")["pixel_values"]``."""
+    """A timm model's own eval transform (resize, centre crop, normalise from its data config: `pretrained_cfg`), called
+    like a transformers image processor: ``processor(images=[...], return_tensors="pt")["pixel_values"]``."""
 
     def __init__(self, model):
         timm = import_timm()
-        cfg = timm.data.resolve_data_config({}, model=model)
-        self.transform = timm.data.create_transform(**cfg)
+        self.data_config = timm.data.resolve_data_config({}, model=model)
+        self.transform = timm.data.create_transform(**self.data_config, is_training=False)
 
     def __call__(self, images, return_tensors: str = "pt"):
         import torch
@@ -94,3 +137,11 @@ def save_timm(model, folder, labels: list[str]) -> None:
     timm = import_timm()
     timm.models.save_for_hf(model, str(folder), model_config={"label_names": list(labels), "num_classes": len(labels)},
                             safe_serialization=True)
+
+
+def load_timm_export(folder):
+    """(the exported timm model in eval mode, its eval transform, its class names) from ``folder`` (:func:`save_timm`'s)."""
+    timm = import_timm()
+    model = timm.create_model(f"local-dir:{Path(folder).resolve()}", pretrained=True).eval()
+    labels = list(model.pretrained_cfg.get("label_names") or [])
+    return model, TimmProcessor(model), labels

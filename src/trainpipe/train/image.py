@@ -26,7 +26,7 @@ from trainpipe.errors import ConfigError, DataError
 from trainpipe.evaluate import task_metrics
 from trainpipe.export import base_model_dir, export_folder, model_card
 from trainpipe.export_family import META
-from trainpipe.model.images import TimmProcessor, is_timm, load_image_classifier, logits, save_timm
+from trainpipe.model.images import TimmProcessor, is_timm, load_image_classifier, load_timm_export, logits, save_timm
 from trainpipe.model.loading import parameter_counts
 from trainpipe.plan.module_trace import trace_module_step
 from trainpipe.train.context import RunContext
@@ -245,19 +245,29 @@ def export_image_model(*, run_dir: Path, model, processor, base, labels: list[st
 
 
 def predict(path: str | Path, images: list[bytes], batch_size: int = EVAL_BATCH) -> list[dict]:
-    """The class (and its probability) of each encoded image by an exported transformers image classifier folder."""
+    """The class (and its probability) of each encoded image by an exported image classifier folder: transformers'
+    (`AutoModelForImageClassification` + its image processor) or timm's (`timm.create_model("local-dir:...")` + its eval
+    transform), as `trainpipe_model.json` `library` says."""
     import torch
-    from transformers import AutoModelForImageClassification
 
-    processor = load_image_processor(str(path))
-    model = AutoModelForImageClassification.from_pretrained(str(path), use_safetensors=True).eval()
+    meta = json.loads((Path(path) / META).read_text(encoding="utf-8"))
+    hf = meta.get("library", "transformers") != "timm"
+    if hf:
+        from transformers import AutoModelForImageClassification
+
+        processor = load_image_processor(str(path))
+        model = AutoModelForImageClassification.from_pretrained(str(path), use_safetensors=True).eval()
+        names = [model.config.id2label[k] for k in range(len(model.config.id2label))]
+    else:
+        model, processor, names = load_timm_export(path)
+        names = names or list(meta["classes"])
     out: list[dict] = []
     with torch.no_grad():
         for i in range(0, len(images), batch_size):
             pv = processor(images=[decode_rgb(b) for b in images[i : i + batch_size]], return_tensors="pt")["pixel_values"]
-            p = torch.softmax(model(pixel_values=pv).logits.float(), -1)
+            p = torch.softmax(logits(model, pv, hf), -1)
             conf, idx = p.max(-1)
-            out += [{"label": model.config.id2label[int(k)], "score": float(c)} for k, c in zip(idx, conf)]
+            out += [{"label": names[int(k)], "score": float(c)} for k, c in zip(idx, conf)]
     return out
 
 
