@@ -112,7 +112,7 @@ def figures(folder: str | Path) -> dict | None:
     if not isinstance(v, dict) or got is None:
         return None
     tokens, rule = got
-    hidden = v.get("hidden_size") or v.get("embed_dim") or 1024
+    hidden = v.get("embed_dim") or v.get("hidden_size") or 1024  # Qwen2-VL's `hidden_size` is the merger's output, its tower `embed_dim`
     patch, size = v.get("patch_size") or 14, v.get("image_size") or 224
     per_tile = (size // patch) ** 2
     mt = cfg.get("model_type")
@@ -127,7 +127,8 @@ def figures(folder: str | Path) -> dict | None:
         patches = (1 + max(h // size * (w // size) for h, w in pins)) * (per_tile + 1)
     else:
         patches = per_tile + (1 if v.get("model_type") == "clip_vision_model" else 0)
-    return {"params": vision_params(folder) or 0, "layers": v.get("num_hidden_layers") or v.get("depth") or 1, "hidden": hidden,
+    layers = (v.get("num_hidden_layers") or v.get("depth") or 1) + (v.get("num_global_layers") or 0)  # mllama: local + global layers
+    return {"params": vision_params(folder) or 0, "layers": layers, "hidden": hidden,
             "intermediate": v.get("intermediate_size") or int(hidden * v.get("mlp_ratio", 4)), "heads": v.get("num_attention_heads") or v.get("num_heads") or v.get("attention_heads"),
             "patch": patch, "image_size": size, "tokens_per_image": tokens, "patches_per_image": int(patches), "rule": rule,
             "source": f"{folder}/config.json and its processor settings"}
