@@ -38,7 +38,10 @@ from trainpipe.errors import DataError
 IMAGE = "<image>"
 IMAGE_PART_TYPES = ("image", "image_url", "input_image")
 PROCESSOR_ATTR = "_trainpipe_processor"  # where model/vision.py attaches a model's processor to its tokenizer
-PER_TOKEN = "tok:"  # a processor output with one value per token (Gemma 3's token_type_ids): padded like the tokens
+PER_TOKEN = "tok:"  # a processor output with one value per token (Gemma 3's token_type_ids, mllama's cross_attention_mask)
+PER_EXAMPLE = "ex:"  # a processor output with a row per example (mllama's and Idefics3's images): stacked, not concatenated
+# the processors whose image tensors have a row per example (images, then tiles, inside it) rather than one per image
+PER_EXAMPLE_PROCESSORS = ("MllamaProcessor", "Idefics3Processor", "Idefics2Processor", "SmolVLMProcessor")
 
 
 class ImageError(FormatError):
@@ -260,9 +263,13 @@ def _call(proc, text: str, images: list) -> dict:
 
 def image_token_ids(proc) -> set[int]:
     """The ids of the tokens that stand for images: the processor's image token, and the tokenizer's image, begin- and
-    end-of-image tokens where it names them (Gemma 3: `<start_of_image>`, the soft tokens, `<end_of_image>`)."""
+    end-of-image tokens where it names them (Gemma 3: `<start_of_image>`, the soft tokens, `<end_of_image>`), and the
+    tile markers Idefics3-style processors wrap the image tokens in (`<fake_token_around_image>`, `<global-img>`,
+    `<row_r_col_c>`). mllama's one `<|image|>` a picture is its image token (the pixels reach the decoder through
+    cross-attention, not through tokens)."""
     tok = proc.tokenizer
-    ids = {getattr(proc, "image_token_id", None)}
+    ids = {getattr(proc, "image_token_id", None), getattr(proc, "fake_image_token_id", None), getattr(proc, "global_image_token_id", None),
+           *(getattr(proc, "row_col_ids", None) or [])}
     for owner, attr in ((proc, "image_token"), (tok, "image_token"), (tok, "boi_token"), (tok, "eoi_token")):
         name = getattr(owner, attr, None)
         if isinstance(name, str) and name:
@@ -312,20 +319,27 @@ def encode(proc, ex: dict, *, train_on: str, max_length: int, min_tokens: int) -
     labels = [IGNORE_INDEX if t in image_ids else x for t, x in zip(ids, labels)]  # an image token never carries loss
     if sum(1 for x in labels if x != IGNORE_INDEX) < max(1, min_tokens):
         return None, "no_loss_tokens"
-    return {"input_ids": ids, "labels": labels, "mm": _extras(out), "n_images": len(images), "image_tokens": n_image_tokens}, None
+    return {"input_ids": ids, "labels": labels, "mm": _extras(out, proc), "n_images": len(images), "image_tokens": n_image_tokens}, None
 
 
-def _extras(out: dict) -> bytes:
-    """The processor's tensors besides the tokens, as one safetensors blob (per-token ones marked with ``PER_TOKEN``)."""
+def _extras(out: dict, proc) -> bytes:
+    """The processor's tensors besides the tokens, as one safetensors blob: per-token ones (their first two dimensions
+    the tokens') marked with ``PER_TOKEN``, per-example ones (``PER_EXAMPLE_PROCESSORS``) with ``PER_EXAMPLE``, both
+    without their batch dimension of one; per-image ones as they are."""
     import torch
     from safetensors.torch import save
 
+    per_example = type(proc).__name__ in PER_EXAMPLE_PROCESSORS
     tensors = {}
     for k, v in out.items():
         if k in ("input_ids", "attention_mask") or not isinstance(v, torch.Tensor):
             continue
-        per_token = v.dim() == 2 and v.shape == out["input_ids"].shape
-        tensors[(PER_TOKEN + k) if per_token else k] = (v[0] if per_token else v).contiguous()
+        if v.dim() >= 2 and v.shape[:2] == out["input_ids"].shape:
+            tensors[PER_TOKEN + k] = v[0].contiguous()
+        elif per_example and v.dim() >= 2 and v.shape[0] == 1:
+            tensors[PER_EXAMPLE + k] = v[0].contiguous()
+        else:
+            tensors[k] = v.contiguous()
     return save(tensors)
 
 
@@ -349,36 +363,73 @@ def encode_pair(proc, ex: dict, *, max_length: int, min_tokens: int) -> tuple[di
     if min(len(r) for r in replies) < max(1, min_tokens):
         return None, "too_short"
     image_ids = image_token_ids(proc)
-    return {"prompt_input_ids": prompt, "chosen_input_ids": replies[0], "rejected_input_ids": replies[1], "mm": _extras(out),
+    return {"prompt_input_ids": prompt, "chosen_input_ids": replies[0], "rejected_input_ids": replies[1], "mm": _extras(out, proc),
             "n_images": len(images), "image_tokens": sum(1 for t in prompt if t in image_ids)}, None
 
 
 # ------------------------------------------------------------------------------ batches
 
 
+def _grow(t, trail: list[int]):
+    """``t`` zero-padded in every dimension but the first to ``trail``."""
+    import torch
+
+    if list(t.shape[1:]) == trail:
+        return t
+    out = torch.zeros((t.shape[0], *trail), dtype=t.dtype)
+    out[(slice(None), *(slice(0, n) for n in t.shape[1:]))] = t
+    return out
+
+
+def _pad_stack(tensors: list, lead: int | None = None):
+    """``tensors`` (None for a row without the key) stacked, every dimension zero-padded to the largest (the first to
+    ``lead`` when given): per-token extras to the batch width, per-example images to the most images (or tiles) in a
+    row. A zero image is what the families pad with (mllama masks it out of cross-attention, Idefics3 drops all-zero
+    images, LLaVA-NeXT cuts each image's tiles by `image_sizes`)."""
+    import torch
+
+    have = [t for t in tensors if t is not None]
+    shape = [max(t.shape[d] for t in have) for d in range(have[0].dim())]
+    if lead is not None:
+        shape[0] = lead
+    out = torch.zeros((len(tensors), *shape), dtype=have[0].dtype)
+    for i, t in enumerate(tensors):
+        if t is not None:
+            out[(i, *(slice(0, n) for n in t.shape))] = t
+    return out
+
+
+def _lay_out(rows: list[dict], width: int) -> dict:
+    """The image tensors of ``rows`` (each a loaded ``mm`` blob) as one batch of ``len(rows)`` rows of ``width`` tokens:
+    per-token extras (``tok:``) padded to the width, per-example ones (``ex:``: mllama, Idefics3) stacked with the
+    images padded to the most in a row, per-image ones concatenated over the batch's images in order with their
+    trailing dimensions padded (LLaVA-NeXT's tiles per image vary with the image's size)."""
+    import torch
+
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    out: dict = {}
+    for k in keys:
+        if k.startswith(PER_TOKEN):
+            out[k[len(PER_TOKEN):]] = _pad_stack([r.get(k) for r in rows], lead=width)
+        elif k.startswith(PER_EXAMPLE):
+            out[k[len(PER_EXAMPLE):]] = _pad_stack([r.get(k) for r in rows])
+        else:
+            parts = [r[k] for r in rows if k in r]
+            trail = [max(t.shape[d] for t in parts) for d in range(1, parts[0].dim())]
+            out[k] = torch.cat([_grow(t, trail) for t in parts], dim=0)  # LLaVA-NeXT: tiles per image vary with its size
+    return out
+
+
 def pair_tensors(examples: list[dict], width: int) -> dict:
     """The image tensors of a pair batch laid out as train/preference.py's `collate_pairs` lays out the rows (every
     prompt + chosen, then every prompt + rejected): each pair's images twice, per-token extras padded to ``width``."""
-    import torch
     from safetensors.torch import load
 
-    rows = [load(ex["mm"]) for ex in examples] * 2
-    out: dict = {}
-    for i, tensors in enumerate(rows):
-        for k, v in tensors.items():
-            if k.startswith(PER_TOKEN):
-                name = k[len(PER_TOKEN):]
-                if name not in out:
-                    out[name] = torch.zeros((len(rows), width), dtype=v.dtype)
-                out[name][i, : v.shape[0]] = v
-            else:
-                out.setdefault(k, []).append(v)
-    return {k: cat_images(v) if isinstance(v, list) else v for k, v in out.items()}
+    return _lay_out([load(ex["mm"]) for ex in examples] * 2, width)
 
 
 def collate(batch: list[dict], pad_id: int) -> dict:
-    """Tokens right-padded (labels with -100, an attention mask), per-token extras padded with 0, every other tensor
-    (pixel values, image grids) concatenated over the batch's images in order."""
+    """Tokens right-padded (labels with -100, an attention mask), and the image tensors laid out by :func:`_lay_out`."""
     import torch
     from safetensors.torch import load
 
@@ -386,39 +437,9 @@ def collate(batch: list[dict], pad_id: int) -> dict:
     ids = torch.full((len(batch), n), pad_id, dtype=torch.long)
     labels = torch.full((len(batch), n), IGNORE_INDEX, dtype=torch.long)
     mask = torch.zeros((len(batch), n), dtype=torch.long)
-    extras: dict[str, list] = {}
-    per_token: dict[str, torch.Tensor] = {}
     for i, x in enumerate(batch):
         m = len(x["input_ids"])
         ids[i, :m] = torch.tensor(x["input_ids"], dtype=torch.long)
         labels[i, :m] = torch.tensor(x["labels"], dtype=torch.long)
         mask[i, :m] = 1
-        for k, v in load(x["mm"]).items():
-            if k.startswith(PER_TOKEN):
-                name = k[len(PER_TOKEN):]
-                if name not in per_token:
-                    per_token[name] = torch.zeros((len(batch), n), dtype=v.dtype)
-                per_token[name][i, :m] = v
-            else:
-                extras.setdefault(k, []).append(v)
-    out = {"input_ids": ids, "attention_mask": mask, "labels": labels, **per_token}
-    out.update({k: cat_images(v) for k, v in extras.items()})
-    return out
-
-
-def cat_images(tensors: list):
-    """The examples' image tensors of one batch joined along the first dimension. Where they differ in a later dimension
-    (Idefics3 / SmolVLM: `pixel_values` of (1, images in this example, 3, H, W) and its `pixel_attention_mask`; the number of
-    images or sub-images varies per example) each is zero-padded to the largest first, as the processor pads a batch
-    itself: an all-zero image is a padding image that those models drop, and a zero mask hides padded pixels."""
-    import torch
-
-    if len({tuple(t.shape[1:]) for t in tensors}) <= 1 or len({t.dim() for t in tensors}) > 1:
-        return torch.cat(tensors, dim=0)
-    dims = [max(t.shape[d] for t in tensors) for d in range(1, tensors[0].dim())]
-    out = []
-    for t in tensors:
-        padded = t.new_zeros((t.shape[0], *dims))
-        padded[(slice(None), *(slice(0, n) for n in t.shape[1:]))] = t
-        out.append(padded)
-    return torch.cat(out, dim=0)
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels, **_lay_out([load(x["mm"]) for x in batch], n)}

@@ -88,6 +88,7 @@ class ModelSpec:
     final_norm_params: int | None = None  # the final norm(s) freeze_plan names (None: not recorded; plan/memory.py assumes one RMSNorm)
     lm_head_bias_params: int = 0  # the output module's parameters beyond its weight (a bias, e.g. phi-2's lm_head)
     arch: dict = field(default_factory=dict)
+    vision: dict | None = None  # a vision-language model's tower (plan/vision.py `figures`; the catalog's `vision` block)
 
     # ---- architecture shorthands used by the memory and compute models
     @property
@@ -283,7 +284,7 @@ def build_meta_model(model_type: str, config: dict, task: str = "causal-lm", tru
         return auto.from_config(cfg, trust_remote_code=trust_remote_code)
 
 
-def _spec(id: str, model_type: str, task: str, config: dict, source: str, shapes: dict, note: str | None = None) -> ModelSpec:
+def _spec(id: str, model_type: str, task: str, config: dict, source: str, shapes: dict, note: str | None = None, vision_figures: dict | None = None) -> ModelSpec:
     arch = arch_from_config(model_type, config)
     arch["expert_params"] = shapes.get("expert_params", 0)
     return ModelSpec(
@@ -291,7 +292,7 @@ def _spec(id: str, model_type: str, task: str, config: dict, source: str, shapes
         embedding_params=shapes["embedding_params"], lm_head_params=shapes["lm_head_params"],
         linears=[Linear(g["name"], g["in"], g["out"], g["count"], g["in_layers"], g["bias"], g.get("path", "")) for g in shapes["linears"]],
         other_layer_params=shapes.get("other_layer_params", 0), note=note, arch=arch,
-        final_norm_params=shapes.get("final_norm_params"), lm_head_bias_params=shapes.get("lm_head_bias_params", 0),
+        final_norm_params=shapes.get("final_norm_params"), lm_head_bias_params=shapes.get("lm_head_bias_params", 0), vision=vision_figures,
     )
 
 
@@ -346,7 +347,8 @@ def spec_from_config_dict(id: str, cfg_dict: dict, source: str) -> ModelSpec:
         ) from None
     shapes = shapes_from_model(model, 0)
     full = cfg.to_dict()
-    note = "vision-language model: the text decoder is sized; the vision tower is in the plan's notes" if text is not None else None
+    note = ("vision-language model: the text decoder is sized from its config, the vision tower and projector by their figures "
+            "(plan/vision.py: weights, and activations when they train)") if text is not None else None
     return _spec(id, model_type, task, full, source, shapes, note)
 
 
@@ -382,14 +384,16 @@ def find_model(name_or_path: str, *, allow_hub: bool | None = None) -> ModelSpec
             d = json.loads(f.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
             raise ModelNotFoundError(f"`{f}` is not valid JSON ({exc.msg} at line {exc.lineno}); fix the file or re-save it with `save_pretrained`.") from None
-        return spec_from_config_dict(str(p), d, "local")
+        spec = spec_from_config_dict(str(p), d, "local")
+        spec.vision = vision.figures(p if p.is_dir() else p.parent) if spec.note and "vision-language" in spec.note else None
+        return spec
     e = catalog().get(name_or_path.lower())
     if e is not None:
         sh = _shapes().get(e["id"])
         if sh is None:  # not precomputed (catalog edited without regenerating): build on meta now
             model = build_meta_model(e["model_type"], e["config"], e["task"])
             sh = shapes_from_model(model, 0)
-        return _spec(e["id"], e["model_type"], e["task"], e["config"], "catalog", sh, e.get("note"))
+        return _spec(e["id"], e["model_type"], e["task"], e["config"], "catalog", sh, e.get("note"), e.get("vision"))
     if name_or_path in _HUB_SPECS:  # read from the hub earlier in this process (the resolver asks again, offline)
         return _HUB_SPECS[name_or_path]
     offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes") or os.environ.get("TRANSFORMERS_OFFLINE", "").lower() in ("1", "true", "yes")

@@ -96,6 +96,7 @@ _SET_FIELDS = {
     "method.goal": ("goal", lambda c: c.method.goal),
     "method.kl_control": ("kl_control", lambda c: c.method.kl_control),
     "method.continued": ("continued", lambda c: c.method.continued),
+    "method.freeze_vision": ("freeze_vision", lambda c: c.method.freeze_vision),  # a vision-language model's tower (plan/vision.py)
 }
 
 
@@ -229,7 +230,7 @@ def _config_plan(plan, hw, g):
     mem = plan.predicted.get("memory")
     out = {
         "plan": plan.to_dict(),
-        "model": None if spec is None else {"id": spec.id, "source": spec.source, "model_type": spec.model_type, "params": spec.total_params,
+        "model": None if spec is None else {"id": spec.id, "source": spec.source, "model_type": spec.model_type, "params": spec.total_params + (spec.vision or {}).get("params", 0),
                                             "trainable_params": mem["trainable_params"] if mem else None, "note": spec.note},
         "notes": list(plan.notes),
         "decision": rows,

@@ -93,6 +93,7 @@ from trainpipe.plan.activations import (
     _attention_output_proj, _dequant_bytes, _linear_lookup, _litgpt_head_params, _python_tanh_gelu, activation_bytes, bnb_saves_input,
     keeps_previous_graph, layer_activation_bytes, lingering_matmul4bit_inputs, logits_bytes,
 )
+from trainpipe.plan import vision
 from trainpipe.plan.catalog import ModelSpec
 from trainpipe.plan.setup import (
     ATTENTION, CUDA_CONTEXT, FRAGMENTATION, FRAMEWORKS, GIB, HF_MODULES, LOSS_CHUNK_ELEMENTS, METHODS, NCCL_BUFFERS, OFFLOADS, OPTIMIZERS,
@@ -279,6 +280,12 @@ def estimate(spec: ModelSpec, s: Setup) -> Breakdown:
     G = gradient_bytes(spec, s, trainable)
     O = optimizer_bytes(spec, s, trainable)
     A, ad = activation_bytes(spec, s)
+    vis = vision.tower_memory(spec.vision, s)  # a vision-language model's tower (plan/vision.py); zeros for a text model
+    if spec.vision:
+        N, trainable = N + spec.vision["params"], trainable + vis["trainable"]
+        W, G, O = W + vis["weights"], G + vis["gradients"], O + vis["optimizer"]
+        A = max(A + vis["saved"], vis["saved"] + vis["transient"])  # the frozen tower's forward is over before the decoder's
+        ad = {**ad, "vision": vis}
     n = max(1, s.num_gpus)
     cpu = 0
     detail = {"weights": wd, "activations": ad}

@@ -156,7 +156,7 @@ def _setup(cfg, w: WhatIf, method: str, precision: str, world: int) -> Setup:
     return Setup(method=method, precision=precision, optimizer=PLAN_OPTIM[cfg.training.optim], micro_batch=micro_batch_of(cfg) or 1,
                  seq_len=cfg.first_data().max_length, grad_ckpt=bool(grad_ckpt_of(cfg)), strategy="single" if world == 1 else "ddp", num_gpus=world,
                  offload=offload_of(cfg), lora_r=cfg.method.lora.r, lora_targets=lora_targets_of(cfg), lora_dropout=cfg.method.lora.dropout,
-                 attention=w.attention, framework=w.framework)
+                 attention=w.attention, framework=w.framework, freeze_vision=cfg.method.freeze_vision)
 
 
 def _fits(b: Breakdown, gpu: GPU) -> bool:

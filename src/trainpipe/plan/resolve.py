@@ -198,8 +198,7 @@ def memory_setup(cfg: RunConfig, method: str, precision: str, world: int, strate
         seq_len=cfg.first_data().max_length, grad_ckpt=tr.gradient_checkpointing is True, strategy=strategy, num_gpus=world,
         offload=PLAN_OFFLOAD[offload], lora_r=meth.lora.r, lora_targets=targets if isinstance(targets, str) else list(targets), lora_dropout=meth.lora.dropout,
         double_quant=meth.quantization.double_quant, freeze_layers=meth.freeze.trainable_layers, train_embeddings=meth.freeze.train_embeddings, lm_head=meth.name != "reward",
-        qlora_upcast_rest=meth.quantization.upcast_rest or qlora_loads_fp32(cfg, precision), attention=memory_attention(cfg.model.attn_implementation),
-    )
+        qlora_upcast_rest=meth.quantization.upcast_rest or qlora_loads_fp32(cfg, precision), attention=memory_attention(cfg.model.attn_implementation), freeze_vision=meth.freeze_vision)
 
 
 def qlora_loads_fp32(cfg: RunConfig, precision: str) -> bool:
@@ -301,7 +300,7 @@ def _size(cfg: RunConfig, hw: Hardware, world: int, sizing: bool, notes: list[st
     except Exception as exc:  # noqa: BLE001 - the planner informs, it never blocks a run
         spec = None
         notes.append(f"the planner could not size `{cfg.model.name_or_path}` ({str(exc).splitlines()[0][:160]}); no predictions")
-    notes.extend(vision.run_notes(cfg))  # a vision-language model: image tokens, the tower, the advice (plan/vision.py)
+    notes.extend(vision.run_notes(cfg, spec))  # a vision-language model: image tokens, the tower, the advice (plan/vision.py)
     gpu = gpu or catalog_gpu(hw)
     if hw.accelerator == "cuda" and gpu is None:
         notes.append(f"GPU `{hw.device_names[0] if hw.device_names else '?'}` is not in the GPU catalog: sized as a CPU run")

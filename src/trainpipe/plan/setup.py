@@ -63,6 +63,8 @@ class Setup:
     bnb_saves_input: bool | None = None  # QLoRA: does bitsandbytes' MatMul4Bit keep its input A? None: by framework (bnb_saves_input())
     qlora_upcast_rest: bool = False  # trainpipe QLoRA whose non-quantized rest is fp32 under 16-bit autocast (kbit_prepared_fp32): `method.quantization.upcast_rest: true` (PEFT's prepare_model_for_kbit_training), or a float32 load (resolve.qlora_loads_fp32)
     prev_graph_tokens: int | None = None  # litgpt QLoRA: tokens of the previous micro-batch whose graph is still referenced at this forward's end (None: micro_batch * seq_len, the steady state; 0: none, e.g. the first iteration)
+    freeze_vision: bool = True  # a vision-language model's tower frozen (`method.freeze_vision`): plan/vision.py tower_memory
+    images_per_example: int = 1  # images an example shows (each at the processor's largest resolution) for the tower's activations
 
 
 @dataclass

@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import math
 import types
 from dataclasses import dataclass, field
@@ -75,7 +76,7 @@ from trainpipe.config import FreezeConfig, LoraConfig, MethodConfig, Quantizatio
 from trainpipe.errors import TrainpipeError
 from trainpipe.model.loading import apply_peft, enable_gradient_checkpointing, quantization_config
 from trainpipe.model.losses import chunked_cross_entropy_sum, shift_labels
-from trainpipe.plan import memory
+from trainpipe.plan import memory, trace_vision
 from trainpipe.plan.catalog import ModelSpec, find_model
 from trainpipe.plan.memory import Setup
 from trainpipe.plan.trace_modes import cuda_like_dropout, live_bytes_tracker, real_data_paths
@@ -208,13 +209,14 @@ def _build(spec, setup, notes):
     import transformers
 
     base_dtype, half, autocast = _dtypes(setup)
-    cfg = _config(spec)
+    folder = trace_vision.folder_of(spec)  # a vision-language model: the whole model from its folder (plan/trace_vision.py)
+    cfg = trace_vision.config(folder) if folder else _config(spec)
     cfg.use_cache = False
     attn = {"flash": "sdpa"}.get(setup.attention, setup.attention)
     if setup.attention == "flash":
         notes.append("attention=flash traced as SDPA (flash-attention-2 is CUDA only; both save q, unrepeated k/v, the output and a logsumexp)")
     auto = {"causal-lm": transformers.AutoModelForCausalLM, "masked-lm": transformers.AutoModelForMaskedLM,
-            "seq2seq-lm": transformers.AutoModelForSeq2SeqLM}[spec.task]
+            "seq2seq-lm": transformers.AutoModelForSeq2SeqLM}[spec.task] if folder is None else transformers.AutoModelForImageTextToText
     with torch.device("meta"):
         model = auto.from_config(cfg, dtype=base_dtype, attn_implementation=attn, trust_remote_code=False)
     model.config.use_cache = False
@@ -229,7 +231,8 @@ def _build(spec, setup, notes):
     # the method applied by trainpipe's training code itself (train/model.py): the same PEFT config, kbit preparation and
     # freezing as `trainpipe train` (tests/unit/plan/test_trace_method.py checks the trainable parameters against it)
     task_type = {"causal-lm": "CAUSAL_LM", "masked-lm": None, "seq2seq-lm": "SEQ_2_SEQ_LM"}[spec.task]
-    model = apply_peft(model, method, task_type=task_type, quiet=True)
+    with contextlib.redirect_stdout(io.StringIO()):  # quiet: a VLM's freeze_vision rule is printed by model/vision.py itself
+        model = apply_peft(model, method, task_type=task_type, quiet=True)
     if setup.grad_ckpt:
         enable_gradient_checkpointing(model)  # as the loop turns it on
     model.train()
@@ -258,6 +261,7 @@ def _method_config(spec, setup, model):
         freeze=FreezeConfig(trainable_layers=max(1, min(setup.freeze_layers, n_blocks or 1)), train_embeddings=bool(getattr(setup, "train_embeddings", False))),
         quantization=QuantizationConfig(quant_type="nf4", double_quant=setup.double_quant, compute_dtype=compute,
                                         upcast_rest=bool(getattr(setup, "qlora_upcast_rest", False))),
+        freeze_vision=bool(getattr(setup, "freeze_vision", True)),
     )
 
 
@@ -327,12 +331,13 @@ def _optimizer(setup, params):
 # ----------------------------------------------------------------------------------------------- the step
 
 
-def _loss(model, framework, ids, labels, vocab):
+def _loss(model, framework, ids, labels, vocab, extras=None):
     import torch
 
+    extras = extras or {}  # a vision-language batch's pixel tensors (plan/trace_vision.py)
     if framework == "transformers":
-        return model(input_ids=ids, labels=labels).loss
-    logits = model(input_ids=ids).logits
+        return model(input_ids=ids, labels=labels, **extras).loss
+    logits = model(input_ids=ids, **extras).logits
     if framework == "trainpipe":
         return chunked_cross_entropy_sum(logits, shift_labels(labels))
     # hf-bf16-loss: nn.CrossEntropyLoss on the returned 16-bit logits
@@ -395,6 +400,8 @@ def trace_step(spec_or_path, setup, *, steps: int = 1, fake: bool = True, record
         notes.append("QLoRA traced with the emulated bitsandbytes kernel (bnb's Params4bit cannot wrap a fake tensor)")
     gen = torch.Generator().manual_seed(seed)
     vocab = spec.vocab
+    folder = trace_vision.folder_of(spec)
+    images = trace_vision.batch(folder, spec, setup) if folder else None  # real CPU tensors, cloned inside the trace
     mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
 
     def make(shape, dtype, is_float):
@@ -408,7 +415,7 @@ def trace_step(spec_or_path, setup, *, steps: int = 1, fake: bool = True, record
 
     step_peaks: list = []
     phase_bytes: dict = {}
-    with mode, cuda_like_dropout(), real_data_paths():
+    with mode, cuda_like_dropout(), real_data_paths(), trace_vision.checks_off():
         tr = live_bytes_tracker(record_events)
         with tr:
             _materialize(model, make)
@@ -422,8 +429,9 @@ def trace_step(spec_or_path, setup, *, steps: int = 1, fake: bool = True, record
             if not params:
                 raise TraceError(f"method `{setup.method}` leaves no trainable parameter in `{spec.id}`")
             opt = _optimizer(setup, params)
-            ids = torch.randint(0, vocab, (setup.micro_batch, setup.seq_len), generator=None if fake else gen)
-            labels = ids.clone()
+            extras = {k: v.clone() for k, v in images.items()} if images else {}
+            ids = extras.pop("input_ids") if images else torch.randint(0, vocab, (setup.micro_batch, setup.seq_len), generator=None if fake else gen)
+            labels = extras.pop("labels") if images else ids.clone()
             param_keys = {tr.key_of(p) for p in model.parameters()} | {tr.key_of(b) for b in model.buffers()}
             grad_keys: set = set()
             opt_keys: set = set()
@@ -432,8 +440,8 @@ def trace_step(spec_or_path, setup, *, steps: int = 1, fake: bool = True, record
                 tr.peak = tr.cur
                 tr.phase = f"forward (step {step})"
                 phase_bytes[tr.phase] = tr.cur
-                with torch.autocast("cpu", dtype=half, enabled=autocast):
-                    loss = _loss(model, setup.framework, ids, labels, vocab)
+                with torch.autocast("cpu", dtype=half, enabled=autocast), trace_vision.data_dependent(spec, fake):
+                    loss = _loss(model, setup.framework, ids, labels, vocab, extras)
                 tr.phase = f"backward (step {step})"
                 phase_bytes[tr.phase] = tr.cur
                 loss.backward()
@@ -477,7 +485,7 @@ def trace_plan(plan: dict) -> dict:
         s.num_gpus, s.strategy = 1, "single"  # one process of a DDP run holds what a single-GPU run holds (the DDP buckets aside)
     try:
         r = trace_step(model_id, s, steps=2, record_events=False)
-    except TraceError as exc:
+    except (TraceError, trace_vision.VisionTraceError) as exc:
         return {"traced": False, "reason": str(exc), "planner_allocated_bytes": est}
     return {"traced": True, "planner_allocated_bytes": est, "trace_peak_bytes": r.peak_bytes, "difference_pct": round(100.0 * (est - r.peak_bytes) / r.peak_bytes, 1),
             "phase": r.phase, "split": r.split, "notes": r.notes, "seconds": round(r.seconds, 1)}

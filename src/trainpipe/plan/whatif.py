@@ -12,6 +12,7 @@ from trainpipe.config import DataConfig
 from trainpipe.data.formats import detect_file
 from trainpipe.plan import compute as C
 from trainpipe.plan import decisions as D
+from trainpipe.plan import vision
 from trainpipe.plan.catalog import ModelSpec, find_model
 from trainpipe.plan.decisions import PlanError
 from trainpipe.plan.gpus import GIB, GPU, catalog as gpu_catalog, find_gpu
@@ -178,7 +179,7 @@ def _assemble(spec: ModelSpec, w: WhatIf, gpu: GPU | None, chosen: dict, fits_ma
     world = w.num_gpus * w.nodes if gpu else 1
     decisions = chosen["decisions"]
     out = {
-        "model": {"id": spec.id, "source": spec.source, "model_type": spec.model_type, "params": spec.total_params, "trainable_params": b.trainable_params, "note": spec.note},
+        "model": {"id": spec.id, "source": spec.source, "model_type": spec.model_type, "params": spec.total_params + (spec.vision or {}).get("params", 0), "trainable_params": b.trainable_params, "note": spec.note},
         "decision": [asdict(d) for d in decisions],
         "memory": {
             "per_device": {k: getattr(b, k) for k in ("weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes", "overhead_bytes")} | {"total_bytes": b.total_bytes, "cpu_offload_bytes": b.cpu_bytes}
@@ -198,6 +199,9 @@ def _assemble(spec: ModelSpec, w: WhatIf, gpu: GPU | None, chosen: dict, fits_ma
         },
         "setup": asdict(s),
     }
+    if spec.vision:  # a vision-language model: the image side with its rules (plan/vision.py), and the tower's bytes in the figures
+        out["notes"] = vision.notes(spec.id, max_length=s.seq_len, freeze_vision=s.freeze_vision, peft="none" if s.method == "full" else s.method,
+                                    grad_ckpt=s.grad_ckpt, tower=spec.vision) + [vision.memory_line(b.detail.get("activations", {}).get("vision"))]
     dp = chosen.get("parallel", {}).get("data", world)
     out["recommendation"]["effective_batch"] = s.micro_batch * out["recommendation"]["gradient_accumulation"] * (dp if "parallel" in chosen else world)
     if gpu is not None:

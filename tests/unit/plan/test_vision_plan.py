@@ -48,4 +48,4 @@ def test_plan_of_the_example_sizes_the_text_decoder_and_names_the_images(capsys)
     assert main(["plan", str(EXAMPLE / "run.yaml")]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "could not size" not in out and "text decoder is sized" in out
-    assert "up to 4 image tokens per image" in out and "tower holds 27,680 parameters" in out and "memory per device" in out
+    assert "up to 4 image tokens per image" in out and "tower and projector hold 33,952 parameters" in out and "memory per device" in out
