@@ -68,8 +68,14 @@ class AutomlConfig(_Section):
     """`trainpipe automl CONFIG`: task + data + constraints -> candidate models -> arms -> budgeted successive halving -> the
     winner (trainpipe/tune/automl.py). Only this section of CONFIG is read; `--set automl.KEY=VALUE` changes any key."""
 
-    task: Literal["sft", "classification", "preference", "tabular"] = "sft"
-    """What the candidates are trained for: sft (objective: eval loss), classification (accuracy), preference (preference accuracy); `tabular`: CONFIG is a run config of the tabular family (`model.family: tabular`, `data.label` or `data.target`, a `data.test_split`), searched by AutoGluon beside trainpipe's own tabular model and the trivial predictor."""
+    task: Literal["sft", "classification", "preference", "tabular", "image-classification", "text-classification", "custom"] = "sft"
+    """What the candidates are trained for: sft (objective: eval loss), classification (accuracy), preference (preference accuracy); `tabular`: CONFIG is a run config of the tabular family (`model.family: tabular`, `data.label` or `data.target`, a `data.test_split`), searched by AutoGluon beside trainpipe's own tabular model and the trivial predictor; `image-classification`, `text-classification`, `custom`: CONFIG is a run config of that family (an image classifier, `method.name: classification` on text, `model.factory`), its `automl.candidates` and `automl.space` searched by successive halving (tune/automl_family.py)."""
+    candidates: list[str] = Field(default_factory=list)
+    """image-classification / text-classification: the backbones to choose from (transformers ids or local folders with config.json; `timm/NAME` for images through timm); default: CONFIG's `model.name_or_path` alone; a comma-separated string is split."""
+    space: dict[str, Any] | None = None
+    """image-classification / text-classification / custom: the search space of each candidate's arms, in `tune.space`'s form (e.g. `model.args.hidden_size: {choice: [16, 32]}`, `training.learning_rate: {log_uniform: [1e-4, 1e-2]}`); default: CONFIG's learning rate / and x `lr_spread`."""
+    max_step_ms: float | None = Field(default=None, gt=0)
+    """image-classification / text-classification / custom: an arm whose measured training step (one micro-batch forward and backward on this machine, before it trains) takes longer is not trained."""
     time_limit: float | None = Field(default=None, gt=0)
     """tabular: AutoGluon's fit budget in seconds (default: `budget_hours` x 3600, else 120)."""
     presets: str = "auto"
@@ -121,7 +127,7 @@ class AutomlConfig(_Section):
     batch_size: int = Field(default=8, ge=1)
     """Effective batch per optimizer step; the micro-batch and accumulation for it are the planner's on `gpu`."""
 
-    @field_validator("models", mode="before")
+    @field_validator("models", "candidates", mode="before")
     @classmethod
     def _split_models(cls, v):
         return [m.strip() for m in v.split(",") if m.strip()] if isinstance(v, str) else v
