@@ -89,3 +89,96 @@ def test_architecture_search_on_a_custom_module_matches_the_hand_default_with_fe
     rows = list(csv.DictReader(pred.open()))
     truth = [r["cultivar"] for r in csv.DictReader(WINE.open())]
     assert len(rows) == len(truth) and sum(r["prediction"] == t for r, t in zip(rows, truth)) / len(truth) > 0.85
+
+
+DIGITS = ROOT / "examples" / "image-classification" / "data" / "digits.parquet"
+
+
+def tiny_backbones(root: Path) -> list[Path]:
+    """Three tiny image classifiers built from configs (random weights, nothing downloaded), each with the example's processor."""
+    import torch
+    from transformers import (ConvNextConfig, ConvNextForImageClassification, ResNetConfig, ResNetForImageClassification, ViTConfig,
+                              ViTForImageClassification, ViTImageProcessor)
+
+    out = []
+    for name, model in (
+        ("vit", lambda: ViTForImageClassification(ViTConfig(image_size=16, patch_size=4, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                                            intermediate_size=64, num_labels=10))),
+        ("convnext", lambda: ConvNextForImageClassification(ConvNextConfig(num_channels=3, patch_size=2, hidden_sizes=[16, 32], depths=[1, 1],
+                                                                           num_stages=2, num_labels=10))),
+        ("resnet", lambda: ResNetForImageClassification(ResNetConfig(num_channels=3, embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1],
+                                                                     layer_type="basic", downsample_in_first_stage=False, num_labels=10))),
+    ):
+        torch.manual_seed(0)
+        model().save_pretrained(root / name, safe_serialization=True)
+        ViTImageProcessor(size={"height": 16, "width": 16}, image_mean=[0.5] * 3, image_std=[0.5] * 3).save_pretrained(root / name)
+        out.append(root / name)
+    return out
+
+
+def test_image_model_selection_picks_a_backbone_that_beats_the_trivial_predictor(tmp_path, capsys):
+    import pandas as pd
+
+    bases = tiny_backbones(tmp_path / "bases")
+    digits = tmp_path / "digits.parquet"  # the first 600 of the example's 1797 digits (about 60 a class): a shorter test
+    pd.read_parquet(DIGITS).iloc[:600].to_parquet(digits, index=False)
+    cfg = {"name": "digits", "model": {"family": "image", "name_or_path": str(bases[0])},
+           "data": {"sources": [{"path": str(digits)}], "label": "label", "eval_split": 0.15},
+           "training": {"learning_rate": 3.0e-3, "per_device_train_batch_size": 32, "gradient_accumulation_steps": 1, "seed": 0},
+           "tracking": {"backend": "none"}, "gates": {"on_fail": "warn"},
+           "automl": {"task": "image-classification", "candidates": [str(b) for b in bases], "arms_per_model": 1, "min_steps": 10, "rungs": 2,
+                      "eta": 2, "output_dir": str(tmp_path / "automl"), "space": {"training.learning_rate": {"choice": [1.0e-2]}}}}
+    config = tmp_path / "digits.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    assert main(["automl", str(config)]) == 0
+    out = capsys.readouterr().out
+    res = json.loads((tmp_path / "automl" / "automl.json").read_text())
+    assert sorted(Path(c["candidate"]).name for c in res["checks"]) == ["convnext", "resnet", "vit"] and all(c["trained"] for c in res["checks"])
+    assert all(c["params"] > 0 and c["peak_mib"] > 0 and c["step_ms"] > 0 for c in res["checks"])  # counted, traced and timed before training
+    win, trivial = res["winner"], res["trivial"]["accuracy"]
+    assert Path(win["candidate"]).name in ("convnext", "resnet", "vit") and win["steps"] == 20
+    assert win["accuracy"] >= trivial + 0.2, (win, trivial)  # 10 classes: the majority class is about 10 %
+    assert out.count("data: cache reused") >= 3  # the digits were decoded and split once, every arm's run reused them
+    pred = tmp_path / "pred.csv"
+    assert main(["predict", str(tmp_path / "automl" / "winner"), "--data", str(digits), "--out", str(pred)]) == 0
+    assert len(list(csv.DictReader(pred.open()))) == 600
+
+
+def tiny_bert(path: Path) -> Path:
+    """A 2-layer, 32-wide BERT from a config with the tests' BPE tokenizer (random weights; a sequence-classification head is
+    added by the run)."""
+    import torch
+    from transformers import BertConfig, BertForMaskedLM
+
+    from tiny import build_tokenizer
+
+    tok = build_tokenizer()
+    torch.manual_seed(0)
+    BertForMaskedLM(BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                               max_position_embeddings=64, pad_token_id=tok.pad_token_id)).save_pretrained(path, safe_serialization=True)
+    tok.save_pretrained(path)
+    return path
+
+
+def test_text_classification_selects_between_a_tiny_bert_and_a_tiny_llama(tmp_path, capsys):
+    from tiny import build_tiny_model, classification_records, write_jsonl
+
+    bert, llama = tiny_bert(tmp_path / "bert"), build_tiny_model(tmp_path / "llama")
+    write_jsonl(tmp_path / "train.jsonl", classification_records(240, seed=5))
+    cfg = {"name": "topics", "model": {"name_or_path": str(bert)}, "method": {"name": "classification", "peft": "none"},
+           "data": {"sources": [{"path": str(tmp_path / "train.jsonl"), "format": "classification"}], "eval_split": 48, "max_length": 32},
+           "training": {"learning_rate": 2.0e-3, "per_device_train_batch_size": 16, "gradient_accumulation_steps": 1, "seed": 0},
+           "tracking": {"backend": "none"}, "gates": {"on_fail": "warn"},
+           "automl": {"task": "text-classification", "candidates": [str(bert), str(llama)], "arms_per_model": 1, "min_steps": 15, "rungs": 2,
+                      "eta": 2, "output_dir": str(tmp_path / "automl"), "space": {"training.learning_rate": {"choice": [2.0e-3]}}}}
+    config = tmp_path / "topics.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    assert main(["automl", str(config)]) == 0
+    res = json.loads((tmp_path / "automl" / "automl.json").read_text())
+    assert sorted(Path(c["candidate"]).name for c in res["checks"]) == ["bert", "llama"] and all(c["params"] > 0 for c in res["checks"])
+    bert_params = next(c["params"] for c in res["checks"] if c["candidate"].endswith("bert"))
+    assert bert_params < next(c["params"] for c in res["checks"] if c["candidate"].endswith("llama"))
+    win = res["winner"]
+    assert win["steps"] == 30 and win["accuracy"] >= res["trivial"]["accuracy"] + 0.15, (win, res["trivial"])
+    model_cfg = json.loads((tmp_path / "automl" / "winner" / "model" / "config.json").read_text())
+    assert model_cfg["architectures"][0].endswith("ForSequenceClassification")

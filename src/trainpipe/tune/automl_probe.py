@@ -29,7 +29,7 @@ from trainpipe.plan.resolve import CPU_MEMORY_SHARE, _ram_bytes, catalog_gpu
 from trainpipe.plan.run_plan import plan_run
 from trainpipe.train import supervised
 from trainpipe.train.family import family
-from trainpipe.train.image import ImageCrossEntropy
+from trainpipe.train.image import ImageCrossEntropy, trace_step
 
 WARMUP, TIMED = 2, 5
 
@@ -56,11 +56,12 @@ def _timed(step) -> float:
     return best * 1000
 
 
-def _module_probe(build, objective, batch_of) -> dict:
+def _module_probe(build, objective, batch_of, traced: dict | None = None) -> dict:
     import torch
 
     with torch.random.fork_rng(devices=[]):  # the probe draws nothing from the run's random streams
-        traced = trace_module_step(build, lambda m, b: objective.loss_sum(m, b)[0], batch_of())
+        if traced is None:
+            traced = trace_module_step(build, lambda m, b: objective.loss_sum(m, b)[0], batch_of())
         model = build()
         model.train()
 
@@ -70,7 +71,7 @@ def _module_probe(build, objective, batch_of) -> dict:
             model.zero_grad(set_to_none=True)
 
         ms = _timed(step)
-    return {"params": int(sum(p.numel() for p in model.parameters())), "peak_bytes": traced["peak_bytes"], "step_ms": ms}
+    return {"params": int(sum(p.numel() for p in model.parameters())), "peak_bytes": (traced or {}).get("peak_bytes"), "step_ms": ms}
 
 
 def probe(cfg: RunConfig) -> dict:
@@ -82,8 +83,9 @@ def probe(cfg: RunConfig) -> dict:
         hf = not is_timm(cfg.model.name_or_path)
         processor = load_image_processor(cfg.model.name_or_path) if hf else TimmProcessor(load_image_classifier(cfg.model, data.classes))
         objective = ImageCrossEntropy(processor, {c: i for i, c in enumerate(data.classes)}, hf=hf, seed=cfg.training.seed, augment=False)
+        traced = trace_step(cfg.model, data, objective, mb) if hf else {}  # the run's own trace (the classifier from its config)
         return _module_probe(lambda: load_image_classifier(cfg.model, data.classes), objective,
-                             lambda: objective.collate(data.train[:mb], train=False))
+                             lambda: objective.collate(data.train[:mb], train=False), traced)
     if fam in ("custom", "tabular"):
         data = family(fam).prepare(cfg)
         objective = supervised.SupervisedObjective(supervised.default_loss(data.task, cfg.method.loss), data.task)
