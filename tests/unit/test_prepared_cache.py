@@ -38,6 +38,7 @@ def test_a_cached_table_equals_the_data_step_and_the_key_follows_the_content_onl
     assert again.report["cache"]["hit"] and not first.report["cache"]["hit"]
     key = cache_key("tabular", cfg(WINE))
     assert cache_key("custom", cfg(WINE)) == key  # the custom family reads a table by the same data step
+    assert cache_key("tabular", cfg(WINE, data__packing="padding_free")) == key  # what `trainpipe run`'s planner resolves for text only
     assert cache_key("tabular", cfg(WINE, training__seed=1)) != key and cache_key("tabular", cfg(WINE, data__eval_split=0.3)) != key
     copy = tmp_path / "wine.csv"
     shutil.copyfile(WINE, copy)

@@ -3,7 +3,7 @@
 `trainpipe run`, every arm of `trainpipe automl` and AutoGluon's `automl --task tabular` call the family's data step
 (train/family.py `Family.prepare`) through :func:`cached`. The key is the SHA-256 of what the data step reads and nothing
 else: the family, the task, `training.seed` (the split's seed), the whole `data:` section (less `cache_dir`, where the
-cache lives) and the content hash of every source (a file's SHA-256; a folder's over every file's relative path and
+cache lives, and `packing`, text batching the planner resolves) and the content hash of every source (a file's SHA-256; a folder's over every file's relative path and
 bytes). The output folder, the command, the model and the training settings are not in it, so the same data through
 `trainpipe run` and `trainpipe automl` is prepared once: the second prints `data: cache reused: PATH`.
 
@@ -34,6 +34,9 @@ from trainpipe.distributed import env as dist_env
 from trainpipe.train.supervised import Prepared
 
 CODE_VERSION = "1"  # bump when a family's data step changes what it prepares
+# not part of the key: where the cache lives, and the text batching `trainpipe run`'s planner resolves (`packing: auto` ->
+# `padding_free`), which tables and images never read: the run's resolved config and the raw one give the same key
+IGNORED = {"cache_dir", "packing"}
 
 
 def cache_key(family: str, cfg) -> str | None:
@@ -46,7 +49,7 @@ def cache_key(family: str, cfg) -> str | None:
         if src.path is None or getattr(src, "sql", None) is not None or getattr(src, "hub", None) is not None or not Path(src.path).exists():
             return None
         hashes.append(sha256_path(Path(src.path)))
-    section = data.model_dump(mode="json", exclude={"cache_dir"})
+    section = data.model_dump(mode="json", exclude=IGNORED)
     task = "classification" if family == "image" else resolve_task(cfg.method, cfg.data)[0]
     kind = "image" if family == "image" else "table"  # the tabular and custom families read a table by the same data step
     doc = {"kind": kind, "task": task, "seed": cfg.training.seed, "data": section, "sources": hashes, "version": CODE_VERSION}
