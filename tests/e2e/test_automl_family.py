@@ -79,7 +79,7 @@ def test_architecture_search_on_a_custom_module_matches_the_hand_default_with_fe
     board = list(csv.DictReader((tmp_path / "automl" / "leaderboard.csv").open()))
     assert {"accuracy", "params", "train_step_ms", "probe_step_ms", "fit_seconds"} <= set(board[0])
     assert all(float(r["train_step_ms"]) > 0 and float(r["fit_seconds"]) > 0 for r in board)
-    assert [s for s, _ in res["leaderboard"][0]["curve"]] == [10, 20]  # an eval every 10 steps over the winner's two rungs (it continued)
+    assert [s for s, _ in res["leaderboard"][0]["curve"]] == [0, 10, 20]  # the baseline, then an eval every 10 steps over both rungs (it continued)
     page = (tmp_path / "automl" / "report.html").read_text()
     assert "<svg" in page and "<script" not in page and "beats_trivial" in page
     assert "winner gates:" in out and "trivial" in out
@@ -89,6 +89,20 @@ def test_architecture_search_on_a_custom_module_matches_the_hand_default_with_fe
     rows = list(csv.DictReader(pred.open()))
     truth = [r["cultivar"] for r in csv.DictReader(WINE.open())]
     assert len(rows) == len(truth) and sum(r["prediction"] == t for r, t in zip(rows, truth)) / len(truth) > 0.85
+    # and `trainpipe eval` measures it on the config's eval split: the leaderboard's figure again
+    capsys.readouterr()
+    assert main(["eval", str(tmp_path / "automl" / "winner"), "--config", str(config)]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("eval accuracy "))
+    assert float(line.split()[-1]) == pytest.approx(win["accuracy"], abs=1e-6)
+
+
+def test_a_config_of_another_family_is_one_paragraph(tmp_path, capsys):
+    config = wine_config(tmp_path)
+    assert main(["automl", str(config), "--task", "image-classification"]) == 2
+    cap = capsys.readouterr()
+    text = " ".join((cap.out + cap.err).split())
+    assert "run config of the `image` family" in text and "`custom` config" in text and "Traceback" not in text
+    assert not (tmp_path / "automl").exists()
 
 
 DIGITS = ROOT / "examples" / "image-classification" / "data" / "digits.parquet"
@@ -142,6 +156,10 @@ def test_image_model_selection_picks_a_backbone_that_beats_the_trivial_predictor
     pred = tmp_path / "pred.csv"
     assert main(["predict", str(tmp_path / "automl" / "winner"), "--data", str(digits), "--out", str(pred)]) == 0
     assert len(list(csv.DictReader(pred.open()))) == 600
+    capsys.readouterr()
+    assert main(["eval", str(tmp_path / "automl" / "winner"), "--config", str(config)]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("eval accuracy "))
+    assert float(line.split()[-1]) == pytest.approx(win["accuracy"], abs=1e-6)  # the export measures what the run's final eval did
 
 
 def tiny_bert(path: Path) -> Path:
