@@ -81,7 +81,7 @@ class AutomlConfig(_Section):
     presets: str = "auto"
     """tabular: AutoGluon's presets; `auto`: `medium_quality` under 1 h of `time_limit`, `good_quality` up to 4 h, `best_quality` above (bagging and stacking pay off only with time to fit several folds of every model)."""
     memory_gib: float | None = Field(default=None, gt=0)
-    """tabular: the memory AutoGluon may use, in GiB (its `memory_limit`: it skips or stops a model expected to exceed it); default: the memory this machine has free."""
+    """tabular: the memory AutoGluon may use, in GiB (its `memory_limit`: it skips or stops a model expected to exceed it); default: the memory this machine has free. image-classification / text-classification / custom: an arm whose traced training step needs more is not trained (default: the GPU less the planner's headroom, or the CPU share of the RAM)."""
     python: str | None = None
     """tabular: the Python interpreter that has AutoGluon (its own environment: AutoGluon pins pandas below 2.4, trainpipe pandas 3); default `$TRAINPIPE_AUTOML_PYTHON`, else the one `scripts/automl_venv.sh` makes (`~/.cache/trainpipe/automl-venv/bin/python`)."""
     data: str | None = None
@@ -99,7 +99,7 @@ class AutomlConfig(_Section):
     gpus: int = Field(default=1, ge=1)
     """GPUs of type `gpu` per arm (the method and the price)."""
     max_params: float | None = Field(default=None, gt=0)
-    """Largest base model, in parameters (e.g. 8e9)."""
+    """Largest base model, in parameters (e.g. 8e9); image-classification / text-classification / custom: each arm's model as built (its new head included), counted before it trains."""
     budget_usd: float | None = Field(default=None, gt=0)
     """Stop before a rung the planner prices above what is left (needs a GPU to price on: `gpu`)."""
     budget_hours: float | None = Field(default=None, gt=0)
