@@ -89,3 +89,22 @@ def test_without_autogluon_the_command_says_how_to_install_it(tmp_path, capsys):
     text = " ".join((cap.out + cap.err).split())
     assert "scripts/automl_venv.sh" in text and "automl.python" in text and "Traceback" not in text
     assert not (tmp_path / "automl").exists()
+
+
+def test_run_then_automl_on_the_same_config_prepare_the_data_once(tmp_path, autogluon_python, capsys):
+    """One cached data step (train/prepared_cache.py): `trainpipe run` prepares the table; `trainpipe automl` on the same
+    config, and the neural run inside it, reuse that entry (another output folder, the same content key)."""
+    config = write_config(tmp_path, python=autogluon_python, memory_gib=4, time_limit=15)
+    raw = yaml.safe_load(config.read_text())
+    raw["tracking"] = {"backend": "none"}
+    raw["training"]["num_train_epochs"] = 1
+    config.write_text(yaml.safe_dump(raw))
+    assert main(["run", str(config)]) == 0
+    first = capsys.readouterr().out
+    assert first.count("data: cache written") == 1 and "data: cache reused" not in first
+    assert main(["automl", str(config)]) == 0
+    second = capsys.readouterr().out
+    assert "data: cache written" not in second and second.count("data: cache reused") == 2  # AutoGluon's splits and the neural run
+    ran = json.loads((tmp_path / "unused" / "data_report.json").read_text())
+    res = json.loads((tmp_path / "automl" / "automl.json").read_text())
+    assert res["rows"] == {"train": ran["train_examples"], "eval": ran["eval_examples"], "test": ran["splits"]["test"]}

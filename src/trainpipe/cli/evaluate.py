@@ -35,6 +35,19 @@ def eval_(
 
             ownership.write_json(out, res, what="the evaluation figures", reads=[(Path(model_or_run), "the model"), (Path(config), "the config")])
         return
+    from trainpipe.train.family_eval import evaluate_export, is_family_export
+
+    if is_family_export(model_or_run):  # a table, custom-module or image export (a run's or automl's winner/): the family's data step
+        res = evaluate_export(model_or_run, cfg)
+        for split in ("metrics", "test"):
+            for k, v in (res.get(split) or {}).items():
+                if isinstance(v, (int, float)):
+                    ui.console().print(f"{'eval' if split == 'metrics' else 'test'} {k} {v:.6f}", markup=False, highlight=False)
+        if out:
+            from trainpipe import ownership
+
+            ownership.write_json(out, res, what="the evaluation figures", reads=[(Path(model_or_run), "the model"), (Path(config), "the config")])
+        return
     if out:  # refused before anything is evaluated: never an input, never a file trainpipe did not write
         from trainpipe.evaluate.standalone import check_out, write_out
 

@@ -88,7 +88,7 @@ def batch_find(
 def automl(
     config: Annotated[Optional[Path], typer.Argument(help="A config with an `automl:` section (only that section is read); or leave it out and give the keys with --set.", show_default=False)] = None,
     set_: SetOpt = None,
-    task: Annotated[Optional[str], typer.Option("--task", help="`automl.task`: sft | classification | preference, or tabular (CONFIG is then a tabular run config, searched by AutoGluon beside trainpipe's model).")] = None,
+    task: Annotated[Optional[str], typer.Option("--task", help="`automl.task`: sft | classification | preference, or tabular (CONFIG is then a tabular run config, searched by AutoGluon beside trainpipe's model), or image-classification | text-classification | custom (CONFIG is a run config of that family; `automl.candidates` and `automl.space` searched by successive halving).")] = None,
 ) -> None:
     """Candidates (models and catalogue, planner's method) x Optuna hyperparameters -> budgeted successive halving (survivors continue) -> leaderboard -> winner/.
 
@@ -101,7 +101,7 @@ def automl(
     from trainpipe.tune.automl import load_automl
 
     sets = list(set_ or []) + ([f"automl.task={task}"] if task is not None else [])
-    if task == "tabular" and config is not None:  # a tabular run config needs no `automl:` section: its settings may all come from --set
+    if task in ("tabular", "image-classification", "text-classification", "custom") and config is not None:  # a tabular run config needs no `automl:` section: its settings may all come from --set
         from trainpipe.config import read_yaml
 
         a = load_automl(config if isinstance(read_yaml(config).get("automl"), dict) else None, sets)
@@ -115,5 +115,15 @@ def automl(
             raise ConfigError("`trainpipe automl --task tabular` needs CONFIG, a run config of the tabular family (`data.sources`, "
                               "`data.label` or `data.target`, `data.test_split`), e.g. `trainpipe automl examples/tabular/run.yaml --task tabular`.")
         automl_tabular(config, sets, a)
+        return
+    if a.task in ("image-classification", "text-classification", "custom"):  # model selection / architecture search on a run config
+        from trainpipe.errors import ConfigError
+        from trainpipe.tune.automl_family import automl_family
+
+        if config is None:
+            raise ConfigError(f"`trainpipe automl --task {a.task}` needs CONFIG, a run config of the task's family (an image classifier, "
+                              "`method.name: classification` on text, or a `model.factory` module), e.g. "
+                              "`trainpipe automl examples/image-classification/run.yaml --task image-classification`.")
+        automl_family(config, sets, a)
         return
     run_automl(a)

@@ -52,6 +52,8 @@ class PipelineConfig(_Section):
     data_from: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9_-]*\.[A-Za-z0-9_-]+$")
     """`step.output` of `steps:` (a folder): the built-in chain's `data.sources` are read inside it (each `path` relative to the
     config file becomes the same path inside the folder the step wrote), e.g. `featurize.features`."""
+    automl: bool = False
+    """Add the `automl` step: `trainpipe automl --task tabular` of the config's `automl:` section (AutoGluon beside trainpipe's model), cached by content like any other step (pipeline/automl_step.py)."""
     schedule: str | None = None
     """Five-field cron expression of the compiled pipeline's schedule (Airflow, Prefect, Vertex); none: run on demand."""
 

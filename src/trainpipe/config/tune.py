@@ -68,14 +68,20 @@ class AutomlConfig(_Section):
     """`trainpipe automl CONFIG`: task + data + constraints -> candidate models -> arms -> budgeted successive halving -> the
     winner (trainpipe/tune/automl.py). Only this section of CONFIG is read; `--set automl.KEY=VALUE` changes any key."""
 
-    task: Literal["sft", "classification", "preference", "tabular"] = "sft"
-    """What the candidates are trained for: sft (objective: eval loss), classification (accuracy), preference (preference accuracy); `tabular`: CONFIG is a run config of the tabular family (`model.family: tabular`, `data.label` or `data.target`, a `data.test_split`), searched by AutoGluon beside trainpipe's own tabular model and the trivial predictor."""
+    task: Literal["sft", "classification", "preference", "tabular", "image-classification", "text-classification", "custom"] = "sft"
+    """What the candidates are trained for: sft (objective: eval loss), classification (accuracy), preference (preference accuracy); `tabular`: CONFIG is a run config of the tabular family (`model.family: tabular`, `data.label` or `data.target`, a `data.test_split`), searched by AutoGluon beside trainpipe's own tabular model and the trivial predictor; `image-classification`, `text-classification`, `custom`: CONFIG is a run config of that family (an image classifier, `method.name: classification` on text, `model.factory`), its `automl.candidates` and `automl.space` searched by successive halving (tune/automl_family.py)."""
+    candidates: list[str] = Field(default_factory=list)
+    """image-classification / text-classification: the backbones to choose from (transformers ids or local folders with config.json; `timm/NAME` for images through timm); default: CONFIG's `model.name_or_path` alone; a comma-separated string is split."""
+    space: dict[str, Any] | None = None
+    """image-classification / text-classification / custom: the search space of each candidate's arms, in `tune.space`'s form (e.g. `model.args.hidden_size: {choice: [16, 32]}`, `training.learning_rate: {log_uniform: [1e-4, 1e-2]}`); default: CONFIG's learning rate / and x `lr_spread`."""
+    max_step_ms: float | None = Field(default=None, gt=0)
+    """image-classification / text-classification / custom: an arm whose measured training step (one micro-batch forward and backward on this machine, before it trains) takes longer is not trained."""
     time_limit: float | None = Field(default=None, gt=0)
     """tabular: AutoGluon's fit budget in seconds (default: `budget_hours` x 3600, else 120)."""
     presets: str = "auto"
     """tabular: AutoGluon's presets; `auto`: `medium_quality` under 1 h of `time_limit`, `good_quality` up to 4 h, `best_quality` above (bagging and stacking pay off only with time to fit several folds of every model)."""
     memory_gib: float | None = Field(default=None, gt=0)
-    """tabular: the memory AutoGluon may use, in GiB (its `memory_limit`: it skips or stops a model expected to exceed it); default: the memory this machine has free."""
+    """tabular: the memory AutoGluon may use, in GiB (its `memory_limit`: it skips or stops a model expected to exceed it); default: the memory this machine has free. image-classification / text-classification / custom: an arm whose traced training step needs more is not trained (default: the GPU less the planner's headroom, or the CPU share of the RAM)."""
     python: str | None = None
     """tabular: the Python interpreter that has AutoGluon (its own environment: AutoGluon pins pandas below 2.4, trainpipe pandas 3); default `$TRAINPIPE_AUTOML_PYTHON`, else the one `scripts/automl_venv.sh` makes (`~/.cache/trainpipe/automl-venv/bin/python`)."""
     data: str | None = None
@@ -93,7 +99,7 @@ class AutomlConfig(_Section):
     gpus: int = Field(default=1, ge=1)
     """GPUs of type `gpu` per arm (the method and the price)."""
     max_params: float | None = Field(default=None, gt=0)
-    """Largest base model, in parameters (e.g. 8e9)."""
+    """Largest base model, in parameters (e.g. 8e9); image-classification / text-classification / custom: each arm's model as built (its new head included), counted before it trains."""
     budget_usd: float | None = Field(default=None, gt=0)
     """Stop before a rung the planner prices above what is left (needs a GPU to price on: `gpu`)."""
     budget_hours: float | None = Field(default=None, gt=0)
@@ -121,7 +127,7 @@ class AutomlConfig(_Section):
     batch_size: int = Field(default=8, ge=1)
     """Effective batch per optimizer step; the micro-batch and accumulation for it are the planner's on `gpu`."""
 
-    @field_validator("models", mode="before")
+    @field_validator("models", "candidates", mode="before")
     @classmethod
     def _split_models(cls, v):
         return [m.strip() for m in v.split(",") if m.strip()] if isinstance(v, str) else v

@@ -39,6 +39,7 @@ from trainpipe.config import RunConfig, load_config, load_yaml_text
 from trainpipe.errors import ConfigError, TrainpipeError
 from trainpipe.pipeline.adapters import check_adapters
 from trainpipe.pipeline.cache import StepCache, code_hash, step_key
+from trainpipe.pipeline.automl_step import with_automl_step
 from trainpipe.pipeline.custom import CustomStep, check_paths, custom_code_hash, link_custom, publish, run_custom, steps_root
 from trainpipe.pipeline.digests import folder_sha256s, source_sha256
 from trainpipe.pipeline.parts import part_names, parts_summary, seal_root
@@ -179,6 +180,7 @@ def build_dag(cfg: RunConfig, *, check_inputs: bool = False, base: Path | None =
     else:
         steps += _chain(cfg.model_copy(update={"output_dir": str(root)}), None, {})
     check_types(steps)
+    cfg = with_automl_step(cfg)  # `pipeline.automl`: AutoGluon's search as a step of one's own (automl_step.py)
     if cfg.pipeline.steps:
         where = (base or Path.cwd()).resolve()
         if cfg.pipeline.data_from:  # the built-in chain reads its data inside a custom step's output folder

@@ -7,7 +7,7 @@ pipeline DAG) is shared. :class:`Family` names the parts; :func:`family` maps a 
 set of names, not a registry: a new family adds a branch here and its parts beside the layers that own them.
 
 - ``prepare(cfg)``: the data step. Reads and accounts for every record, splits, fits what is fitted on the training
-  split only; returns an object with ``train``, ``eval``, ``test`` (lists the loop indexes) and ``report`` (the data
+  split only (through train/prepared_cache.py: one content key, whichever command asks); returns an object with ``train``, ``eval``, ``test`` (lists the loop indexes) and ``report`` (the data
   report: `records_read`, `records_kept`, `dropped`, `rejected_total`, `sources`, `train_examples`, `eval_examples`).
   The text family's data step is run.py's own (tokenizer, chat template, cache): ``prepare`` is None for it.
 - ``run(ctx)``: the recipe: build the model, the objective (train/objectives.py `Objective`: weight, collate, loss_sum),
@@ -19,6 +19,7 @@ set of names, not a registry: a new family adds a branch here and its parts besi
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -27,6 +28,7 @@ from trainpipe.config.family import FAMILIES
 from trainpipe.errors import ConfigError
 from trainpipe.export_family import META, model_folder, predict_file
 from trainpipe.train import image, supervised, textgen
+from trainpipe.train.prepared_cache import cached
 from trainpipe.train.context import RunContext
 
 
@@ -43,9 +45,9 @@ def family(name: str) -> Family:
     if name == "text":  # generation (causal LM) or a class per text (classifier): train/textgen.py
         return Family("text", None, None, textgen.predict_file)
     if name in ("tabular", "custom"):
-        return Family(name, supervised.prepare, supervised.run, predict_file)
+        return Family(name, functools.partial(cached, name, supervised.prepare), supervised.run, predict_file)
     if name == "image":
-        return Family(name, image.prepare, image.run, image.predict_file)
+        return Family(name, functools.partial(cached, name, image.prepare), image.run, image.predict_file)
     raise ConfigError(f"`model.family: {name}` has no implementation in this version of trainpipe (families: {', '.join(FAMILIES)}).")
 
 

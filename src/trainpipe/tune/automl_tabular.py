@@ -43,6 +43,7 @@ from trainpipe.rundir import protected_paths
 from trainpipe.track.backends import MlflowBackend
 from trainpipe.track.tracking import resolve_settings
 from trainpipe.train import supervised
+from trainpipe.train.family import family
 from trainpipe.tune.leaderboard import svg_bars
 
 RUNNER = Path(__file__).with_name("autogluon_runner.py")
@@ -179,7 +180,7 @@ def automl_tabular(config: str | Path, overrides: list[str], a: AutomlConfig) ->
     con = ui.console()
 
     # 2. the data step, once; AutoGluon's fit gets the train and eval splits only
-    data = supervised.prepare(cfg)
+    data = family("tabular").prepare(cfg)  # the family's cached data step: the neural run below reuses it
     splits = ownership.make_dir(out / "splits", what="the splits given to AutoGluon", reads=reads)
     problem = ("binary" if len(data.classes) == 2 else "multiclass") if data.task == "classification" else "regression"
     common = {"label": LABEL, "categorical": categorical_columns(data), "problem_type": problem, "classes": data.classes}
@@ -345,7 +346,7 @@ def evaluate_winner(folder: Path, cfg: RunConfig) -> dict:
     """`trainpipe eval WINNER --config CONFIG`: the AutoGluon winner on CONFIG's eval and test splits (the tabular family's
     data step), measured by trainpipe's metric functions."""
     meta = json.loads((Path(folder) / META).read_text(encoding="utf-8"))
-    data = supervised.prepare(cfg)
+    data = family("tabular").prepare(cfg)
     out = {"model": f"{meta['model']} (AutoGluon)", "eval_examples": len(data.eval), "metrics": metrics_of(data, _winner_outputs(folder, meta, data, data.eval), data.eval)}
     if data.test:
         out["test"] = metrics_of(data, _winner_outputs(folder, meta, data, data.test), data.test)

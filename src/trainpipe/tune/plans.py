@@ -18,6 +18,7 @@ from trainpipe.plan.hardware import Hardware, detect
 from trainpipe.plan.resolve import CPU_MEMORY_SHARE, PLAN_METHOD, _ram_bytes, catalog_gpu, model_spec, resolve
 from trainpipe.plan.run_plan import plan_run
 from trainpipe.train import supervised
+from trainpipe.train.family import family as family_parts
 
 
 
@@ -128,7 +129,7 @@ def parameter_count(cfg: RunConfig) -> int | None:
         if cfg.model.factory is not None:
             model = build_module(cfg.model.factory, dict(cfg.model.args))
         else:
-            model, _ = supervised.build_model(cfg, supervised.prepare(cfg))
+            model, _ = supervised.build_model(cfg, family_parts("tabular").prepare(cfg))
         return int(sum(p.numel() for p in model.parameters()))
     if family == "text":
         try:
