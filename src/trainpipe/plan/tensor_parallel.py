@@ -122,6 +122,8 @@ def apply(spec: ModelSpec, cfg, num_gpus: int, nodes: int, gpu: GPU, out: dict) 
     if asked == 1 or "parallel" in out:  # one tensor rank, or the sequence rule split the sequence already
         return out
     if asked == "auto":
+        if cfg.distributed.strategy != "auto" or "offload" in cfg.distributed.model_fields_set:
+            return out  # a strategy or offload as set is the user's choice: the rule only replaces the planner's own
         got = decide(spec, s, gpu, num_gpus)
     else:
         if asked not in degrees(spec, num_gpus):

@@ -55,6 +55,11 @@ def test_a_tensor_degree_as_set_is_planned_and_one_that_divides_nothing_is_one_p
     assert rc == 2 and "a tensor degree of 3" in out and "`distributed.tensor_parallel`" in out and "Traceback" not in out
 
 
+def test_a_strategy_as_set_is_kept(capsys):
+    p = _plan(capsys, "meta-llama/Llama-3.1-70B", "--num-gpus", "8", "--nodes", "2", "--set", "distributed.strategy=zero3")
+    assert "parallel" not in p and next(d for d in p["decision"] if d["key"] == "strategy")["value"] == "zero3"
+
+
 @pytest.mark.parametrize("gpus,nodes", [("8", "1"), ("8", "2")])
 def test_8b_full_keeps_data_parallel_sharding(capsys, gpus, nodes):
     p = _plan(capsys, "meta-llama/Llama-3.1-8B", "--num-gpus", gpus, "--nodes", nodes)
