@@ -36,7 +36,7 @@ from trainpipe.launch_torchtitan import emit_torchtitan
 from trainpipe.pipeline.kfp_compile import k8s_name, secret_refs
 from trainpipe.redact import redact_text
 from trainpipe.rundir import protected_paths
-from trainpipe.targets import LAUNCH_TARGETS, LAUNCH_VARIANTS, unknown
+from trainpipe.targets import LAUNCH_TARGETS, LAUNCH_VARIANTS, REFUSED_LAUNCH_TARGETS, unknown
 
 EMITS = {k: (t.file, t.what) for k, t in {**LAUNCH_TARGETS, **LAUNCH_VARIANTS}.items()}  # name -> (file, what): targets.py
 WORKSPACE = "/workspace"  # the shared volume (Kubernetes claim, SkyPilot bucket) every node mounts
@@ -322,6 +322,8 @@ def write_launch_files(cfg, config_path: str, emit: str, out_dir, *, nproc: int 
     check runs before anything is written, so a refusal leaves no trace (not even the folder's manifest)."""
     import yaml
 
+    if emit in REFUSED_LAUNCH_TARGETS:  # named and refused, with the reason (trainpipe/targets.py)
+        raise ConfigError(REFUSED_LAUNCH_TARGETS[emit], ["--emit"])
     if emit not in LAUNCH_TARGETS:
         raise TrainpipeError(unknown("--emit", emit, LAUNCH_TARGETS))
     key = "k8s-pytorchjob" if emit == "k8s" and pytorchjob else emit

@@ -25,6 +25,17 @@ LAUNCH_TARGETS: dict[str, Target] = {
     "deepspeed": Target("launch-deepspeed.sh", "the deepspeed launch script", "a deepspeed launcher script (ZeRO)"),
     "torchtitan": Target("launch-torchtitan.sh", "the torchtitan launch script", "a torchtitan hand-off: its config from the plan, HF checkpoints in and out"),
 }
+# launch targets trainpipe names and refuses, each with its one paragraph (nothing is written)
+REFUSED_LAUNCH_TARGETS: dict[str, str] = {
+    "megatron-bridge": (
+        "`--emit megatron-bridge` is refused: trainpipe writes a Megatron-Bridge config only where the engine's own parser can "
+        "check it, and Megatron-Bridge does not import without CUDA. megatron-bridge 0.3.1 (PyPI) imports transformer-engine at "
+        "`import megatron.bridge` (megatron/bridge/peft/lora_layers.py: `import transformer_engine.pytorch`), whose core library "
+        "loads cuDNN and the CUDA runtime (on a CPU machine: `RuntimeError: cudnn shared object not found`), and it pins "
+        "transformers < 5 (trainpipe runs transformers 5). Nothing was written. Use `--emit torchtitan` (the same TP x PP x DP / "
+        "context-parallel plan, parsed by torchtitan's own ConfigManager), or write Megatron-Bridge's recipe by hand on a CUDA "
+        "machine from the plan `trainpipe plan CONFIG --gpu ... --num-gpus ... --nodes ...` prints."),
+}
 # variants of a launch target chosen by a flag (`--pytorchjob`), not by `--emit`
 LAUNCH_VARIANTS: dict[str, Target] = {
     "k8s-pytorchjob": Target("pytorchjob.yaml", "the Kubeflow PyTorchJob and its ConfigMap", "the older Kubeflow PyTorchJob"),

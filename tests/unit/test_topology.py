@@ -75,7 +75,7 @@ def test_the_protocol_is_narrow_and_no_implementation_inherits_another():
     assert len(members) <= 14, [getattr(n, "name", None) or n.target.id for n in members]
     for c in classes.values():
         assert not {b.id for b in c.bases if isinstance(b, ast.Name)} & set(classes), f"{c.name} inherits another implementation"
-    assert set(classes) == {"Single", "DDP", "FSDP", "DeepSpeed"}
+    assert set(classes) == {"Single", "DDP", "FSDP", "DeepSpeed", "TensorParallel"}
 
 
 @pytest.mark.parametrize("strategy,world,cp,tp,want", [

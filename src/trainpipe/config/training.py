@@ -125,6 +125,8 @@ class DistributedConfig(_Section):
     """CPU offload, as each strategy has it: `zero2` `optimizer`; `zero3` `optimizer` or `optimizer+params`; `fsdp` `optimizer+params` only (FSDP2's CPUOffloadPolicy moves parameters, gradients and the optimizer step together); `single`/`ddp` none. Needs host RAM (the plan checks it)."""
     sequence_parallel: int | Literal["auto"] = "auto"
     """GPUs that split one sequence (Ulysses sequence parallelism; torchtitan's context parallelism in the hand-off). `auto`: the planner's long-context rule (at 32k tokens and above, the smallest degree dividing the GPUs per node, the heads and the sequence that fits; 1 otherwise); an integer: that degree, which must divide `data.max_length`, the attention and key/value heads and the GPUs per node. `trainpipe run` splits sequences with DeepSpeed's Ulysses attention under `distributed.strategy: ddp`, for sft and pretrain with `data.packing: none` (anything else is refused, naming `trainpipe launch --emit torchtitan`, which runs it as torchtitan's context parallelism)."""
+    tensor_parallel: int | Literal["auto"] = "auto"
+    """GPUs that split each weight matrix (tensor parallelism, over the attention heads: the model's own transformers `tp_plan` applied with torch's `parallelize_module`). `auto`: 1 in a run (the planner's tensor rule sizes TP for `trainpipe plan`: within a node, when the sharded state does not fit without it); an integer: that degree, which must divide the world size and the attention and key/value heads. `trainpipe run` trains full fine-tunes (`method.peft: none`) under it: alone (one data-parallel rank), or with `distributed.strategy: fsdp` as 2-D parallelism (FSDP2 over the data-parallel ranks x TP); ZeRO, DDP with several data-parallel ranks, sequence parallelism and adapters are refused in one paragraph."""
     nproc_per_node: int | Literal["auto"] = "auto"
     """Processes per machine. `auto`: the launcher's world (torchrun / `--nproc-per-node`), else 1."""
     nnodes: int = Field(default=1, ge=1)
@@ -149,6 +151,13 @@ class DistributedConfig(_Section):
     def _sequence_degree(cls, v):
         if isinstance(v, int) and v < 1:
             raise ValueError(f"`distributed.sequence_parallel` is the number of GPUs that split one sequence, at least 1 (or `auto`); got {v}")
+        return v
+
+    @field_validator("tensor_parallel")
+    @classmethod
+    def _tensor_degree(cls, v):
+        if isinstance(v, int) and v < 1:
+            raise ValueError(f"`distributed.tensor_parallel` is the number of GPUs that split each weight matrix, at least 1 (or `auto`); got {v}")
         return v
 
     @model_validator(mode="after")

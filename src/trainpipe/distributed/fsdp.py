@@ -39,10 +39,11 @@ def decoder_layers(model) -> list:
     return layers
 
 
-def wrap(model, grad_compression: str = "none", offload: str = "none"):
+def wrap(model, grad_compression: str = "none", offload: str = "none", mesh=None):
     """``fully_shard`` each decoder layer, then the root (in place; returns the model). ``offload`` other than `none`:
     FSDP2's ``CPUOffloadPolicy`` (sharded parameters, gradients and the optimizer step live in host memory; FSDP2 has
-    no optimizer-only offload, so `optimizer` offloads the parameters too)."""
+    no optimizer-only offload, so `optimizer` offloads the parameters too). ``mesh``: the data-parallel dimension of a 2-D
+    mesh (tensor parallelism, distributed/strategy.py `TensorParallel`); None: every rank."""
     import torch
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
@@ -61,8 +62,8 @@ def wrap(model, grad_compression: str = "none", offload: str = "none"):
             )
     policy = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if offload != "none" else OffloadPolicy()
     for layer in decoder_layers(model):
-        fully_shard(layer, offload_policy=policy)
-    fully_shard(model, offload_policy=policy)
+        fully_shard(layer, mesh=mesh, offload_policy=policy)
+    fully_shard(model, mesh=mesh, offload_policy=policy)
     if hasattr(model, "generate"):  # sampling (rl) calls generate, not forward: it must gather the root's weights too
         from torch.distributed.fsdp import register_fsdp_forward_method
 

@@ -20,8 +20,9 @@ averaged over the data-parallel ranks; the window's gradient is their sum), :fun
 :func:`stop_signal`, :func:`hang_watchdog`, and the figures a run records (:func:`describe`, :func:`world_fields`,
 :func:`oom_fields`).
 
-:class:`Single` (one process), :class:`DDP` (distributed/ddp.py), :class:`FSDP` (distributed/fsdp.py) and
-:class:`DeepSpeed` (distributed/zero.py) implement it, none inheriting another (what they share is a function here).
+:class:`Single` (one process), :class:`DDP` (distributed/ddp.py), :class:`FSDP` (distributed/fsdp.py),
+:class:`DeepSpeed` (distributed/zero.py) and :class:`TensorParallel` (distributed/tensor_parallel.py, alone or 2-D
+with FSDP2) implement it, none inheriting another (what they share is a function here).
 :func:`make` picks one from the run's resolved distributed spec.
 """
 
@@ -33,6 +34,7 @@ from typing import Callable, Protocol
 
 from trainpipe.distributed import ddp as ddp_mod
 from trainpipe.distributed import fsdp as fsdp_mod
+from trainpipe.distributed import tensor_parallel as tp_mod
 from trainpipe.distributed import zero as zero_mod
 from trainpipe.distributed.env import all_reduce_sum, broadcast_object, gather_objects, sharded_eval
 from trainpipe.distributed.topology import Capabilities, ParallelDims, capabilities
@@ -271,11 +273,77 @@ class DeepSpeed:
         return True
 
 
+class TensorParallel:
+    """Several processes with a tensor degree above 1 (`distributed.tensor_parallel`, distributed/tensor_parallel.py): each
+    weight matrix split over the ranks of a tensor group with torch's DTensor, and under `distributed.strategy: fsdp` with
+    several data-parallel ranks FSDP2 over those (2-D: a device mesh dp_shard x tp, the tensor ranks consecutive). The
+    ranks of a tensor group read the same examples and compute the same loss; only the group's first rank counts it in the
+    step's all-reduce. Every rank evaluates every batch (each forward is a collective of the tensor group); a checkpoint is
+    the full state gathered from the DTensors, in one process's layout."""
+
+    def __init__(self, dist):
+        self.dist, self.rank, self.forward, self.model, self.hooks = dist, dist.env.rank, None, None, []
+        self.dims, self.caps = dist.topology, capabilities(dist.strategy, dist.env.world_size, dist.topology.tp)
+        self.name, self.shards_parameters = dist.strategy, True
+
+    def wrap(self, model, device, optimizer=None, *, max_grad_norm: float = 0.0, loss_scaling: bool = False):
+        if optimizer is not None:
+            self.forward = model
+            return optimizer
+        from torch.distributed.device_mesh import init_device_mesh
+
+        d = self.dims
+        mesh = init_device_mesh(device.type, (d.dp, d.tp), mesh_dim_names=("dp_shard", "tp"))  # tp fastest: dims.dp_rank
+        self.hooks = tp_mod.parallelize(model, mesh["tp"], d.tp)
+        if d.dp > 1:
+            fsdp_mod.wrap(model, self.dist.grad_compression, self.dist.offload, mesh=mesh["dp_shard"])
+        self.model = model
+        return None
+
+    def no_sync(self):
+        return fsdp_mod.no_sync(self.model) if self.dims.dp > 1 else nullcontext()
+
+    def reduce(self, total, oom: bool, stop: bool, extras: dict, device, mark: Mark) -> tuple:
+        if self.rank % self.dims.tp:  # the tensor group's loss is one loss: its first rank carries it
+            total, extras = total * 0.0, {k: 0.0 for k in extras}
+        return _all_reduce(total, oom, stop, extras, device, mark)
+
+    def grad_norm(self, gnorm):
+        return float(gnorm)  # clip_grad_norm below computed the global norm over the DTensor shards already
+
+    def checkpoint(self, write, capture_rng, model, optimizer, mark: Mark):
+        return _checkpoint(self, write, capture_rng, mark, lambda: fsdp_mod.full_state(model, optimizer))
+
+    def load(self, model, optimizer, weights: dict, state: dict, trainable: set, path, *, resuming: bool, device) -> str | None:
+        """Every rank reads the full state and keeps its slices (and shards)."""
+        _check_loaded(model, weights, trainable, path)
+        fsdp_mod.load_full_state(model, optimizer, weights, state["optimizer"])
+        return None
+
+    def evaluate(self, run, shards: bool, mark: Mark) -> tuple[object, dict]:
+        mark("eval")  # every rank runs every batch in lockstep (no eval shard): rank 0's figure counts
+        metric = broadcast_object(run())
+        mark("compute")
+        return metric, {}
+
+    def release(self, model) -> bool:
+        """Every weight gathered whole on every rank, FSDP and the tensor-parallel hooks off the model (rank 0 evaluates and exports)."""
+        if not self.shards_parameters:
+            return False
+        if self.dims.dp > 1:
+            fsdp_mod.release(model)
+        tp_mod.release(model, self.hooks)
+        self.shards_parameters, self.hooks = False, []
+        return True
+
+
 def make(dist) -> Strategy:
     """The strategy of a run: one process (``dist`` None or a world of 1), FSDP2 (`distributed.strategy: fsdp`), DeepSpeed
     ZeRO (`zero2`, `zero3`), else DDP."""
     if dist is None or dist.env.world_size <= 1:
         return Single()
+    if dist.topology.tp > 1:
+        return TensorParallel(dist)
     if dist.strategy in ("zero2", "zero3"):
         return DeepSpeed(dist)
     return FSDP(dist) if dist.strategy == "fsdp" else DDP(dist)
@@ -384,6 +452,16 @@ def scale_loss(s: Strategy, loss):
     data-parallel ranks, and the sequence ranks of each: `dims.dp x dims.cp`; tensor ranks hold slices of one gradient);
     the window's gradient is their sum, so the loss is scaled by that count (one process: the loss itself)."""
     return loss if s.dims.world == 1 else loss * (s.dims.dp * s.dims.cp)
+
+
+def clip_grad_norm(s: Strategy, params: list, max_norm: float) -> float:
+    """The window's gradients clipped to ``max_norm``; returns the global norm before clipping. A tensor degree above 1 mixes
+    DTensor slices and whole weights (distributed/tensor_parallel.py); everywhere else torch's own clipping."""
+    import torch
+
+    if s.dims.tp > 1:
+        return tp_mod.clip_grad_norm(params, max_norm)
+    return torch.nn.utils.clip_grad_norm_(params, max_norm)
 
 
 def before_sync_backward(s: Strategy, mark: Mark) -> None:

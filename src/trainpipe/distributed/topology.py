@@ -55,10 +55,11 @@ class ParallelDims:
     def of(cls, strategy: str, world: int, *, cp: int = 1, tp: int = 1) -> "ParallelDims":
         """The dims of ``world`` processes under ``strategy`` with sequence degree ``cp`` and tensor degree ``tp``."""
         if world < 1 or cp < 1 or tp < 1 or world % (cp * tp):
-            what = f"a sequence degree of {cp}" + (f" x a tensor degree of {tp}" if tp > 1 else "")
+            what = " x ".join(x for x, d in ((f"a sequence degree of {cp}", cp), (f"a tensor degree of {tp}", tp)) if d > 1) or f"a degree of {cp * tp}"
+            keys = " and ".join(k for k, d in (("`distributed.sequence_parallel`", cp), ("`distributed.tensor_parallel`", tp)) if d > 1) or "the degrees"
             raise TrainpipeError(
                 f"A world of {world} processes cannot hold {what}: it must divide the world size (each data-parallel rank gets a "
-                f"whole group). Set `distributed.sequence_parallel` to a divisor of {world}, or change the process count."
+                f"whole group). Set {keys} so that their product divides {world}, or change the process count."
             )
         dp = world // (cp * tp)
         dims = cls(dp_shard=dp, cp=cp, tp=tp) if strategy in SHARDING else cls(dp_replicate=dp, cp=cp, tp=tp)
@@ -100,9 +101,17 @@ CAPABILITIES = {
 }
 
 
-def capabilities(strategy: str, world: int) -> Capabilities:
-    """The capabilities of ``strategy`` on ``world`` processes (one process: `single`, whatever the config says)."""
+# a tensor degree above 1 (alone or under FSDP2): every forward and backward is a collective of the tensor group, so an OOM
+# on one rank anywhere in the step leaves the others waiting in it
+TENSOR = Capabilities(True, True, "fatal", "fatal")
+
+
+def capabilities(strategy: str, world: int, tp: int = 1) -> Capabilities:
+    """The capabilities of ``strategy`` on ``world`` processes with tensor degree ``tp`` (one process: `single`, whatever the
+    config says; a tensor degree above 1: :data:`TENSOR`)."""
+    if world > 1 and tp > 1:
+        return TENSOR
     return CAPABILITIES["single" if world <= 1 else strategy if strategy in CAPABILITIES else "ddp"]
 
 
-__all__ = ["CAPABILITIES", "SHARDING", "Capabilities", "ParallelDims", "capabilities"]
+__all__ = ["CAPABILITIES", "SHARDING", "TENSOR", "Capabilities", "ParallelDims", "capabilities"]

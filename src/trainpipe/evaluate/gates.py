@@ -243,7 +243,7 @@ def _gate_effective_batch(run_dir, summary, thr, **_) -> GateResult:
     if not isinstance(eb, (int, float)):
         return GateResult("effective_batch", "n/a", "no resolved plan in manifest.json")
     formula = plan.get("effective_batch_formula") or str(eb)
-    return GateResult("effective_batch", "pass" if eb >= thr else "fail", f"effective batch {formula} (micro-batch x accumulation x world size); needs >= {int(thr)}", value=eb)
+    return GateResult("effective_batch", "pass" if eb >= thr else "fail", f"effective batch {formula} (micro-batch x accumulation x data-parallel degree); needs >= {int(thr)}", value=eb)
 
 
 def _gate_best_checkpoint_by_val_loss(run_dir, summary, thr, **_) -> GateResult:

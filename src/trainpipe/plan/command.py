@@ -90,6 +90,7 @@ _SET_FIELDS = {
     "distributed.strategy": ("strategy", lambda c: c.distributed.strategy),
     "distributed.offload": ("offload", lambda c: {v: k for k, v in _OFFLOAD_KEY.items()}.get(c.distributed.offload)),
     "distributed.sequence_parallel": ("sequence_parallel", lambda c: c.distributed.sequence_parallel),
+    "distributed.tensor_parallel": ("tensor_parallel", lambda c: c.distributed.tensor_parallel),
     "model.attn_implementation": ("attention", lambda c: c.model.attn_implementation),
     "training.bf16": ("precision", lambda c: _precision(c.training)),
     "training.fp16": ("precision", lambda c: _precision(c.training)),

@@ -19,6 +19,7 @@ from trainpipe.plan import compute as C
 from trainpipe.plan import decisions as D
 from trainpipe.plan import long_context
 from trainpipe.plan import parallel3d as P3
+from trainpipe.plan import tensor_parallel as tensor
 from trainpipe.plan.catalog import ModelSpec
 from trainpipe.plan.decisions import Decision, PlanError
 from trainpipe.plan.gpus import GIB, GPU, catalog as gpu_catalog, find_gpu
@@ -237,7 +238,7 @@ def plan_on(spec: ModelSpec, cfg, w: WhatIf, gpu: GPU, examples: int | None, obj
     decisions += [dec("micro_batch", st["micro_batch"]), dec("gradient_checkpointing", st["gradient_checkpointing"]),
                   dec("gradient_accumulation", st["grad_accum"]), dec("learning_rate", st["learning_rate"])]
     out = {"decisions": decisions, "setup": s, "memory": b, "fits": _runs(b, gpu), "within_headroom": _fits(b, gpu), "plan": plan}
-    return _sequence_parallel(spec, cfg, w, gpu, out)
+    return tensor.apply(spec, cfg, w.num_gpus, w.nodes, gpu, _sequence_parallel(spec, cfg, w, gpu, out))  # plan/tensor_parallel.py
 
 
 def _sequence_parallel(spec: ModelSpec, cfg, w: WhatIf, gpu: GPU, out: dict) -> dict:
@@ -416,7 +417,7 @@ def whatif_from_config(cfg, *, gpu: str | None = None) -> tuple:
         training |= {"bf16": precision == "bf16", "fp16": precision == "fp16"}
     new = build_config({
         "model": {"name_or_path": cfg.model.name_or_path, "attn_implementation": cfg.model.attn_implementation},
-        "distributed": {"sequence_parallel": cfg.distributed.sequence_parallel},
+        "distributed": {"sequence_parallel": cfg.distributed.sequence_parallel, "tensor_parallel": cfg.distributed.tensor_parallel},
         "data": {"sources": [{"path": "planned.jsonl"}], "max_length": cfg.first_data().max_length},
         "method": {"peft": _peft(method), "lora": {"r": cfg.method.lora.r, "target_modules": targets, "dropout": cfg.method.lora.dropout}},
         "training": training,

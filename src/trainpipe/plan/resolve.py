@@ -48,6 +48,7 @@ from trainpipe.plan.measure import predict_state_bytes
 from trainpipe.plan.memory import Setup, estimate
 from trainpipe.plan.objective import expand_auto
 from trainpipe.plan.specs import RunSpecs, build_specs
+from trainpipe.plan import tensor_parallel as tensor
 from trainpipe.plan import vision
 
 # trainpipe `method.peft` -> the planner's memory method (same parameter, gradient and optimizer bytes)
@@ -108,7 +109,7 @@ class Plan:
         """JSON-able: every setting, the decisions, predictions, hardware and the resolved config's hash (the manifest's `plan`)."""
         return {
             **{k: asdict(s) for k, s in self.settings().items()},
-            "effective_batch_formula": f"{self.micro_batch.value} x {self.grad_accum.value} x {self.world_size.value} = {self.effective_batch.value}",
+            "effective_batch_formula": f"{self.micro_batch.value} x {self.grad_accum.value} x {self.specs.distributed.dims.dp} = {self.effective_batch.value}",
             "decisions": [asdict(d) for d in self.decisions],
             "notes": list(self.notes),
             "predicted": self.predicted,
@@ -254,7 +255,7 @@ def resolve(cfg: RunConfig, hw: Hardware, world_size: int | None = None, *, nnod
     D.check_strategy(strategy=strategy_s.value, offload=offload_s.value, peft=cfg.method.peft, world=world, accelerator=hw.accelerator)
     dist.strategy, dist.offload = strategy_s.value, offload_s.value
     sp = dist.sequence_parallel if isinstance(dist.sequence_parallel, int) else 1  # `auto`: one sequence per process in a run
-    dims = ParallelDims.of(strategy_s.value if world > 1 else "single", world, cp=sp)  # the topology (distributed/topology.py): the batch reads dims.dp
+    dims = ParallelDims.of(strategy_s.value if world > 1 else "single", world, cp=sp, tp=tensor.degree(dist))  # the topology: the batch reads dims.dp
 
     # 5. micro-batch and gradient checkpointing (`auto`), against the GPU's memory or a share of the RAM
     ckpt_forced = ckpt_forced and ("gradient_checkpointing" not in t.model_fields_set or t.gradient_checkpointing == "auto")
@@ -286,6 +287,7 @@ def plan_run(cfg: RunConfig, hw: Hardware, world_size: int | None = None, *, nno
         cfg, _ = expand_auto(cfg)
     plan = resolve(cfg, hw, world_size, nnodes=nnodes, env=os.environ, sizing=sizing)
     check_in_loop(plan)  # plan/long_context.py: a sequence degree above 1 as the loop runs it
+    tensor.check_in_loop(plan)  # plan/tensor_parallel.py: a tensor degree above 1 as the loop runs it
     return plan
 
 

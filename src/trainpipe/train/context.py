@@ -44,7 +44,7 @@ class DistRuntime:
 
     @property
     def caps(self) -> Capabilities:
-        return capabilities(self.strategy, self.env.world_size)
+        return capabilities(self.strategy, self.env.world_size, self.topology.tp)
 
 
 @dataclass

@@ -112,7 +112,7 @@ class Stepper:
         total, extras = self._agree(total, oom, extras, strategy.dims.world)
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
-        gnorm = torch.nn.utils.clip_grad_norm_([p for _, p in self.params], self.max_grad_norm)
+        gnorm = strategies.clip_grad_norm(strategy, [p for _, p in self.params], self.max_grad_norm)
         gnorm = strategy.grad_norm(gnorm)  # FSDP: the global norm of the sharded gradients (a DTensor)
         self.figures = {k: v / denom for k, v in extras.items()}
         return float(total), n_tokens, float(gnorm)
