@@ -11,7 +11,7 @@ and answers `pass`, `fail` or `n/a` with its evidence (the figures it compared) 
 | `no_forgetting` | no forgetting set's final loss is more than `eval.forgetting_threshold` above its baseline | (eval's) |
 | `dedup_ran` | exact or near deduplication ran in the data step | - |
 | `samples_reviewed` | asked for (`gates.samples_reviewed` set in the config; off by default: n/a with a hint) and `trainpipe data review RUN_DIR` recorded that a person saw at least the threshold of samples of this run | 50 |
-| `effective_batch` | micro-batch x accumulation x world size >= the threshold | 32 |
+| `effective_batch` | micro-batch x accumulation x data-parallel degree >= the threshold | 32 |
 | `best_checkpoint_by_val_loss` | the chosen checkpoint has the lowest eval loss, and the final eval measured it | - |
 | `gpu_utilization` | on a GPU, measured utilisation >= the threshold percent | 85 |
 
@@ -243,7 +243,7 @@ def _gate_effective_batch(run_dir, summary, thr, **_) -> GateResult:
     if not isinstance(eb, (int, float)):
         return GateResult("effective_batch", "n/a", "no resolved plan in manifest.json")
     formula = plan.get("effective_batch_formula") or str(eb)
-    return GateResult("effective_batch", "pass" if eb >= thr else "fail", f"effective batch {formula} (micro-batch x accumulation x world size); needs >= {int(thr)}", value=eb)
+    return GateResult("effective_batch", "pass" if eb >= thr else "fail", f"effective batch {formula} (micro-batch x accumulation x data-parallel degree); needs >= {int(thr)}", value=eb)
 
 
 def _gate_best_checkpoint_by_val_loss(run_dir, summary, thr, **_) -> GateResult:

@@ -108,7 +108,7 @@ class Plan:
         """JSON-able: every setting, the decisions, predictions, hardware and the resolved config's hash (the manifest's `plan`)."""
         return {
             **{k: asdict(s) for k, s in self.settings().items()},
-            "effective_batch_formula": f"{self.micro_batch.value} x {self.grad_accum.value} x {self.world_size.value} = {self.effective_batch.value}",
+            "effective_batch_formula": f"{self.micro_batch.value} x {self.grad_accum.value} x {self.specs.distributed.dims.dp} = {self.effective_batch.value}",
             "decisions": [asdict(d) for d in self.decisions],
             "notes": list(self.notes),
             "predicted": self.predicted,
