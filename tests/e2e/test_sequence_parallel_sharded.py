@@ -1,7 +1,7 @@
 """Sequence parallelism (distributed/ulysses.py) beyond plain DDP, through `trainpipe run` on gloo processes, tiny Llama:
 under FSDP2 and ZeRO-3 (SP=2 on 2 processes, SP=2 x DP=2 on 4), with packed and padding-free rows, and through an OOM
 halving and a NaN rollback. Each run is held to one process on the same examples (losses and weights to 1e-5); a
-preempted and resumed SP run under FSDP to the uninterrupted one, bit for bit."""
+preempted and resumed SP run under FSDP2 or ZeRO-3 to the uninterrupted one, bit for bit."""
 
 from __future__ import annotations
 
@@ -56,38 +56,47 @@ def assert_equal(run: Path, ref: Path, what: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def fsdp_sp(tmp_path_factory, base):  # noqa: F811
-    """SP=2 under FSDP2 on 2 processes (one data-parallel rank whose sequences are split over both, parameters sharded)."""
-    return _train(sft_config(tmp_path_factory.mktemp("fsdp-sp"), base, **COMMON, **{"distributed.strategy": "fsdp", "distributed.sequence_parallel": 2}))
+def sp_run(tmp_path_factory, base):  # noqa: F811
+    """SP=2 under FSDP2 or ZeRO-3 on 2 processes (one data-parallel rank whose sequences are split over both, parameters
+    sharded over both), per strategy."""
+    runs: dict[str, Path] = {}
+
+    def get(strategy: str) -> Path:
+        if strategy not in runs:
+            runs[strategy] = _train(sft_config(tmp_path_factory.mktemp(f"sp-{strategy}"), base, **COMMON,
+                                               **{"distributed.strategy": strategy, "distributed.sequence_parallel": 2}))
+        return runs[strategy]
+
+    return get
 
 
 @pytest.mark.parametrize("strategy", ["fsdp", "zero3"])
-def test_sp2_under_fsdp_and_zero3_equals_one_process(tmp_path, base, one_process, fsdp_sp, strategy):  # noqa: F811
-    run = fsdp_sp if strategy == "fsdp" else _train(
-        sft_config(tmp_path, base, **COMMON, **{"distributed.strategy": strategy, "distributed.sequence_parallel": 2}))
+def test_sp2_under_fsdp_and_zero3_equals_one_process(base, one_process, sp_run, strategy):  # noqa: F811
+    run = sp_run(strategy)
     assert_equal(run, one_process(), f"SP=2 under {strategy}")
     man = json.loads((run / "manifest.json").read_text())["distributed"]
     assert man["strategy"] == strategy and man["topology"] == {"dp_replicate": 1, "dp_shard": 1, "cp": 2, "tp": 1}
 
 
-def test_sp2_x_dp2_on_four_processes_under_fsdp_equals_one_process(tmp_path, base, one_process):  # noqa: F811
+def test_sp2_x_dp2_on_four_processes_equals_one_process(tmp_path, base, one_process, strategy):  # noqa: F811
     """4 processes: two sequence groups (ranks 0-1, 2-3), each reading its own micro-batch of 2 (data-parallel degree 2),
-    FSDP sharding the parameters over all 4; the window is one process's micro-batch 4 x accumulation 2."""
-    cfg = sft_config(tmp_path, base, **COMMON, **{"training.per_device_train_batch_size": 2, "distributed.strategy": "fsdp",
+    FSDP2 or ZeRO-3 sharding the parameters over all 4; the window is one process's micro-batch 4 x accumulation 2."""
+    cfg = sft_config(tmp_path, base, **COMMON, **{"training.per_device_train_batch_size": 2, "distributed.strategy": strategy,
                                                   "distributed.sequence_parallel": 2})
     run = _train(cfg, nproc=4)
-    assert_equal(run, one_process(), "SP=2 x DP=2 under fsdp")
+    assert_equal(run, one_process(), f"SP=2 x DP=2 under {strategy}")
     assert json.loads((run / "manifest.json").read_text())["distributed"]["topology"] == {"dp_replicate": 1, "dp_shard": 2, "cp": 2, "tp": 1}
     assert next(e for e in events(run) if e["event"] == "training_started")["effective_batch"] == 8  # 2 x 2 x data-parallel 2
 
 
-def test_sp2_under_fsdp_preempted_then_resumed_is_bit_identical(tmp_path, base, fsdp_sp):  # noqa: F811
-    cfg = sft_config(tmp_path, base, **COMMON, **{"training.resume": "auto", "distributed.strategy": "fsdp", "distributed.sequence_parallel": 2})
+@pytest.mark.parametrize("strategy", ["fsdp", "zero3"])
+def test_sp2_preempted_then_resumed_is_bit_identical(tmp_path, base, sp_run, strategy):  # noqa: F811
+    cfg = sft_config(tmp_path, base, **COMMON, **{"training.resume": "auto", "distributed.strategy": strategy, "distributed.sequence_parallel": 2})
     sigterm_one_worker(cfg, _run(cfg), 0.4)  # SIGTERM to rank 1 after the step-2 checkpoint: every rank stops at one step, exit 75
     run = _train(cfg)
     assert any(e["event"] == "checkpoint_resumed" for e in events(run))
-    a, b = newest_weights(run), newest_weights(fsdp_sp)
-    assert all(torch.equal(a[k], b[k]) for k in a), "the resumed SP run under FSDP differs from the uninterrupted one"
+    a, b = newest_weights(run), newest_weights(sp_run(strategy))
+    assert all(torch.equal(a[k], b[k]) for k in a), f"the resumed SP run under {strategy} differs from the uninterrupted one"
 
 
 @pytest.mark.parametrize("packing", ["padding_free", "pack"])
