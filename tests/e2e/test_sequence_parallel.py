@@ -29,20 +29,26 @@ def _model():
     return LlamaForCausalLM(LlamaConfig(**CONFIG))
 
 
-def _batch():
+def _batch(packed: bool = False):
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, 128, (2, LENGTH), generator=g)
     labels = ids.clone()
     labels[0, :5] = -100  # a prompt that carries no loss
     labels[1, 27:] = -100  # padding at the end of the shorter sequence
-    return ids, labels
+    if not packed:
+        return ids, labels, None
+    # packed rows (data/packing.py): examples of 11 + 21 and 16 + 16 tokens (the second example's start in the other rank's
+    # shard for row 0, at the shard boundary for row 1), position ids restarting at each, each example's first label masked
+    pos = torch.cat([torch.cat([torch.arange(11), torch.arange(21)]).unsqueeze(0), torch.arange(16).repeat(2).unsqueeze(0)])
+    labels[0, 11], labels[1, 16] = -100, -100
+    return ids, labels, pos
 
 
 def _loss_sum(logits, target):
     return torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100, reduction="sum")
 
 
-def _worker(rank: int, world: int, port: int, out: str) -> None:
+def _worker(rank: int, world: int, port: int, out: str, packed: bool = False) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world))
     torch.set_num_threads(1)
@@ -50,11 +56,12 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     from trainpipe.distributed.ulysses import register, shard
 
     model = _model()
-    register(model, world, micro_batch=2, seq_len=LENGTH, attention="sdpa")
-    ids, labels = _batch()
-    part = shard(ids, labels, rank, world)
+    # registered for micro-batches of 4 rows: these 2 rows run as they are (an OOM-halved micro-batch is not padded back)
+    register(model, world, micro_batch=4, seq_len=LENGTH, attention="sdpa", packed=packed)
+    ids, labels, pos = _batch(packed)
+    part = shard(ids, labels, rank, world, pos)
     denom = int((torch.cat([labels[:, 1:], torch.full((2, 1), -100)], 1) != -100).sum())  # the window's loss tokens, all shards
-    logits = model(input_ids=part["input_ids"], position_ids=part["position_ids"]).logits
+    logits = model(input_ids=part["input_ids"], position_ids=part["position_ids"], use_cache=False).logits
     loss = _loss_sum(logits, part["shift_labels"]) / denom
     (loss * world).backward()  # gradients are averaged over the ranks below, as DDP does; the window's gradient is their sum
     total = loss.detach().clone()
@@ -70,21 +77,24 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     torch.distributed.destroy_process_group()
 
 
-def test_sequence_parallel_2_equals_one_process(tmp_path):
+@pytest.mark.parametrize("packed", [False, True])
+def test_sequence_parallel_2_equals_one_process(tmp_path, packed):
+    """Padded rows, and packed rows whose examples must not attend to each other on the gathered sequence (one process:
+    transformers' own packed-sequence mask from the position ids)."""
     import torch.multiprocessing as mp
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out = str(tmp_path / "sp.pt")
-    mp.spawn(_worker, args=(2, port, out), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, port, out, packed), nprocs=2, join=True)
     sp = torch.load(out, weights_only=True)
 
     torch.set_num_threads(1)
     model = _model()
-    ids, labels = _batch()
+    ids, labels, pos = _batch(packed)
     target = torch.cat([labels[:, 1:], torch.full((2, 1), -100)], 1)
-    loss = _loss_sum(model(input_ids=ids).logits, target) / int((target != -100).sum())
+    loss = _loss_sum(model(input_ids=ids, position_ids=pos, use_cache=False).logits, target) / int((target != -100).sum())
     loss.backward()
     with torch.no_grad():
         for p in model.parameters():
@@ -93,6 +103,9 @@ def test_sequence_parallel_2_equals_one_process(tmp_path):
     diff = max(float((p - sp["weights"][n]).abs().max()) for n, p in model.named_parameters())
     moved = max(float((p - q).abs().max()) for (n, p), q in zip(model.named_parameters(), _model().parameters()))
     assert diff < 1e-5 and moved > 1e-3, (diff, moved)  # the step moved the weights, and both runs moved them alike
+    if packed:  # the packing mattered: the same rows attended as one sequence each give another loss
+        whole = _loss_sum(_model()(input_ids=ids, use_cache=False).logits, target) / int((target != -100).sum())
+        assert abs(float(whole) - float(sp["loss"])) > 1e-4
 
 
 def test_trainpipe_run_with_sequence_parallel_2_equals_one_process(tmp_path, base):  # noqa: F811 - `base` is a fixture

@@ -137,3 +137,27 @@ def test_ulysses_refuses_a_kernel_it_cannot_shard_and_an_uneven_sequence():
     assert part["input_ids"].tolist() == [[4, 5, 6, 7]] and part["position_ids"].tolist() == [[4, 5, 6, 7]]
     assert part["shift_labels"].tolist() == [[5, 6, 7, -100]]
     assert ulysses.shard(ids, ids.clone(), 0, 2)["shift_labels"].tolist() == [[1, 2, 3, 4]]  # the boundary token's target is kept
+
+
+def test_ulysses_refuses_heads_that_do_not_divide_and_packed_rows_on_flex_and_keeps_a_halved_micro_batch():
+    import torch
+
+    from trainpipe.distributed import ulysses
+
+    with pytest.raises(TrainpipeError, match="6 attention heads") as exc:
+        ulysses.check(4, seq_len=64, attention="sdpa", heads=6, kv_heads=2)
+    assert "divisor of 6" in str(exc.value) and exc.value.exit_code == 2
+    ulysses.check(4, seq_len=64, attention="sdpa", heads=8, kv_heads=2)  # fewer key/value heads than ranks: replicated
+    with pytest.raises(TrainpipeError, match="3 key/value heads"):
+        ulysses.check(2, seq_len=64, attention="sdpa", heads=6, kv_heads=3)
+    with pytest.raises(TrainpipeError, match="cross the examples") as exc:
+        ulysses.check(2, seq_len=64, attention="flex_attention", packed=True)
+    assert "data.packing: none" in str(exc.value)
+    # a halved micro-batch keeps its rows (not padded back to the registered micro-batch); a packed row's padding to a multiple
+    # of the degree is a segment of its own (positions from 0) and carries no loss
+    batch = {"input_ids": torch.arange(7).reshape(1, 7), "labels": torch.arange(7).reshape(1, 7), "position_ids": torch.tensor([[0, 1, 2, 0, 1, 2, 3]])}
+    part = ulysses.SequenceShard(rank=3, degree=2)(batch)
+    assert part["input_ids"].tolist() == [[4, 5, 6, 0]] and part["position_ids"].tolist() == [[1, 2, 3, 0]]
+    assert part["shift_labels"].tolist() == [[5, 6, -100, -100]]
+    docs = ulysses._documents(torch.tensor([[0, 1, 2, 0, 1, 2, 3, 0]]))
+    assert docs.tolist() == [[1, 1, 1, 2, 2, 2, 2, 3]] and ulysses._documents(torch.arange(8).reshape(1, 8)) is None

@@ -232,7 +232,7 @@ class DeepSpeed:
         if self.engine is not None:  # attached already: the engine wraps trainpipe's optimizer once
             return self.zopt
         # the micro-batch in DeepSpeed's config is bookkeeping only (its batch-size check); the loop's stepper sizes the batches
-        cfg = zero_mod.engine_config(self.stage, 1, self.dims.dp, max_grad_norm, self.dist.offload)
+        cfg = zero_mod.engine_config(self.stage, 1, self.dims.dp * self.dims.cp, max_grad_norm, self.dist.offload)  # sequence ranks: data-parallel to ZeRO
         self.engine, self.zopt, self.groups = zero_mod.initialize(self.model, optimizer, cfg)
         self.base, self.forward = optimizer, self.engine
         return self.zopt
@@ -474,7 +474,10 @@ def oom_action(s: Strategy, forwarding: bool) -> str:
     """What an OOM on this rank means: "raise" (one process retries the window alone), "break" (DDP: the micro-steps before
     the last keep their gradients local; the all-reduce is joined after), "join" (sharded, before the forward: every rank
     is still in step and this rank joins the window with zero losses), "fatal" (inside a sharded forward or backward the
-    other ranks wait in its collectives)."""
+    other ranks wait in its collectives). Under sequence parallelism every forward is a collective of the sequence group
+    (Ulysses' all-to-alls), so an OOM before the forward joins and one inside it is fatal, whatever the strategy."""
+    if s.dims.cp > 1 and s.caps.oom_before_forward != "raise":
+        return "fatal" if forwarding else "join"
     return s.caps.oom_in_forward if forwarding else s.caps.oom_before_forward
 
 

@@ -11,7 +11,7 @@ and answers `pass`, `fail` or `n/a` with its evidence (the figures it compared) 
 | `no_forgetting` | no forgetting set's final loss is more than `eval.forgetting_threshold` above its baseline | (eval's) |
 | `dedup_ran` | exact or near deduplication ran in the data step | - |
 | `samples_reviewed` | asked for (`gates.samples_reviewed` set in the config; off by default: n/a with a hint) and `trainpipe data review RUN_DIR` recorded that a person saw at least the threshold of samples of this run | 50 |
-| `effective_batch` | micro-batch x accumulation x world size >= the threshold | 32 |
+| `effective_batch` | micro-batch x accumulation x data-parallel degree >= the threshold | 32 |
 | `best_checkpoint_by_val_loss` | the chosen checkpoint has the lowest eval loss, and the final eval measured it | - |
 | `gpu_utilization` | on a GPU, measured utilisation >= the threshold percent | 85 |
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from trainpipe.distributed import ulysses
 from trainpipe.errors import ConfigError
 from trainpipe.plan import decisions as D
 from trainpipe.plan.catalog import ModelSpec
@@ -101,21 +102,29 @@ def asked(spec: ModelSpec, s: Setup, gpu: GPU, gpus_per_node: int, d: int, atten
 
 
 def check_in_loop(plan) -> None:
-    """`distributed.sequence_parallel` above 1 in trainpipe's own loop: DDP (the sequence and data-parallel ranks in one
-    gradient all-reduce), token cross-entropy objectives (sft, pretrain) and padded batches (`data.packing: none`: a packed or
-    padding-free row would let the gathered sequence's causal attention cross examples). Anything else: one paragraph."""
+    """`distributed.sequence_parallel` above 1 in trainpipe's own loop: DDP, FSDP2 or ZeRO-3 (the sequence groups inside the
+    data-parallel world: distributed/ulysses.py) and token cross-entropy objectives (sft, pretrain), padded, packed or
+    padding-free rows; packed rows need a kernel that keeps attention inside each example (distributed/ulysses.py
+    PACKED_KERNELS). Anything else: one paragraph."""
     cfg, sp = plan.config, plan.specs.distributed.dims.cp
     if sp == 1:
         return
+    packing = cfg.first_data().packing
+    attention = cfg.model.attn_implementation
     broken = [why for bad, why in (
-        (plan.strategy.value != "ddp", f"`distributed.strategy: ddp` (the plan has `{plan.strategy.value}`)"),
+        (plan.strategy.value not in IN_LOOP, f"`distributed.strategy` one of {', '.join(IN_LOOP)} (the plan has `{plan.strategy.value}`)"),
         (cfg.method.name not in ("sft", "pretrain"), f"`method.name: sft` or `pretrain` (got `{cfg.method.name}`)"),
-        (cfg.first_data().packing != "none", f"`data.packing: none` (the plan has `{cfg.first_data().packing}`)"),
+        (packing != "none" and attention not in ("auto", *ulysses.PACKED_KERNELS),
+         f"`model.attn_implementation` one of {', '.join(ulysses.PACKED_KERNELS)} for `data.packing: {packing}` (got `{attention}`: its "
+         "gathered attention would cross the examples of a packed row)"),
     ) if bad]
     if broken:
         raise ConfigError(
             f"`distributed.sequence_parallel: {sp}` in trainpipe's own loop needs {'; '.join(broken)}. Set those, or run the plan through "
             "torchtitan's context parallelism with `trainpipe launch CONFIG --emit torchtitan -o DIR`.", ["distributed.sequence_parallel"])
+
+
+IN_LOOP = ("ddp", "fsdp", "zero3")  # the strategies a sequence degree above 1 runs under in trainpipe's loop (tested on gloo)
 
 
 __all__ = ["HEAVY", "LIGHT", "LONG_CONTEXT", "asked", "check_in_loop", "decide", "degrees", "memory"]

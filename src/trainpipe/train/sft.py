@@ -135,8 +135,9 @@ def build_loop(model, tokenizer, train_data, specs: RunSpecs, *, run_dir: Path, 
         record_loss(run_dir, objective)  # which loss implementation runs (trainpipe's, Liger's), in the run manifest
     plan = WindowPlan.of(batch, len(train_data), strategy.dims.dp)
     cp = specs.distributed.dims.cp
-    if cp > 1:  # Ulysses sequence parallelism (distributed/ulysses.py): every rank wraps its attention, before DDP wraps the model
-        ulysses.register(model, cp, micro_batch=batch.micro_batch, seq_len=batch.max_length, attention=model.config._attn_implementation)
+    if cp > 1:  # Ulysses sequence parallelism (distributed/ulysses.py): every rank wraps its attention, before DDP/FSDP/ZeRO wrap the model
+        ulysses.register(model, cp, micro_batch=batch.micro_batch, seq_len=batch.max_length, attention=model.config._attn_implementation,
+                         packed=batch.packing != "none")
     optimizer = build_optimizer(trainable(model), specs.optimizer, device.type)
     scheduler = build_scheduler(optimizer, specs.optimizer, plan.total_windows)
     optimizer = strategy.wrap(model, device, optimizer, max_grad_norm=specs.optimizer.max_grad_norm,
@@ -145,7 +146,7 @@ def build_loop(model, tokenizer, train_data, specs: RunSpecs, *, run_dir: Path, 
                       max_grad_norm=specs.optimizer.max_grad_norm, optimizer=optimizer, params=trainable(model), heartbeat=Heartbeat(),
                       preemption=Preemption(specs.resilience.preemption_grace_seconds))
     if cp > 1:
-        stepper.sequence = ulysses.SequenceShard(strategy.rank, cp, batch.micro_batch)  # this rank's tokens of each micro-batch
+        stepper.sequence = ulysses.SequenceShard(strategy.rank, cp)  # this rank's tokens of each micro-batch
     return TrainLoop(
         model=model, device=device, optimizer=optimizer, scheduler=scheduler, plan=plan, strategy=strategy, objective=objective, train_data=train_data,
         stepper=stepper, specs=specs, ckpt=ckpt, run_dir=run_dir, events=events, config_yaml=config_yaml, evaluate=evaluate,

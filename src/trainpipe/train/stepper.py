@@ -64,8 +64,9 @@ class Stepper:
             part = examples[i + rank * micro : i + (rank + 1) * micro]
             idle = not part  # the window's last micro-step has fewer examples than ranks x micro: join the sync with a zero loss
             sync = j == len(starts) - 1
-            if oom is not None:  # FSDP: this rank ran out of memory earlier in the window; every sharded forward and backward is a
-                self._join_step(examples, amp_dtype, sync)  # collective, so it keeps taking part (zero loss) until the window ends
+            if oom is not None:  # FSDP or sequence parallelism: this rank ran out of memory earlier in the window; every sharded
+                # forward and backward (every Ulysses attention) is a collective, so it keeps taking part (zero loss) until the window ends
+                self._join_step(self._joined(examples, part), amp_dtype, sync)
                 synced = synced or sync
                 continue
             forwarding = False  # an OOM before the forward leaves the collectives of every rank in step (FSDP can recover from it)
@@ -105,10 +106,10 @@ class Stepper:
                 oom = exc
                 if action == "break":
                     break  # DDP: the micro-steps before the last keep their gradients local; the all-reduce is joined below
-                self._join_step(examples, amp_dtype, sync)
+                self._join_step(self._joined(examples, part), amp_dtype, sync)
                 synced = synced or sync
         if oom is not None and not synced:  # this rank ran out of memory before the gradient all-reduce: take part in it, then all retry
-            self._join_sync(examples, amp_dtype)
+            self._join_sync(examples[:1], amp_dtype)
         total, extras = self._agree(total, oom, extras, strategy.dims.world)
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
@@ -136,11 +137,16 @@ class Stepper:
         batch = {k: (v.to(self.device) if hasattr(v, "to") else v) for k, v in self.objective.collate(examples).items()}
         return self.sequence(batch) if self.sequence is not None else batch
 
+    def _joined(self, examples: list[dict], part: list[dict]) -> list[dict]:
+        """What a rank that ran out of memory forwards (zero loss) to keep in step: one example; under sequence parallelism its
+        own micro-batch, whose shape the other ranks of its sequence group exchange in every attention."""
+        return (part or examples[:1]) if self.sequence is not None else examples[:1]
+
     def _join_sync(self, examples: list[dict], amp_dtype) -> None:
         """A zero-loss micro-step that only takes part in the gradient all-reduce (after an OOM on this rank)."""
         import torch
 
-        batch = self._batch(examples[:1])
+        batch = self._batch(examples)
         with torch.autocast(self.device.type, dtype=amp_dtype, enabled=self.amp):
             loss_sum, _ = self.objective.loss_sum(self.strategy.forward, batch)
         self.heartbeat.mark("wait")

@@ -73,3 +73,27 @@ def test_a_sequence_degree_as_set_is_planned_and_run_refuses_it_naming_the_hand_
     with pytest.raises(ConfigError, match="--emit torchtitan") as exc:  # `trainpipe run` plans through plan_run: exit 2
         plan_run(cfg, Hardware("cpu", 0, (), False, 1, "test"), 2, sizing=False)
     assert exc.value.exit_code == 2 and "`method.name: sft` or `pretrain` (got `dpo`)" in str(exc.value)
+
+
+@pytest.mark.parametrize("strategy,packing,attention,refused", [
+    ("fsdp", "pack", "sdpa", None), ("zero3", "padding_free", "auto", None), ("ddp", "none", "flex_attention", None),
+    ("ddp", "padding_free", "sdpa", None),
+    ("zero2", "none", "sdpa", "`distributed.strategy` one of ddp, fsdp, zero3 (the plan has `zero2`)"),
+    ("fsdp", "pack", "flex_attention", "for `data.packing: pack` (got `flex_attention`"),
+])
+def test_run_takes_a_sequence_degree_under_fsdp_zero3_and_packing_and_refuses_the_rest(strategy, packing, attention, refused):
+    from trainpipe.config import build_config
+    from trainpipe.errors import ConfigError
+    from trainpipe.plan.hardware import Hardware
+    from trainpipe.plan.resolve import plan_run
+
+    cfg = build_config({"model": {"name_or_path": "meta-llama/Llama-3.1-8B", "attn_implementation": attention},
+                        "data": {"sources": [{"path": "x.jsonl"}], "packing": packing},
+                        "distributed": {"sequence_parallel": 2, "strategy": strategy}})
+    hw = Hardware("cuda", 4, ("NVIDIA H100 80GB HBM3",) * 4, True, 16, "test", 9.0)  # flex attention trains on GPUs only
+    if refused is None:
+        assert plan_run(cfg, hw, 4, sizing=False).specs.distributed.dims.cp == 2
+        return
+    with pytest.raises(ConfigError, match="--emit torchtitan") as exc:
+        plan_run(cfg, hw, 4, sizing=False)
+    assert exc.value.exit_code == 2 and refused in str(exc.value)
