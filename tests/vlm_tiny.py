@@ -216,3 +216,29 @@ def build_tiny_smolvlm(path: str | Path, seed: int = 0) -> Path:
     SmolVLMForConditionalGeneration(cfg).save_pretrained(path, safe_serialization=True)
     proc.save_pretrained(path)
     return path
+
+
+def shape_kto(folder: str | Path, n: int, seed: int = 0) -> list[dict]:
+    """LLaMA-Factory's KTO layout with images: `messages` (the question with `<image>`, then a colour), a true/false
+    `label`, `images`; ``n`` records, two per drawn image: its own colour (true) and another colour (false), as TRL's
+    `unpair_preference_dataset` lays out pairs."""
+    rng = random.Random(seed + 2)
+    out = []
+    for rec in shape_records(folder, n // 2, seed):
+        right = rec["messages"][1]["content"]
+        wrong = rng.choice([c for c in sorted(COLOURS) if c != right])
+        for said, good in ((right, True), (wrong, False)):
+            out.append({"messages": [dict(rec["messages"][0]), {"role": "assistant", "content": said}], "label": good, "images": list(rec["images"])})
+    return out
+
+
+def mixed_records(folder: str | Path, n: int, seed: int = 0) -> list[dict]:
+    """Conversations showing one image, or two (every third record: "<image><image>..." about the first shape), so the
+    images, and the image tokens, per micro-batch vary."""
+    out = shape_records(folder, n, seed)
+    extra = shape_records(Path(folder) / "second", n, seed + 1)
+    for i, rec in enumerate(out):
+        if i % 3 == 0:
+            rec["messages"][0]["content"] = "<image><image>" + QUESTION
+            rec["images"] = [*rec["images"], "second/" + extra[i]["images"][0]]
+    return out

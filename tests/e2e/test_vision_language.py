@@ -6,6 +6,7 @@ transformers' `AutoModelForImageTextToText` + `AutoProcessor` and generates; QLo
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from vlm_tiny import QUESTION, build_tiny_gemma3, build_tiny_llava, draw, shape_
 from trainpipe.cli import main  # noqa: E402
 
 pytestmark = pytest.mark.e2e
+CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
 
 
 def _run(tmp: Path, base: Path, name: str, steps: int = 12, **method) -> Path:
@@ -77,6 +79,8 @@ def test_lora_trains_the_language_model_only_and_the_export_generates(data_dir, 
     adapter = json.loads((run / "model" / "adapter" / "adapter_config.json").read_text())
     assert all(".language_model." in t for t in adapter["target_modules"])
 
+    _report_shows_thumbnails(run, tmp)
+
     card = (run / "model" / "README.md").read_text()
     assert "## Images" in card and ("Llava" if family == "llava" else "Gemma3") in card and "- size:" in card
 
@@ -89,6 +93,43 @@ def test_lora_trains_the_language_model_only_and_the_export_generates(data_dir, 
     batch = proc(text=[text], images=[draw("red", "square", 7)], return_tensors="pt")
     out = model.generate(**batch, max_new_tokens=3, do_sample=False)
     assert out.shape[1] == batch["input_ids"].shape[1] + 3 or int(out[0, -1]) in model.generation_config.eos_token_id
+
+
+def _report_shows_thumbnails(run: Path, data_dir: Path) -> None:
+    """report.html shows each shown sample's image as a small JPEG data URI beside the prompt, reference, base and trained
+    answers; no data path or image file name gets into the page; it renders in headless Chromium with every image decoded."""
+    import base64
+    import io
+    import re
+
+    from PIL import Image
+
+    summary = json.loads((run / "summary.json").read_text())
+    html = (run / "report.html").read_text()
+    shown = summary["samples"][:10]
+    srcs = re.findall(r'<img class="thumb" src="([^"]+)"', html)
+    assert len(srcs) == len(shown) == 10 and all(s.startswith("data:image/jpeg;base64,") for s in srcs)
+    for src in srcs:
+        raw = base64.b64decode(src.split(",", 1)[1])
+        assert len(raw) < 4_000 and max(Image.open(io.BytesIO(raw)).size) <= 96
+    assert "<th>image</th><th>prompt</th><th>reference</th><th>base model</th><th>trained</th>" in html
+    section = html.split('<h2 id="samples">', 1)[1].split("<h2", 1)[0]
+    assert str(data_dir) not in section and "images/" not in section and ".png" not in section  # no path, no file name
+    assert "images/0_" not in html  # the image files are named nowhere in the page (the config names the data file only)
+    chromium = CHROMIUM
+    if chromium:
+        from playwright.sync_api import sync_playwright
+
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+            page = browser.new_page()
+            errors: list = []
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.goto((run / "report.html").as_uri())
+            widths = page.eval_on_selector_all("img.thumb", "els => els.map(e => [e.complete, e.naturalWidth, e.getBoundingClientRect().width])")
+            page.screenshot(path=str(run.parent / f"{run.name}_report.png"), full_page=True)
+            browser.close()
+        assert errors == [] and len(widths) == 10 and all(ok and 0 < natural <= 96 and 0 < drawn <= 96 for ok, natural, drawn in widths)
 
 
 def test_full_fine_tune_freezes_the_tower_unless_asked(base):
@@ -132,3 +173,44 @@ def test_dpo_with_images_prefers_the_right_colour(base):
     summary = json.loads((tmp / "dpo" / "summary.json").read_text())
     assert summary["final"]["loss"] < summary["baseline"]["loss"] - 0.03  # 0.693 (policy = reference) -> 0.627 measured
     assert summary["final"]["reward_accuracy"] > 0.6 > summary["baseline"]["reward_accuracy"]
+
+
+def test_kto_with_images_rewards_the_right_colour(base, capsys):
+    from vlm_tiny import shape_kto
+
+    tmp, model_dir = base
+    write_jsonl(tmp / "kto" / "kto.jsonl", shape_kto(tmp / "kto", 64))
+    cfg = {
+        "model": {"name_or_path": str(model_dir)},
+        "data": {"sources": [{"path": str(tmp / "kto" / "kto.jsonl")}], "eval_split": 16, "max_length": 64},
+        "method": {"name": "kto", "peft": "lora", "lora": {"r": 8, "alpha": 16, "dropout": 0.0}, "preference": {"beta": 0.5}},
+        "training": {"max_steps": 12, "eval_steps": 6, "logging_steps": 6, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 1,
+                     "learning_rate": 5e-3, "early_stopping_patience": None},
+        "gates": {"on_fail": "warn"}, "output_dir": str(tmp / "kto_run"),
+    }
+    (tmp / "kto.yaml").write_text(yaml.safe_dump(cfg))
+    assert main(["run", str(tmp / "kto.yaml")]) == 0
+    report = json.loads((tmp / "kto_run" / "data_report.json").read_text())
+    assert report["sources"][0]["format"] == "kto" and report["splits"]["train"]["images"] == report["splits"]["train"]["records"] == 48
+    summary = json.loads((tmp / "kto_run" / "summary.json").read_text())
+    b, f = summary["baseline"], summary["final"]
+    with capsys.disabled():
+        print(f"\nVLM KTO: loss {b['loss']:.4f} -> {f['loss']:.4f}, rewards desirable {f['rewards_desirable']:.3f} vs undesirable "
+              f"{f['rewards_undesirable']:.3f}, accuracy {b['accuracy']:.3f} -> {f['accuracy']:.3f}")
+    # 0.5 at the start (policy = reference: every reward 0) -> 0.480 measured; the right colour gains more than the wrong one
+    assert f["loss"] < b["loss"] - 0.01 and b["reward_ties"] == 1.0
+    assert f["rewards_desirable"] > f["rewards_undesirable"] + 0.05 and f["accuracy"] > b["accuracy"] + 0.2
+
+    # a KTO record whose `<image>` placeholders do not match its images: one paragraph naming the file and line, exit 2
+    recs = shape_kto(tmp / "kto_bad", 8)
+    recs[3]["images"] = recs[3]["images"] * 2
+    write_jsonl(tmp / "kto_bad" / "kto.jsonl", recs)
+    bad = {**cfg, "data": {**cfg["data"], "sources": [{"path": str(tmp / "kto_bad" / "kto.jsonl")}], "eval_split": 2},
+           "output_dir": str(tmp / "kto_bad_run")}
+    (tmp / "kto_bad.yaml").write_text(yaml.safe_dump(bad))
+    capsys.readouterr()
+    assert main(["run", str(tmp / "kto_bad.yaml")]) == 2
+    err = capsys.readouterr()
+    text = " ".join((err.out + err.err).split())
+    assert "kto.jsonl" in text and "line 4" in text and "1 `<image>` placeholder(s)" in text and "2 image(s)" in text
+    assert "Traceback" not in err.out + err.err

@@ -271,7 +271,8 @@ class _Build:
                 st["image_tokens"] = st.get("image_tokens", 0) + block["image_tokens"] * copies
             if name in self.streams and "input_ids" in block and "position_ids" not in block:  # one schema for the split
                 block = {**block, "position_ids": list(range(n_tok))}
-            row = {**block, "padding_free": 1} if (name == "train" and self.cfg.packing == "padding_free") else block
+            flat = name == "train" and self.cfg.packing == "padding_free" and "mm" not in block  # VLM rows are padded (plan/attention.py)
+            row = {**block, "padding_free": 1} if flat else block
             for _ in range(copies):
                 rows.append(row)
                 if name == "train":
@@ -293,11 +294,15 @@ class _Build:
         if cfg.packing == "pack":
             train["packed_rows"] = _pack_split(self.writer, cfg.max_length)
             return train["tokens"] / max(1, train["packed_rows"] * cfg.max_length)
-        if cfg.packing == "padding_free":
+        if cfg.packing == "padding_free" and "images" not in train:
             return 1.0
         return non_pad_share(self.train_lengths, mode="dynamic", max_length=cfg.max_length, batch_size=batch_size_hint, seed=self.seed)
 
     # 6. the report
+    def _vision_padded(self) -> bool:
+        """Rows with images under `padding_free` (a config the planner did not resolve): padded all the same, said so."""
+        return self.cfg.packing == "padding_free" and "images" in self.split_stats["train"]
+
     def report(self, share: float, batch_size_hint: int) -> dict:
         cfg, intake, dropped, split_stats = self.cfg, self.intake, self.dropped, self.split_stats
         rejects, scrub = intake.rejects, intake.scrub
@@ -323,10 +328,10 @@ class _Build:
             "decontamination": self.decon_report,
             "pii_audit": scrub.audit_report() if scrub is not None else None,
             "length": self._length(),
-            "batching": {"mode": cfg.packing, "non_pad_share": round(share, 4),
+            "batching": {"mode": "padded (vision-language rows)" if self._vision_padded() else cfg.packing, "non_pad_share": round(share, 4),
                          "basis": {"pack": "tokens / (packed rows x max_length)", "padding_free": "no padding at all",
                                    "none": f"dynamic padding, batches of {batch_size_hint} in seeded random order"}.get(
-                                       cfg.packing, f"dynamic padding (`{cfg.packing}` not resolved by a plan), batches of {batch_size_hint}"),
+                                       "none" if self._vision_padded() else cfg.packing, f"dynamic padding (`{cfg.packing}` not resolved by a plan), batches of {batch_size_hint}"),
                          "padded_to_max_length_share": round(non_pad_share(self.train_lengths, mode="max_length", max_length=cfg.max_length), 4)},
             "repeated": self.repeated,
             "changed_while_read": intake.changed,  # prepared from what was read, cached under its hash

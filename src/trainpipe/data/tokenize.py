@@ -137,8 +137,8 @@ def _encode_batch(tokenizer, tpl: Template, examples: list[dict], *, train_on: s
 
 
 def _vision(tokenizer, examples: list[dict]) -> list[int]:
-    """The examples a vision-language model's processor tokenizes: every conversation and preference pair when the tokenizer
-    carries one (model/vision.py); an example with images is an error without one, and in a KTO example (not yet supported)."""
+    """The examples a vision-language model's processor tokenizes: every conversation, preference pair and KTO example when
+    the tokenizer carries one (model/vision.py); an example with images is an error without one."""
     proc = vision_chat.processor_of(tokenizer)
     out = []
     for i, ex in enumerate(examples):
@@ -148,10 +148,10 @@ def _vision(tokenizer, examples: list[dict]) -> list[int]:
                 f"(`{getattr(tokenizer, 'name_or_path', 'the tokenizer')}`: no processor_config.json / preprocessor_config.json), so it "
                 "is a text model. Train a vision-language model (docs/vision-language.md), or remove the images from the data."
             )
-        if ex.get("images") and ex["kind"] not in ("sft", "preference"):
-            raise DataError(f"Images in {ex['kind']} examples are not supported yet: vision-language training is SFT on conversations "
-                            "and DPO/ORPO on preference pairs (`<image>` placeholders in the prompt and `images`).")
-        if proc is not None and ex["kind"] in ("sft", "preference"):
+        if ex.get("images") and ex["kind"] not in ("sft", "preference", "kto"):
+            raise DataError(f"Images in {ex['kind']} examples are not supported: vision-language training is SFT on conversations, "
+                            "DPO/ORPO on preference pairs and KTO on labelled replies (`<image>` placeholders in the prompt and `images`).")
+        if proc is not None and ex["kind"] in ("sft", "preference", "kto"):
             out.append(i)
     return out
 

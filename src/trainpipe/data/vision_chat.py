@@ -232,6 +232,26 @@ def decode(ex: dict) -> list:
     return out
 
 
+THUMB_SIDE, THUMB_QUALITY, THUMBS_PER_SAMPLE = 96, 70, 2  # the report's thumbnails: at most 96 px a side, JPEG, 2 a sample
+
+
+def thumbnails(images: list[str], side: int = THUMB_SIDE, limit: int = THUMBS_PER_SAMPLE) -> list[str]:
+    """Small JPEG `data:` URIs of the first ``limit`` images (base64 PNGs, as :func:`attach` keeps them), at most ``side``
+    pixels a side (a few KB each): what the run's report shows beside a sample's answers. Nothing of the image's
+    origin (path, name, metadata) is kept: the pixels are re-encoded from the decoded frame."""
+    from PIL import Image
+
+    out = []
+    for b in list(images or [])[:limit]:
+        with Image.open(io.BytesIO(base64.b64decode(b))) as im:
+            small = im.convert("RGB")
+            small.thumbnail((side, side))
+            buf = io.BytesIO()
+            small.save(buf, format="JPEG", quality=THUMB_QUALITY)
+        out.append("data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode())
+    return out
+
+
 # ------------------------------------------------------------------------------ tokenizing with the processor
 
 
@@ -344,16 +364,20 @@ def _extras(out: dict, proc) -> bytes:
 
 
 def encode_pair(proc, ex: dict, *, max_length: int, min_tokens: int) -> tuple[dict | None, str | None]:
-    """(the row of one preference pair whose prompt shows images, or None and the drop reason): the prompt rendered with
-    its generation prompt and images, each reply the tokens its full conversation adds after the prompt."""
-    if any(IMAGE in m["content"] for k in ("chosen", "rejected") for m in ex[k]):
-        raise DataError("An image placeholder stands in a chosen or rejected reply; images belong to the prompt, which the two "
-                        "replies share (LLaMA-Factory's DPO layout: `conversations` + `chosen` + `rejected` + `images`).")
+    """(the row of one preference pair (or KTO example) whose prompt shows images, or None and the drop reason): the prompt
+    rendered with its generation prompt and images, each reply the tokens its full conversation adds after the prompt."""
+    keys = ("chosen", "rejected") if ex["kind"] == "preference" else ("completion",)
+    if any(IMAGE in m["content"] for k in keys for m in ex[k]):
+        where = "a chosen or rejected reply" if ex["kind"] == "preference" else "the judged completion (the last assistant turn)"
+        layout = ("LLaMA-Factory's DPO layout: `conversations` + `chosen` + `rejected` + `images`" if ex["kind"] == "preference" else
+                  "LLaMA-Factory's KTO layout: `messages` with `<image>` in a user turn + `label` + `images`")
+        raise DataError(f"An image placeholder stands in {where}; images belong to the prompt, which the replies are judged against "
+                        f"({layout}).")
     images = decode(ex)
     out = _call(proc, _render(proc, ex["prompt"], True), images)
     prompt = out["input_ids"][0].tolist()
     replies = []
-    for key in ("chosen", "rejected"):
+    for key in keys:
         full = _call(proc, _render(proc, ex["prompt"] + ex[key], False).rstrip(), images)["input_ids"][0].tolist()
         if full[: len(prompt)] != prompt:
             return None, "template_not_prefix"
@@ -363,8 +387,9 @@ def encode_pair(proc, ex: dict, *, max_length: int, min_tokens: int) -> tuple[di
     if min(len(r) for r in replies) < max(1, min_tokens):
         return None, "too_short"
     image_ids = image_token_ids(proc)
-    return {"prompt_input_ids": prompt, "chosen_input_ids": replies[0], "rejected_input_ids": replies[1], "mm": _extras(out, proc),
-            "n_images": len(images), "image_tokens": sum(1 for t in prompt if t in image_ids)}, None
+    row = ({"prompt_input_ids": prompt, "chosen_input_ids": replies[0], "rejected_input_ids": replies[1]} if ex["kind"] == "preference"
+           else {"prompt_input_ids": prompt, "completion_input_ids": replies[0], "label": ex["label"]})
+    return {**row, "mm": _extras(out, proc), "n_images": len(images), "image_tokens": sum(1 for t in prompt if t in image_ids)}, None
 
 
 # ------------------------------------------------------------------------------ batches
@@ -420,12 +445,13 @@ def _lay_out(rows: list[dict], width: int) -> dict:
     return out
 
 
-def pair_tensors(examples: list[dict], width: int) -> dict:
+def pair_tensors(examples: list[dict], width: int, copies: int = 2) -> dict:
     """The image tensors of a pair batch laid out as train/preference.py's `collate_pairs` lays out the rows (every
-    prompt + chosen, then every prompt + rejected): each pair's images twice, per-token extras padded to ``width``."""
+    prompt + chosen, then every prompt + rejected): each pair's images twice, per-token extras padded to ``width``.
+    ``copies=1``: a KTO batch (one row per example; its mismatched KL rows keep each prompt, so the same images)."""
     from safetensors.torch import load
 
-    return _lay_out([load(ex["mm"]) for ex in examples] * 2, width)
+    return _lay_out([load(ex["mm"]) for ex in examples] * copies, width)
 
 
 def collate(batch: list[dict], pad_id: int) -> dict:

@@ -17,6 +17,9 @@ from trainpipe.distributed import env
 from trainpipe.evaluate.metrics import GENERATED
 
 
+SAMPLES_WITH_THUMBNAILS = 10  # the samples the report shows (report/html.py) carry their images' thumbnails
+
+
 def eval_loss(model, examples: list[dict], *, batch_size: int, pad_id: int, advance: Callable[[int], None] | None = None) -> dict:
     import torch
 
@@ -160,6 +163,9 @@ def evaluate_lm(model, tokenizer, data, ev, *, batch_size: int, stop_ids: list[i
             if name in GENERATED:
                 out[name] = GENERATED[name](preds, refs)
         samples = [{"prompt": g["prompt"], "reference": r, "prediction": p} for g, r, p in zip(gens, refs, preds)]
+        for k, g in enumerate(gens[:SAMPLES_WITH_THUMBNAILS]):  # a vision-language eval split: the report shows what was asked about
+            if g.get("images"):
+                samples[k]["thumbnails"] = vision_chat.thumbnails(g["images"])
     return out, samples
 
 

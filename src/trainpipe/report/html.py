@@ -13,6 +13,7 @@ failure, with what exists), `trainpipe report RUN_DIR` on demand, and pipelines 
 from __future__ import annotations
 
 import json
+import re
 from html import escape
 from pathlib import Path
 
@@ -38,6 +39,7 @@ th{background:#f0f2f5}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .charts{display:flex;flex-wrap:wrap;gap:12px}figure.chart{margin:0;background:#fff;border:1px solid #ddd;padding:6px}
 figcaption{font-weight:600;font-size:12px;margin-bottom:2px}p.empty{color:#777;font-style:italic;width:540px;margin:8px 4px}
 pre{background:#fff;border:1px solid #ddd;padding:8px;overflow:auto;max-height:420px;font-size:12px}
+img.thumb{display:block;max-width:96px;max-height:96px;margin:0 0 4px;border:1px solid #ddd;image-rendering:pixelated}
 .level-warning{color:#9a6700}.level-error,.level-fatal{color:#b3261e}small{color:#666}
 """
 
@@ -283,12 +285,24 @@ def _section_benchmarks(s: dict) -> list[str]:
     return out
 
 
+THUMBNAIL = re.compile(r"data:image/(?:jpeg|png);base64,[A-Za-z0-9+/]+={0,2}")
+THUMBNAIL_MAX_CHARS = 16_000  # one thumbnail's data URI (a 96-pixel JPEG is 1-4 KB); a longer one is not shown
+
+
+def _thumbs(x: dict) -> str:
+    """A vision-language sample's image thumbnails (evaluate/evaluator.py): only well-formed, bounded image data URIs."""
+    ok = [u for u in (x.get("thumbnails") or [])[:2] if isinstance(u, str) and len(u) <= THUMBNAIL_MAX_CHARS and THUMBNAIL.fullmatch(u)]
+    return "".join(f'<img class="thumb" src="{u}" alt="image {k + 1} of the prompt">' for k, u in enumerate(ok))
+
+
 def _section_samples(s: dict) -> list[str]:
     smp = s.get("samples") or []
     if not smp:
         return []
-    rows = [[f"<pre>{escape(x.get('prompt', ''))}</pre>", escape(x.get("reference", "")), escape(x.get("baseline_prediction", "")), escape(x.get("prediction", ""))] for x in smp[:10]]
-    return ['<h2 id="samples">Sample generations (eval split)</h2>', _table(["prompt", "reference", "base model", "trained"], rows)]
+    images = any(x.get("thumbnails") for x in smp[:10])
+    rows = [([_thumbs(x)] if images else []) + [f"<pre>{escape(x.get('prompt', ''))}</pre>", escape(x.get("reference", "")),
+                                                escape(x.get("baseline_prediction", "")), escape(x.get("prediction", ""))] for x in smp[:10]]
+    return ['<h2 id="samples">Sample generations (eval split)</h2>', _table((["image"] if images else []) + ["prompt", "reference", "base model", "trained"], rows)]
 
 
 def _pii_examples(audit: dict | None, counts: dict, show: int = 3) -> list[str]:

@@ -33,7 +33,7 @@ from trainpipe.train.objectives import Objective, shards_eval
 from trainpipe.train.optim import build_scheduler, running_stats, scale_lr, trainable
 from trainpipe.train.preemption import Watchdog
 from trainpipe.train.prepare import gradient_checkpointing
-from trainpipe.train.recovery import DivergenceGuard, OomPolicy, evaluate_or_stop
+from trainpipe.train.recovery import DivergenceGuard, OomPolicy, evaluate_or_stop, image_tokens_per_micro_batch
 from trainpipe.train.state import FitResult, LoopState, capture_rng, restore_rng
 from trainpipe.train.stepper import Stepper
 from trainpipe.train.telemetry import measure_memory, record_world
@@ -231,15 +231,21 @@ class TrainLoop:
                 if attempt:
                     self.events.emit("oom_recovered", step=self.state.step + 1, micro_batch=self.state.micro_batch,
                                      gradient_accumulation_steps=math.ceil(self.plan.effective / self.state.micro_batch),
-                                     effective_batch=self.plan.effective, gradient_checkpointing=self.state.gradient_checkpointing)
+                                     effective_batch=self.plan.effective, gradient_checkpointing=self.state.gradient_checkpointing,
+                                     **self._image_tokens(examples))
                 return out
             except Exception as exc:  # noqa: BLE001 - classified below, re-raised when not an OOM
                 if not self.oom.handles(exc):
                     raise
-                self._after_oom(exc)
+                self._after_oom(exc, examples)
                 attempt += 1
 
-    def _after_oom(self, exc: BaseException) -> None:
+    def _image_tokens(self, examples: list[dict]) -> dict:
+        """`image_tokens_per_micro_batch` of this window at the current micro-batch (vision-language rows; {} for text)."""
+        n = image_tokens_per_micro_batch(examples, self.state.micro_batch)
+        return {} if n is None else {"image_tokens_per_micro_batch": n}
+
+    def _after_oom(self, exc: BaseException, examples: list[dict]) -> None:
         """Act on the OOM policy's decision: halve the micro-batch, turn on gradient checkpointing, or stop with a plan."""
         import torch
 
@@ -247,7 +253,7 @@ class TrainLoop:
         self.optimizer.zero_grad(set_to_none=True)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        before = {"micro_batch": st.micro_batch, "gradient_checkpointing": st.gradient_checkpointing}
+        before = {"micro_batch": st.micro_batch, "gradient_checkpointing": st.gradient_checkpointing, **self._image_tokens(examples)}
         decision = self.oom.decide(st)
         if decision == "stop":
             self.events.emit("cuda_oom", step=st.step + 1, level="fatal", **before, error=str(exc)[:200], action="stop")
@@ -257,7 +263,7 @@ class TrainLoop:
         else:
             self._set_gradient_checkpointing(True)
         eff = self.plan.effective
-        self.events.emit("cuda_oom", **self.oom.recovered_fields(st, exc, decision, before, eff),
+        self.events.emit("cuda_oom", **self.oom.recovered_fields(st, exc, decision, before, eff), **self._image_tokens(examples),
                          **strategies.oom_fields(self.strategy, eff, st.micro_batch, self._resumed_world, self.stepper.oom_ranks))
 
     def _roll_back(self, w: int, kind: str, figures: dict) -> None:

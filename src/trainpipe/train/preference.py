@@ -166,7 +166,8 @@ class Unpaired:
     def __getitem__(self, i: int) -> dict:
         p = self.pairs[i // 2]
         key = "chosen_input_ids" if i % 2 == 0 else "rejected_input_ids"
-        return {"prompt_input_ids": p["prompt_input_ids"], "completion_input_ids": p[key], "label": i % 2 == 0}
+        row = {"prompt_input_ids": p["prompt_input_ids"], "completion_input_ids": p[key], "label": i % 2 == 0}
+        return {**row, "mm": p["mm"]} if "mm" in p else row  # a vision-language pair: both rows show the prompt's images
 
     def __iter__(self):
         return (self[i] for i in range(len(self)))
@@ -187,6 +188,7 @@ def _pad(seqs: list[list[int]], masks: list[list[int]], pad_id: int) -> dict:
 
 
 PAIR_KEYS = ("input_ids", "attention_mask", "loss_mask", "nll_scale")
+KTO_KEYS = ("input_ids", "attention_mask", "loss_mask", "label")
 
 
 def collate_pairs(examples: list[dict], pad_id: int) -> dict:
@@ -416,25 +418,37 @@ class KTOObjective(Objective):
         completions = [ex["completion_input_ids"] for ex in examples]
         batch = build(completions)
         kl = build(completions[-1:] + completions[:-1])  # mismatched pairs (x_i, y_{i-1}), as TRL rotates them
+        if "mm" in examples[0]:  # images: each row's prompt keeps its images in the KL rows too (per-token extras at their width)
+            batch.update(vision_chat.pair_tensors(examples, batch["input_ids"].shape[1], copies=1))
+            kl.update({k: v for k, v in vision_chat.pair_tensors(examples, kl["input_ids"].shape[1], copies=1).items()
+                       if v.dim() == 2 and v.shape == kl["input_ids"].shape})
         batch.update({f"kl_{k}": v for k, v in kl.items()})
         batch["label"] = torch.tensor([bool(ex["label"]) for ex in examples])
         return batch
+
+    @staticmethod
+    def images(batch: dict) -> tuple[dict, dict]:
+        """(the pixel tensors of a vision-language batch's rows, those of its KL rows); both empty for text."""
+        own = {k: v for k, v in batch.items() if k not in KTO_KEYS and not k.startswith("kl_")}
+        kl = {k[3:]: v for k, v in batch.items() if k.startswith("kl_") and k[3:] not in PAIR_KEYS}
+        return own, {**own, **kl}
 
     def terms(self, model, batch: dict) -> dict:
         import torch
 
         ids, att, lm = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
-        logps, lens = sequence_logps(model, ids, att, lm)
-        ref = self.reference.logps(model, ids, att, lm)
+        images, kl_images = self.images(batch)  # a vision-language model's pixel tensors (data/vision_chat.py); none for text
+        logps, lens = sequence_logps(model, ids, att, lm, **images)
+        ref = self.reference.logps(model, ids, att, lm, **images)
         with torch.no_grad():
             kl_args = (batch["kl_input_ids"], batch["kl_attention_mask"], batch["kl_loss_mask"])
-            kl = (sequence_logps(model, *kl_args)[0] - self.reference.logps(model, *kl_args)).mean().clamp(min=0)
+            kl = (sequence_logps(model, *kl_args, **kl_images)[0] - self.reference.logps(model, *kl_args, **kl_images)).mean().clamp(min=0)
         p = self.pref
         losses, rewards = kto_losses(logps, ref, batch["label"], kl, beta=p.beta, desirable_weight=p.desirable_weight, undesirable_weight=p.undesirable_weight)
         return {"losses": losses, "logps": logps.detach(), "lengths": lens, "rewards": rewards, "label": batch["label"], "kl": kl}
 
     def loss_sum(self, model, batch: dict):
-        if self.fused is not None:
+        if self.fused is not None and all(k in KTO_KEYS or k.startswith("kl_") for k in batch):  # Liger reads no images: VLM rows use `terms`
             return self.fused.kto_loss_sum(self, model, batch)
         t = self.terms(model, batch)
         right = torch_where_sign(t["rewards"], t["label"])
@@ -508,7 +522,7 @@ def _kto_metrics(rows: list[dict], t: dict) -> dict:
     labels = t["label"].bool()
     by_prompt: dict[tuple, dict] = {}
     for i, r in enumerate(rows):
-        by_prompt.setdefault(tuple(r["prompt_input_ids"]), {}).setdefault(bool(r["label"]), []).append(i)
+        by_prompt.setdefault((tuple(r["prompt_input_ids"]), r.get("mm")), {})  # the same question about another image is another prompt.setdefault(bool(r["label"]), []).append(i)
     matched = [(d[True][0], d[False][0]) for d in by_prompt.values() if True in d and False in d]
     if matched:
         diffs = torch.tensor([float(t["logps"][a] - t["logps"][b]) for a, b in matched])

@@ -2,7 +2,9 @@
 decision; the loop acts on it (retry the window, roll back, stop).
 
 - OOM (``cuda_oom`` -> ``oom_recovered``): halve the micro-batch (accumulation grows, the effective batch stays), then
-  turn on gradient checkpointing, then stop with a plan (:class:`OomPolicy`).
+  turn on gradient checkpointing, then stop with a plan (:class:`OomPolicy`). With images in the rows the events also
+  count the most image tokens one micro-batch of the window holds, before and after (:func:`image_tokens_per_micro_batch`):
+  images per example vary, so a halved micro-batch can keep most of them.
 - NaN/Inf loss or gradient norm (``gradient_overflow``) or a loss above k x its running median (``loss_spike``): roll
   back to the newest good checkpoint, scale the learning rate down, skip the offending window, continue; after
   ``max_recoveries`` -> ``training_diverged`` (fatal) and a clean stop (:class:`DivergenceGuard`).
@@ -44,6 +46,16 @@ def is_oom(exc: BaseException) -> bool:
         return True
     text = str(exc)
     return isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+
+
+def image_tokens_per_micro_batch(examples: list[dict], micro: int) -> int | None:
+    """The most image tokens one micro-batch of a window holds (a vision-language model's rows count theirs,
+    data/vision_chat.py; images per example vary, so halving the micro-batch does not halve this), None for text rows.
+    Micro-batches are sliced as the stepper slices them (train/stepper.py): consecutive runs of ``micro`` examples of
+    the window, one per rank and micro-step."""
+    if not examples or "image_tokens" not in examples[0]:
+        return None
+    return max(sum(int(ex.get("image_tokens") or 0) for ex in examples[i : i + micro]) for i in range(0, len(examples), micro))
 
 
 class OomPolicy:

@@ -200,3 +200,60 @@ def test_parquet_image_bytes_and_several_images_over_several_turns(tmp_path, lla
         assert trained == "red<|im_end|>blue<|im_end|>"  # both answers with their end of turn, nothing else
     batch = PadCollator(tok.pad_token_id)(_rows(data)[:2])
     assert tuple(batch["pixel_values"].shape) == (4, 3, 28, 28)
+
+
+def test_kto_records_with_images_keep_them_in_the_prompt(tmp_path, llava):
+    from vlm_tiny import shape_kto
+
+    _, tok = llava
+    data = _prep(tmp_path, tok, shape_kto(tmp_path, 8), eval_split=2)
+    rows = _rows(data)
+    assert data.report["records_kept"] == 8 and data.report["splits"]["train"]["images"] == len(rows) == 6
+    image_id = tok.convert_tokens_to_ids("<image>")
+    for r in rows:
+        assert sum(1 for t in r["prompt_input_ids"] if t == image_id) == 4 and image_id not in r["completion_input_ids"]
+        assert tok.decode(r["completion_input_ids"]).split("<|im_end|>")[0] in ("red", "green", "blue", "yellow")
+    assert sorted({bool(r["label"]) for r in rows}) == [False, True]
+    from trainpipe.config.method import PreferenceConfig
+    from trainpipe.train.preference import KTOObjective
+
+    batch = KTOObjective(PreferenceConfig(), None, tok.pad_token_id).collate(rows[:3])
+    assert tuple(batch["pixel_values"].shape) == (3, 3, 28, 28) and batch["kl_input_ids"].shape[0] == 3
+
+
+def test_kto_records_whose_placeholders_do_not_match_their_images_are_one_paragraph(tmp_path, llava):
+    from vlm_tiny import shape_kto
+
+    _, tok = llava
+    recs = shape_kto(tmp_path, 4)
+    recs[1]["messages"][0]["content"] = "<image><image>" + QUESTION  # two placeholders, one image
+    with pytest.raises(DataError) as e:
+        _prep(tmp_path, tok, recs)
+    msg = str(e.value)
+    assert "d.jsonl" in msg and "line 2" in msg and "2 `<image>` placeholder(s)" in msg and "1 image(s)" in msg and "\n" not in msg
+    recs = shape_kto(tmp_path, 4)
+    recs[0]["messages"] = [{"role": "user", "content": QUESTION}, {"role": "assistant", "content": "<image>red"}]  # the image in the judged reply
+    with pytest.raises(DataError) as e:
+        _prep(tmp_path, tok, recs)
+    assert "judged completion" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_padding_free_is_reported_as_padded_for_vision_rows(tmp_path, llava):
+    folder, tok = llava
+    data = _prep(tmp_path, tok, shape_records(tmp_path, 12), packing="padding_free")
+    batching = data.report["batching"]
+    assert batching["mode"] == "padded (vision-language rows)" and batching["basis"].startswith("dynamic padding")
+    assert 0 < batching["non_pad_share"] <= 1 and all("padding_free" not in r for r in _rows(data))
+    batch = PadCollator(tok.pad_token_id)(_rows(data)[:2])
+    assert batch["input_ids"].shape[0] == 2 and "position_ids" not in batch  # padded rows, one per example
+
+    from trainpipe.config.load import build_config
+    from trainpipe.plan.attention import resolve_attention
+    from trainpipe.plan.hardware import Hardware
+
+    for asked in ("auto", "padding_free"):  # the plan: padded, with the rule, whether auto chose or padding_free was asked
+        cfg = build_config({"model": {"name_or_path": str(folder)}, "data": {"sources": [{"path": "d.jsonl"}], "packing": asked}}, base_dir=tmp_path)
+        decisions: list = []
+        resolve_attention(cfg, Hardware("cpu", 0, (), False, 0, ""), decisions)
+        packing = next(d for d in decisions if d.key == "data.packing")
+        assert cfg.data.packing == "none" and "padded (vision-language rows)" in packing.rule

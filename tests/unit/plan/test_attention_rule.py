@@ -96,6 +96,9 @@ def test_packing_auto_per_objective_peft_and_kernel():
     d = decide_packing("auto", "kernels-community/metal-flash-sdpa", method="sft", peft="lora", accelerator="cuda")
     assert d.value == "none" and "does not keep packed examples apart" in d.rule
     assert decide_packing("none", "sdpa", method="sft", peft="lora").value == "none"
+    for asked in ("auto", "padding_free"):  # a vision-language model's rows are padded, and the plan says so
+        d = decide_packing(asked, "sdpa", method="sft", peft="lora", vision=True)
+        assert d.value == "none" and d.rule.startswith(("padded (vision-language rows)", "`data.packing: padding_free` asked; padded"))
 
 
 @pytest.mark.parametrize("packing", ["pack", "padding_free"])
