@@ -1,31 +1,39 @@
-"""Training steps per second of a tabular MLP in trainpipe's loop against a plain PyTorch loop, same data, model and batch.
+"""Training throughput of a tabular MLP: trainpipe's loop against a plain PyTorch loop and against Lightning, same data,
+model, optimizer and batch, as ratios in one run (target: trainpipe >= 0.95x of each).
 
-The table: `--rows` synthetic rows (16 numeric columns, 2 categorical with 12 values, a binary label), written as CSV.
-trainpipe: `trainpipe run` in this process on that CSV (the tabular family: the data step, then the resilient loop with
-its stepper, strategy, checkpoints and evals), `--steps` optimizer steps at micro-batch `--batch`, evaluation and
-checkpoints only at the end; its speed is the examples/s the loop itself logs (metrics.jsonl, every 10 steps, the first
-record dropped as warm-up). Plain PyTorch: the same prepared tensors (trainpipe's own data step, so the inputs are
-identical), the same module (model/tabular.py), AdamW at the same rate, the same gradient clipping (max norm 1.0), a
-shuffled index per epoch; timed over the same number of steps after 10 warm-up steps, once before and once after the
-trainpipe run (the mean, so a shared machine's slower moment falls on both). The ratio trainpipe / plain is printed
-and written to benchmarks/results/tabular_throughput.json; the target is >= 0.95 (the guarantees must not cost speed).
+The table: `--rows` synthetic rows (16 numeric columns, 2 categorical with 12 values, a binary label), written as CSV and
+prepared once by trainpipe's own data step, so every side trains on identical tensors. The model: model/tabular.py's MLP
+(`ARGS`), AdamW at 1e-3, gradient clipping at max norm 1.0, `--steps` optimizer steps of micro-batch `--batch`.
 
-    python benchmarks/tabular_throughput.py [--rows 20000] [--steps 300] [--batch 256] [--threads 1]
+- trainpipe: a whole `trainpipe run` in this process (the data step, then the resilient loop with its stepper, strategy,
+  events, metrics, recovery checks; evaluation and checkpoints only at the end), timed after every optimizer step by a
+  loop callback.
+- plain PyTorch: the prepared tensors indexed by a shuffled permutation each epoch, forward, loss, backward, clip, step.
+- Lightning: a LightningModule around the same module, a DataLoader over a TensorDataset (shuffle, drop_last),
+  `Trainer(max_steps, gradient_clip_val=1.0)` without logger, checkpoints or progress bar. Skipped, with the reason in
+  the result, when `lightning` does not import (it is not a trainpipe dependency: run this script with a Python that
+  has it, e.g. a venv made with `--system-site-packages` plus `pip install lightning`).
+
+The sides run interleaved (benchmarks/_interleave.py: rotated order, `--reps` repetitions, medians, the load average
+recorded) at `--threads` torch threads. Writes benchmarks/results/tabular_throughput.json.
+
+    python benchmarks/tabular_throughput.py [--rows 20000] [--steps 200] [--batch 256] [--threads 1] [--reps 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
-import json
-import platform
 import random
 import sys
 import tempfile
-import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).parent))
+from _interleave import Windows, interleave, trainpipe_windows, write  # noqa: E402
+
 ARGS = {"hidden_size": 256, "depth": 3, "dropout": 0.1}
+LR = 1e-3
 
 
 def write_table(path: Path, rows: int) -> None:
@@ -40,50 +48,87 @@ def write_table(path: Path, rows: int) -> None:
             w.writerow([f"{x:.5f}" for x in xs] + [f"k{c0}", f"k{c1}", y])
 
 
-def plain_pytorch(data, steps: int, batch: int, lr: float) -> float:
-    """Examples per second of a plain loop on the prepared examples."""
+def tensors(data):
+    import torch
+
+    x_num = torch.tensor([e["x_num"] for e in data.train], dtype=torch.float32)
+    x_cat = torch.tensor([e["x_cat"] for e in data.train], dtype=torch.long)
+    return x_num, x_cat, torch.tensor([e["y"] for e in data.train], dtype=torch.long)
+
+
+def new_model(data):
     import torch
 
     from trainpipe.model.tabular import build_tabular_mlp
 
     torch.manual_seed(0)
-    x_num = torch.tensor([e["x_num"] for e in data.train], dtype=torch.float32)
-    x_cat = torch.tensor([e["x_cat"] for e in data.train], dtype=torch.long)
-    y = torch.tensor([e["y"] for e in data.train], dtype=torch.long)
-    model = build_tabular_mlp(x_num.shape[1], data.prep.cardinalities, len(data.prep.classes), ARGS)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    n = len(y)
+    return build_tabular_mlp(len(data.prep.numeric), data.prep.cardinalities, len(data.prep.classes), ARGS)
 
-    def run(k: int) -> None:
-        perm, pos = torch.randperm(n), 0
-        for _ in range(k):
-            if pos + batch > n:
-                perm, pos = torch.randperm(n), 0
-            idx = perm[pos : pos + batch]
-            pos += batch
-            loss = torch.nn.functional.cross_entropy(model(x_num[idx], x_cat[idx]), y[idx])
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
 
-    run(10)
-    t0 = time.perf_counter()
-    run(steps)
-    return steps * batch / (time.perf_counter() - t0)
+def plain_pytorch(data, steps: int, batch: int) -> "Windows":
+    import torch
+
+    x_num, x_cat, y = tensors(data)
+    model = new_model(data)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    n, win = len(y), Windows(batch)
+    perm, pos = torch.randperm(n), 0
+    for _ in range(steps):
+        if pos + batch > n:
+            perm, pos = torch.randperm(n), 0
+        idx = perm[pos : pos + batch]
+        pos += batch
+        loss = torch.nn.functional.cross_entropy(model(x_num[idx], x_cat[idx]), y[idx])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        win.step()
+    return win.result()
+
+
+def lightning_side(data, steps: int, batch: int) -> "Windows":
+    import lightning as L
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    model = new_model(data)
+    win = Windows(batch)
+
+    class Module(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = model
+
+        def training_step(self, b, i):
+            x_num, x_cat, y = b
+            return torch.nn.functional.cross_entropy(self.net(x_num, x_cat), y)
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=LR)
+
+    class Clock(L.Callback):
+        def on_train_batch_end(self, *a, **k):
+            win.step()
+
+    loader = DataLoader(TensorDataset(*tensors(data)), batch_size=batch, shuffle=True, drop_last=True)
+    trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, gradient_clip_val=1.0, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, callbacks=[Clock()])
+    trainer.fit(Module(), loader)
+    return win.result()
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=20000)
-    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--reps", type=int, default=3)
     a = ap.parse_args()
     import torch
     import yaml
 
-    from trainpipe.cli import main as cli
     from trainpipe.config import RunConfig
     from trainpipe.data.tabular import prepare_tabular
 
@@ -92,31 +137,29 @@ def main() -> int:
         tmp = Path(tmp)
         write_table(tmp / "table.csv", a.rows)
         mapping = {
-            "model": {"args": ARGS}, "data": {"sources": [{"path": "table.csv"}], "label": "label", "eval_split": 0.05},
-            "training": {"max_steps": a.steps, "per_device_train_batch_size": a.batch, "gradient_accumulation_steps": 1, "learning_rate": 1e-3,
+            "model": {"args": ARGS}, "data": {"sources": [{"path": str(tmp / "table.csv")}], "label": "label", "eval_split": 0.05},
+            "training": {"max_steps": a.steps, "per_device_train_batch_size": a.batch, "gradient_accumulation_steps": 1, "learning_rate": LR,
                          "logging_steps": 10, "eval_steps": a.steps, "save_steps": a.steps, "early_stopping_patience": None},
             "gates": {"on_fail": "warn"}, "tracking": {"backend": "none"}, "output_dir": str(tmp / "run"),
         }
         (tmp / "run.yaml").write_text(yaml.safe_dump(mapping))
-        cfg = RunConfig.model_validate({**mapping, "data": {**mapping["data"], "sources": [{"path": str(tmp / "table.csv")}]}})
-        data = prepare_tabular(cfg.data, task="classification", seed=cfg.training.seed)
-        before = plain_pytorch(data, a.steps, a.batch, 1e-3)
-        if cli(["run", str(tmp / "run.yaml")]) != 0:
-            print("the trainpipe run failed", file=sys.stderr)
-            return 1
-        recs = [json.loads(x) for x in (tmp / "run" / "metrics.jsonl").read_text().splitlines() if x.strip()]
-        speeds = [r["tokens_per_second"] for r in recs if "tokens_per_second" in r][1:]  # examples/s in this family; the first: warm-up
-        after = plain_pytorch(data, a.steps, a.batch, 1e-3)
-    trainpipe = sum(speeds) / len(speeds)
-    plain = (before + after) / 2
-    out = {"benchmark": "tabular_throughput", "rows": a.rows, "steps": a.steps, "batch": a.batch, "threads": a.threads, "model_args": ARGS,
-           "trainpipe_examples_per_s": round(trainpipe, 1), "plain_pytorch_examples_per_s": round(plain, 1),
-           "plain_before_after": [round(before, 1), round(after, 1)], "ratio": round(trainpipe / plain, 3), "target": 0.95,
-           "python": platform.python_version(), "torch": torch.__version__, "machine": platform.machine(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    print(json.dumps(out, indent=2))
-    res = Path(__file__).parent / "results" / "tabular_throughput.json"
-    res.parent.mkdir(exist_ok=True)
-    res.write_text(json.dumps(out, indent=2) + "\n")
+        data = prepare_tabular(RunConfig.model_validate(mapping).data, task="classification", seed=0)
+        sides = {"trainpipe": lambda: trainpipe_windows(tmp / "run.yaml", a.batch), "plain_pytorch": lambda: plain_pytorch(data, a.steps, a.batch)}
+        try:
+            import lightning  # noqa: F401
+
+            sides["lightning"] = lambda: lightning_side(data, a.steps, a.batch)
+            skipped = None
+        except ImportError as exc:
+            skipped = f"lightning does not import here ({exc}); run with a Python that has it"
+        res = interleave(sides, a.reps)
+    out = {"benchmark": "tabular_throughput", "rows": a.rows, "steps": a.steps, "batch": a.batch, "model_args": ARGS, **res,
+           "lightning_skipped": skipped, "target": 0.95}
+    if skipped is None:
+        import lightning
+
+        out["lightning_version"] = lightning.__version__
+    write(out, "tabular_throughput")
     return 0
 
 

@@ -92,6 +92,15 @@ class SupervisedObjective(Objective):
     def __init__(self, loss: str, task: str):
         self.name, self.task = loss, task
         self.user = import_object(loss, "method.loss") if loss not in NAMED_LOSSES else None
+        self._rows: dict[int, int] = {}  # id(example) -> its row in the stacked tensors (`stack`)
+        self._stacked: tuple = ()
+
+    def stack(self, examples: list[dict]) -> None:
+        """Stack a table's training examples into tensors once, so that a micro-batch of them is gathered by row rather
+        than converted from Python lists every step (the same values: benchmarks/tabular_throughput.py)."""
+        if examples and "x_num" in examples[0]:
+            b = self._from_lists(examples)
+            self._stacked, self._rows = (b["x_num"], b["x_cat"], b["y"]), {id(e): i for i, e in enumerate(examples)}
 
     def weight(self, examples: list[dict]) -> int:
         return len(examples)
@@ -103,16 +112,25 @@ class SupervisedObjective(Objective):
         import torch
         from torch.utils.data import default_collate
 
-        if "x_num" in examples[0]:  # through numpy: torch.tensor on nested lists is 2x slower (benchmarks/tabular_throughput.py)
-            import numpy as np
-
-            n = len(examples)
-            return {"x_num": torch.from_numpy(np.array([e["x_num"] for e in examples], dtype=np.float32).reshape(n, -1)),
-                    "x_cat": torch.from_numpy(np.array([e["x_cat"] for e in examples], dtype=np.int64).reshape(n, -1)),
-                    "y": torch.tensor([e["y"] for e in examples], dtype=torch.long if self.task == "classification" else torch.float32)}
+        if "x_num" in examples[0]:
+            rows = [self._rows.get(id(e)) for e in examples] if self._rows else [None]
+            if None in rows:
+                return self._from_lists(examples)
+            idx = torch.tensor(rows)
+            return {"x_num": self._stacked[0][idx], "x_cat": self._stacked[1][idx], "y": self._stacked[2][idx]}
         batch = default_collate(examples)
         x = batch["x"]
         return {**x, "y": batch["y"]} if isinstance(x, dict) else {"x": x, "y": batch["y"]}
+
+    def _from_lists(self, examples: list[dict]) -> dict:
+        """A table's examples as tensors, through numpy (torch.tensor on nested lists is 2x slower)."""
+        import numpy as np
+        import torch
+
+        n = len(examples)
+        return {"x_num": torch.from_numpy(np.array([e["x_num"] for e in examples], dtype=np.float32).reshape(n, -1)),
+                "x_cat": torch.from_numpy(np.array([e["x_cat"] for e in examples], dtype=np.int64).reshape(n, -1)),
+                "y": torch.tensor([e["y"] for e in examples], dtype=torch.long if self.task == "classification" else torch.float32)}
 
     def outputs(self, model, batch: dict):
         if "x_num" in batch:
@@ -265,6 +283,7 @@ def run(ctx: RunContext) -> dict:
     model, where = build_model(cfg, data)
     objective = SupervisedObjective(default_loss(data.task, cfg.method.loss), data.task)
     check_outputs(model, objective, data, where)
+    objective.stack(data.train)
     micro = data.train[: ctx.specs.batch.micro_batch]
     traced = trace_module_step(lambda: build_model(cfg, data)[0], lambda m, b: objective.loss_sum(m, b)[0], objective.collate(micro))  # the planner's memory
     params = parameter_counts(model)
