@@ -273,3 +273,22 @@ def test_llava_rows_flatten_padding_free_and_gemma3_rows_are_padded_and_said_so(
     for asked in ("auto", "padding_free"):  # the plan: padded, with the rule, whether auto chose or padding_free was asked
         value, decision = _packing(tmp_path, gemma, asked)
         assert value == "none" and "padded (vision-language rows)" in decision.rule
+
+
+def test_report_thumbnails_are_small_jpegs_without_the_images_metadata():
+    from PIL import Image, PngImagePlugin
+
+    from trainpipe.data.vision_chat import thumbnails
+
+    info = PngImagePlugin.PngInfo()
+    info.add_text("Comment", "path=/home/alice/secret-images token=s3cr3t-Tok3n")  # metadata a user's image may carry
+    buf = io.BytesIO()
+    Image.new("RGB", (640, 320), (10, 200, 30)).save(buf, format="PNG", pnginfo=info)
+    assert b"s3cr3t-Tok3n" in buf.getvalue()
+    b64 = base64.b64encode(buf.getvalue()).decode()
+    out = thumbnails([b64, b64, b64])
+    assert len(out) == 2 and all(u.startswith("data:image/jpeg;base64,") for u in out)  # at most two a sample
+    raw = base64.b64decode(out[0].split(",", 1)[1])
+    with Image.open(io.BytesIO(raw)) as im:
+        assert im.format == "JPEG" and im.size == (96, 48)  # at most 96 px a side, the aspect kept
+    assert len(raw) < 4_000 and b"s3cr3t" not in raw and b"alice" not in raw  # re-encoded pixels only
