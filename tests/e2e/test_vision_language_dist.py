@@ -97,6 +97,28 @@ def test_an_oom_halves_the_micro_batch_and_the_run_matches_the_uninterrupted_one
     assert max_diff(newest_weights(tmp_path / "oom"), newest_weights(tmp_path / "plain")) < 1e-5
 
 
+def test_padding_free_llava_rows_equal_padded_rows(tmp_path, base):
+    """LLaVA's rows flattened padding-free (one row a micro-batch, position ids restarting per example, one or two images a
+    conversation) train to the same losses and weights as padded rows."""
+    import json
+
+    runs = {}
+    for packing in ("none", "padding_free"):
+        cfg = _config(tmp_path, base, packing, 8, data="mixed.jsonl")
+        mapping = yaml.safe_load(cfg.read_text())
+        mapping["data"]["packing"] = packing
+        mapping["training"]["logging_steps"] = 1
+        cfg.write_text(yaml.safe_dump(mapping))
+        assert main(["run", str(cfg)]) == 0
+        runs[packing] = tmp_path / packing
+    assert json.loads((runs["padding_free"] / "data_report.json").read_text())["batching"]["mode"] == "padding_free"
+    losses = {k: [m["loss"] for m in map(json.loads, (v / "metrics.jsonl").read_text().splitlines()) if "loss" in m] for k, v in runs.items()}
+    loss_diff = max(abs(a - b) for a, b in zip(losses["none"], losses["padding_free"], strict=True))
+    diff = max_diff(newest_weights(runs["none"]), newest_weights(runs["padding_free"]))
+    print(f"\nVLM padding-free vs padded: max |loss diff| = {loss_diff:.2e}, max |w diff| = {diff:.2e}")
+    assert len(losses["none"]) == 4 and loss_diff < 1e-5 and diff < 1e-5
+
+
 def test_a_nan_rolls_back_to_the_last_checkpoint_with_images(tmp_path, base):
     """A NaN loss in window 3 of a VLM run (one or two images a conversation) rolls back to the step-2 checkpoint, halves the
     learning rate, skips the window and finishes with finite weights and an eval loss below the base model's."""

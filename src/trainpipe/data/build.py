@@ -16,7 +16,7 @@ import random
 from collections import Counter
 
 from trainpipe.config import DataConfig
-from trainpipe.data import formats
+from trainpipe.data import formats, vision_chat
 from trainpipe.data.blocks import BlockStream
 from trainpipe.data.dedup import Decontaminator
 from trainpipe.data.intake import DROP_RULES, Intake, Stages, check_read
@@ -82,6 +82,7 @@ class _Build:
 
     def __init__(self, cfg: DataConfig, tokenizer, tpl: Template, writer, parts: dict, *, train_on: str, seed: int):
         self.cfg, self.tokenizer, self.tpl, self.writer, self.parts = cfg, tokenizer, tpl, writer, parts
+        self.flat_vision = vision_chat.flattens(vision_chat.processor_of(tokenizer))  # VLM rows this family may flatten
         self.train_on, self.seed = train_on, seed
         self.intake = Intake(cfg, parts["sources"], writer.path("examples.spill"), seed=seed)
         self.dropped = self.intake.dropped
@@ -271,7 +272,7 @@ class _Build:
                 st["image_tokens"] = st.get("image_tokens", 0) + block["image_tokens"] * copies
             if name in self.streams and "input_ids" in block and "position_ids" not in block:  # one schema for the split
                 block = {**block, "position_ids": list(range(n_tok))}
-            flat = name == "train" and self.cfg.packing == "padding_free" and "mm" not in block  # VLM rows are padded (plan/attention.py)
+            flat = name == "train" and self.cfg.packing == "padding_free" and ("mm" not in block or self.flat_vision)  # plan/attention.py
             row = {**block, "padding_free": 1} if flat else block
             for _ in range(copies):
                 rows.append(row)
@@ -294,14 +295,14 @@ class _Build:
         if cfg.packing == "pack":
             train["packed_rows"] = _pack_split(self.writer, cfg.max_length)
             return train["tokens"] / max(1, train["packed_rows"] * cfg.max_length)
-        if cfg.packing == "padding_free" and "images" not in train:
+        if cfg.packing == "padding_free" and ("images" not in train or self.flat_vision):
             return 1.0
         return non_pad_share(self.train_lengths, mode="dynamic", max_length=cfg.max_length, batch_size=batch_size_hint, seed=self.seed)
 
     # 6. the report
     def _vision_padded(self) -> bool:
         """Rows with images under `padding_free` (a config the planner did not resolve): padded all the same, said so."""
-        return self.cfg.packing == "padding_free" and "images" in self.split_stats["train"]
+        return self.cfg.packing == "padding_free" and "images" in self.split_stats["train"] and not self.flat_vision
 
     def report(self, share: float, batch_size_hint: int) -> dict:
         cfg, intake, dropped, split_stats = self.cfg, self.intake, self.dropped, self.split_stats

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from trainpipe.data.formats import FormatError
 from trainpipe.data.images import MAX_IMAGE_BYTES, check_image
-from trainpipe.data.packing import IGNORE_INDEX
+from trainpipe.data.packing import IGNORE_INDEX, pack_rows
 from trainpipe.errors import DataError
 
 IMAGE = "<image>"
@@ -42,6 +42,11 @@ PER_TOKEN = "tok:"  # a processor output with one value per token (Gemma 3's tok
 PER_EXAMPLE = "ex:"  # a processor output with a row per example (mllama's and Idefics3's images): stacked, not concatenated
 # the processors whose image tensors have a row per example (images, then tiles, inside it) rather than one per image
 PER_EXAMPLE_PROCESSORS = ("MllamaProcessor", "Idefics3Processor", "Idefics2Processor", "SmolVLMProcessor")
+# The families whose rows may be flattened padding-free (`data.packing: padding_free`), by `model_type` -> processor class:
+# the forward scatters the image features at their placeholders in order and the language model reads position ids
+# restarting per example as sequence boundaries. Measured equal to padded rows (tests/e2e/test_vision_language_dist.py);
+# a family not listed is padded (Gemma 3 builds its own bidirectional mask over the image tokens from token_type_ids).
+FLATTENS = {"llava": "LlavaProcessor"}
 
 
 class ImageError(FormatError):
@@ -454,10 +459,41 @@ def pair_tensors(examples: list[dict], width: int, copies: int = 2) -> dict:
     return _lay_out([load(ex["mm"]) for ex in examples] * copies, width)
 
 
-def collate(batch: list[dict], pad_id: int) -> dict:
-    """Tokens right-padded (labels with -100, an attention mask), and the image tensors laid out by :func:`_lay_out`."""
+def flattens(proc) -> bool:
+    """Whether rows of this processor's family may be flattened padding-free (:data:`FLATTENS`)."""
+    return proc is not None and type(proc).__name__ in FLATTENS.values()
+
+
+def _flat(batch: list[dict]) -> dict:
+    """Padding-free: the batch's rows concatenated into one (position ids restarting per example, the first label of
+    each masked, no attention mask, no cache), the image tensors concatenated in the same order."""
     import torch
     from safetensors.torch import load
+
+    row = pack_rows(batch)
+    out: dict = {k: torch.tensor([v], dtype=torch.long) for k, v in row.items()}
+    extras: dict[str, list] = {}
+    per_token: dict[str, list] = {}
+    for x in batch:
+        for k, v in load(x["mm"]).items():
+            if k.startswith(PER_TOKEN):
+                per_token.setdefault(k[len(PER_TOKEN):], []).append(v)
+            else:
+                extras.setdefault(k, []).append(v)
+    out.update({k: torch.cat(v, dim=0)[None] for k, v in per_token.items()})
+    out.update({k: torch.cat(v, dim=0) for k, v in extras.items()})
+    return {**out, "use_cache": False}
+
+
+def collate(batch: list[dict], pad_id: int) -> dict:
+    """Tokens right-padded (labels with -100, an attention mask), per-token extras padded with 0, every other tensor
+    (pixel values, image grids) laid out by :func:`_lay_out`; rows marked ``padding_free`` (a family
+    of :data:`FLATTENS`) concatenated into one row instead."""
+    import torch
+    from safetensors.torch import load
+
+    if batch[0].get("padding_free"):
+        return _flat(batch)
 
     n = max(len(x["input_ids"]) for x in batch)
     ids = torch.full((len(batch), n), pad_id, dtype=torch.long)

@@ -16,11 +16,11 @@ flash-attention kernel (the same varlen path). The padding-free rule (`decide_pa
 - an attention path that would let examples see each other (a hub kernel that is not flash-attention): `none` for
   `auto`, refused (`ConfigError`) for `pack`/`padding_free`;
 - `flex_attention` on the CPU has no backward in torch 2.13: refused for training, whatever the packing;
-- a vision-language model (a `vision_config` in its config.json): `none` for `auto` *and* for `padding_free`, printed as
-  "padded (vision-language rows)": its rows carry pixel tensors beside the tokens and are always padded
-  (data/vision_chat.py; flattening them would need every family's forward to take position-id boundaries with its
-  image features, untested), so the plan and the data report say padded rather than padding-free; `pack` is refused
-  by the data step (it would cut through an image's tokens);
+- a vision-language model (a `vision_config` in its config.json) of a family whose forward flattens exactly
+  (data/vision_chat.py `FLATTENS`: LLaVA, measured equal to padded rows): `padding_free` like text; any other family:
+  `none` for `auto` *and* for `padding_free`, printed as "padded (vision-language rows)" (its rows carry pixel tensors
+  beside the tokens; Gemma 3 builds its own mask over the image tokens), so the plan and the data report say padded
+  rather than padding-free; `pack` is refused by the data step (it would cut through an image's tokens);
 - else (sft, pretrain): `padding_free`.
 """
 
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from trainpipe.errors import ConfigError
 from trainpipe.model.attention import PACKING_METHODS, PROMPT_LEARNING, choose_attention, is_flash, keeps_examples_apart, model_config
+from trainpipe.data.vision_chat import FLATTENS
 from trainpipe.model.vision import is_vision_config
 from trainpipe.plan.decisions import Decision
 from trainpipe.plan.gpus import find_gpu, gpu_from_device_name
@@ -54,11 +55,12 @@ VISION_PADDED = ("padded (vision-language rows): each row carries its images' pi
                  "padded to the longest in the batch, never flattened or packed (that would join examples through their images)")
 
 
-def decide_packing(requested: str, attn: str, *, method: str, peft: str, accelerator: str = "cpu", vision: bool = False) -> Decision:
+def decide_packing(requested: str, attn: str, *, method: str, peft: str, accelerator: str = "cpu", vision: str | None = None) -> Decision:
     """`data.packing` for the objective and the chosen attention (``attn``, already resolved): `auto` by the rule of the
     module docstring; `pack`/`padding_free` refused (ConfigError) where examples would attend to each other; a
-    vision-language model (``vision``) padded for `auto` and `padding_free` alike (said so)."""
-    if vision and requested in ("auto", "padding_free"):
+    vision-language model (``vision``: `padded`, or `flattens` for a family of `FLATTENS`) padded for `auto` and
+    `padding_free` alike (said so) unless its family flattens."""
+    if vision == "padded" and requested in ("auto", "padding_free"):
         asked = "`data.packing: padding_free` asked; " if requested == "padding_free" else ""
         return Decision("data.packing", "none", asked + VISION_PADDED)
     if attn == "flex_attention" and accelerator == "cpu":
@@ -80,6 +82,8 @@ def decide_packing(requested: str, attn: str, *, method: str, peft: str, acceler
     if not keeps_examples_apart(attn):
         return Decision("data.packing", "none", f"`model.attn_implementation: {attn}` does not keep packed examples apart: dynamic padding")
     path = "flash-attention varlen" if is_flash(attn) else f"{attn} with a block-diagonal mask from the position ids"
+    if vision == "flattens":
+        path += "; vision-language rows too: the image features are scattered at their placeholders in order"
     return Decision("data.packing", "padding_free", f"{method}: batches concatenated without padding, position ids restarting per example; "
                     f"{path} keeps every example to itself (exact: the same loss as padded batches)")
 
@@ -101,7 +105,8 @@ def resolve_attention(cfg, hw, decisions: list[Decision]) -> None:
     decisions.append(d)  # always: the kernel shapes speed and memory, so the run's start and its manifest name it
     cfg.model.attn_implementation = d.value
     sections = [cfg.data] + [a.data for a in (cfg.method.adapters or []) if getattr(a, "data", None) is not None]
-    vision = is_vision_config(model_config(cfg.model.name_or_path))
+    config = model_config(cfg.model.name_or_path)
+    vision = ("flattens" if config.get("model_type") in FLATTENS else "padded") if is_vision_config(config) else None
     for data in (s for s in sections if s is not None):
         p = decide_packing(data.packing, d.value, method=cfg.method.name, peft=cfg.method.peft, accelerator=hw.accelerator, vision=vision)
         if data.packing == "auto" or p.value != data.packing:  # a choice, or a request the rule changed (said so)

@@ -238,22 +238,57 @@ def test_kto_records_whose_placeholders_do_not_match_their_images_are_one_paragr
     assert "judged completion" in str(e.value) and "\n" not in str(e.value)
 
 
-def test_padding_free_is_reported_as_padded_for_vision_rows(tmp_path, llava):
-    folder, tok = llava
-    data = _prep(tmp_path, tok, shape_records(tmp_path, 12), packing="padding_free")
-    batching = data.report["batching"]
-    assert batching["mode"] == "padded (vision-language rows)" and batching["basis"].startswith("dynamic padding")
-    assert 0 < batching["non_pad_share"] <= 1 and all("padding_free" not in r for r in _rows(data))
-    batch = PadCollator(tok.pad_token_id)(_rows(data)[:2])
-    assert batch["input_ids"].shape[0] == 2 and "position_ids" not in batch  # padded rows, one per example
-
+def _packing(tmp_path, folder, asked):
     from trainpipe.config.load import build_config
     from trainpipe.plan.attention import resolve_attention
     from trainpipe.plan.hardware import Hardware
 
+    cfg = build_config({"model": {"name_or_path": str(folder)}, "data": {"sources": [{"path": "d.jsonl"}], "packing": asked}}, base_dir=tmp_path)
+    decisions: list = []
+    resolve_attention(cfg, Hardware("cpu", 0, (), False, 0, ""), decisions)
+    return cfg.data.packing, next((d for d in decisions if d.key == "data.packing"), None)
+
+
+def test_llava_rows_flatten_padding_free_and_gemma3_rows_are_padded_and_said_so(tmp_path, llava):
+    from vlm_tiny import build_tiny_gemma3
+
+    folder, tok = llava
+    data = _prep(tmp_path / "l", tok, shape_records(tmp_path / "l", 12), packing="padding_free")
+    assert data.report["batching"]["mode"] == "padding_free" and data.report["batching"]["non_pad_share"] == 1.0
+    rows = _rows(data)[:3]
+    batch = PadCollator(tok.pad_token_id)(rows)  # one row, positions restarting per example, the images in order
+    assert batch["input_ids"].shape == (1, sum(len(r["input_ids"]) for r in rows)) and "attention_mask" not in batch
+    assert batch["position_ids"][0].tolist() == [p for r in rows for p in range(len(r["input_ids"]))] and batch["use_cache"] is False
+    assert tuple(batch["pixel_values"].shape) == (3, 3, 28, 28)
+    assert _packing(tmp_path, folder, "auto")[0] == "padding_free"
+
+    gemma = build_tiny_gemma3(tmp_path / "g")
+    gtok = load_tokenizer(ModelConfig(name_or_path=str(gemma)))
+    data = _prep(tmp_path / "g", gtok, shape_records(tmp_path / "g", 12), packing="padding_free")
+    batching = data.report["batching"]
+    assert batching["mode"] == "padded (vision-language rows)" and batching["basis"].startswith("dynamic padding")
+    assert 0 < batching["non_pad_share"] <= 1 and all("padding_free" not in r for r in _rows(data))
+    batch = PadCollator(gtok.pad_token_id)(_rows(data)[:2])
+    assert batch["input_ids"].shape[0] == 2 and "position_ids" not in batch  # padded rows, one per example
     for asked in ("auto", "padding_free"):  # the plan: padded, with the rule, whether auto chose or padding_free was asked
-        cfg = build_config({"model": {"name_or_path": str(folder)}, "data": {"sources": [{"path": "d.jsonl"}], "packing": asked}}, base_dir=tmp_path)
-        decisions: list = []
-        resolve_attention(cfg, Hardware("cpu", 0, (), False, 0, ""), decisions)
-        packing = next(d for d in decisions if d.key == "data.packing")
-        assert cfg.data.packing == "none" and "padded (vision-language rows)" in packing.rule
+        value, decision = _packing(tmp_path, gemma, asked)
+        assert value == "none" and "padded (vision-language rows)" in decision.rule
+
+
+def test_report_thumbnails_are_small_jpegs_without_the_images_metadata():
+    from PIL import Image, PngImagePlugin
+
+    from trainpipe.data.vision_chat import thumbnails
+
+    info = PngImagePlugin.PngInfo()
+    info.add_text("Comment", "path=/home/alice/secret-images token=s3cr3t-Tok3n")  # metadata a user's image may carry
+    buf = io.BytesIO()
+    Image.new("RGB", (640, 320), (10, 200, 30)).save(buf, format="PNG", pnginfo=info)
+    assert b"s3cr3t-Tok3n" in buf.getvalue()
+    b64 = base64.b64encode(buf.getvalue()).decode()
+    out = thumbnails([b64, b64, b64])
+    assert len(out) == 2 and all(u.startswith("data:image/jpeg;base64,") for u in out)  # at most two a sample
+    raw = base64.b64decode(out[0].split(",", 1)[1])
+    with Image.open(io.BytesIO(raw)) as im:
+        assert im.format == "JPEG" and im.size == (96, 48)  # at most 96 px a side, the aspect kept
+    assert len(raw) < 4_000 and b"s3cr3t" not in raw and b"alice" not in raw  # re-encoded pixels only

@@ -96,9 +96,11 @@ def test_packing_auto_per_objective_peft_and_kernel():
     d = decide_packing("auto", "kernels-community/metal-flash-sdpa", method="sft", peft="lora", accelerator="cuda")
     assert d.value == "none" and "does not keep packed examples apart" in d.rule
     assert decide_packing("none", "sdpa", method="sft", peft="lora").value == "none"
-    for asked in ("auto", "padding_free"):  # a vision-language model's rows are padded, and the plan says so
-        d = decide_packing(asked, "sdpa", method="sft", peft="lora", vision=True)
+    for asked in ("auto", "padding_free"):  # a vision-language family that does not flatten: padded, and the plan says so
+        d = decide_packing(asked, "sdpa", method="sft", peft="lora", vision="padded")
         assert d.value == "none" and d.rule.startswith(("padded (vision-language rows)", "`data.packing: padding_free` asked; padded"))
+    d = decide_packing("auto", "sdpa", method="sft", peft="lora", vision="flattens")  # LLaVA: flattened like text
+    assert d.value == "padding_free" and "image features are scattered" in d.rule
 
 
 @pytest.mark.parametrize("packing", ["pack", "padding_free"])
