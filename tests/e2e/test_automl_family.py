@@ -108,7 +108,7 @@ def test_a_config_of_another_family_is_one_paragraph(tmp_path, capsys):
 DIGITS = ROOT / "examples" / "image-classification" / "data" / "digits.parquet"
 
 
-def tiny_backbones(root: Path) -> list[Path]:
+def tiny_backbones(root: Path, names: tuple[str, ...] = ("vit", "convnext", "resnet")) -> list[Path]:
     """Three tiny image classifiers built from configs (random weights, nothing downloaded), each with the example's processor."""
     import torch
     from transformers import (ConvNextConfig, ConvNextForImageClassification, ResNetConfig, ResNetForImageClassification, ViTConfig,
@@ -123,6 +123,8 @@ def tiny_backbones(root: Path) -> list[Path]:
         ("resnet", lambda: ResNetForImageClassification(ResNetConfig(num_channels=3, embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1],
                                                                      layer_type="basic", downsample_in_first_stage=False, num_labels=10))),
     ):
+        if name not in names:
+            continue
         torch.manual_seed(0)
         model().save_pretrained(root / name, safe_serialization=True)
         ViTImageProcessor(size={"height": 16, "width": 16}, image_mean=[0.5] * 3, image_std=[0.5] * 3).save_pretrained(root / name)
@@ -200,3 +202,24 @@ def test_text_classification_selects_between_a_tiny_bert_and_a_tiny_llama(tmp_pa
     assert win["steps"] == 30 and win["accuracy"] >= res["trivial"]["accuracy"] + 0.15, (win, res["trivial"])
     model_cfg = json.loads((tmp_path / "automl" / "winner" / "model" / "config.json").read_text())
     assert model_cfg["architectures"][0].endswith("ForSequenceClassification")
+
+
+def test_candidates_that_cannot_be_built_or_are_too_big_are_listed_then_one_paragraph(tmp_path, capsys):
+    """Offline, a hub id with no local weights cannot be built; a local backbone over `automl.max_params` is refused: each
+    is listed with its reason before anything trains, and with no arm left the search is one paragraph (exit 2)."""
+    import pandas as pd
+
+    bases = tiny_backbones(tmp_path / "bases", ("resnet",))
+    digits = tmp_path / "digits.parquet"
+    pd.read_parquet(DIGITS).iloc[:100].to_parquet(digits, index=False)
+    cfg = {"name": "digits", "model": {"family": "image", "name_or_path": str(bases[0])},
+           "data": {"sources": [{"path": str(digits)}], "label": "label", "eval_split": 0.2}, "tracking": {"backend": "none"},
+           "automl": {"task": "image-classification", "candidates": ["no-such-org/no-such-model", str(bases[0])], "max_params": 1000,
+                      "arms_per_model": 1, "output_dir": str(tmp_path / "automl")}}
+    config = tmp_path / "digits.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    assert main(["automl", str(config)]) == 2
+    cap = capsys.readouterr()
+    text = " ".join((cap.out + cap.err).split())
+    assert "no AutoML arm can be trained" in text and "no-such-model" in text and "> automl.max_params 1,000" in text, text
+    assert "Traceback" not in text and not list((tmp_path / "automl" / "runs").glob("rung*"))  # nothing trained

@@ -105,6 +105,8 @@ def candidate_list(cfg: RunConfig, a: AutomlConfig, base_dir: Path, fam: str) ->
 
 def space_of(a: AutomlConfig, cfg: RunConfig, raw: dict) -> list[S.Param]:
     lr = cfg.training.learning_rate
+    if not a.space and lr is None:  # no space and the planner's learning rate: the candidates alone are compared, one arm each
+        return []
     space = a.space or {"training.learning_rate": {"log_uniform": [lr / a.lr_spread, lr * a.lr_spread]}}
     try:
         return S.parse_space(space, raw)
@@ -121,7 +123,7 @@ def sample_arms(cands: list[str], params: list[S.Param], raw: dict, a: AutomlCon
     for ci, cand in enumerate(cands):
         study = optuna.create_study(direction=direction, sampler=optuna.samplers.TPESampler(seed=a.seed + ci))
         studies[cand] = study
-        for _ in range(a.arms_per_model):
+        for _ in range(a.arms_per_model if params else 1):  # nothing to sample: one arm per candidate
             for _attempt in range(20):
                 trial = study.ask()
                 values = S.sample(trial, params, raw)
@@ -162,6 +164,8 @@ def check_arms(arms: list[dict], mapping_for, a: AutomlConfig, log) -> list[dict
                 probes[model_key] = probe(cfg)
             except TrainpipeError as exc:
                 probes[model_key] = {"error": exc.message.splitlines()[0][:300]}
+            except Exception as exc:  # noqa: BLE001 - a candidate that cannot be built here (no weights offline, an unknown architecture) is listed, not a traceback
+                probes[model_key] = {"error": f"cannot be built here: {type(exc).__name__}: {str(exc).splitlines()[0][:240] if str(exc) else ''}"}
         p = probes[model_key]
         reason = p.get("error") or refusal(p, a.max_params, a.max_step_ms, a.memory_gib)
         arm.update(params=p.get("params"), step_ms=p.get("step_ms"), peak_bytes=p.get("peak_bytes"), refused=reason)
