@@ -49,8 +49,12 @@ load averages before and after; 2 cores shared with seven other engineers' test 
       200,000 datasets.map          94.7   0.44 GiB          (the same side took 12.8 s at load 0.4 an hour earlier)
       200,000 trainpipe (default)  486.3   0.56 GiB   5.14
       200,000 trainpipe, near off  191.7   0.46 GiB   2.03
-The sides run one after the other, so a load that changes between them moves the ratio (here 5.14 with near on and 2.03
-with it off, against 1.47-4.07 in the runs above); no quiet window came this session and the 1M run (~40 min at that load)
+    a second run, load 4.5 -> 7.2 (02:00 UTC):
+      200,000 datasets.map          29.4   0.44 GiB
+      200,000 trainpipe (default)  148.5   0.56 GiB   5.06
+      200,000 trainpipe, near off  115.1   0.45 GiB   3.92   (near dedup: 33 s of 148 s, 22 %)
+The sides run one after the other, so a load that changes between them moves the ratio (2.03 and 3.92 with near off in
+these two runs, 1.47-4.07 in the runs above; 5.14 and 5.06 with it on); no quiet window came this session and the 1M run (~40 min at that load)
 was stopped unfinished. Where trainpipe's time goes (cProfile of `prepare` on 50,000 of these records, load 13, 230 s with
 the profiler's overhead): read + format + filters + dedup (intake `keep`) 109 s, of which near dedup 43 s (MinHash
 signature 13 s, its 3-word shingle hashes 6 s, the band lookups 6 s, indexing 9 s) and exact dedup + word ids 12 s, PII
