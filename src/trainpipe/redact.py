@@ -22,6 +22,7 @@ A leaf module: it imports nothing from trainpipe.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from typing import Any
@@ -208,10 +209,20 @@ def redact_text(text: str, *, secrets: list[str] | None = None) -> str:
         spans = _spans(text)
         if spans:
             text = _replace(text, spans, lambda _p, _v: MASK)
-    for secret in (env_secrets() if secrets is None else secrets) + sorted(_REGISTERED, key=len, reverse=True):
+    for secret in env_secrets() if secrets is None else secrets:
         if secret in text:
             text = text.replace(secret, MASK)
+    for secret in sorted(_REGISTERED, key=len, reverse=True):
+        if secret in text:
+            text = text.replace(secret, MASK) if len(secret) >= LONG_REGISTERED else _as_token(secret).sub(MASK, text)
     return text
+
+
+@functools.lru_cache(maxsize=512)
+def _as_token(secret: str) -> re.Pattern:
+    """``secret`` where it stands as a token of its own: an edge that is a letter or digit must not touch another one
+    (a registered `Summer24` masks "pw Summer24." but leaves "Summer245" and "XSummer24" alone)."""
+    return re.compile(("(?<![^\\W_])" if secret[0].isalnum() else "") + re.escape(secret) + ("(?![^\\W_])" if secret[-1].isalnum() else ""))
 
 
 def redact_obj(obj: Any, *, secrets: list[str] | None = None) -> Any:
@@ -250,6 +261,7 @@ def url_secrets(url: str) -> list[tuple[str, str]]:
 
 _REGISTERED: set[str] = set()
 MIN_REGISTERED = 6  # shorter credentials are masked where they stand (in their URL or DSN), not wherever they occur
+LONG_REGISTERED = 16  # a registered credential this long is masked wherever it occurs; a shorter one only as a token of its own
 
 
 def _distinctive(value: str) -> bool:

@@ -124,3 +124,14 @@ def test_registered_credentials_are_masked_in_any_form():
                                   "postgresql://reader@h:5432/db", "https://host/x?page=2&sort=asc#top"])
 def test_text_without_credentials_is_unchanged(text):
     assert redact_text(text) == text and url_secrets(text) == []
+
+
+def test_a_short_registered_credential_is_masked_as_a_token_not_inside_other_words():
+    """A common-looking password (under 16 characters) the config held is masked where it stands as a token of its own, not
+    inside an unrelated word (every loaded credential of 6+ characters used to star the middle of any message); a long one
+    is masked wherever it occurs (issue 36, noticed)."""
+    register_secrets({"url": "postgresql://r:Summer24@h/db", "other": "postgresql://r:Kq7xZrp4wdeBn9mmQQ22@h/db"})
+    assert redact_text("FATAL: password Summer24 rejected (pw=Summer24.)") == "FATAL: password *** rejected (pw=***.)"
+    assert redact_text("the Summer245 sale, XSummer24") == "the Summer245 sale, XSummer24"
+    assert redact_text("a_Summer24_b 'Summer24'") == "a_***_b '***'"
+    assert redact_text("zzKq7xZrp4wdeBn9mmQQ22zz") == "zz***zz"

@@ -57,6 +57,20 @@ def _offline(env) -> bool:
     return str(env.get("HF_HUB_OFFLINE", "")).lower() in ("1", "true", "yes", "on")
 
 
+def kernel_cache(requested: str, env) -> Path:
+    """Where the `kernels` package keeps a pinned Hub kernel (``org/name@commit[:fn]``): its snapshot folder under
+    `KERNELS_CACHE`, else the Hub cache (`HF_HUB_CACHE`, `HF_HOME`/hub, ~/.cache/huggingface/hub)."""
+    repo, _, rest = requested.partition("@")
+    root = env.get("KERNELS_CACHE") or env.get("HF_HUB_CACHE") or str(Path(env.get("HF_HOME") or Path.home() / ".cache" / "huggingface") / "hub")
+    return Path(root).expanduser() / f"models--{repo.replace('/', '--')}" / "snapshots" / rest.split(":")[0]
+
+
+def hub_kernel_cached(requested: str, env) -> bool:
+    """Whether that commit of the Hub kernel is in the local cache, where `kernels` loads it from offline."""
+    folder = kernel_cache(requested, env)
+    return folder.is_dir() and any(folder.iterdir())
+
+
 def _check_requested(requested: str, accelerator: str, config: dict, have: Callable[[str], bool], env) -> None:
     """Refuse (ConfigError, one paragraph) an explicit kernel this model or machine cannot run."""
     if requested in FLASH and accelerator != "cuda":
@@ -72,10 +86,11 @@ def _check_requested(requested: str, accelerator: str, config: dict, have: Calla
             raise ConfigError(f"`model.attn_implementation: {requested}` names a Hub kernel (compiled code downloaded and run at load time) "
                               "without a pinned revision, so what runs could change under you. Pin the commit you reviewed: "
                               f"`{requested.split('@')[0].split(':')[0]}@<40-hex commit>`, or use an installed kernel (`sdpa`, `flash_attention_2`).")
-        if _offline(env):
+        if _offline(env) and not hub_kernel_cached(requested, env):
             raise ConfigError(f"`model.attn_implementation: {requested}` names a Hub kernel, which is downloaded at load time, and "
-                              "`HF_HUB_OFFLINE` is set: it cannot be fetched. Unset `HF_HUB_OFFLINE` for this run, or use an installed "
-                              "kernel (`sdpa`, `flash_attention_2`).")
+                              f"`HF_HUB_OFFLINE` is set: it cannot be fetched, and that commit is not in the local cache "
+                              f"(`{kernel_cache(requested, env)}`). Unset `HF_HUB_OFFLINE` for this run (once: it is cached then), or use "
+                              "an installed kernel (`sdpa`, `flash_attention_2`).")
         if not have("kernels"):
             raise ConfigError(f"`model.attn_implementation: {requested}` names a Hub kernel, which needs the `kernels` package "
                               "(`pip install kernels`), not installed here. Install it, or use an installed kernel (`sdpa`, `flash_attention_2`).")

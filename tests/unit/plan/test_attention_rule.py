@@ -142,3 +142,20 @@ def test_diagnose_names_eager_on_an_oom_record(tmp_path):
         (run / "config.resolved.yaml").write_text(yaml.safe_dump({"model": {"name_or_path": "m", "attn_implementation": impl}}))
         (f,) = [f for f in diagnose(run) if f.kind == "oom_recovered"]
         assert ("model.attn_implementation" in f.settings) is named and ("eager" in f.fix) is named
+
+
+def test_a_pinned_hub_kernel_offline_is_allowed_when_that_commit_is_cached(tmp_path):
+    """Offline, a named and pinned Hub kernel is refused only when that commit is not in the local cache, where `kernels`
+    loads it from (issue 36, noticed: it was refused whenever HF_HUB_OFFLINE was set)."""
+    rev = "0123456789abcdef0123456789abcdef01234567"
+    name = f"kernels-community/flash-attn2@{rev}"
+    env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    with pytest.raises(ConfigError, match="not in the local cache"):
+        choose_attention(name, "cuda", 9.0, have=lambda m: True, env=env)
+    snap = tmp_path / "hf" / "hub" / "models--kernels-community--flash-attn2" / "snapshots" / rev
+    snap.mkdir(parents=True)
+    (snap / "build").mkdir()
+    assert choose_attention(name, "cuda", 9.0, have=lambda m: True, env=env) == (name, "as requested")
+    other = {"HF_HUB_OFFLINE": "1", "KERNELS_CACHE": str(tmp_path / "elsewhere")}  # `kernels` reads KERNELS_CACHE first
+    with pytest.raises(ConfigError, match="not in the local cache"):
+        choose_attention(name, "cuda", 9.0, have=lambda m: True, env=other)
