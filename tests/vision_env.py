@@ -2,9 +2,9 @@
 does not import beside the main environment's torch 2.13.0 CPU build, so these tests run trainpipe in the environment
 scripts/vision_venv.sh makes (torch 2.14.1 + torchvision 0.29.1 + timm, pinned by scripts/constraints-vision.txt;
 ~/.cache/trainpipe/vision-venv or $TRAINPIPE_VISION_VENV), as a subprocess with this clone's `src` (and `tests`) on
-PYTHONPATH. `.ci/run` makes it beside the main environment; elsewhere the fixture makes it on first use (about two minutes
-with the wheels on disk or in pip's cache), and skips with the reason when it cannot (no network, no disk, another
-platform). TRAINPIPE_VISION_VENV=off skips these tests without trying.
+PYTHONPATH. `.ci/run` makes it beside the main environment; elsewhere the fixture makes it on first use (5-16 minutes on the shared
+2-core machine, the wheels on its disk; 7.6 s to reuse), and skips with the reason when it cannot (no network, no disk,
+another platform). TRAINPIPE_VISION_VENV=off skips these tests without trying.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ class ModelConfig(_Section):
     factory: str | None = None
     """Your own model: `path/to/file.py:function` (relative to the config file) or `package.module:function`, called as `function(**model.args)` and returning a `torch.nn.Module`. trainpipe imports it, so this runs Python code you name; only `trainpipe run` (and the commands that train or predict) import it, never `config validate`, `plan`, `launch` or `pipeline compile`."""
     args: dict[str, Any] = Field(default_factory=dict)
-    """Keyword arguments of the model: for `model.factory` the function's, for the tabular MLP `hidden_size` (default 128), `depth` (hidden layers, 2), `dropout` (0.1), `embedding_dim` (per categorical column: min(16, (categories+1)//2) unless set). `tune.space` may search `model.args.*` keys."""
+    """Keyword arguments of the model: for `model.factory` the function's, for the tabular MLP `hidden_size` (default 128), `depth` (hidden layers, 2), `dropout` (0.1), `embedding_dim` (per categorical column: min(16, (categories+1)//2) unless set); for a timm image model `timm.create_model`'s (`pretrained: false` for random weights, `pretrained_cfg_overlay`, `drop_rate`, ...). `tune.space` may search `model.args.*` keys."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Dtype the base weights are loaded in. `auto`: float32 on CPU, bfloat16 on GPUs that support it."""
     trust_remote_code: bool = False
