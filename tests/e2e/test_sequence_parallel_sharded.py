@@ -78,6 +78,7 @@ def test_sp2_under_fsdp_and_zero3_equals_one_process(base, one_process, sp_run, 
     assert man["strategy"] == strategy and man["topology"] == {"dp_replicate": 1, "dp_shard": 1, "cp": 2, "tp": 1}
 
 
+@pytest.mark.parametrize("strategy", ["fsdp", "zero3"])
 def test_sp2_x_dp2_on_four_processes_equals_one_process(tmp_path, base, one_process, strategy):  # noqa: F811
     """4 processes: two sequence groups (ranks 0-1, 2-3), each reading its own micro-batch of 2 (data-parallel degree 2),
     FSDP2 or ZeRO-3 sharding the parameters over all 4; the window is one process's micro-batch 4 x accumulation 2."""
