@@ -78,7 +78,9 @@ def test_sp2_under_fsdp_and_zero3_equals_one_process(base, one_process, sp_run, 
     assert man["strategy"] == strategy and man["topology"] == {"dp_replicate": 1, "dp_shard": 1, "cp": 2, "tp": 1}
 
 
-@pytest.mark.parametrize("strategy", ["fsdp", "zero3"])
+# zero3 only in CI (the 4-process runs are the slowest here; fsdp measured 1.19e-7 when added): ZeRO-3's engine sees
+# dp x cp as its world, the part most likely to break
+@pytest.mark.parametrize("strategy", ["zero3"])
 def test_sp2_x_dp2_on_four_processes_equals_one_process(tmp_path, base, one_process, strategy):  # noqa: F811
     """4 processes: two sequence groups (ranks 0-1, 2-3), each reading its own micro-batch of 2 (data-parallel degree 2),
     FSDP2 or ZeRO-3 sharding the parameters over all 4; the window is one process's micro-batch 4 x accumulation 2."""
@@ -90,7 +92,8 @@ def test_sp2_x_dp2_on_four_processes_equals_one_process(tmp_path, base, one_proc
     assert next(e for e in events(run) if e["event"] == "training_started")["effective_batch"] == 8  # 2 x 2 x data-parallel 2
 
 
-@pytest.mark.parametrize("strategy", ["fsdp", "zero3"])
+# fsdp only in CI (zero3 resume measured bit-identical when added; the 2-process zero3 run is checked for equality above)
+@pytest.mark.parametrize("strategy", ["fsdp"])
 def test_sp2_preempted_then_resumed_is_bit_identical(tmp_path, base, sp_run, strategy):  # noqa: F811
     cfg = sft_config(tmp_path, base, **COMMON, **{"training.resume": "auto", "distributed.strategy": strategy, "distributed.sequence_parallel": 2})
     sigterm_one_worker(cfg, _run(cfg), 0.4)  # SIGTERM to rank 1 after the step-2 checkpoint: every rank stops at one step, exit 75
