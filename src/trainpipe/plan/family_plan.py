@@ -192,7 +192,7 @@ def family_memory(tracer, micro_batch: int, hw, gpu, *, rows: int | None, steps:
         rate_rule = f"this CPU's measured 256x256 matmul rate, {rate / 1e9:.1f} GFLOP/s (small layers run slower: a lower bound)"
     windows = steps * max(1, effective_batch // max(1, micro_batch))
     return {**traced, "trace_seconds": traced["seconds"], "budget_bytes": budget, "budget": where, "fits": traced["peak_bytes"] <= budget, "step_flops": flops,
-            "optimizer_steps": steps, "rows": rows, "seconds": round(windows * flops / rate, 3) if rate > 0 else None, "rate_rule": rate_rule}
+            "optimizer_steps": steps, "rows": rows, "seconds": float(f"{windows * flops / rate:.3g}") if rate > 0 else None, "rate_rule": rate_rule}
 
 
 def planned_steps(cfg, rows: int | None, effective_batch: int) -> int | None:
