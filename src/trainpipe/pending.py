@@ -59,6 +59,8 @@ def shape_matches(folder: Path, rel: str, shapes: list[str]) -> bool:
         if shape.endswith(LISTED):
             prefix = shape[: -len(LISTED)]
             parent, _, name = rel.rpartition("/")
+            if not prefix and not parent and listed(folder, name):  # a pending checkpoint folder itself (`checkpoints/step-N`)
+                return True
             if parent and fnmatch.fnmatchcase(parent + "/", prefix) and listed(folder / parent, name):
                 return True
         elif _glob(rel, shape):

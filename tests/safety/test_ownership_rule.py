@@ -279,3 +279,31 @@ def test_a_run_killed_mid_training_is_overwritten(tmp_path, base):
     out, _ = q.communicate(timeout=300)
     assert q.returncode == 0, out[-3000:]
     assert (run / "summary.json").is_file() and ownership.foreign(run) == []
+
+
+def test_a_checkpoint_killed_between_its_rename_and_its_seal_stays_provably_ours(tmp_path, monkeypatch):
+    """A kill after `.tmp-step-N` became `step-N` and before the run's manifest fingerprinted it (seen in CI: the next
+    `--overwrite` refused every file of `checkpoints/step-20`): `step-N` was registered with the temporary name, so its
+    files are proven by its own manifest; a file a person adds there is still named."""
+    import torch
+
+    from trainpipe.model.checkpoints import CheckpointManager
+
+    folder = _owned(tmp_path / "run")
+    ckpts = CheckpointManager(folder / "checkpoints")
+    ckpts.save(2, weights={"w": torch.ones(2)}, state={"step": 2}, config_yaml="a: 1\n", metric=None, info={})
+    assert ownership.foreign(folder) == [] and ownership.read_manifest(folder)["pending"] == []
+
+    def killed() -> None:
+        raise KeyboardInterrupt("killed before the seal")
+
+    monkeypatch.setattr(ckpts, "_seal", killed)
+    with pytest.raises(KeyboardInterrupt):
+        ckpts.save(4, weights={"w": torch.zeros(2)}, state={"step": 4}, config_yaml="a: 1\n", metric=None, info={})
+    assert (folder / "checkpoints" / "step-4" / "manifest.json").is_file()
+    assert ownership.foreign(folder) == []
+    (folder / "checkpoints" / "step-4" / "NOTES.md").write_text("mine")
+    assert ownership.foreign(folder) == ["checkpoints/step-4/NOTES.md"]
+    (folder / "checkpoints" / "step-4" / "NOTES.md").unlink()
+    ownership.clear_dir(folder, what="a run folder")
+    assert not (folder / "checkpoints").exists()

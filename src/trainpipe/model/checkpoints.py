@@ -231,6 +231,9 @@ class CheckpointManager:
         tmp = self.root / f".tmp-step-{step}-{os.getpid()}"
         try:
             self._intend(tmp.name)  # a full disk here is a failed write like any other (CheckpointWriteError)
+            # and the name it is renamed to: a kill between the rename and the seal leaves `step-N` pending, proven file by
+            # file by its own manifest (before, it was neither listed nor pending: foreign to the next --overwrite)
+            self._intend(final.name, shapes=[pending.LISTED])
             if tmp.exists():
                 shutil.rmtree(tmp)
             tmp.mkdir(parents=True)
@@ -290,14 +293,16 @@ class CheckpointManager:
 
         return (self.root.parent / ownership.MANIFEST).is_file()
 
-    def _intend(self, name: str) -> None:
-        """Register ``checkpoints/<name>`` (or `checkpoints/` itself, new to the manifest) as about to be written."""
+    def _intend(self, name: str, shapes: list[str] | None = None) -> None:
+        """Register ``checkpoints/<name>`` (or `checkpoints/` itself, new to the manifest) as about to be written, with the
+        ``shapes`` (:mod:`trainpipe.pending`) of what may lie under it."""
 
         if not self._owned():
             return
         top = self.root.parent
         listed = self.root.name in ownership.read_manifest(top)["entries"]
-        ownership.intend(top, f"{self.root.name}/{name}" if listed else self.root.name)
+        rel = f"{self.root.name}/{name}" if listed else self.root.name
+        ownership.intend(top, rel, shapes={rel: shapes} if shapes and listed else None)
 
     def _seal(self) -> None:
         """Fingerprint ``checkpoints/`` as it is now (after a save's rename, after a rotation) into the run's manifest. A
