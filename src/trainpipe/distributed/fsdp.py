@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
+from trainpipe.distributed.tensor_parallel import gather_dtensors
 from trainpipe.errors import TrainpipeError
 
 
@@ -181,21 +182,13 @@ def load_full_state(model, optimizer, weights: dict, optim_sd: dict | None) -> N
 def release(model) -> None:
     """Gather every parameter (all ranks) and take FSDP off the model in place: plain parameters, no hooks, the
     original classes. Tied parameters stay tied."""
-    import torch
     from torch.distributed._composable.contract import REGISTRY_KEY, STATE_KEY
     from torch.distributed.fsdp import FSDPModule
-    from torch.distributed.tensor import DTensor
 
     mods = [m for m in model.modules() if isinstance(m, FSDPModule)]
     for m in mods:
         m.reshard()
-    full: dict[int, torch.nn.Parameter] = {}
-    for mod in model.modules():
-        for name, p in list(mod._parameters.items()):
-            if isinstance(p, DTensor):
-                if id(p) not in full:
-                    full[id(p)] = torch.nn.Parameter(p.full_tensor().detach().clone(), requires_grad=p.requires_grad)
-                mod._parameters[name] = full[id(p)]
+    gather_dtensors(model)
     for m in mods:
         state = m._get_fsdp_state()
         state._pre_forward_hook_handle.remove()

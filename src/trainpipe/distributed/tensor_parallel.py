@@ -106,8 +106,9 @@ def parallelize(model, mesh, degree: int) -> list:
     return [(m, set(m._forward_pre_hooks) - pre, set(m._forward_hooks) - post) for m, (pre, post) in zip(mods, before)]
 
 
-def release(model, hooks: list) -> None:
-    """Every DTensor weight gathered whole (all ranks call this) and the tensor-parallel hooks removed: a plain model."""
+def gather_dtensors(model) -> None:
+    """Every DTensor parameter of ``model`` replaced in place by a plain parameter holding the whole tensor (all ranks call
+    this; tied parameters stay tied). FSDP2's release and this module's share it."""
     import torch
     from torch.distributed.tensor import DTensor
 
@@ -118,6 +119,11 @@ def release(model, hooks: list) -> None:
                 if id(p) not in full:
                     full[id(p)] = torch.nn.Parameter(p.full_tensor().detach().clone(), requires_grad=p.requires_grad)
                 mod._parameters[name] = full[id(p)]
+
+
+def release(model, hooks: list) -> None:
+    """Every DTensor weight gathered whole (all ranks call this) and the tensor-parallel hooks removed: a plain model."""
+    gather_dtensors(model)
     for mod, pre, post in hooks:
         for k in pre:
             mod._forward_pre_hooks.pop(k, None)
