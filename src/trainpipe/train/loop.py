@@ -220,8 +220,8 @@ class TrainLoop:
 
     # ------------------------------------------------------------------ one step and its recovery
     def _step_with_oom_recovery(self, w: int) -> tuple[float, int, float]:
-        examples = [self.data[i] for i in self.plan.indices(w)]
-        rng = capture_rng()
+        examples = self.plan.window(self.data, w)
+        rng = capture_rng(self.objective.step_rng)  # only what a step can draw from (Objective.step_rng)
         attempt = 0
         while True:
             try:

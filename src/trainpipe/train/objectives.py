@@ -23,6 +23,12 @@ class Objective:
     # starting scale while single batches stay noisy (preference losses) are compared with their own scale. 0: the median only.
     spike_floor: float = 0.0
 
+    # The random number generators one step may draw from, snapshotted before every step so that a step retried after an
+    # OOM draws the same dropout masks (train/state.py `capture_rng`): torch's always; Python's `random` and numpy's global
+    # ones only where code trainpipe does not own runs inside a step (a Hugging Face model, your module or loss, a reward),
+    # since numpy's snapshot alone costs ~40 us a step. trainpipe's own per-step randomness is torch's or seeded per window.
+    step_rng: tuple[str, ...] = ("python", "numpy", "torch")
+
     def begin_window(self, w: int) -> None:
         """The stepper calls this before window ``w``'s micro-batches: an objective with seeded random transforms (the image
         family's train-only augmentation) seeds them from ``w`` and each example's index, so a resumed run and every process

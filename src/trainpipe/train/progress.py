@@ -21,7 +21,8 @@ class TrainProgress:
         self.task = self.bar.add_task("train", total=total, completed=done, loss="-", tps="-")
 
     def update(self, step: int, loss: float) -> None:
-        self.bar.update(self.task, completed=step, loss=f"{loss:.4f}")
+        if not self.bar.disable:  # off a terminal the bar is not drawn: no need to feed it every step
+            self.bar.update(self.task, completed=step, loss=f"{loss:.4f}")
 
     def log(self, rec: dict, total: int) -> None:
         self.bar.update(self.task, tps=f"{rec['tokens_per_second']:,.0f}")
@@ -31,7 +32,7 @@ class TrainProgress:
                 f"  train step {rec['step']}/{total} loss={rec['loss']:.4f} lr={rec['learning_rate']:.3g} "
                 f"grad_norm={rec['grad_norm']:.3g} tokens/s={rec['tokens_per_second']:,.0f} elapsed={elapsed:,.0f}s"
             )
-            ui.console().print(print_line, soft_wrap=True)
+            ui.line(print_line)
 
     def stop(self) -> None:
         self.bar.stop()

@@ -61,16 +61,19 @@ class FitResult:
 # ------------------------------------------------------------------------------ RNG state
 
 
-def capture_rng() -> dict:
+def capture_rng(sources: tuple[str, ...] = ("python", "numpy", "torch")) -> dict:
+    """The global RNG states of ``sources`` (a checkpoint takes every one; the loop's snapshot before a step only those the
+    objective's step draws from: Objective.step_rng), with CUDA's beside torch's; :func:`restore_rng` restores what it holds."""
     import numpy as np
     import torch
 
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
-    state = {
-        "python": random.getstate(),
-        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype("int64")), "pos": int(pos), "has_gauss": int(has_gauss), "cached": float(cached)},
-        "torch": torch.get_rng_state(),
-    }
+    state: dict = {}
+    if "python" in sources:
+        state["python"] = random.getstate()
+    if "numpy" in sources:
+        kind, keys, pos, has_gauss, cached = np.random.get_state()
+        state["numpy"] = {"kind": kind, "keys": torch.from_numpy(keys.astype("int64")), "pos": int(pos), "has_gauss": int(has_gauss), "cached": float(cached)}
+    state["torch"] = torch.get_rng_state()
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -80,10 +83,12 @@ def restore_rng(state: dict) -> None:
     import numpy as np
     import torch
 
-    py = state["python"]
-    random.setstate((py[0], tuple(py[1]), py[2]))
-    n = state["numpy"]
-    np.random.set_state((n["kind"], n["keys"].numpy().astype("uint32"), n["pos"], n["has_gauss"], n["cached"]))
+    if "python" in state:
+        py = state["python"]
+        random.setstate((py[0], tuple(py[1]), py[2]))
+    if "numpy" in state:
+        n = state["numpy"]
+        np.random.set_state((n["kind"], n["keys"].numpy().astype("uint32"), n["pos"], n["has_gauss"], n["cached"]))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])

@@ -78,7 +78,7 @@ class Stepper:
                     batch = self._batch(part or examples[:1])
                     self.input_seconds += time.perf_counter() - tc
                     forwarding = True
-                    with torch.autocast(self.device.type, dtype=amp_dtype, enabled=self.amp):
+                    with torch.autocast(self.device.type, dtype=amp_dtype) if self.amp else nullcontext():
                         loss_sum, extra = obj.loss_sum(strategy.forward, batch)
                     if idle:
                         loss_sum, extra = loss_sum * 0.0, {k: 0.0 for k in extra}

@@ -94,6 +94,7 @@ class SupervisedObjective(Objective):
         self.user = import_object(loss, "method.loss") if loss not in NAMED_LOSSES else None
         self._rows: dict[int, int] = {}  # id(example) -> its row in the stacked tensors (`stack`)
         self._stacked: tuple = ()
+        self._source: list | None = None  # the list `stack` stacked: a window of it (train/window.py Rows) is gathered by index
 
     def stack(self, examples: list[dict]) -> None:
         """Stack a table's training examples into tensors once, so that a micro-batch of them is gathered by row rather
@@ -101,6 +102,7 @@ class SupervisedObjective(Objective):
         if examples and "x_num" in examples[0]:
             b = self._from_lists(examples)
             self._stacked, self._rows = (b["x_num"], b["x_cat"], b["y"]), {id(e): i for i, e in enumerate(examples)}
+            self._source = examples
 
     def weight(self, examples: list[dict]) -> int:
         return len(examples)
@@ -113,10 +115,13 @@ class SupervisedObjective(Objective):
         from torch.utils.data import default_collate
 
         if "x_num" in examples[0]:
-            rows = [self._rows.get(id(e)) for e in examples] if self._rows else [None]
-            if None in rows:
-                return self._from_lists(examples)
-            idx = torch.tensor(rows)
+            if self._source is not None and getattr(examples, "source", None) is self._source:
+                idx = examples.rows  # a window of the stacked rows (the loop's Rows): their indices, no per-example work
+            else:
+                rows = [self._rows.get(id(e)) for e in examples] if self._rows else [None]
+                if None in rows:
+                    return self._from_lists(examples)
+                idx = torch.tensor(rows)
             return {"x_num": self._stacked[0][idx], "x_cat": self._stacked[1][idx], "y": self._stacked[2][idx]}
         batch = default_collate(examples)
         x = batch["x"]
@@ -284,6 +289,8 @@ def run(ctx: RunContext) -> dict:
     objective = SupervisedObjective(default_loss(data.task, cfg.method.loss), data.task)
     check_outputs(model, objective, data, where)
     objective.stack(data.train)
+    if cfg.model.factory is None and objective.user is None:
+        objective.step_rng = ("torch",)  # trainpipe's MLP and a named loss: a step draws only torch's RNG (dropout)
     micro = data.train[: ctx.specs.batch.micro_batch]
     traced = trace_module_step(lambda: build_model(cfg, data)[0], lambda m, b: objective.loss_sum(m, b)[0], objective.collate(micro))  # the planner's memory
     params = parameter_counts(model)

@@ -45,15 +45,23 @@ class WindowPlan:
 
     def indices(self, w: int) -> list[int]:
         """The example indices of window ``w``."""
+        return self.rows(w).tolist()
+
+    def rows(self, w: int):
+        """The example indices of window ``w`` as a 1-D int64 tensor (a view of the epoch's permutation: no copy)."""
         import torch
 
         epoch, k = divmod(w, self.steps_per_epoch)
         if epoch not in self._perm:
             g = torch.Generator().manual_seed(self.seed + epoch)
             self._perm.clear()
-            self._perm[epoch] = torch.randperm(self.examples, generator=g).tolist()
-        perm = self._perm[epoch]
-        return perm[k * self.effective : (k + 1) * self.effective]
+            self._perm[epoch] = torch.randperm(self.examples, generator=g)
+        return self._perm[epoch][k * self.effective : (k + 1) * self.effective]
+
+    def window(self, data: list, w: int) -> "Rows":
+        """The examples of window ``w`` (a list of ``data``'s rows) that still know where they came from."""
+        rows = self.rows(w)
+        return Rows([data[i] for i in rows.tolist()], data, rows)
 
     def finished(self, step: int, window: int) -> bool:
         """`max_steps`: the optimizer steps asked for are trained (a window skipped after a rollback is made up by the next
@@ -65,3 +73,21 @@ class WindowPlan:
     def accumulation(self, micro_batch: int, dp: int = 1) -> int:
         """Micro-steps per optimizer step (per rank) at this micro-batch, over ``dp`` data-parallel ranks."""
         return math.ceil(self.effective / (micro_batch * dp))
+
+
+class Rows(list):
+    """A window's (or a micro-batch's) examples: a plain list of the training rows, which also carries the rows' indices
+    (``rows``, an int64 tensor) and the list they index (``source``). An objective that keeps its training data stacked in
+    tensors (a table: train/supervised.py) gathers a micro-batch by these indices in one tensor operation instead of
+    looking each example up; every other reader sees a list. Slicing keeps the indices."""
+
+    __slots__ = ("source", "rows")
+
+    def __init__(self, examples: list, source: list, rows):
+        super().__init__(examples)
+        self.source, self.rows = source, rows
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return Rows(list.__getitem__(self, i), self.source, self.rows[i])
+        return list.__getitem__(self, i)
