@@ -37,7 +37,7 @@ def test_rows_gathered_by_index_train_what_the_per_example_path_trains(tmp_path,
     write_table(tmp_path / "table.csv")
     fast = run(tmp_path, "by-index", capsys)
     # the loop handing plain lists (no row indices): the objective looks every example up, as before the index path
-    monkeypatch.setattr(window.WindowPlan, "window", lambda self, data, w: [data[i] for i in self.indices(w)])
+    monkeypatch.setattr(window.WindowPlan, "window", lambda self, data, w, by_row=False: [data[i] for i in self.indices(w)])
     slow = run(tmp_path, "per-example", capsys)
     assert same(fast["weights"], slow["weights"])
 
@@ -70,14 +70,15 @@ def test_rows_slice_keeps_indices_and_collate_equals_the_lookup():
     obj = SupervisedObjective("cross_entropy", "classification")
     obj.stack(data)
     rows = torch.tensor([7, 2, 5, 0])
-    win = Rows([data[i] for i in rows.tolist()], data, rows)
+    win = Rows(data, rows)
     part = win[1:3]
-    assert isinstance(part, Rows) and part.rows.tolist() == [2, 5] and part == [data[2], data[5]] and part.source is data
+    assert isinstance(part, Rows) and part.rows.tolist() == [2, 5] and list(part) == [data[2], data[5]] and part.source is data
+    assert len(win) == 4 and win[0] is data[7] and win[-1] is data[0] and list(win[:1]) == [data[7]]
     by_index, by_lookup = obj.collate(part), obj.collate(list(part))
     assert all(by_index[k].equal(by_lookup[k]) for k in by_lookup)
     assert by_index["x_num"][:, 0].tolist() == [2.0, 5.0]
     other = [dict(e) for e in data]  # a list of equal rows that is not the stacked one: never gathered by index
-    alien = Rows(other[:2], other, torch.tensor([0, 1]))
+    alien = Rows(other, torch.tensor([0, 1]))
     assert obj.collate(alien)["x_num"].tolist() == [[0.0, -0.0], [1.0, -1.0]]
 
 

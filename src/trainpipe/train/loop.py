@@ -220,7 +220,7 @@ class TrainLoop:
 
     # ------------------------------------------------------------------ one step and its recovery
     def _step_with_oom_recovery(self, w: int) -> tuple[float, int, float]:
-        examples = self.plan.window(self.data, w)
+        examples = self.plan.window(self.data, w, by_row=self.objective.gathers_rows)
         rng = capture_rng(self.objective.step_rng)  # only what a step can draw from (Objective.step_rng)
         attempt = 0
         while True:

@@ -29,6 +29,10 @@ class Objective:
     # since numpy's snapshot alone costs ~40 us a step. trainpipe's own per-step randomness is torch's or seeded per window.
     step_rng: tuple[str, ...] = ("python", "numpy", "torch")
 
+    # True: ``collate`` gathers a micro-batch from tensors stacked once, by the examples' indices in the training data; the
+    # loop then hands it windows as train/window.py Rows views (no per-example work), else as lists of examples.
+    gathers_rows: bool = False
+
     def begin_window(self, w: int) -> None:
         """The stepper calls this before window ``w``'s micro-batches: an objective with seeded random transforms (the image
         family's train-only augmentation) seeds them from ``w`` and each example's index, so a resumed run and every process

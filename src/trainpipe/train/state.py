@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass, field
 
@@ -74,9 +75,17 @@ def capture_rng(sources: tuple[str, ...] = ("python", "numpy", "torch")) -> dict
         kind, keys, pos, has_gauss, cached = np.random.get_state()
         state["numpy"] = {"kind": kind, "keys": torch.from_numpy(keys.astype("int64")), "pos": int(pos), "has_gauss": int(has_gauss), "cached": float(cached)}
     state["torch"] = torch.get_rng_state()
-    if torch.cuda.is_available():
+    if _cuda():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
+
+
+@functools.cache
+def _cuda() -> bool:
+    """Whether CUDA is there (asked once a process: the loop snapshots the RNGs before every step)."""
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def restore_rng(state: dict) -> None:

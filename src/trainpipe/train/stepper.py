@@ -60,6 +60,7 @@ class Stepper:
         starts = range(0, len(examples), micro * world)  # one micro-step: micro x dp examples, data-parallel rank r takes the r-th slice
         oom: BaseException | None = None
         synced = False
+        injecting = faults.active()  # TEST-ONLY fault injection (trainpipe/faults.py): its environment read once a window
         for j, i in enumerate(starts):
             part = examples[i + rank * micro : i + (rank + 1) * micro]
             idle = not part  # the window's last micro-step has fewer examples than ranks x micro: join the sync with a zero loss
@@ -72,9 +73,11 @@ class Stepper:
             forwarding = False  # an OOM before the forward leaves the collectives of every rank in step (FSDP can recover from it)
             try:
                 with strategy.no_sync() if not sync else nullcontext():
-                    faults.before_forward(w)
+                    if injecting:
+                        faults.before_forward(w)
                     tc = time.perf_counter()
-                    faults.slow_input()
+                    if injecting:
+                        faults.slow_input()
                     batch = self._batch(part or examples[:1])
                     self.input_seconds += time.perf_counter() - tc
                     forwarding = True
@@ -84,7 +87,7 @@ class Stepper:
                         loss_sum, extra = loss_sum * 0.0, {k: 0.0 for k in extra}
                     for k, v in extra.items():
                         extras[k] = extras.get(k, 0.0) + float(v)
-                    loss = faults.poison_loss(w, loss_sum / denom)
+                    loss = faults.poison_loss(w, loss_sum / denom) if injecting else loss_sum / denom
                     back = strategies.scale_loss(strategy, loss)
                     if sync:
                         strategies.before_sync_backward(strategy, mark)

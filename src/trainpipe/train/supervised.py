@@ -95,6 +95,7 @@ class SupervisedObjective(Objective):
         self._rows: dict[int, int] = {}  # id(example) -> its row in the stacked tensors (`stack`)
         self._stacked: tuple = ()
         self._source: list | None = None  # the list `stack` stacked: a window of it (train/window.py Rows) is gathered by index
+        self.gathers_rows = False
 
     def stack(self, examples: list[dict]) -> None:
         """Stack a table's training examples into tensors once, so that a micro-batch of them is gathered by row rather
@@ -102,7 +103,7 @@ class SupervisedObjective(Objective):
         if examples and "x_num" in examples[0]:
             b = self._from_lists(examples)
             self._stacked, self._rows = (b["x_num"], b["x_cat"], b["y"]), {id(e): i for i, e in enumerate(examples)}
-            self._source = examples
+            self._source, self.gathers_rows = examples, True
 
     def weight(self, examples: list[dict]) -> int:
         return len(examples)

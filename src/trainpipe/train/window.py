@@ -9,6 +9,7 @@ would have, none twice and none skipped.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from trainpipe.plan.specs import BatchSpec
@@ -58,10 +59,11 @@ class WindowPlan:
             self._perm[epoch] = torch.randperm(self.examples, generator=g)
         return self._perm[epoch][k * self.effective : (k + 1) * self.effective]
 
-    def window(self, data: list, w: int) -> "Rows":
-        """The examples of window ``w`` (a list of ``data``'s rows) that still know where they came from."""
+    def window(self, data: list, w: int, by_row: bool = False):
+        """The examples of window ``w``: a list of ``data``'s rows, or (``by_row``: an objective that gathers its micro-batches
+        from stacked tensors, Objective.gathers_rows) a :class:`Rows` view that holds only their indices."""
         rows = self.rows(w)
-        return Rows([data[i] for i in rows.tolist()], data, rows)
+        return Rows(data, rows) if by_row else [data[i] for i in rows.tolist()]
 
     def finished(self, step: int, window: int) -> bool:
         """`max_steps`: the optimizer steps asked for are trained (a window skipped after a rollback is made up by the next
@@ -75,19 +77,29 @@ class WindowPlan:
         return math.ceil(self.effective / (micro_batch * dp))
 
 
-class Rows(list):
-    """A window's (or a micro-batch's) examples: a plain list of the training rows, which also carries the rows' indices
-    (``rows``, an int64 tensor) and the list they index (``source``). An objective that keeps its training data stacked in
-    tensors (a table: train/supervised.py) gathers a micro-batch by these indices in one tensor operation instead of
-    looking each example up; every other reader sees a list. Slicing keeps the indices."""
+class Rows(Sequence):
+    """A window's (or a micro-batch's) examples as a view: the list they come from (``source``) and their indices in it
+    (``rows``, an int64 tensor), so that an objective that keeps its training data stacked in tensors (a table:
+    train/supervised.py) gathers a micro-batch with one tensor index, and no per-example Python runs in the step. Reading
+    an example (``rows[i]``, iterating) returns ``source``'s; slicing returns a view of the slice."""
 
-    __slots__ = ("source", "rows")
+    __slots__ = ("source", "rows", "_list")
 
-    def __init__(self, examples: list, source: list, rows):
-        super().__init__(examples)
-        self.source, self.rows = source, rows
+    def __init__(self, source: list, rows):
+        self.source, self.rows, self._list = source, rows, None
+
+    def __len__(self) -> int:
+        return len(self.rows)
 
     def __getitem__(self, i):
         if isinstance(i, slice):
-            return Rows(list.__getitem__(self, i), self.source, self.rows[i])
-        return list.__getitem__(self, i)
+            return Rows(self.source, self.rows[i])
+        return self.source[self._indices()[i]]
+
+    def __iter__(self):
+        return (self.source[i] for i in self._indices())
+
+    def _indices(self) -> list[int]:
+        if self._list is None:
+            self._list = self.rows.tolist()
+        return self._list
