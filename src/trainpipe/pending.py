@@ -9,8 +9,8 @@ have produced, or it is foreign and refused by name (``--overwrite`` and ``train
 - a file matching the **shape** the writer declared with its name (``model``: the files ``save_pretrained`` writes;
   ``tensorboard``: ``events.out.tfevents.*``; ``checkpoints``: files a checkpoint's own ``manifest.json`` lists with
   their size and SHA-256);
-- a single file whose content is the **expected** one (``ownership.write_bytes`` notes the size and SHA-256 of what it is
-  about to rename into a pending name);
+- a file whose content is the **expected** one (``ownership.write_bytes`` notes the size and SHA-256 of what it is about
+  to rename into a pending name; an export notes every file of its finished temporary folder, :func:`tree`);
 - a ``*.jsonl`` log whose every complete line is a JSON object (what an append-only log writer leaves);
 - a file that a **nested folder's own manifest** proves (a stage's or adapter's run folder).
 
@@ -137,17 +137,26 @@ def proves(folder: Path, rel: str, data: dict, nested: Callable[[Path, list[str]
     if any(temp_name(x) for x in parts):
         return True
     path = folder / rel
+    exp = data.get("expect", {}).get(rel)  # the content a writer noted before renaming it in (one file, or each of a folder's)
+    if exp and path.is_file() and not path.is_symlink() and path.stat().st_size == exp.get("size") and sha256(path) == exp.get("sha256"):
+        return True
     for p in pend:
         below = rel[len(p) + 1:]
         if below and shape_matches(folder / p, below, data.get("shapes", {}).get(p, [])):
             return True
-        exp = data.get("expect", {}).get(p)
-        if not below and exp and path.is_file() and not path.is_symlink() and path.stat().st_size == exp.get("size") \
-                and sha256(path) == exp.get("sha256"):
-            return True
         if not below and rel.endswith(".jsonl") and json_lines(path):
             return True
     return nested(folder, parts)
+
+
+def tree(folder: Path, rel: str) -> dict[str, dict]:
+    """``{rel/FILE: {size, sha256}}`` for every file below ``folder`` (a writer's finished temporary folder, about to be
+    renamed to ``rel``): what the writer produced, noted before the rename so that only those files are proven under it."""
+    out = {}
+    for p in sorted(folder.rglob("*")):
+        if p.is_file() and not p.is_symlink():
+            out[f"{rel}/{p.relative_to(folder).as_posix()}"] = {"size": p.stat().st_size, "sha256": sha256(p)}
+    return out
 
 
 def appended(folder: Path, entries: dict) -> list[tuple[str, int]]:
