@@ -23,6 +23,7 @@ import os
 import time
 from pathlib import Path
 
+from trainpipe.data.images import check_image_sources
 from trainpipe.data.sources import check_sources
 from trainpipe.data.tabular import prepare_tabular
 from trainpipe.errors import TrainpipeError
@@ -218,8 +219,8 @@ def plan_family(out: dict, plan, hw, gpu, *, trace: bool = False, custom_tracer=
     if fam == "text":
         return
     rc = plan.config
-    if rc.data is not None:  # a source that names nothing readable: the paragraph `trainpipe run` prints, exit 2
-        check_sources(rc.data.sources)
+    if rc.data is not None:  # a source that names nothing readable: the paragraph `trainpipe run` prints (run.py preflight), exit 2
+        (check_image_sources if fam == "image" else check_sources)(rc.data.sources)
     task = next((d.value for d in plan.decisions if d.key == "method.task"), "classification")
     mb_rule = next((d.rule for d in plan.decisions if d.key == "training.per_device_train_batch_size"), None)
     rows_out = []
