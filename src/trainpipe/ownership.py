@@ -176,11 +176,13 @@ def _proves(folder: Path, rel: str, data: dict) -> bool:
 
 
 def _nested(folder: Path, parts: list[str]) -> bool:
-    """Whether a run folder nested below ``folder`` (a stage's, an adapter's) proves the file ``parts`` by its own manifest."""
+    """Whether a folder nested below ``folder`` (a stage's or adapter's run, an export) proves the file ``parts`` by its own
+    manifest: the innermost that proves it (an export's manifest lists only its gates' files: the stage's lists the rest)."""
     for i in range(len(parts) - 1, 0, -1):
-        sub = folder.joinpath(*parts[:i])
+        sub, rel = folder.joinpath(*parts[:i]), "/".join(parts[i:])
         if (sub / MANIFEST).is_file() and read_manifest(sub)["entries"]:
-            return internal(parts[i]) or "/".join(parts[i:]) not in foreign(sub)
+            if internal(parts[i]) or not any(rel == b or rel.startswith(b + "/") for b in foreign(sub)):
+                return True
     return False
 
 
@@ -366,9 +368,9 @@ def write_json(path: str | Path, obj: Any, *, what: str, reads: Iterable[Any] = 
 
 def expect(folder: str | Path, files: dict[str, dict]) -> None:
     """Note ``{rel: {size, sha256}}``, the files a writer is about to rename in below a pending name of ``folder`` (others
-    are not noted): until sealed, those files with that content are proven, and a seal takes nothing else a person added."""
+    are not noted): until sealed, those files with that content are proven; a name with noted files proves nothing else."""
     if any(_is_pending(r, read_manifest(folder := Path(folder).resolve())["pending"]) for r in files):
-        _update(folder, lambda d: (d.setdefault("expect", {}).update(files), _drop_pending(d, lambda p: True)))
+        _update(folder, lambda d: (d.__setitem__("expect", _pending.noted(d.get("expect", {}), files)), _drop_pending(d, lambda p: True)))
 
 
 def _drop_pending(data: dict, keep: Callable[[str], bool]) -> None:

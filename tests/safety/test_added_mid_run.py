@@ -2,7 +2,7 @@
 
 A real tiny run waits twice on a TEST-ONLY handshake (trainpipe/faults.py): in window 3 (after checkpoint step-2, before
 step-4), when the test puts a note into `checkpoints/step-2/`; and just before its last seal (every writer finished,
-report.html written), when it puts a file into `model/` and `export/prod/`. The run's manifest must not list them, step-4's
+report.html written), when it puts files into `model/` and `export/prod/` (two of them named as `save_pretrained`'s). The run's manifest must not list them, step-4's
 rotation must delete step-2's own files and leave the note, and `--overwrite` must refuse naming each (exit 2, nothing
 deleted).
 """
@@ -21,7 +21,9 @@ from trainpipe import ownership
 pytestmark = pytest.mark.e2e
 
 NOTE = "checkpoints/step-2/NOTES.md"
-MINE = {NOTE: "step 2 ok\n", "model/serve.py": "print('serve')\n", "export/prod/deploy.sh": "kubectl apply\n"}
+# `notes.txt` and `config.json` have names `save_pretrained` writes: the name proves nothing, only the export's own list does
+MINE = {NOTE: "step 2 ok\n", "model/serve.py": "print('serve')\n", "model/notes.txt": "mine\n", "export/prod/deploy.sh": "kubectl apply\n",
+        "export/prod/config.json": "{}\n"}
 
 
 def _put(run, rels):
@@ -49,7 +51,7 @@ def test_files_added_during_a_run_stay_foreign(tmp_path, base):
     _put(run, [NOTE])
     go1.write_text("go")
     _wait_for(p, run / "report.html")  # the run waits before its last seal: every writer has finished
-    _put(run, ["model/serve.py", "export/prod/deploy.sh"])
+    _put(run, [rel for rel in MINE if rel != NOTE])
     go2.write_text("go")
     out, _ = p.communicate(timeout=300)
     assert p.returncode == 0, out[-3000:]
@@ -57,9 +59,9 @@ def test_files_added_during_a_run_stay_foreign(tmp_path, base):
     assert not (run / "checkpoints" / "step-2" / "weights.safetensors").exists()  # rotated away: its own files only
     assert (run / "checkpoints" / "step-6" / "weights.safetensors").is_file()
     entries = ownership.read_manifest(run)["entries"]
-    assert "config.json" in entries["model"]["files"] and "serve.py" not in entries["model"]["files"]
+    assert "config.json" in entries["model"]["files"] and not {"serve.py", "notes.txt"} & set(entries["model"]["files"])
     assert "step-6/weights.safetensors" in entries["checkpoints"]["files"] and "step-2/NOTES.md" not in entries["checkpoints"]["files"]
-    assert "prod/deploy.sh" not in entries.get("export", {}).get("files", {})
+    assert not {"prod/deploy.sh", "prod/config.json"} & set(entries.get("export", {}).get("files", {}))
     assert sorted(ownership.foreign(run)) == sorted(MINE)
     for rel, text in MINE.items():
         assert (run / rel).read_text() == text, rel
