@@ -37,7 +37,7 @@ import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
-from trainpipe import faults, ownership, ui
+from trainpipe import faults, ownership, pending, ui
 from trainpipe.config import ModelConfig
 from trainpipe.data import serve_template, vision_chat
 from trainpipe.errors import RunDirError, TrainpipeError
@@ -116,9 +116,11 @@ def recorded(final: Path, run_dir: Path, names: tuple[str, ...] = ()) -> None:
     if not final.is_dir():
         return
     if _within(final.resolve(), run_dir):
-        top = run_dir / final.resolve().relative_to(run_dir).parts[0]
-        if top.name not in ownership.read_manifest(run_dir)["pending"]:
-            ownership.record(top)
+        rel = final.resolve().relative_to(run_dir).as_posix()
+        top = run_dir / rel.split("/")[0]
+        if top.name not in ownership.read_manifest(run_dir)["pending"]:  # of what is there, only what is proven or was written now
+            bad = set(ownership.foreign(run_dir)) - {f"{rel}/{n}" for n in names}
+            ownership.record(top, accept=lambda r: f"{top.name}/{r}" not in bad or ownership.internal(r.rsplit("/", 1)[-1]))
         return
     for n in names:
         if (final / n).exists():
@@ -226,13 +228,18 @@ def export_folder(final: Path, *, run_dir: Path, card: dict, protect: list[tuple
                                               "config_hash": card.get("config_hash"), "time": time.time()}) + "\n", encoding="utf-8")
         yield tmp
         faults.during_export_write()
-        if in_run:
+        written: tuple[str, ...] = ()
+        if in_run:  # what this writer produced, noted before the rename: only those files are sealed as the run's (issue 36)
+            rel = final.resolve().relative_to(Path(run_dir).resolve()).as_posix()
+            files = pending.tree(tmp, rel)
+            ownership.expect(run_dir, files)
+            written = tuple(k[len(rel) + 1:] for k in files)
             _replace(tmp, final)
         else:
             reads = [(Path(p), what) for what, p in protect]
             ownership.replace_dir(final, lambda t: _move_into(tmp, t), what="the export", reads=reads)
             tmp.rmdir()
-        recorded(final, Path(run_dir))
+        recorded(final, Path(run_dir), written)
     except Exception as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, TrainpipeError) or write_error(exc, final.parent) is None:

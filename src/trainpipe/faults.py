@@ -10,7 +10,8 @@ Keys:
 - ``nan_at_windows``: [w, ...] make the loss of window w NaN, once each;
   ``nan_always``: true makes every window's loss NaN
 - ``spike_at_windows``: [w, ...] multiply the loss of window w by 50, once each (a loss spike)
-- ``sleep_at_window``: {"window": w, "seconds": s} stall inside window w (for the hang watchdog)
+- ``sleep_at_window``: {"window": w, "seconds": s} stall inside window w (for the hang watchdog); with ``"go": path``
+  only until that file exists (a test's handshake: it changes the run folder while the run waits)
 - ``step_seconds``: s, sleep before every forward (a slower step, so that kills land mid-step)
 - ``slow_checkpoint_seconds``: s, sleep between files of a checkpoint write (to land kills mid-write)
 - ``checkpoint_error_at_steps``: [n, ...] raise OSError(ENOSPC) while writing the checkpoint of step n
@@ -18,6 +19,8 @@ Keys:
 - ``input_seconds``: s, sleep inside the timed input preparation of every micro-batch (a slow data pipeline)
 - ``ranks``: [r, ...] the faults happen only on these ranks of a distributed run (default: every rank)
 - ``export_error``: true raises OSError(ENOSPC) while writing an export (after its files, before the rename)
+- ``pause_before_seal``: {"go": path, "seconds": s} the run's last seal waits (at most s) until the file ``go`` exists:
+  a test adds files to the run folder at that moment, after every writer has finished (no race with the run)
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ def before_forward(window: int) -> None:
         time.sleep(float(s["step_seconds"]))
     sl = s.get("sleep_at_window")
     if sl and sl.get("window") == window and _once("sleep", window):
-        time.sleep(float(sl.get("seconds", 1)))
+        _wait(sl)
 
 
 def poison_loss(window: int, loss):
@@ -114,3 +117,15 @@ def slow_input() -> None:
     s = spec()
     if s.get("input_seconds"):
         time.sleep(float(s["input_seconds"]))
+
+
+def before_seal() -> None:
+    if spec().get("pause_before_seal"):
+        _wait(spec()["pause_before_seal"])
+
+
+def _wait(p: dict) -> None:
+    """Sleep ``p["seconds"]``, or (with ``p["go"]``, a path) until that file exists, at most that long: a handshake with a test."""
+    deadline = time.monotonic() + float(p.get("seconds", 1))
+    while time.monotonic() < deadline and not (p.get("go") and os.path.exists(p["go"])):
+        time.sleep(0.02)

@@ -176,11 +176,13 @@ def _proves(folder: Path, rel: str, data: dict) -> bool:
 
 
 def _nested(folder: Path, parts: list[str]) -> bool:
-    """Whether a run folder nested below ``folder`` (a stage's, an adapter's) proves the file ``parts`` by its own manifest."""
+    """Whether a folder nested below ``folder`` (a stage's or adapter's run, an export) proves the file ``parts`` by its own
+    manifest: the innermost that proves it (an export's manifest lists only its gates' files: the stage's lists the rest)."""
     for i in range(len(parts) - 1, 0, -1):
-        sub = folder.joinpath(*parts[:i])
+        sub, rel = folder.joinpath(*parts[:i]), "/".join(parts[i:])
         if (sub / MANIFEST).is_file() and read_manifest(sub)["entries"]:
-            return _internal(parts[i]) or "/".join(parts[i:]) not in foreign(sub)
+            if internal(parts[i]) or not any(rel == b or rel.startswith(b + "/") for b in foreign(sub)):
+                return True
     return False
 
 
@@ -238,10 +240,6 @@ def _update(folder: Path, fn: Callable[[dict], None]) -> None:
 
 def internal(name: str) -> bool:
     """Whether ``name`` is one of the ownership rule's own files (the manifest, its temporaries, a run's lock)."""
-    return _internal(name)
-
-
-def _internal(name: str) -> bool:
     return name == MANIFEST or name.startswith(MANIFEST + ".tmp-") or name == LOCK or name.startswith(LOCK + ".")
 
 
@@ -255,7 +253,7 @@ def foreign(folder: Path) -> list[str]:
     entries, pending = data["entries"], data["pending"]
     bad: list[str] = []
     for p in sorted(folder.iterdir()):
-        if _internal(p.name):
+        if internal(p.name):
             continue
         fp = entries.get(p.name)
         if fp is None:
@@ -346,7 +344,7 @@ def write_bytes(path: str | Path, data: bytes, *, what: str, reads: Iterable[Any
             os.chmod(tmp, mode)
         if target.is_symlink():
             target.unlink()
-        _expect(target, data)
+        expect(target.parent, {target.name: {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}})  # a kill before record
         os.replace(tmp, target)
     finally:
         if tmp.exists():
@@ -368,16 +366,17 @@ def write_json(path: str | Path, obj: Any, *, what: str, reads: Iterable[Any] = 
     return write_text(path, json.dumps(redact_obj(obj), indent=indent, default=str) + "\n", what=what, reads=reads)
 
 
-def _expect(target: Path, data: bytes) -> None:
-    """Note the content about to be renamed into a pending name: a kill before :func:`record` leaves it provable."""
-    if target.name in read_manifest(parent := target.parent.resolve())["pending"]:
-        _update(parent, lambda d: d.setdefault("expect", {}).__setitem__(target.name, {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}))
+def expect(folder: str | Path, files: dict[str, dict]) -> None:
+    """Note ``{rel: {size, sha256}}``, the files a writer is about to rename in below a pending name of ``folder`` (others
+    are not noted): until sealed, those files with that content are proven; a name with noted files proves nothing else."""
+    if any(_is_pending(r, read_manifest(folder := Path(folder).resolve())["pending"]) for r in files):
+        _update(folder, lambda d: (d.__setitem__("expect", _pending.noted(d.get("expect", {}), files)), _drop_pending(d, lambda p: True)))
 
 
 def _drop_pending(data: dict, keep: Callable[[str], bool]) -> None:
     """Keep only the pending entries ``keep`` takes, with their shapes and expected contents."""
     data["pending"] = [p for p in data["pending"] if keep(p)]
-    data.update({key: {k: v for k, v in data[key].items() if k in data["pending"]} for key in ("shapes", "expect") if key in data})
+    data.update({key: {k: v for k, v in data[key].items() if _is_pending(k, data["pending"])} for key in ("shapes", "expect") if key in data})
 
 
 def appended(folder: str | Path) -> list[tuple[str, int]]:
@@ -438,7 +437,7 @@ def seal(folder: str | Path, names: Iterable[str] | Callable[[Path], bool] | Non
     def fn(data: dict) -> None:
         entries = data["entries"]
         if callable(names):
-            chosen = [p.name for p in folder.iterdir() if not _internal(p.name) and names(p)]
+            chosen = [p.name for p in folder.iterdir() if not internal(p.name) and names(p)]
         elif names is None:
             chosen = []
         else:
@@ -509,7 +508,7 @@ def check_clearable(folder: str | Path, *, what: str, reads: Iterable[Any] = (),
             f"changed since it did (not proven by `{MANIFEST}`), and trainpipe only deletes what it can prove it made. Nothing was "
             f"deleted. Move those entries away yourself, or choose another path."
         )
-    return [p.name for p in folder.iterdir() if not _internal(p.name) and p.name not in keep]
+    return [p.name for p in folder.iterdir() if not internal(p.name) and p.name not in keep]
 
 
 def clear_dir(folder: str | Path, *, what: str, reads: Iterable[Any] = (), keep: Iterable[str] = ()) -> Path:

@@ -6,11 +6,11 @@ have produced, or it is foreign and refused by name (``--overwrite`` and ``train
 
 - a **temporary name** of trainpipe's writers anywhere on the path (``.NAME.tmp-PID-HEX`` of an atomic write,
   ``.tmp-step-N-PID`` of a checkpoint, ``NAME.tmp`` of a model being saved): everything below it is the writer's;
-- a file matching the **shape** the writer declared with its name (``model``: the files ``save_pretrained`` writes;
+- a file matching the **shape** the writer declared with its name (``base``: the files ``save_pretrained`` writes;
   ``tensorboard``: ``events.out.tfevents.*``; ``checkpoints``: files a checkpoint's own ``manifest.json`` lists with
-  their size and SHA-256);
-- a single file whose content is the **expected** one (``ownership.write_bytes`` notes the size and SHA-256 of what it is
-  about to rename into a pending name);
+  their size and SHA-256), unless the writer noted the very files it renames in (then only those);
+- a file whose content is the **expected** one (``ownership.write_bytes`` notes the size and SHA-256 of what it is about
+  to rename into a pending name; an export notes every file of its finished temporary folder, :func:`tree`);
 - a ``*.jsonl`` log whose every complete line is a JSON object (what an append-only log writer leaves);
 - a file that a **nested folder's own manifest** proves (a stage's or adapter's run folder).
 
@@ -31,15 +31,18 @@ from pathlib import Path
 _TEMP = re.compile(r"^(\.tmp-step-\d+-\d+|(model|base)\.tmp|.+\.(tmp|old)-[A-Za-z0-9._\-]+)$")
 LISTED = "@listed"  # a shape entry: a file its folder's checkpoint `manifest.json` lists with this size and SHA-256
 MAX_JSONL_CHECK = 64 << 20  # a pending log larger than this is not read through: refused unless fingerprinted
+BIG, SAMPLE = 64 << 20, 1 << 20  # a noted file over BIG is known by its size and its first and last SAMPLE bytes (ownership.py)
 
 # the files `save_pretrained` (model, tokenizer, adapter, generation config, chat template, model card) writes
 _HF_FILES = ("*.safetensors", "*.safetensors.index.json", "*.json", "*.txt", "*.model", "*.jinja", "*.tiktoken", "README.md",
              "vocab.*", "merges.txt", "*.gguf", "Modelfile")
-# an export (export.py): those files, its `.trainpipe-export` marker, and one folder below (`adapter/`) of the same files
+# a model folder: those files, an export's `.trainpipe-export` marker, and one folder below (`adapter/`) of the same files
 MODEL_FILES = (*_HF_FILES, ".trainpipe-export", *(f"*/{g}" for g in _HF_FILES))
-# what the writer of each name at the top of a run folder writes below it (rundir.begin registers them with these)
+# what the writer of each name at the top of a run folder writes below it (rundir.begin registers them with these). `model`
+# and `export/NAME` have no shape: their writer (export.py `export_folder`) notes every file it renames in (:func:`tree`),
+# so a `model/notes.txt` of a person's is not taken for a file `save_pretrained` could have written
 RUN_SHAPES = {
-    "model": MODEL_FILES, "base": MODEL_FILES, "export": tuple(f"*/{g}" for g in MODEL_FILES),  # `export/NAME/...`
+    "base": MODEL_FILES,
     "checkpoints": ("step-*/" + LISTED,),
     "tensorboard": ("events.out.tfevents.*", "*/events.out.tfevents.*"),
     "wandb": ("offline-run-*/**", "run-*/**", "latest-run", "debug.log", "debug-internal.log"),
@@ -137,17 +140,61 @@ def proves(folder: Path, rel: str, data: dict, nested: Callable[[Path, list[str]
     if any(temp_name(x) for x in parts):
         return True
     path = folder / rel
+    if _is_expected(path, data.get("expect", {}).get(rel)):  # the content a writer noted before renaming it in
+        return True
     for p in pend:
         below = rel[len(p) + 1:]
-        if below and shape_matches(folder / p, below, data.get("shapes", {}).get(p, [])):
-            return True
-        exp = data.get("expect", {}).get(p)
-        if not below and exp and path.is_file() and not path.is_symlink() and path.stat().st_size == exp.get("size") \
-                and sha256(path) == exp.get("sha256"):
+        declared = any(k.startswith(p + "/") for k in data.get("expect", {}))  # the writer listed its files: the shape adds none
+        if below and not declared and shape_matches(folder / p, below, data.get("shapes", {}).get(p, [])):
             return True
         if not below and rel.endswith(".jsonl") and json_lines(path):
             return True
     return nested(folder, parts)
+
+
+def _is_expected(path: Path, exp) -> bool:
+    fps = exp if isinstance(exp, list) else [exp] if exp else []
+    if not fps or path.is_symlink() or not path.is_file():
+        return False
+    fps = [e for e in fps if e.get("size") == path.stat().st_size]
+    return any((sampled_sha256(path) if e.get("sampled") else sha256(path)) == e.get("sha256") for e in fps)
+
+
+def sampled_sha256(p: Path) -> str:
+    """The SHA-256 of a file, or over 64 MiB of its size and first and last MiB (as ownership.py fingerprints big files:
+    noting a multi-GB export stays cheap)."""
+    size = p.stat().st_size
+    if size <= BIG:
+        return sha256(p)
+    h = hashlib.sha256()
+    with open(p, "rb") as fh:
+        h.update(fh.read(SAMPLE))
+        fh.seek(size - SAMPLE)
+        h.update(fh.read(SAMPLE))
+    h.update(str(size).encode())
+    return h.hexdigest()
+
+
+def noted(old: dict, new: dict) -> dict:
+    """The expected contents once a writer notes ``new`` ({rel: {size, sha256}}): a file noted again (rewritten in place, as
+    the model card gets its gates line) keeps its last few contents, since a kill may land before or after the rename."""
+    out = dict(old)
+    for rel, fp in new.items():
+        prev = out.get(rel)
+        prev = prev if isinstance(prev, list) else [prev] if prev else []
+        out[rel] = [*(x for x in prev if x != fp), fp][-4:]
+    return out
+
+
+def tree(folder: Path, rel: str) -> dict[str, dict]:
+    """``{rel/FILE: {size, sha256}}`` for every file below ``folder`` (a writer's finished temporary folder, about to be
+    renamed to ``rel``): what the writer produced, noted before the rename so that only those files are proven under it."""
+    out = {}
+    for p in sorted(folder.rglob("*")):
+        if p.is_file() and not p.is_symlink():
+            size = p.stat().st_size
+            out[f"{rel}/{p.relative_to(folder).as_posix()}"] = {"size": size, "sha256": sampled_sha256(p), **({"sampled": True} if size > BIG else {})}
+    return out
 
 
 def appended(folder: Path, entries: dict) -> list[tuple[str, int]]:

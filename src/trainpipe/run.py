@@ -29,7 +29,7 @@ import warnings
 from dataclasses import asdict
 from pathlib import Path
 
-from trainpipe import ownership, rundir, ui
+from trainpipe import faults, ownership, rundir, ui
 from trainpipe.config import RunConfig, dump_yaml, load_yaml_text
 from trainpipe.config.family import resolve_family
 from trainpipe.data.images import check_image_sources, image_source_sha256
@@ -272,6 +272,7 @@ def _seal(run_dir: Path, quiet: bool = False) -> None:
     """Fingerprint the run's artefacts into its manifest (rundir.py `seal`), however the run ended; a seal that
     fails warns (not when ``quiet``: the run is failing on a full disk and says so) and never hides the run's own
     outcome (the entries stay pending: still provably the run's)."""
+    faults.before_seal()  # TEST-ONLY: nothing unless TRAINPIPE_TEST_FAULTS asks for a pause here
     try:
         rundir.seal(run_dir)
     except OSError as exc:

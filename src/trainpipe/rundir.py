@@ -139,15 +139,16 @@ def is_artefact(p: Path, parts: Iterable[str] = ()) -> bool:
 
 def seal(folder: Path, parts: Iterable[str] = (), *, strict: bool = False) -> None:
     """Fingerprint the run's artefacts in ``folder`` (:func:`is_artefact`) and resolve every pending entry. A person's
-    files (not artefact names) are never sealed. Of what lies under the names, only what the ownership rule proves
-    (under a pending name: what its writer could have left) or, unless ``strict`` (what an earlier, killed process
-    left), what changed since the run began (:func:`begin`). A missing folder is left missing."""
+    files (not artefact names) are never sealed. Of what lies under the names, only what the ownership rule proves (under
+    a pending name: what its writer produced or could have left, pending.py); a file a person put there, even while the
+    run was going, stays foreign (issue 36). A folder no run began (no `begun`, not ``strict``) is taken whole (legacy).
+    A missing folder is left missing."""
     folder = Path(folder)
     if folder.is_dir():
         parts = list(parts)
         begun = owned.read_manifest(folder).get("begun")
-        try:
-            owned.seal(folder, lambda p: is_artefact(p, parts), verify=strict or bool(begun), since=None if strict or not begun else begun - 1.0)
+        try:  # of what lies under a listed or pending name, only what the rule proves: a file a person added mid-run stays foreign
+            owned.seal(folder, lambda p: is_artefact(p, parts), verify=strict or bool(begun))
         except OSError:  # a full disk: no half-written manifest left beside the old one
             drop_manifest_tmp(folder)
             raise

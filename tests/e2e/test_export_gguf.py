@@ -9,6 +9,7 @@ import pytest
 
 from test_resilience import config
 from tiny import build_tiny_model
+from trainpipe import ownership
 from trainpipe.cli import main
 
 pytestmark = pytest.mark.e2e
@@ -55,6 +56,7 @@ def test_gguf_tensors_and_metadata_equal_the_export(run, tmp_path, dtype, capsys
     path = out / f"model-{dtype}.gguf"
     assert path.is_file() and f"gguf: {path}" in capsys.readouterr().out
     assert not list(out.glob("*.tmp"))
+    assert ownership.foreign(out) == []  # the GGUF file is fingerprinted with the export: a later export may replace the folder
     hf = _hf_tensors(out)
     cfg = json.loads((out / "config.json").read_text())
     n_head, n_kv, n_layer = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["num_hidden_layers"]

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 from trainpipe.cli import main
+from trainpipe.rundir import unproven
 
 pytestmark = pytest.mark.e2e
 
@@ -106,6 +107,7 @@ def test_table_classification_types_accounts_beats_guessing_and_predict_equals_f
     res = invoke(capsys, "export", str(run), "--onnx")
     assert res.exit_code == 0, res.output
     assert "max abs difference to PyTorch" in res.output and (run / "model" / "model.onnx").is_file()
+    assert unproven(run) == []  # model.onnx is sealed as the run's: the export noted the files it renamed in (issue 36)
 
 
 def test_table_regression_beats_the_training_mean(tmp_path, capsys):

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import cli, project, snapshot
-from trainpipe import ownership
+from trainpipe import ownership, pending
 from trainpipe.cli import main
 
 
@@ -105,22 +105,25 @@ def test_foreign_files_under_pending_names_are_named(tmp_path):
     folder = tmp_path / "run"
     ownership.make_dir(folder, what="a run folder")
     ownership.intend(folder, ["model", "export", "tensorboard", "review.json", "events.jsonl", "summary.json"], shapes=RUN_SHAPES)
-    (folder / "model").mkdir()
-    (folder / "model" / "model.safetensors").write_bytes(b"w")  # what save_pretrained was writing when killed
-    (folder / "model" / "config.json").write_text("{}")
-    (folder / "model" / "adapter").mkdir()
-    (folder / "model" / "adapter" / "adapter_model.safetensors").write_bytes(b"a")  # an export's adapter/ folder
+    build = folder / ".model.build"  # the export writer (export.py export_folder) builds beside, notes its files, renames in
+    (build / "adapter").mkdir(parents=True)
+    (build / "model.safetensors").write_bytes(b"w")
+    (build / "config.json").write_text("{}")
+    (build / "adapter" / "adapter_model.safetensors").write_bytes(b"a")  # an export's adapter/ folder
+    ownership.expect(folder, pending.tree(build, "model"))
+    build.rename(folder / "model")  # killed right after: the noted files are the writer's
     (folder / "tensorboard").mkdir()
     (folder / "tensorboard" / "events.out.tfevents.1.host").write_bytes(b"tb")
     (folder / "events.jsonl").write_text('{"event": "run_started"}\n{"event": "ste')  # a line cut by the kill
     ownership.write_text(folder / "summary.json", "{}", what="a summary")  # renamed in, recorded
     assert ownership.foreign(folder) == []
     (folder / "model" / "serve.py").write_text("mine")
+    (folder / "model" / "extra.json").write_text("{}")  # a name save_pretrained could write: only the noted files are proven
     (folder / "export" / "prod").mkdir(parents=True)
     (folder / "export" / "prod" / "deploy.sh").write_text("mine")
     (folder / "tensorboard" / "mine.tfevents").write_text("mine")
     (folder / "review.json").write_text("{}")
-    assert ownership.foreign(folder) == ["export/prod/deploy.sh", "model/serve.py", "review.json", "tensorboard/mine.tfevents"]
+    assert ownership.foreign(folder) == ["export/prod/deploy.sh", "model/extra.json", "model/serve.py", "review.json", "tensorboard/mine.tfevents"]
     with pytest.raises(ownership.OwnershipError, match="serve.py"):
         ownership.clear_dir(folder, what="a run folder")
     assert (folder / "model" / "serve.py").read_text() == "mine" and (folder / "review.json").is_file()

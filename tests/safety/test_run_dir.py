@@ -172,6 +172,7 @@ def test_inside_refuses_names_that_escape(tmp_path):
 def test_ownership_rules(tmp_path):
     """The manifest decides (issue 22): artefact names, a plausible layout or a marker prove nothing."""
     from trainpipe import ownership as owned
+    from trainpipe.pending import tree
     from trainpipe.rundir import begin, ownership, write_marker
 
     def folder(name: str, files: dict) -> Path:
@@ -195,8 +196,11 @@ def test_ownership_rules(tmp_path):
     assert ownership(ours) == ("foreign", ["notes.txt"])  # a person's file is never sealed
     (ours / "notes.txt").unlink()
     assert ownership(ours) == ("ours", [])
-    (ours / "model").mkdir()  # a run killed while it wrote: what its writer writes under a pending name is still its own
-    (ours / "model" / "model.safetensors").write_bytes(b"x")
+    (ours / "model.tmp").mkdir()  # a run killed while it wrote: what its writer writes under a pending name is still its own
+    (ours / "model.tmp" / "model.safetensors").write_bytes(b"x")
+    assert ownership(ours) == ("ours", [])
+    owned.expect(ours, tree(ours / "model.tmp", "model"))  # the export notes its files, then renames its folder in
+    (ours / "model.tmp").rename(ours / "model")
     assert ownership(ours) == ("ours", [])
     (ours / "model" / "serve.py").write_text("mine")  # ... and nothing else is (issue 36)
     assert ownership(ours) == ("foreign", ["model/serve.py"])

@@ -39,9 +39,12 @@ def export(
                       checkpoint=checkpoint)
     typer.echo(f"exported: {path}")
     if gguf:
+        from trainpipe.export import recorded
         from trainpipe.export_gguf import write_gguf
 
-        typer.echo(f"gguf: {write_gguf(path, dtype=gguf)}")
+        written = write_gguf(path, dtype=gguf)
+        recorded(path, run_dir, names=(written.name,))  # fingerprinted as the export's: a later --overwrite may replace it
+        typer.echo(f"gguf: {written}")
 
 
 @app.command()

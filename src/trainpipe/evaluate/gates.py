@@ -28,6 +28,7 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from trainpipe import ownership
 from trainpipe.config import load_yaml_text  # bounded: an alias bomb is refused (issue 22)
 from trainpipe.data.collate import IGNORE_INDEX
 from trainpipe.errors import TrainpipeError
@@ -332,8 +333,11 @@ def mark_model(model_dir: Path, block: dict) -> None:
         line = ("**Quality gates: passed.**" if block["passed"] else f"**Quality gates: NOT PASSED** ({', '.join(block['failed'])}; see quality_gates.json). Do not ship this model as is.")
         head, sep, rest = text.partition("\n---\n") if text.startswith("---\n") else ("", "", text)
         body = f"{start}\n{line}\n{end}\n\n" + rest
+        new = (head + sep + body if sep else body).encode("utf-8")
+        # a run's own model/ is pending until the run's seal: the new card is noted first, so only it (or the old) is proven
+        ownership.expect(model_dir.parent, {f"{model_dir.name}/README.md": {"size": len(new), "sha256": hashlib.sha256(new).hexdigest()}})
         tmp = card.with_suffix(".md.tmp")
-        tmp.write_text(head + sep + body if sep else body, encoding="utf-8")
+        tmp.write_bytes(new)
         tmp.replace(card)
 
 

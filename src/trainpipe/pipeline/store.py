@@ -44,7 +44,7 @@ class StoreError(TrainpipeError):
 
 def _internal(name: str) -> bool:
     """Names of the store's own bookkeeping, never listed as keys: the marker, ownership manifests, pending temporaries."""
-    return name == MARKER or name.startswith(MARKER + ".tmp-") or ownership._internal(name)
+    return name == MARKER or name.startswith(MARKER + ".tmp-") or ownership.internal(name)
 
 
 def _marker_layout(data: bytes | None) -> int | None:

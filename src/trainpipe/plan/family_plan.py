@@ -23,11 +23,14 @@ import os
 import time
 from pathlib import Path
 
-from trainpipe.data.sources import iter_source
+from trainpipe.data.images import check_image_sources
+from trainpipe.data.sources import check_sources
 from trainpipe.data.tabular import prepare_tabular
+from trainpipe.errors import TrainpipeError
 from trainpipe.model.images import is_timm, logits
 from trainpipe.model.tabular import build_tabular_mlp
 from trainpipe.plan.module_trace import trace_module_step
+from trainpipe.plan.row_count import source_rows
 from trainpipe.plan.trace import _materialize
 
 STEPS_PER_EPOCH = 32  # an epoch of at least this many optimizer steps: small tables train by steps, not by batch size
@@ -45,7 +48,8 @@ def auto_micro_batch(rows: int | None, fam: str) -> tuple[int, str]:
     b = MIN_BATCH
     while b * 2 <= min(MAX_BATCH, rows / STEPS_PER_EPOCH):
         b *= 2
-    return b, f"{fam} family, {rows} training rows: {RULE_STEPS}"
+    return b, (f"{fam} family, {rows} training rows (the rows as stored less the eval/test shares, before the data step drops "
+               f"duplicates and rejected rows): {RULE_STEPS}")
 
 
 def _split_left(n: int, share: float) -> int:
@@ -73,7 +77,7 @@ def _count_source(src, fam: str) -> int:
         import datasets
 
         return len(datasets.load_from_disk(str(p)))
-    return sum(1 for _ in iter_source(src))
+    return source_rows(src)  # cheaply, once per file content (plan/row_count.py)
 
 
 # ------------------------------------------------------------------------------ the traced step
@@ -215,6 +219,8 @@ def plan_family(out: dict, plan, hw, gpu, *, trace: bool = False, custom_tracer=
     if fam == "text":
         return
     rc = plan.config
+    if rc.data is not None:  # a source that names nothing readable: the paragraph `trainpipe run` prints (run.py preflight), exit 2
+        (check_image_sources if fam == "image" else check_sources)(rc.data.sources)
     task = next((d.value for d in plan.decisions if d.key == "method.task"), "classification")
     mb_rule = next((d.rule for d in plan.decisions if d.key == "training.per_device_train_batch_size"), None)
     rows_out = []
@@ -236,8 +242,8 @@ def plan_family(out: dict, plan, hw, gpu, *, trace: bool = False, custom_tracer=
         return
     try:
         tracer = custom_tracer(rc, mb) if fam == "custom" else builtin_tracer(rc, fam, task)
-    except Exception as exc:  # noqa: BLE001 - the data step / the run says what is wrong with the data or model in its own paragraph
-        if fam == "custom":
+    except Exception as exc:  # noqa: BLE001 - bad input (a table that does not load) is the run's own paragraph, exit 2
+        if fam == "custom" or isinstance(exc, TrainpipeError):
             raise
         out["family"] = {"family": fam, "traced": False, "reason": f"not traced: {type(exc).__name__}: {str(exc)[:200]}"}
         return
