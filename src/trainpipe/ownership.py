@@ -533,9 +533,10 @@ def remove(path: str | Path, *, what: str, reads: Iterable[Any] = ()) -> bool:
         return False
     _check_not_input(path, what, reads, deleting=True)
     if not is_ours(path):
+        alien = [b for b in foreign(path.parent) if b == path.name or b.startswith(path.name + "/")]
         raise OwnershipError(
-            f"Refusing to delete `{path}` ({what}): trainpipe did not write it, or it changed since (not proven by "
-            f"`{path.parent / MANIFEST}`), and trainpipe only deletes what it can prove it made. Nothing was deleted."
+            f"Refusing to delete `{path}` ({what}): trainpipe did not write it, or it changed since (not proven by `{path.parent / MANIFEST}`"
+            f"{': ' + _shown(alien) if alien else ''}), and trainpipe only deletes what it can prove it made. Nothing was deleted."
         )
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path)

@@ -154,3 +154,25 @@ def test_extend_embeddings_starts_new_rows_at_the_mean(tiny_model_dir):
     assert info["size_before"] == n and info["size_after"] == n + 2 and info["new_tokens"] == NEW
     assert torch.equal(w[:n], old) and torch.allclose(w[n], old.mean(0)) and torch.allclose(w[n + 1], old.mean(0))
     assert model.get_output_embeddings().weight is w  # tied: the head has the same rows
+
+
+def test_a_resumed_pretrain_rewrites_its_own_base_and_refuses_a_file_added_to_it(tmp_path, tiny_model_dir, capsys, monkeypatch):
+    """`base/` (the random-init base exported before training) is the run's only through the files its writer noted
+    (issue 36): a resumed run rewrites it; a file a person put into it is named and kept, never deleted."""
+    from trainpipe import faults
+
+    cfg = write_config(tmp_path, tiny_model_dir, method={"peft": "lora", "lora": {"r": 4, "alpha": 8, "dropout": 0.0}},
+                       model={"init_from_config": str(tiny_model_dir / "config.json")}, steps=4, lr=3e-3)
+    monkeypatch.setenv(faults.ENV, json.dumps({"nan_always": True}))  # the first attempt diverges: a run to resume
+    assert main(["run", str(cfg)]) != 0
+    monkeypatch.delenv(faults.ENV)
+    assert (tmp_path / "run" / "base" / "model.safetensors").is_file() and not (tmp_path / "run" / "summary.json").exists()
+    (tmp_path / "run" / "base" / "NOTES.md").write_text("mine")
+    capsys.readouterr()
+    assert main(["run", str(cfg), "--resume"]) == 2
+    out = " ".join(capsys.readouterr().out.split())
+    assert "NOTES.md" in out and "Traceback" not in out, out[-2000:]
+    assert (tmp_path / "run" / "base" / "NOTES.md").read_text() == "mine"
+    (tmp_path / "run" / "base" / "NOTES.md").unlink()
+    assert main(["run", str(cfg), "--resume"]) == 0, capsys.readouterr().out[-3000:]
+    assert (tmp_path / "run" / "base" / "model.safetensors").is_file() and (tmp_path / "run" / "summary.json").is_file()

@@ -24,7 +24,7 @@ import shutil
 from dataclasses import asdict
 from pathlib import Path
 
-from trainpipe import ui
+from trainpipe import ownership, pending, ui
 from trainpipe.config import ModelConfig, RunConfig
 from trainpipe.errors import ConfigError
 from trainpipe.train import sft
@@ -173,7 +173,7 @@ def save_export_base(run_dir: Path, model, tokenizer, cfg: RunConfig) -> ModelCo
         shutil.rmtree(tmp)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
-    if final.exists():
-        shutil.rmtree(final)
+    ownership.remove(final, what="the base written by an earlier attempt of this run")  # refused by name if a file in it is not ours
+    ownership.expect(run_dir, pending.tree(tmp, "base"))  # only the files written here are the run's `base/` (issue 36)
     tmp.rename(final)
     return cfg.model.model_copy(update={"name_or_path": str(final), "init_from_config": None, "revision": None})
