@@ -78,7 +78,6 @@ _KEY_SHAPES = [  # (pattern, group holding the secret, value check or None)
 ]
 _SECRET_HINTS = ("BEGIN", "AKIA", "ASIA", "AGPA", "AIDA", "AROA", "ANPA", "ANVA", "AIPA", "gh", "github_pat", "xox", "sk", "rk_", "hf_",
                  "AIza", "eyJ", "earer", "://")
-_SECRET_HINT = re.compile("|".join(map(re.escape, _SECRET_HINTS)))  # any of them in the text: one search
 
 # secrets: `key = value` assignments. The key ends in a secret word; the value is a literal (checked below).
 _ASSIGN = re.compile(
@@ -87,6 +86,8 @@ _ASSIGN = re.compile(
     r"(?P<kq>[\"']?)[ \t]*(?P<sep>:=|=>|=|:)[ \t]*(?P<q>[\"'`]?)(?P<val>[^\s\"'`,;<>(){}\[\]]{1,256})(?P=q)"
 )
 _ASSIGN_HINTS = ("pass", "pwd", "secret", "key", "token", "credential")
+_SECRET_HINT = re.compile("|".join(map(re.escape, _SECRET_HINTS)))  # any hint in the text: one search, not one per hint
+_ASSIGN_HINT = re.compile("|".join(map(re.escape, _ASSIGN_HINTS)))
 _PLACEHOLDER_WORDS = ("your", "example", "sample", "placeholder", "changeme", "change_me", "dummy", "fake", "test", "redacted",
                       "xxx", "***", "...", "${", "{{", "%(", "env", "none", "null", "true", "false", "undefined", "todo",
                       "password", "passwd", "secret", "token", "insert", "replace", "<", ">", "my_", "foo")
@@ -202,14 +203,14 @@ class Scrubber:
         t = self.types
         cands: list[tuple[int, int, str]] = []
         if "secret" in t:
-            if _SECRET_HINT.search(text) is not None or "earer" in text.lower():
+            low = text.lower()
+            if _SECRET_HINT.search(text) is not None or "earer" in low:
                 for pat, g, check in _KEY_SHAPES:
                     for m in pat.finditer(text):
                         v = m.group(g)
                         if check is None or check(v):
                             cands.append((m.start(g), m.end(g), "secret"))
-            low = text.lower()
-            if any(h in low for h in _ASSIGN_HINTS):
+            if _ASSIGN_HINT.search(low) is not None:
                 cands += [(s, e, "secret") for s, e in _assignments(text)]
         if "email" in t and "@" in text:
             cands += [(m.start(), m.end(), "email") for m in _EMAIL.finditer(text) if _email_ok(m.group(0), text, m.end())]
@@ -232,6 +233,8 @@ class Scrubber:
             for r in self._presidio.analyze(text=text, language="en", entities=list(kinds)):
                 if r.entity_type in kinds:
                     cands.append((r.start, r.end, kinds[r.entity_type]))
+        if not cands:
+            return []
         cands.sort(key=lambda c: (PRIORITY.index(c[2]), c[0], -(c[1] - c[0])))
         taken: list[tuple[int, int, str]] = []
         for c in cands:

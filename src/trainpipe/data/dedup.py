@@ -165,7 +165,7 @@ class NearDedup:
         hv >>= _32
         return hv.min(axis=0)
 
-    def signatures(self, ids_list: list[np.ndarray], max_shingles: int = 1 << 15) -> np.ndarray:
+    def signatures(self, ids_list: list[np.ndarray], max_shingles: int = 1 << 13) -> np.ndarray:
         """:meth:`signature` of each record (rows of a ``(len(ids_list), num_perm)`` array), computed for many records at
         once: the shingle hashes of records of at least ``k`` words come from one pass over their concatenated word ids
         (a window that crosses two records is never used), the permutations are one multiply, and each record's minimum
