@@ -213,13 +213,13 @@ class NearDedup:
         return int(self._key_blocks[row // self._BLOCK][row % self._BLOCK])
 
     def prepare(self, sigs: np.ndarray) -> list[tuple]:
-        """For :meth:`check_and_add`, per signature (a row of ``sigs``): its band hashes, its uint32 form and the rows of the
-        sorted band array that share a band hash, all computed for the block at once (valid until the next merge)."""
+        """For :meth:`check_and_add`, per signature (a row of ``sigs``): (its band hashes, its uint32 form, the rows of the
+        sorted band array that share a band hash, the merge count), computed for the block at once (valid until the next merge)."""
         n = len(sigs)
         hs = (sigs[:, : self._used].reshape(n, self.bands, self.rows) * self._mult).sum(axis=2, dtype=np.uint64)
         hs += self._salt
         sig32 = sigs.astype(np.uint32)
-        found: list[set] = [set() for _ in range(n)]
+        found: dict[int, set] = {}
         m = len(self._h)
         if m:
             flat = hs.ravel()
@@ -227,17 +227,18 @@ class NearDedup:
             for i in np.flatnonzero(self._h.take(at, mode="clip") == flat).tolist():
                 h, j = int(flat[i]), int(at[i])
                 while j < m and self._h[j] == h:
-                    found[i // self.bands].add(int(self._row[j]))
+                    found.setdefault(i // self.bands, set()).add(int(self._row[j]))
                     j += 1
-        return [(hs[r], hs[r].tolist(), sig32[r], found[r], self._merges) for r in range(n)]
+        merges, none = self._merges, frozenset()
+        return [(hl, sig32[r], found.get(r, none), merges) for r, hl in enumerate(hs.tolist())]
 
     def check_and_add(self, key: int, ids: np.ndarray, pre: tuple | None = None) -> tuple[int, float] | None:
         """(key of the earlier record it duplicates, estimated similarity), or None after indexing it; ``pre``: the
         record's row of :meth:`prepare` when computed already."""
-        if pre is None or pre[4] != self._merges:  # not prepared, or the sorted array changed since
-            sig = self.signature(ids) if pre is None else pre[2].astype(np.uint64)  # signature values are below 2**32
+        if pre is None or pre[3] != self._merges:  # not prepared, or the sorted array changed since
+            sig = self.signature(ids) if pre is None else pre[1].astype(np.uint64)  # signature values are below 2**32
             pre = self.prepare(sig[None, :])[0]
-        hs, hl, sig32, rows, _ = pre
+        hl, sig32, rows, _ = pre
         rows = set(rows)
         got = list(map(self._recent.get, hl))
         clash = got.count(None) != len(got)  # some band hashes are in the dict already

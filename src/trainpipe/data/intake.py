@@ -292,7 +292,7 @@ class Intake:
         sigs = self.near.prepare(raw) if raw is not None else None
         kept = 0
         for j, (item, ex, data, si, src, hole) in enumerate(pending):
-            if sigs is not None and sigs[j][4] != self.near._merges:  # the index merged its band dict: look the rest up again
+            if sigs is not None and sigs[j][3] != self.near._merges:  # the index merged its band dict: look the rest up again
                 sigs[j:] = self.near.prepare(raw[j:])
             if not self._duplicate(ex, f"{item.source}:{item.line}", words[j], None if sigs is None else sigs[j], hole):
                 kept += self._spill_one(item, ex, data, si, src)
