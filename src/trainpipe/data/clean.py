@@ -95,6 +95,10 @@ _DELIMS = "{([,;&?|"
 
 # ----------------------------------------------------------------------------- other types
 _DIGIT = re.compile(r"\d")
+# what a match needs (Scrubber.find checks these first): an IBAN's country and check digits; an IPv4's digit, dot, digit;
+# at least 13 digits for a card, 9 for an SSN, 4 for an IPv4 address or a phone number (every _PHONE form has 4 or more)
+_IBAN_HINT = re.compile(r"[A-Z]{2}\d{2}")
+_IPV4_HINT = re.compile(r"\d\.\d")
 _EMAIL = re.compile(r"(?<![\w.+-])[A-Za-z0-9][A-Za-z0-9._%+-]{0,63}@[A-Za-z0-9](?:[A-Za-z0-9-]{0,62}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,62}[A-Za-z0-9])?)*\.[A-Za-z]{2,24}\b")
 _IPV4 = re.compile(r"(?<![\w.])(?:(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)(?![\w]|\.\d)")
 _IPV6 = re.compile(r"(?<![\w:])(?:[0-9A-Fa-f]{1,4}:|:){2,7}(?:[0-9A-Fa-f]{1,4}|:)(?![\w:])")
@@ -214,17 +218,18 @@ class Scrubber:
                 cands += [(s, e, "secret") for s, e in _assignments(text)]
         if "email" in t and "@" in text:
             cands += [(m.start(), m.end(), "email") for m in _EMAIL.finditer(text) if _email_ok(m.group(0), text, m.end())]
-        if _DIGIT.search(text) is not None:
-            if "iban" in t:
+        nd = len(_DIGIT.findall(text))  # each number type needs this many digits (a cheap check before its regex scans)
+        if nd:
+            if "iban" in t and nd >= 2 and _IBAN_HINT.search(text) is not None:
                 cands += [(s, e, "iban") for s, e in _matches(_IBAN, text, iban_ok) if _number_ok(text, s, e, "iban")]
-            if "credit_card" in t:
+            if "credit_card" in t and nd >= 13:
                 cands += [(m.start(), m.end(), "credit_card") for m in _CARD.finditer(text) if _card_ok(text, m.start(), m.end())]
-            if "ssn" in t and "-" in text:
+            if "ssn" in t and nd >= 9 and "-" in text:
                 cands += [(m.start(), m.end(), "ssn") for m in _SSN.finditer(text)
                           if m.group(0) not in _EXAMPLE_SSNS and _number_ok(text, m.start(), m.end(), "ssn")]
-            if "ip" in t and "." in text:
+            if "ip" in t and nd >= 4 and _IPV4_HINT.search(text) is not None:
                 cands += [(m.start(), m.end(), "ip") for m in _IPV4.finditer(text) if _ip_ok(m.group(0), text, m.start())]
-            if "phone" in t:
+            if "phone" in t and nd >= 4:
                 cands += _phones(text)
         if "ip" in t and ("::" in text or text.count(":") >= 7):
             cands += [(m.start(), m.end(), "ip") for m in _IPV6.finditer(text) if _ipv6_ok(m.group(0)) and _ip_ok(m.group(0), text, m.start())]

@@ -88,3 +88,25 @@ def test_label_mask_of_one_span_equals_the_general_rule():
         a = int(rng.integers(0, 200))
         span = [(a, a + int(rng.integers(0, 100)))]
         assert _labels(ids, offsets, span, []) == _labels(ids, offsets, span * 2, [])  # two equal spans: the numpy rule
+
+
+def test_pii_prechecks_never_skip_a_match():
+    """Scrubber.find runs a number type's regex only when the text has the digits (and hint) every match needs."""
+    from trainpipe.data import clean
+
+    rng = random.Random(1)
+    pieces = ["4111 1111 1111 1111", "123-45-6789", "192.168.1.20", "+44 20 7946 0958", "(415) 555-2671", "DE89 3704 0044 0532 0130 00",
+              "GB82WEST12345698765432", "+1 2 34", "030 12 34", "٤١١١ ١١١١ ١١١١ ١١١١", "١٢٣-٤٥-٦٧٨٩", "1.2.3.4", "7", "12-34"]
+    for _ in range(3000):
+        text = " ".join(rng.choice(pieces + WORDS) for _ in range(rng.randint(1, 8)))
+        nd = len(clean._DIGIT.findall(text))
+        if clean._CARD.search(text):
+            assert nd >= 13, text
+        if clean._SSN.search(text):
+            assert nd >= 9, text
+        if clean._IPV4.search(text):
+            assert nd >= 4 and clean._IPV4_HINT.search(text), text
+        if clean._PHONE.search(text):
+            assert nd >= 4, text
+        if clean._IBAN.search(text):
+            assert nd >= 2 and clean._IBAN_HINT.search(text), text
