@@ -61,6 +61,29 @@ signature 13 s, its 3-word shingle hashes 6 s, the band lookups 6 s, indexing 9 
 scrubbing 29 s (clean.py `find` 24 s); rendering the chat template in the sandbox 39 s; the tokenizer 16.5 s; JSON
 reading 15 s; label masks 7 s; Arrow writes 5 s. No single stage is the gap: the per-record Python work of every
 stage is, and closing it to 2x needs batched stages (dedup, PII, rendering over a block of records at once), not done.
+
+Measured 2026-12-05 later (branch hprep: the per-record stages batched or cut, outputs byte-identical to before: the same
+cache key and the same bytes of train.arrow, eval.arrow, rejected.jsonl, duplicates.jsonl and eval_generation.json and
+the same report, checked on these 50k records and on a mixed 9.7k fixture with exact and near duplicates, PII, empty and
+too-long records and chats): dedup per block of 1,024 records (signatures in one numpy pass, band lookups per block,
+decisions one by one in record order), built-in chat templates rendered from a per-structure skeleton proven against
+the sandboxed render, label masks of one span without numpy, PII regexes skipped when a text cannot hold a match, the
+spill read back with one JSON parse per chunk, Arrow chunks built by column. Same machine, still shared:
+    records  side                 seconds  peak RSS  ratio to datasets.map
+       50,000 datasets.map           3.3   0.41 GiB          (load 0.8, one side after the other, before any change)
+       50,000 trainpipe (default)   12.5   0.40 GiB   3.77
+       50,000 trainpipe (default)    8.8   0.40 GiB   2.69   (after the blocks and skeletons; load 3)
+      200,000 datasets.map          17.6   0.44 GiB          (load 4.4 -> 4.2, --near both)
+      200,000 trainpipe (default)   44.6   0.56 GiB   2.53
+      200,000 trainpipe, near off   42.8   0.45 GiB   2.43   (near dedup now costs 1.7 s of 44.6, was 33 s of 148)
+    1,000,000 datasets.map          95.2   0.52 GiB          (load 4.1 -> 5.0)
+    1,000,000 trainpipe (default)  316.0   1.58 GiB   3.32   (1.70 GB at 1M by the formula above: memory target met;
+                                                           the trainpipe process got 66 % of a core on average, ps)
+Where the time goes now (process CPU seconds per stage on the 50k records, wrappers around the stages): tokenizing
+(the Rust tokenizer's encode_batch) 1.9 s, the rest of the tokenize step 2.8 s (label masks 0.7, rows and counts 0.7,
+Arrow 0.5, rendering 0.25), reading and format 0.7 s, PII 1.0 s, dedup and spill 2.3 s (near-dedup lookups 0.6,
+signatures 0.5, word ids 0.3). The time target (< 2x) is NOT met on these shared cores: 2.5x at 200k, 3.3x at 1M under
+rising load; what remains is Python work of a few microseconds per record in every stage, none of it dominant.
 """
 
 from __future__ import annotations

@@ -191,7 +191,7 @@ def _render(tokenizer, tpl: Template, examples: list[dict], train_on: str, skip:
 def _sft_row(tokenizer, tpl: Template, ex: dict, enc, spans, masked, *, max_length: int, truncation: str, min_tokens: int,
              max_tokens: int | None, with_generation: bool) -> Encoded:
     """A conversation's or raw text's row (its tokens, their labels), or the reason it is dropped."""
-    ids = list(enc.ids)
+    ids = enc.ids  # a new list on each access
     labels = _labels(ids, enc.offsets, spans, masked)
     truncated = False
     if len(ids) > max_length and ex["kind"] == "text" and "label" not in ex:
