@@ -107,12 +107,11 @@ class _Build:
         return json.loads(self.fh.readline())
 
     def load_many(self, idx: list[int]) -> list[dict]:
-        """The kept examples ``idx``, read back from the spill file (one JSON parse for all of them)."""
-        fh, offsets = self.fh, self.intake.offsets
-        lines = []
-        for i in idx:
-            fh.seek(offsets[i])
-            lines.append(fh.readline().rstrip(b"\n"))
+        """The kept examples ``idx``, read back from the spill file: each line read whole by its offsets (one pread, no
+        buffer refill per record), one JSON parse for all of them."""
+        fd, offsets, n = self.fh.fileno(), self.intake.offsets, len(self.intake.offsets)
+        end = self.intake.spill_end
+        lines = [os.pread(fd, (offsets[i + 1] if i + 1 < n else end) - offsets[i] - 1, offsets[i]) for i in idx]  # without its "\n"
         return json.loads(b"[" + b",".join(lines) + b"]") if lines else []
 
     # 2. split (eval/test sources, or shares of the training records)

@@ -158,7 +158,7 @@ class Intake:
 
     def read_all(self, stages: Stages) -> None:
         """Every source in turn; then the read stages are marked (the stage that emptied the dataset is an error)."""
-        self._spill_at = 0
+        self._spill_at = self.spill_end = 0
         with open(self.spill_path, "wb") as self._spill:
             for si, src in enumerate(self.cfg.sources):
                 self.sources_info.append(self._read_source(si, src))
@@ -307,6 +307,7 @@ class Intake:
         self.offsets.append(self._spill_at)
         self._spill.write(line)
         self._spill_at += len(line)  # the file's position, kept here (tell() asks the OS each time)
+        self.spill_end = self._spill_at
         stratum = data.get(cfg.stratify_by) if cfg.stratify_by else None
         self.meta.append((si, src.role, item.line, stratum, item.source, ex["kind"] == "text" and "label" not in ex))
         return 1
