@@ -263,6 +263,8 @@ class Template:
 
     def _check_tools(self, text: str, tools: list | None) -> None:
         """The round trip: the rendered text names every tool."""
+        if not tools:
+            return
         lost = [n for n in tool_names(tools) if n not in text]
         if lost:
             raise ModelLoadError(
@@ -323,10 +325,13 @@ class Template:
         marker for each content, split at the markers, with the ``{% generation %}`` spans as (literal, offset) pairs. The
         first conversation of each structure is rendered both ways and must come out equal (text and spans), or that
         structure is always rendered; tests/unit/data compare the two on random conversations of every built-in template."""
-        n = len(messages)
-        if not all(type(m) is dict and type(m.get("role")) is str and type(m.get("content")) is str for m in messages):
-            return None
-        key = (tuple(m["role"] for m in messages), bool(add_generation_prompt))
+        n, roles, size = len(messages), [], 0
+        for m in messages:
+            if type(m) is not dict or type(m.get("role")) is not str or type(m.get("content")) is not str:
+                return None
+            roles.append(m["role"])
+            size += len(m["content"])
+        key = (tuple(roles), bool(add_generation_prompt))
         sk = self._skeletons.get(key, False)
         if sk is False:
             if len(self._skeletons) >= _SKELETONS:
@@ -340,13 +345,13 @@ class Template:
                     sk = self._skeletons[key] = None
         if sk is None:
             return None
-        literals, marks = sk
-        if sum(len(lit) for lit in literals) + sum(len(m["content"]) for m in messages) > TEMPLATE_MAX_CHARS:
+        if sk[2] + size > TEMPLATE_MAX_CHARS:
             return None  # the sandbox's size limit: the real render says it
         return _fill(sk, messages, generation)
 
     def _skeleton(self, key: tuple, n: int) -> tuple | None:
-        """(literals between the contents, [((literal, offset), (literal, offset))] of the generation spans), or None."""
+        """(literals between the contents, [((literal, offset), (literal, offset))] of the generation spans, the literals'
+        length), or None."""
         marked = [{"role": r, "content": f"\ue000{i}\ue001"} for i, r in enumerate(key[0])]
         gens: list = []
         text = self._sandboxed(marked, key[1], gens)
@@ -373,7 +378,7 @@ class Template:
                     return None  # a span edge inside a content
                 ends.append((j, p - starts[j]))
             marks.append(tuple(ends))
-        return literals, marks
+        return literals, marks, sum(len(lit) for lit in literals)
 
     def _failed(self, exc: BaseException) -> ModelLoadError:
         which = "its own chat template" if self.name == "tokenizer" else f"the built-in {self.name} chat template"
@@ -473,7 +478,7 @@ _SKELETONS = 4096  # conversation structures (role sequences) a template keeps s
 
 def _fill(skeleton: tuple, messages: list[dict], generation: list | None) -> str:
     """A skeleton's text with the messages' contents put in; the generation spans appended to ``generation``."""
-    literals, marks = skeleton
+    literals, marks, _ = skeleton
     parts, starts, pos = [], [], 0
     for i, lit in enumerate(literals):
         starts.append(pos)
