@@ -79,11 +79,26 @@ spill read back with one JSON parse per chunk, Arrow chunks built by column. Sam
     1,000,000 datasets.map          95.2   0.52 GiB          (load 4.1 -> 5.0)
     1,000,000 trainpipe (default)  316.0   1.58 GiB   3.32   (1.70 GB at 1M by the formula above: memory target met;
                                                            the trainpipe process got 66 % of a core on average, ps)
+  then, on the last commits (spill read by pread, skeleton checks in one loop), in --json runs:
+      200,000 datasets.map          18.6   0.45 GiB          (load 6.0 -> 4.7, --near both)
+      200,000 trainpipe (default)   48.0   0.56 GiB   2.59
+      200,000 trainpipe, near off   40.9   0.45 GiB   2.20
+    1,000,000 datasets.map          66.2   0.54 GiB          (load ~4 falling to 1.5 during trainpipe's side)
+    1,000,000 trainpipe (default)  197.2   1.58 GiB   2.98   (1.70 GB at 1M: memory target met)
+      200,000 datasets.map          10.8   0.44 GiB          (quiet: load 0.8 -> 1.5)
+      200,000 trainpipe (default)   31.2   0.56 GiB   2.87
+  and quiet, one side after another on the same 200k file (load 1.5 -> 1.4), this branch against the code before it:
+      200,000 trainpipe at c845339  48.2 s  (4.33x)   trainpipe now 32.5 s (2.93x, -33 %)   datasets.map 11.1 s
+  So quiet, the ratio is ~2.9x at 200k and 1M (it reads lower under load, ~2.5x, because datasets.map's side, with
+  pyarrow's threads, slows more than trainpipe's single thread).
 Where the time goes now (process CPU seconds per stage on the 50k records, wrappers around the stages): tokenizing
 (the Rust tokenizer's encode_batch) 1.9 s, the rest of the tokenize step 2.8 s (label masks 0.7, rows and counts 0.7,
 Arrow 0.5, rendering 0.25), reading and format 0.7 s, PII 1.0 s, dedup and spill 2.3 s (near-dedup lookups 0.6,
-signatures 0.5, word ids 0.3). The time target (< 2x) is NOT met on these shared cores: 2.5x at 200k, 3.3x at 1M under
-rising load; what remains is Python work of a few microseconds per record in every stage, none of it dominant.
+signatures 0.5, word ids 0.3). The time target (< 2x) is NOT met: ~2.9x quiet at 200k and at 1M (from 4.3x quiet at
+200k); what remains is Python work of a few microseconds per record in every stage, none of it dominant. Next levers,
+not done: label masks from the tokenizer's offsets without a per-token Python loop (bisect on monotone starts, proven
+against the general rule), the row bookkeeping of the tokenize step per chunk instead of per row, and the format/filter
+steps per block.
 """
 
 from __future__ import annotations
