@@ -61,6 +61,44 @@ signature 13 s, its 3-word shingle hashes 6 s, the band lookups 6 s, indexing 9 
 scrubbing 29 s (clean.py `find` 24 s); rendering the chat template in the sandbox 39 s; the tokenizer 16.5 s; JSON
 reading 15 s; label masks 7 s; Arrow writes 5 s. No single stage is the gap: the per-record Python work of every
 stage is, and closing it to 2x needs batched stages (dedup, PII, rendering over a block of records at once), not done.
+
+Measured 2026-12-05 later (branch hprep: the per-record stages batched or cut, outputs byte-identical to before: the same
+cache key and the same bytes of train.arrow, eval.arrow, rejected.jsonl, duplicates.jsonl and eval_generation.json and
+the same report, checked on these 50k records and on a mixed 9.7k fixture with exact and near duplicates, PII, empty and
+too-long records and chats): dedup per block of 1,024 records (signatures in one numpy pass, band lookups per block,
+decisions one by one in record order), built-in chat templates rendered from a per-structure skeleton proven against
+the sandboxed render, label masks of one span without numpy, PII regexes skipped when a text cannot hold a match, the
+spill read back with one JSON parse per chunk, Arrow chunks built by column. Same machine, still shared:
+    records  side                 seconds  peak RSS  ratio to datasets.map
+       50,000 datasets.map           3.3   0.41 GiB          (load 0.8, one side after the other, before any change)
+       50,000 trainpipe (default)   12.5   0.40 GiB   3.77
+       50,000 trainpipe (default)    8.8   0.40 GiB   2.69   (after the blocks and skeletons; load 3)
+      200,000 datasets.map          17.6   0.44 GiB          (load 4.4 -> 4.2, --near both)
+      200,000 trainpipe (default)   44.6   0.56 GiB   2.53
+      200,000 trainpipe, near off   42.8   0.45 GiB   2.43   (near dedup now costs 1.7 s of 44.6, was 33 s of 148)
+    1,000,000 datasets.map          95.2   0.52 GiB          (load 4.1 -> 5.0)
+    1,000,000 trainpipe (default)  316.0   1.58 GiB   3.32   (1.70 GB at 1M by the formula above: memory target met;
+                                                           the trainpipe process got 66 % of a core on average, ps)
+  then, on the last commits (spill read by pread, skeleton checks in one loop), in --json runs:
+      200,000 datasets.map          18.6   0.45 GiB          (load 6.0 -> 4.7, --near both)
+      200,000 trainpipe (default)   48.0   0.56 GiB   2.59
+      200,000 trainpipe, near off   40.9   0.45 GiB   2.20
+    1,000,000 datasets.map          66.2   0.54 GiB          (load ~4 falling to 1.5 during trainpipe's side)
+    1,000,000 trainpipe (default)  197.2   1.58 GiB   2.98   (1.70 GB at 1M: memory target met)
+      200,000 datasets.map          10.8   0.44 GiB          (quiet: load 0.8 -> 1.5)
+      200,000 trainpipe (default)   31.2   0.56 GiB   2.87
+  and quiet, one side after another on the same 200k file (load 1.5 -> 1.4), this branch against the code before it:
+      200,000 trainpipe at c845339  48.2 s  (4.33x)   trainpipe now 32.5 s (2.93x, -33 %)   datasets.map 11.1 s
+  So quiet, the ratio is ~2.9x at 200k and 1M (it reads lower under load, ~2.5x, because datasets.map's side, with
+  pyarrow's threads, slows more than trainpipe's single thread).
+Where the time goes now (process CPU seconds per stage on the 50k records, wrappers around the stages): tokenizing
+(the Rust tokenizer's encode_batch) 1.9 s, the rest of the tokenize step 2.8 s (label masks 0.7, rows and counts 0.7,
+Arrow 0.5, rendering 0.25), reading and format 0.7 s, PII 1.0 s, dedup and spill 2.3 s (near-dedup lookups 0.6,
+signatures 0.5, word ids 0.3). The time target (< 2x) is NOT met: ~2.9x quiet at 200k and at 1M (from 4.3x quiet at
+200k); what remains is Python work of a few microseconds per record in every stage, none of it dominant. Next levers,
+not done: label masks from the tokenizer's offsets without a per-token Python loop (bisect on monotone starts, proven
+against the general rule), the row bookkeeping of the tokenize step per chunk instead of per row, and the format/filter
+steps per block.
 """
 
 from __future__ import annotations

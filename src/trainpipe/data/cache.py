@@ -131,7 +131,8 @@ class Writer:
 
         if not rows:
             return
-        table = pa.Table.from_pylist(rows)
+        names = list(rows[0])  # what Table.from_pylist does (columns of the first row, None where a row lacks one), by column
+        table = pa.Table.from_pydict({n: [r.get(n) for r in rows] for n in names})
         w = self._writers.get(name)
         if w is None:
             sink = pa.OSFile(str(self.tmp / name), "wb")

@@ -86,6 +86,8 @@ _ASSIGN = re.compile(
     r"(?P<kq>[\"']?)[ \t]*(?P<sep>:=|=>|=|:)[ \t]*(?P<q>[\"'`]?)(?P<val>[^\s\"'`,;<>(){}\[\]]{1,256})(?P=q)"
 )
 _ASSIGN_HINTS = ("pass", "pwd", "secret", "key", "token", "credential")
+_SECRET_HINT = re.compile("|".join(map(re.escape, _SECRET_HINTS)))  # any hint in the text: one search, not one per hint
+_ASSIGN_HINT = re.compile("|".join(map(re.escape, _ASSIGN_HINTS)))
 _PLACEHOLDER_WORDS = ("your", "example", "sample", "placeholder", "changeme", "change_me", "dummy", "fake", "test", "redacted",
                       "xxx", "***", "...", "${", "{{", "%(", "env", "none", "null", "true", "false", "undefined", "todo",
                       "password", "passwd", "secret", "token", "insert", "replace", "<", ">", "my_", "foo")
@@ -93,6 +95,10 @@ _DELIMS = "{([,;&?|"
 
 # ----------------------------------------------------------------------------- other types
 _DIGIT = re.compile(r"\d")
+# what a match needs (Scrubber.find checks these first): an IBAN's country and check digits; an IPv4's digit, dot, digit;
+# at least 13 digits for a card, 9 for an SSN, 4 for an IPv4 address or a phone number (every _PHONE form has 4 or more)
+_IBAN_HINT = re.compile(r"[A-Z]{2}\d{2}")
+_IPV4_HINT = re.compile(r"\d\.\d")
 _EMAIL = re.compile(r"(?<![\w.+-])[A-Za-z0-9][A-Za-z0-9._%+-]{0,63}@[A-Za-z0-9](?:[A-Za-z0-9-]{0,62}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,62}[A-Za-z0-9])?)*\.[A-Za-z]{2,24}\b")
 _IPV4 = re.compile(r"(?<![\w.])(?:(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)(?![\w]|\.\d)")
 _IPV6 = re.compile(r"(?<![\w:])(?:[0-9A-Fa-f]{1,4}:|:){2,7}(?:[0-9A-Fa-f]{1,4}|:)(?![\w:])")
@@ -201,28 +207,29 @@ class Scrubber:
         t = self.types
         cands: list[tuple[int, int, str]] = []
         if "secret" in t:
-            if any(h in text for h in _SECRET_HINTS) or "earer" in text.lower():
+            low = text.lower()
+            if _SECRET_HINT.search(text) is not None or "earer" in low:
                 for pat, g, check in _KEY_SHAPES:
                     for m in pat.finditer(text):
                         v = m.group(g)
                         if check is None or check(v):
                             cands.append((m.start(g), m.end(g), "secret"))
-            low = text.lower()
-            if any(h in low for h in _ASSIGN_HINTS):
+            if _ASSIGN_HINT.search(low) is not None:
                 cands += [(s, e, "secret") for s, e in _assignments(text)]
         if "email" in t and "@" in text:
             cands += [(m.start(), m.end(), "email") for m in _EMAIL.finditer(text) if _email_ok(m.group(0), text, m.end())]
-        if _DIGIT.search(text) is not None:
-            if "iban" in t:
+        nd = len(_DIGIT.findall(text))  # each number type needs this many digits (a cheap check before its regex scans)
+        if nd:
+            if "iban" in t and nd >= 2 and _IBAN_HINT.search(text) is not None:
                 cands += [(s, e, "iban") for s, e in _matches(_IBAN, text, iban_ok) if _number_ok(text, s, e, "iban")]
-            if "credit_card" in t:
+            if "credit_card" in t and nd >= 13:
                 cands += [(m.start(), m.end(), "credit_card") for m in _CARD.finditer(text) if _card_ok(text, m.start(), m.end())]
-            if "ssn" in t and "-" in text:
+            if "ssn" in t and nd >= 9 and "-" in text:
                 cands += [(m.start(), m.end(), "ssn") for m in _SSN.finditer(text)
                           if m.group(0) not in _EXAMPLE_SSNS and _number_ok(text, m.start(), m.end(), "ssn")]
-            if "ip" in t and "." in text:
+            if "ip" in t and nd >= 4 and _IPV4_HINT.search(text) is not None:
                 cands += [(m.start(), m.end(), "ip") for m in _IPV4.finditer(text) if _ip_ok(m.group(0), text, m.start())]
-            if "phone" in t:
+            if "phone" in t and nd >= 4:
                 cands += _phones(text)
         if "ip" in t and ("::" in text or text.count(":") >= 7):
             cands += [(m.start(), m.end(), "ip") for m in _IPV6.finditer(text) if _ipv6_ok(m.group(0)) and _ip_ok(m.group(0), text, m.start())]
@@ -231,6 +238,8 @@ class Scrubber:
             for r in self._presidio.analyze(text=text, language="en", entities=list(kinds)):
                 if r.entity_type in kinds:
                     cands.append((r.start, r.end, kinds[r.entity_type]))
+        if not cands:
+            return []
         cands.sort(key=lambda c: (PRIORITY.index(c[2]), c[0], -(c[1] - c[0])))
         taken: list[tuple[int, int, str]] = []
         for c in cands:

@@ -144,6 +144,7 @@ class NearDedup:
         self._h = np.empty(0, dtype=np.uint64)  # sorted band hashes ...
         self._row = np.empty(0, dtype=np.uint32)  # ... and the row of each
         self._recent: dict[int, int | list[int]] = {}
+        self._merges = 0  # merges of the dict into the sorted array so far
 
     def __len__(self) -> int:
         return self.n
@@ -164,6 +165,41 @@ class NearDedup:
         hv >>= _32
         return hv.min(axis=0)
 
+    def signatures(self, ids_list: list[np.ndarray], max_shingles: int = 1 << 13) -> np.ndarray:
+        """:meth:`signature` of each record (rows of a ``(len(ids_list), num_perm)`` array), computed for many records at
+        once: the shingle hashes of records of at least ``k`` words come from one pass over their concatenated word ids
+        (a window that crosses two records is never used), the permutations are one multiply, and each record's minimum
+        is ``np.minimum.reduceat`` over its rows; at most ``max_shingles`` shingles (x num_perm x 8 bytes) at a time."""
+        out = np.empty((len(ids_list), self.num_perm), dtype=np.uint64)
+        lo = 0
+        while lo < len(ids_list):
+            hi, total = lo, 0
+            while hi < len(ids_list) and (hi == lo or total + len(ids_list[hi]) <= max_shingles):
+                total += max(1, len(ids_list[hi]))
+                hi += 1
+            out[lo:hi] = self._signatures(ids_list[lo:hi])
+            lo = hi
+        return out
+
+    def _signatures(self, ids_list: list[np.ndarray]) -> np.ndarray:
+        k = self.k
+        long = [ids for ids in ids_list if len(ids) >= k]
+        flat = _shingles(np.concatenate(long), k) if long else None
+        segs, pos = [], 0
+        for ids in ids_list:
+            if len(ids) >= k:
+                segs.append(flat[pos : pos + len(ids) - k + 1])
+                pos += len(ids)
+            else:
+                ids = ids if len(ids) else np.zeros(1, dtype=np.uint64)
+                segs.append(_shingles(ids, len(ids)))
+        starts = np.zeros(len(segs), dtype=np.int64)
+        np.cumsum([len(x) for x in segs[:-1]], out=starts[1:])
+        hv = np.multiply.outer(np.concatenate(segs), self.a)
+        hv += self.b
+        hv >>= _32
+        return np.minimum.reduceat(hv, starts, axis=0)
+
     def band_hashes(self, sig: np.ndarray) -> np.ndarray:
         """One 64-bit hash per band: the band's values times odd multipliers, summed, plus the band's salt (wrapping)."""
         h = (sig[: self._used].reshape(self.bands, self.rows) * self._mult).sum(axis=1, dtype=np.uint64)
@@ -176,21 +212,34 @@ class NearDedup:
     def _key(self, row: int) -> int:
         return int(self._key_blocks[row // self._BLOCK][row % self._BLOCK])
 
-    def check_and_add(self, key: int, ids: np.ndarray) -> tuple[int, float] | None:
-        """(key of the earlier record it duplicates, estimated similarity), or None after indexing it."""
-        sig = self.signature(ids)
-        hs = self.band_hashes(sig)
-        hl = hs.tolist()
-        rows: set[int] = set()
-        n = len(self._h)
-        if n:
-            at = np.searchsorted(self._h, hs)
-            found = np.flatnonzero(self._h.take(at, mode="clip") == hs)
-            for i in found.tolist():
-                h, j = hl[i], int(at[i])
-                while j < n and self._h[j] == h:
-                    rows.add(int(self._row[j]))
+    def prepare(self, sigs: np.ndarray) -> list[tuple]:
+        """For :meth:`check_and_add`, per signature (a row of ``sigs``): (its band hashes, its uint32 form, the rows of the
+        sorted band array that share a band hash, the merge count), computed for the block at once (valid until the next merge)."""
+        n = len(sigs)
+        hs = (sigs[:, : self._used].reshape(n, self.bands, self.rows) * self._mult).sum(axis=2, dtype=np.uint64)
+        hs += self._salt
+        sig32 = sigs.astype(np.uint32)
+        found: dict[int, set] = {}
+        m = len(self._h)
+        if m:
+            flat = hs.ravel()
+            at = np.searchsorted(self._h, flat)
+            for i in np.flatnonzero(self._h.take(at, mode="clip") == flat).tolist():
+                h, j = int(flat[i]), int(at[i])
+                while j < m and self._h[j] == h:
+                    found.setdefault(i // self.bands, set()).add(int(self._row[j]))
                     j += 1
+        merges, none = self._merges, frozenset()
+        return [(hl, sig32[r], found.get(r, none), merges) for r, hl in enumerate(hs.tolist())]
+
+    def check_and_add(self, key: int, ids: np.ndarray, pre: tuple | None = None) -> tuple[int, float] | None:
+        """(key of the earlier record it duplicates, estimated similarity), or None after indexing it; ``pre``: the
+        record's row of :meth:`prepare` when computed already."""
+        if pre is None or pre[3] != self._merges:  # not prepared, or the sorted array changed since
+            sig = self.signature(ids) if pre is None else pre[1].astype(np.uint64)  # signature values are below 2**32
+            pre = self.prepare(sig[None, :])[0]
+        hl, sig32, rows, _ = pre
+        rows = set(rows)
         got = list(map(self._recent.get, hl))
         clash = got.count(None) != len(got)  # some band hashes are in the dict already
         if clash:
@@ -201,7 +250,6 @@ class NearDedup:
                     rows.add(v)
                 else:
                     rows.update(v)
-        sig32 = sig.astype(np.uint32)
         best = None
         if rows:
             used, r = self._used, self.rows
@@ -245,6 +293,7 @@ class NearDedup:
     def _merge(self) -> None:
         """Move the dict's band hashes into the sorted array."""
         recent, self._recent = self._recent, {}
+        self._merges += 1
         h = np.fromiter(recent.keys(), dtype=np.uint64, count=len(recent))
         r = np.fromiter((v if type(v) is int else v[0] for v in recent.values()), dtype=np.uint32, count=len(recent))
         more = [(k, v[1:]) for k, v in recent.items() if type(v) is not int]  # buckets of several rows

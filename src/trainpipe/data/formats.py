@@ -498,6 +498,8 @@ def to_messages(record: dict, fmt: Format, system_prompt: str | None = None) -> 
 
 def said(m: dict) -> str:
     """All a message says: its reasoning, its content and its tool calls (as JSON)."""
+    if not (m.get("reasoning_content") or m.get("tool_calls")):
+        return m["content"]  # the common case: the content alone
     parts = [m["reasoning_content"]] if m.get("reasoning_content") else []
     parts.append(m["content"])
     parts += [json.dumps(c["function"], ensure_ascii=False, sort_keys=True) for c in m.get("tool_calls") or []]

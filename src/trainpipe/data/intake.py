@@ -22,6 +22,7 @@ from trainpipe.data.sources import Limits, Rejected, default_record_bytes, descr
 from trainpipe.data.lengths import bound_example, max_chars
 from trainpipe.errors import DataError
 
+DEDUP_BLOCK = 1024  # records whose dedup inputs are computed together (Intake.flush); the decisions stay one by one, in order
 REJECT_KINDS = ("invalid_json", "not_an_object", "duplicate_key", "ragged_row", "format_mismatch", "role_order", "too_deep", "too_big",
                 "bad_image", "image_outside_data")
 # dropped and counted whatever `on_error` says: a size policy (like `too_long`), and an image that is missing or cannot be
@@ -145,6 +146,7 @@ class Intake:
         self.seen: dict[bytes, int] | None = {}
         self.duplicates: list[dict] = []
         self.filtered: list[dict] = []  # every record a filter, dedup, length or decontamination rule dropped: rejected.jsonl
+        self._pending: list[tuple] = []  # records past the filters waiting for their block's dedup (:meth:`flush`)
         self.changed: list[str] = []  # files whose content changed between the cache lookup and the read
         self.limits = Limits(cfg.max_record_bytes or default_record_bytes(cfg.max_length))
         self.chars = max_chars(cfg.max_length)
@@ -156,6 +158,7 @@ class Intake:
 
     def read_all(self, stages: Stages) -> None:
         """Every source in turn; then the read stages are marked (the stage that emptied the dataset is an error)."""
+        self._spill_at = self.spill_end = 0
         with open(self.spill_path, "wb") as self._spill:
             for si, src in enumerate(self.cfg.sources):
                 self.sources_info.append(self._read_source(si, src))
@@ -198,10 +201,12 @@ class Intake:
                 self.dropped["subsampled"] += 1
                 continue
             s_kept += self.keep(item, ex, data, si, src)
+        s_kept += self.flush()
         if reservoir is not None:
             reservoir.sort(key=lambda p: p[0].line)
             for item, ex in reservoir:
                 s_kept += self.keep(item, ex, formats.apply_columns(item.data, src.columns), si, src)
+            s_kept += self.flush()
         return self._source_info(si, src, fmt, why, s_read, s_kept, digests)
 
     def _example(self, item, data: dict, src, fmt: str | None, why: str | None):
@@ -254,7 +259,8 @@ class Intake:
         assert remaining == len(self.offsets), (remaining, len(self.offsets))
 
     def keep(self, item, ex, data, si, src) -> int:
-        """Clean, filter and dedup one example; spill it when kept. Returns 1 when kept."""
+        """Clean and filter one example; one that passes waits for its block's dedup (:meth:`flush`, in record order), or is
+        spilled at once when dedup is off. Returns how many records this call kept (a flush keeps a block's worth)."""
         cfg = self.cfg
         f = cfg.filters
         if self.scrub_record is not None:  # one value, one replacement, in every text of the record (data/pii.py)
@@ -269,41 +275,73 @@ class Intake:
             return self.drop("bad_encoding", *at)
         if f.max_repetition is not None and any(clean.repetition(r) > f.max_repetition for r in _taught(ex)):
             return self.drop("repetitive", *at)
-        if self._duplicate(ex, f"{item.source}:{item.line}"):
+        if cfg.dedup.exact or self.near is not None:
+            self._pending.append((item, ex, data, si, src, len(self.filtered)))
+            self.filtered.append(None)  # its place in rejected.jsonl, should dedup drop it
+            return self.flush() if len(self._pending) >= DEDUP_BLOCK else 0
+        return self._spill_one(item, ex, data, si, src)
+
+    def flush(self) -> int:
+        """Dedup the waiting records, in record order, and spill those kept: their word ids and near-dedup signatures are
+        computed for the whole block first (NearDedup.signatures), then each is checked against the records kept before
+        it, as one at a time would be. Returns how many were kept."""
+        pending, self._pending = self._pending, []
+        if not pending:
             return 0
-        self.offsets.append(self._spill.tell())
-        self._spill.write(json.dumps(ex, ensure_ascii=False).encode() + b"\n")
+        words = [self.words.ids("\n".join(formats.strings(p[1]))) for p in pending]
+        raw = self.near.signatures([ids for _, ids in words]) if self.near is not None else None
+        sigs = self.near.prepare(raw) if raw is not None else None
+        kept = 0
+        for j, (item, ex, data, si, src, hole) in enumerate(pending):
+            if sigs is not None and sigs[j][3] != self.near._merges:  # the index merged its band dict: look the rest up again
+                sigs[j:] = self.near.prepare(raw[j:])
+            if not self._duplicate(ex, f"{item.source}:{item.line}", words[j], None if sigs is None else sigs[j], hole):
+                kept += self._spill_one(item, ex, data, si, src)
+        start = pending[0][5]
+        self.filtered[start:] = [x for x in self.filtered[start:] if x is not None]  # the places of the records kept
+        return kept
+
+    def _spill_one(self, item, ex, data, si, src) -> int:
+        cfg = self.cfg
+        line = json.dumps(ex, ensure_ascii=False).encode() + b"\n"
+        self.offsets.append(self._spill_at)
+        self._spill.write(line)
+        self._spill_at += len(line)  # the file's position, kept here (tell() asks the OS each time)
+        self.spill_end = self._spill_at
         stratum = data.get(cfg.stratify_by) if cfg.stratify_by else None
         self.meta.append((si, src.role, item.line, stratum, item.source, ex["kind"] == "text" and "label" not in ex))
         return 1
 
-    def drop(self, rule: str, source: str, line: int, stage: str = "filters") -> int:
-        """Count a dropped record under ``rule`` and list it (file, line, rule, stage) for rejected.jsonl; returns 0 (kept none)."""
+    def drop(self, rule: str, source: str, line: int, stage: str = "filters", place: int | None = None) -> int:
+        """Count a dropped record under ``rule`` and list it (file, line, rule, stage) for rejected.jsonl (at ``place`` when
+        one was kept for it); returns 0 (kept none)."""
         self.dropped[rule] += 1
-        self.filtered.append({"source": str(source), "line": line, "unit": "line", "kind": rule, "stage": stage,
-                              "reason": DROP_RULES.get(rule, rule)})
+        entry = {"source": str(source), "line": line, "unit": "line", "kind": rule, "stage": stage, "reason": DROP_RULES.get(rule, rule)}
+        if place is None:
+            self.filtered.append(entry)
+        else:
+            self.filtered[place] = entry
         return 0
 
-    def _duplicate(self, ex: dict, at: str) -> bool:
+    def _duplicate(self, ex: dict, at: str, words: tuple, sig, place: int) -> bool:
         """Exact, then near dedup against the examples kept so far (the first of a group is kept); a duplicate is
-        counted and listed in duplicates.jsonl with the record it matched."""
+        counted and listed in duplicates.jsonl with the record it matched. ``words``: (words, ids) of the record's text,
+        ``sig``: its near-dedup inputs (NearDedup.prepare); ``place``: its place in rejected.jsonl."""
         cfg, near, seen = self.cfg, self.near, self.seen
-        if not (cfg.dedup.exact or near is not None):
-            return False
         gid = len(self.offsets)
-        ws, ids = self.words.ids("\n".join(formats.strings(ex)))
+        ws, ids = words
         if cfg.dedup.exact:
             k = exact_key(ws)
             first = seen.get(k)
             if first is not None:
-                self.drop("exact_duplicate", *_at(at), "dedup")
+                self.drop("exact_duplicate", *_at(at), "dedup", place)
                 self.duplicates.append({"record": at, "matched": self._loc(first), "kind": "exact", "similarity": 1.0})
                 return True
             seen[k] = gid
         if near is not None and not ex.get("image_sha256"):  # images: same text about different pictures is no duplicate
-            hit = near.check_and_add(gid, ids)
+            hit = near.check_and_add(gid, ids, sig)
             if hit is not None:
-                self.drop("near_duplicate", *_at(at), "dedup")
+                self.drop("near_duplicate", *_at(at), "dedup", place)
                 self.duplicates.append({"record": at, "matched": self._loc(hit[0]), "kind": "near", "similarity": round(hit[1], 3)})
                 if cfg.dedup.exact:
                     del seen[k]

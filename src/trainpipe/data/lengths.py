@@ -119,5 +119,6 @@ def row_tokens(row: dict) -> int:
 
 def row_loss_tokens(row: dict) -> int:
     if "labels" in row:
-        return sum(1 for x in row["labels"] if x != IGNORE_INDEX)
+        labels = row["labels"]
+        return len(labels) - labels.count(IGNORE_INDEX) if type(labels) is list else sum(1 for x in labels if x != IGNORE_INDEX)
     return sum(len(v) for k, v in row.items() if k.endswith("_input_ids") and not k.startswith("prompt"))

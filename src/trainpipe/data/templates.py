@@ -193,6 +193,7 @@ class Template:
         self._special_re = re.compile("|".join(re.escape(s) for s in self.specials)) if self.specials else None
         self.reasoning = reasoning
         self._knows: dict[str, bool] = {}
+        self._skeletons: dict[tuple, tuple | None] = {}  # built-in templates: (roles, generation prompt) -> skeleton (below)
 
     def render(self, messages: list[dict], add_generation_prompt: bool = False, tools: list | None = None) -> str:
         """The template's text for ``messages`` (and ``tools``), within the sandbox's limits (a ModelLoadError past one)."""
@@ -262,6 +263,8 @@ class Template:
 
     def _check_tools(self, text: str, tools: list | None) -> None:
         """The round trip: the rendered text names every tool."""
+        if not tools:
+            return
         lost = [n for n in tool_names(tools) if n not in text]
         if lost:
             raise ModelLoadError(
@@ -273,6 +276,14 @@ class Template:
     def _render(self, messages: list[dict], add_generation_prompt: bool = False, generation: list | None = None, tools: list | None = None) -> str:
         """``render``; with ``generation`` (a list), the character spans of the template's ``{% generation %}`` blocks
         are appended to it (transformers' AssistantTracker)."""
+        if self._one_pass and not tools:
+            fast = self._from_skeleton(messages, add_generation_prompt, generation)
+            if fast is not None:
+                return fast
+        return self._sandboxed(messages, add_generation_prompt, generation, tools)
+
+    def _sandboxed(self, messages: list[dict], add_generation_prompt: bool = False, generation: list | None = None, tools: list | None = None) -> str:
+        """The render in the sandbox (data/sandbox.py): its time and size limits, one paragraph past either."""
         import contextlib
 
         from jinja2.exceptions import SecurityError, TemplateError as JinjaError
@@ -304,6 +315,70 @@ class Template:
             finally:
                 CLOCK.deadline = None
         return "".join(parts)
+
+    def _from_skeleton(self, messages: list[dict], add_generation_prompt: bool, generation: list | None) -> str | None:
+        """A built-in template's render, from the skeleton of the conversation's structure, or None (render it).
+
+        The built-in templates (trainpipe's own source, ``BUILTIN``; never a model's template) read only each message's
+        ``role`` and ``content`` and use the content only by concatenation. So for one sequence of roles the output is fixed
+        literals with the contents between them: the skeleton is that conversation rendered once in the sandbox with a
+        marker for each content, split at the markers, with the ``{% generation %}`` spans as (literal, offset) pairs. The
+        first conversation of each structure is rendered both ways and must come out equal (text and spans), or that
+        structure is always rendered; tests/unit/data compare the two on random conversations of every built-in template."""
+        n, roles, size = len(messages), [], 0
+        for m in messages:
+            if type(m) is not dict or type(m.get("role")) is not str or type(m.get("content")) is not str:
+                return None
+            roles.append(m["role"])
+            size += len(m["content"])
+        key = (tuple(roles), bool(add_generation_prompt))
+        sk = self._skeletons.get(key, False)
+        if sk is False:
+            if len(self._skeletons) >= _SKELETONS:
+                return None
+            sk = self._skeletons[key] = self._skeleton(key, n)
+            if sk is not None:  # proven on this conversation against the real render, or never used
+                want_gens: list = []
+                want = self._sandboxed(messages, add_generation_prompt, want_gens)
+                got_gens: list = []
+                if _fill(sk, messages, got_gens) != want or got_gens != want_gens:
+                    sk = self._skeletons[key] = None
+        if sk is None:
+            return None
+        if sk[2] + size > TEMPLATE_MAX_CHARS:
+            return None  # the sandbox's size limit: the real render says it
+        return _fill(sk, messages, generation)
+
+    def _skeleton(self, key: tuple, n: int) -> tuple | None:
+        """(literals between the contents, [((literal, offset), (literal, offset))] of the generation spans, the literals'
+        length), or None."""
+        marked = [{"role": r, "content": f"\ue000{i}\ue001"} for i, r in enumerate(key[0])]
+        gens: list = []
+        text = self._sandboxed(marked, key[1], gens)
+        literals, pos = [], 0
+        for i in range(n):
+            at = text.find(f"\ue000{i}\ue001", pos)
+            if at < 0:
+                return None
+            literals.append(text[pos:at])
+            pos = at + len(f"\ue000{i}\ue001")
+        literals.append(text[pos:])
+        if any("\ue000" in lit or "\ue001" in lit for lit in literals):
+            return None  # a role holding a marker (or a content rendered twice)
+        starts, pos = [], 0
+        for i, lit in enumerate(literals):
+            starts.append(pos)
+            pos += len(lit) + (len(f"\ue000{i}\ue001") if i < n else 0)
+        marks = []
+        for a, b in gens:
+            ends = []
+            for p in (a, b):
+                j = next((j for j in range(len(literals)) if starts[j] <= p <= starts[j] + len(literals[j])), None)
+                if j is None:
+                    return None  # a span edge inside a content
+                ends.append((j, p - starts[j]))
+            marks.append(tuple(ends))
+        return literals, marks, sum(len(lit) for lit in literals)
 
     def _failed(self, exc: BaseException) -> ModelLoadError:
         which = "its own chat template" if self.name == "tokenizer" else f"the built-in {self.name} chat template"
@@ -398,6 +473,25 @@ class Template:
 
 
 _SAID: set = set()
+_SKELETONS = 4096  # conversation structures (role sequences) a template keeps skeletons for; others are rendered
+
+
+def _fill(skeleton: tuple, messages: list[dict], generation: list | None) -> str:
+    """A skeleton's text with the messages' contents put in; the generation spans appended to ``generation``."""
+    literals, marks, _ = skeleton
+    parts, starts, pos = [], [], 0
+    for i, lit in enumerate(literals):
+        starts.append(pos)
+        parts.append(lit)
+        pos += len(lit)
+        if i < len(messages):
+            c = messages[i]["content"]
+            parts.append(c)
+            pos += len(c)
+    if generation is not None:
+        generation.extend((starts[a[0]] + a[1], starts[b[0]] + b[1]) for a, b in marks)
+    return "".join(parts)
+
 
 
 def _say_once(source: str, what: str, text: str) -> None:

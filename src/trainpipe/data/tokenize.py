@@ -37,6 +37,9 @@ __all__ = [
 def _labels(ids: list[int], offsets, spans, masked) -> list[int]:
     if not ids:
         return []
+    if len(spans) == 1 and not masked:  # the common case (one trained span), the same labels without numpy's per-call cost
+        a, b = spans[0]
+        return [t if a <= s < b and e > s else IGNORE_INDEX for t, (s, e) in zip(ids, offsets)]
     off = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
     s, e = off[:, 0], off[:, 1]
     inside = np.zeros(len(ids), dtype=bool)
@@ -188,7 +191,7 @@ def _render(tokenizer, tpl: Template, examples: list[dict], train_on: str, skip:
 def _sft_row(tokenizer, tpl: Template, ex: dict, enc, spans, masked, *, max_length: int, truncation: str, min_tokens: int,
              max_tokens: int | None, with_generation: bool) -> Encoded:
     """A conversation's or raw text's row (its tokens, their labels), or the reason it is dropped."""
-    ids = list(enc.ids)
+    ids = enc.ids  # a new list on each access
     labels = _labels(ids, enc.offsets, spans, masked)
     truncated = False
     if len(ids) > max_length and ex["kind"] == "text" and "label" not in ex:
@@ -206,7 +209,7 @@ def _sft_row(tokenizer, tpl: Template, ex: dict, enc, spans, masked, *, max_leng
         else:  # keep the response: cut the prompt from the left
             ids, labels = ids[-max_length:], labels[-max_length:]
         truncated = True
-    n_loss = sum(1 for x in labels if x != IGNORE_INDEX)
+    n_loss = len(labels) - labels.count(IGNORE_INDEX)
     if n_loss < max(1, min_tokens):
         return Encoded(None, "no_loss_tokens" if n_loss == 0 else "too_short", truncated)
     if max_tokens is not None and n_loss > max_tokens:

@@ -1,0 +1,112 @@
+"""`data prepare`'s block paths (dedup inputs computed per block, built-in templates rendered from skeletons, label masks
+without numpy for one span) give exactly what the record-by-record path gives: the same rows (token ids, labels), the
+same kept and dropped records with the same reasons, the same duplicates and rejected lists, the same splits and report."""
+
+import json
+import random
+
+import numpy as np
+
+from trainpipe.config import DataConfig
+from trainpipe.data import intake, templates
+from trainpipe.data.dedup import NearDedup
+from trainpipe.data.prepare import prepare
+from trainpipe.data.tokenize import _labels, setup_chat_template
+
+WORDS = "apple river stone cloud green seven blue tiger lamp orange music window paper silver garden rocket".split()
+
+
+def _records(n: int, rng: random.Random) -> list[dict]:
+    out: list[dict] = []
+    for i in range(n):
+        r = rng.random()
+        if out and r < 0.1:
+            rec = dict(rng.choice(out))  # an exact duplicate
+        elif out and r < 0.18:
+            rec = dict(rng.choice(out))
+            ws = rec["output"].split() or ["x"]
+            ws[rng.randrange(len(ws))] = "zebra"  # a near duplicate
+            rec["output"] = " ".join(ws)
+        else:
+            rec = {"instruction": " ".join(rng.choices(WORDS, k=rng.randint(3, 12))) + f" {i}?",
+                   "output": " ".join(rng.choices(WORDS, k=rng.randint(6, 40)))}
+            if r > 0.93:
+                rec["output"] += f" Write to user{i}@corp.io or call +44 20 7946 {1000 + i:04d}."  # PII, replaced
+            elif r > 0.91:
+                rec["output"] = "  "  # an empty response
+            elif r > 0.89:
+                rec["output"] = " ".join(rng.choices(WORDS, k=300))  # too long for max_length
+        out.append(rec)
+    return out
+
+
+def _chats(n: int, rng: random.Random) -> list[dict]:
+    out = []
+    for i in range(n):
+        msgs = [{"role": "system", "content": "Be brief."}] if i % 3 == 0 else []
+        for _ in range(1 + i % 3):
+            msgs += [{"role": "user", "content": " ".join(rng.choices(WORDS, k=5))}, {"role": "assistant", "content": " ".join(rng.choices(WORDS, k=7))}]
+        out += [{"messages": msgs}] * (1 + (i % 11 == 0))
+    return out
+
+
+def _prepare(tmp_path, tok, name: str, files: list, monkeypatch, block: int, skeletons: int):
+    monkeypatch.setattr(intake, "DEDUP_BLOCK", block)
+    monkeypatch.setattr(templates, "_SKELETONS", skeletons)
+    monkeypatch.setattr(NearDedup, "_RECENT", 256)  # the band dict merges into the sorted array many times, inside blocks too
+    cfg = DataConfig(sources=[{"path": str(f)} for f in files], eval_split=0.05, max_length=96, cache_dir=str(tmp_path / name))
+    data = prepare(cfg, tok, train_on="assistant", seed=0)
+    entry = data.cache_path
+    lists = {f: (entry / f).read_text() for f in ("rejected.jsonl", "duplicates.jsonl")}
+    report = {k: data.report[k] for k in ("records_kept", "dropped", "splits", "stages", "pii") if k in data.report}
+    return entry.name, [(list(r["input_ids"]), list(r["labels"])) for r in data.train], [list(r["input_ids"]) for r in data.eval], lists, report
+
+
+def test_block_paths_equal_the_record_by_record_path(tmp_path, tiny_tokenizer, monkeypatch):
+    setup_chat_template(tiny_tokenizer, "chatml", "tiny")
+    rng = random.Random(0)
+    files = []
+    for name, recs in (("a.jsonl", _records(700, rng)), ("c.jsonl", _chats(150, rng))):
+        files.append(tmp_path / name)
+        files[-1].write_text("".join(json.dumps(r) + "\n" for r in recs))
+    blocks = _prepare(tmp_path, tiny_tokenizer, "blocks", files, monkeypatch, block=64, skeletons=4096)
+    one = _prepare(tmp_path, tiny_tokenizer, "one", files, monkeypatch, block=1, skeletons=0)
+    assert blocks == one
+    key, train, _, lists, report = blocks
+    dropped = report["dropped"]
+    assert dropped["exact_duplicate"] > 50 and dropped["near_duplicate"] > 20 and dropped["empty_response"] > 5 and dropped["too_long"] > 5
+    assert report["pii"]["email"] > 20 and len(train) > 500  # every rule had work to do
+
+
+def test_label_mask_of_one_span_equals_the_general_rule():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n = int(rng.integers(1, 40))
+        starts = np.sort(rng.integers(0, 200, n))
+        offsets = [(int(s), int(s + rng.integers(0, 3))) for s in starts]
+        ids = rng.integers(0, 1000, n).tolist()
+        a = int(rng.integers(0, 200))
+        span = [(a, a + int(rng.integers(0, 100)))]
+        assert _labels(ids, offsets, span, []) == _labels(ids, offsets, span * 2, [])  # two equal spans: the numpy rule
+
+
+def test_pii_prechecks_never_skip_a_match():
+    """Scrubber.find runs a number type's regex only when the text has the digits (and hint) every match needs."""
+    from trainpipe.data import clean
+
+    rng = random.Random(1)
+    pieces = ["4111 1111 1111 1111", "123-45-6789", "192.168.1.20", "+44 20 7946 0958", "(415) 555-2671", "DE89 3704 0044 0532 0130 00",
+              "GB82WEST12345698765432", "+1 2 34", "030 12 34", "٤١١١ ١١١١ ١١١١ ١١١١", "١٢٣-٤٥-٦٧٨٩", "1.2.3.4", "7", "12-34"]
+    for _ in range(3000):
+        text = " ".join(rng.choice(pieces + WORDS) for _ in range(rng.randint(1, 8)))
+        nd = len(clean._DIGIT.findall(text))
+        if clean._CARD.search(text):
+            assert nd >= 13, text
+        if clean._SSN.search(text):
+            assert nd >= 9, text
+        if clean._IPV4.search(text):
+            assert nd >= 4 and clean._IPV4_HINT.search(text), text
+        if clean._PHONE.search(text):
+            assert nd >= 4, text
+        if clean._IBAN.search(text):
+            assert nd >= 2 and clean._IBAN_HINT.search(text), text
