@@ -99,6 +99,12 @@ signatures 0.5, word ids 0.3). The time target (< 2x) is NOT met: ~2.9x quiet at
 not done: label masks from the tokenizer's offsets without a per-token Python loop (bisect on monotone starts, proven
 against the general rule), the row bookkeeping of the tokenize step per chunk instead of per row, and the format/filter
 steps per block.
+The lead's runs at the end of that session, quiet (nothing else running, load 0.3 -> 1.0), `--json`:
+    1,000,000 datasets.map          45.8   0.53 GiB
+    1,000,000 trainpipe (default)  166.7   1.57 GiB   3.64   (1.68 GB at 1M by the formula: memory target met)
+      200,000 datasets.map (num_proc 2)  6.0   0.44 GiB
+      200,000 trainpipe (num_proc 2)    27.8   0.57 GiB   4.64   (trainpipe's workers barely help on 2 cores; datasets.map halves)
+So quiet the 1M ratio is 3.6x, not the 2.98x measured while the load fell (datasets.map's side gained most from the quiet).
 """
 
 from __future__ import annotations
@@ -107,6 +113,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -183,6 +190,7 @@ def main() -> None:
     ap.add_argument("--data")
     ap.add_argument("--tok")
     ap.add_argument("--tmp")
+    ap.add_argument("--keep", action="store_true", help="keep the generated records and caches (a /tmp/tp-scale-* folder)")
     ap.add_argument("--json", help="append this run's figures (with the machine's load average) to this results file, e.g. "
                                    "benchmarks/results/data_prepare_scale.json")
     args = ap.parse_args()
@@ -220,6 +228,8 @@ def main() -> None:
         gb = (r["peak"] - r["base"]) * per_m / 1e9 + r["base"] / 1e9  # the per-record part scaled to 1M, plus the process itself
         print(f"{side}: time ratio to datasets.map {ratio:.2f}  (target < 2: {'PASS' if ratio < 2 else 'FAIL'});  "
               f"peak at 1M records (base + growth x 1M/N) {gb:.2f} GB  (target < 2: {'PASS' if gb < 2 else 'FAIL'})")
+    if not args.keep:
+        shutil.rmtree(tmp, ignore_errors=True)  # the records, the tokenizer and both sides' caches: ~1.4 GB at 1M records
 
 
 def save(path: Path, args, res: dict, load_before: tuple, load_after: tuple, per_m: float) -> None:
