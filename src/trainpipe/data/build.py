@@ -19,14 +19,14 @@ from trainpipe.config import DataConfig
 from trainpipe.data import formats, vision_chat
 from trainpipe.data.blocks import BlockStream
 from trainpipe.data.dedup import Decontaminator
-from trainpipe.data.intake import DROP_RULES, Intake, Stages, check_read
+from trainpipe.data.intake import DROP_RULES, Intake, Stages, check_read, unspill
 from trainpipe.data.lengths import row_loss_tokens, row_tokens
 from trainpipe.data.packing import non_pad_share, pack_bins, pack_rows
 from trainpipe.data.sources import Rejected, expand, read_file
 from trainpipe.data.split import split_surviving
 from trainpipe.data.templates import Template
 from trainpipe.data.tokenize import encode_batch
-from trainpipe.data.workers import encode_chunk, pool, work
+from trainpipe.data.workers import pipelined, pool, work
 from trainpipe.errors import DataError
 
 CHUNK = 2000
@@ -103,16 +103,14 @@ class _Build:
 
     def load(self, i: int) -> dict:
         """The kept example ``i``, read back from the spill file."""
-        self.fh.seek(self.intake.offsets[i])
-        return json.loads(self.fh.readline())
+        return self.load_many([i])[0]
 
     def load_many(self, idx: list[int]) -> list[dict]:
-        """The kept examples ``idx``, read back from the spill file: each line read whole by its offsets (one pread, no
-        buffer refill per record), one JSON parse for all of them."""
+        """The kept examples ``idx``, read back from the spill file, each record read whole by its offsets (one pread, no
+        buffer refill per record)."""
         fd, offsets, n = self.fh.fileno(), self.intake.offsets, len(self.intake.offsets)
         end = self.intake.spill_end
-        lines = [os.pread(fd, (offsets[i + 1] if i + 1 < n else end) - offsets[i] - 1, offsets[i]) for i in idx]  # without its "\n"
-        return json.loads(b"[" + b",".join(lines) + b"]") if lines else []
+        return [unspill(os.pread(fd, (offsets[i + 1] if i + 1 < n else end) - offsets[i], offsets[i])) for i in idx]
 
     # 2. split (eval/test sources, or shares of the training records)
     def split(self) -> None:
@@ -223,7 +221,7 @@ class _Build:
         st = {"records": 0, "rows": 0, "tokens": 0, "loss_tokens": 0}
         chunks = [idx[k : k + CHUNK] for k in range(0, len(idx), CHUNK)]
         jobs = ((self.load_many(c), name == "eval") for c in chunks)
-        results = workers.imap(work, jobs) if workers is not None else (encode_chunk(self.tokenizer, self.tpl, self.opts, exs, g) for exs, g in jobs)
+        results = workers.imap(work, jobs) if workers is not None else pipelined(self.tokenizer, self.tpl, self.opts, jobs)
         out = f"{name}.arrow.tmp" if (name == "train" and self.cfg.packing == "pack") else f"{name}.arrow"
         if self.cfg.pretrain_blocks == "stream" and any(self.intake.meta[i][5] for i in idx):
             self.streams[name] = BlockStream(self.cfg.max_length)

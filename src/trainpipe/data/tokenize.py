@@ -29,8 +29,8 @@ from trainpipe.errors import DataError, ModelLoadError
 __all__ = [
     "ALPACA_TEMPLATE", "BUILTIN", "CHARS_PER_TOKEN", "CHATML_TEMPLATE", "CHATML_TOKENS", "LLAMA3_TEMPLATE", "MIN_CHARS",
     "MISTRAL_TEMPLATE", "PROBE", "TEMPLATE_MAX_CHARS", "TEMPLATE_SECONDS", "Encoded", "Template", "TemplateError", "Tokenized",
-    "assistant_spans", "bound_example", "check_template", "encode_batch", "end_of_turn_ids", "generation_prompt", "max_chars",
-    "row_loss_tokens", "row_tokens", "setup_chat_template", "template_watch", "tokenize_conversation", "truncate_pair",
+    "Rendered", "assistant_spans", "bound_example", "check_template", "encode_batch", "encode_texts", "end_of_turn_ids", "finish_batch",
+    "generation_prompt", "max_chars", "render_batch", "row_loss_tokens", "row_tokens", "setup_chat_template", "template_watch", "tokenize_conversation", "truncate_pair",
 ]
 
 
@@ -62,7 +62,9 @@ class Tokenized:
         return sum(1 for x in self.labels if x != IGNORE_INDEX)
 
 
-def _encode(tokenizer, texts: list[str]):
+def encode_texts(tokenizer, texts: list[str]):
+    """The Rust tokenizer's encodings (ids and character offsets) of ``texts``, no special tokens added; it holds no
+    Python lock while it works (data/workers.py runs it on a thread)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
         raise ModelLoadError("trainpipe needs a fast (Rust `tokenizers`) tokenizer for exact label masks; load it with `use_fast=True`.")
@@ -74,7 +76,7 @@ def tokenize_conversation(tokenizer, messages: list[dict], train_on: str = "assi
     """Tokenize a conversation with labels masked to the assistant spans (IGNORE_INDEX elsewhere)."""
     tpl = template or Template(tokenizer)
     text, spans, masked = tpl.spans(messages, train_on, tools)
-    (enc,) = _encode(tokenizer, [text])
+    (enc,) = encode_texts(tokenizer, [text])
     return Tokenized(list(enc.ids), _labels(enc.ids, enc.offsets, spans, masked))
 
 
@@ -111,6 +113,28 @@ def encode_batch(tokenizer, tpl: Template, examples: list[dict], *, train_on: st
 
 def _encode_batch(tokenizer, tpl: Template, examples: list[dict], *, train_on: str, max_length: int, truncation: str,
                   min_tokens: int, max_tokens: int | None, with_generation: bool = False, pretrain_blocks: str = "document") -> list[Encoded]:
+    batch = render_batch(tokenizer, tpl, examples, train_on=train_on, max_length=max_length, min_tokens=min_tokens, with_generation=with_generation)
+    return finish_batch(tokenizer, tpl, batch, encode_texts(tokenizer, batch.texts) if batch.texts else [], max_length=max_length,
+                        truncation=truncation, min_tokens=min_tokens, max_tokens=max_tokens, with_generation=with_generation,
+                        pretrain_blocks=pretrain_blocks)
+
+
+@dataclass
+class Rendered:
+    """A batch between its two halves (:func:`render_batch`, :func:`finish_batch`): ``texts`` are what the Rust tokenizer
+    encodes in between (the conversations and raw texts first, then the prompt and replies of each pair), which holds no
+    Python lock, so data/build.py encodes one chunk on a thread while the next is rendered and the last is finished."""
+
+    examples: list[dict]
+    out: list  # Encoded per example, where the processor of a vision-language model already made it; else None
+    sft: list  # (index, text, (loss spans, masked spans))
+    pairs: list  # (index, [prompt, reply, ...])
+    texts: list[str]
+
+
+def render_batch(tokenizer, tpl: Template, examples: list[dict], *, train_on: str, max_length: int, min_tokens: int,
+                 with_generation: bool = False) -> Rendered:
+    """The first half of :func:`encode_batch`: the chat template rendered (and a vision-language processor's rows made)."""
     out: list[Encoded | None] = [None] * len(examples)
     vision = _vision(tokenizer, examples)  # conversations rendered by a vision-language model's processor (data/vision_chat.py)
     for i in vision:
@@ -120,19 +144,24 @@ def _encode_batch(tokenizer, tpl: Template, examples: list[dict], *, train_on: s
         gen = vision_chat.generation(proc, ex) if with_generation and row is not None and ex["kind"] == "sft" else None
         out[i] = Encoded(row, reason, False, gen)
     sft, pairs = _render(tokenizer, tpl, examples, train_on, skip=set(vision))
-    if sft:
-        sft_i, sft_texts, sft_spans = zip(*sft)
-        for i, enc, (spans, masked) in zip(sft_i, _encode(tokenizer, list(sft_texts)), sft_spans):
-            out[i] = _sft_row(tokenizer, tpl, examples[i], enc, spans, masked, max_length=max_length, truncation=truncation,
-                              min_tokens=min_tokens, max_tokens=max_tokens, with_generation=with_generation)
-            if pretrain_blocks == "stream" and examples[i]["kind"] == "text" and "label" not in examples[i] and out[i].row is not None:
-                out[i] = _whole(out[i])
-    if pairs:
-        flat = [t for _, parts in pairs for t in parts]
-        encs = _encode(tokenizer, flat)
+    texts = [t for _, t, _ in sft]
+    texts += [t for _, parts in pairs for t in parts]
+    return Rendered(examples, out, sft, pairs, texts)
+
+
+def finish_batch(tokenizer, tpl: Template, batch: Rendered, encs: list, *, max_length: int, truncation: str, min_tokens: int,
+                 max_tokens: int | None, with_generation: bool = False, pretrain_blocks: str = "document") -> list[Encoded]:
+    """The second half of :func:`encode_batch`: labels and rows from ``encs`` (the encodings of ``batch.texts``)."""
+    examples, out = batch.examples, batch.out
+    for (i, _, (spans, masked)), enc in zip(batch.sft, encs):
+        out[i] = _sft_row(tokenizer, tpl, examples[i], enc, spans, masked, max_length=max_length, truncation=truncation,
+                          min_tokens=min_tokens, max_tokens=max_tokens, with_generation=with_generation)
+        if pretrain_blocks == "stream" and examples[i]["kind"] == "text" and "label" not in examples[i] and out[i].row is not None:
+            out[i] = _whole(out[i])
+    if batch.pairs:
         header = answer_header_tokens(tokenizer, tpl)
-        k = 0
-        for i, parts in pairs:
+        k = len(batch.sft)
+        for i, parts in batch.pairs:
             ids = [list(e.ids) for e in encs[k : k + len(parts)]]
             k += len(parts)
             out[i] = _pair_row(examples[i], ids[0], ids[1:], max_length=max_length, truncation=truncation, min_tokens=min_tokens, header=header)
@@ -240,7 +269,7 @@ def answer_header_tokens(tokenizer, tpl: Template) -> int:
         return cached[1]
     probe = [{"role": "user", "content": "Hello there."}]
     plain, with_header = tpl.render(probe), tpl.render(probe, add_generation_prompt=True)
-    a, b = _encode(tokenizer, [plain, with_header])
+    a, b = encode_texts(tokenizer, [plain, with_header])
     n = max(1, len(b.ids) - len(a.ids))
     tokenizer._trainpipe_header = (key, n)
     return n

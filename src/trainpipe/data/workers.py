@@ -1,4 +1,5 @@
-"""Tokenizing a build's chunks in forked worker processes (data/build.py, step 4).
+"""Tokenizing a build's chunks (data/build.py, step 4): in forked worker processes (`data.num_proc` > 1), or in this
+process with the Rust tokenizer on a thread of its own (:func:`pipelined`).
 
 Each worker gets the tokenizer, the template and the encoding options once, from the pool's initializer: under `fork`
 they are inherited from the parent, never pickled, and only the chunks of examples and their rows cross the pipes.
@@ -7,8 +8,11 @@ they are inherited from the parent, never pickled, and only the chunks of exampl
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Iterable, Iterator
 
-from trainpipe.data.tokenize import encode_batch
+from trainpipe.data.sandbox import template_watch
+from trainpipe.data.tokenize import encode_batch, encode_texts, finish_batch, render_batch
 
 
 class _Worker:
@@ -51,3 +55,29 @@ def pool(n: int, tokenizer, tpl, opts):
             os.environ.pop("TOKENIZERS_PARALLELISM", None)
         else:
             os.environ["TOKENIZERS_PARALLELISM"] = saved
+
+
+def pipelined(tokenizer, tpl, opts: dict, jobs: Iterable[tuple[list[dict], bool]]) -> Iterator[list]:
+    """``encode_chunk`` of each job ``(examples, with_generation)``, in order, the same results, with the Rust tokenizer's
+    part of chunk k (it holds no Python lock) on a thread while this thread finishes chunk k-1, lets the caller store
+    its rows, and reads and renders chunk k+1: on two cores the tokenizer's time is hidden behind the Python work."""
+    rend = {k: opts[k] for k in ("train_on", "max_length", "min_tokens")}
+    fin = {k: v for k, v in opts.items() if k != "train_on"}
+    with ThreadPoolExecutor(1, thread_name_prefix="trainpipe-tokenize") as ex:
+        prev = None
+        for exs, g in jobs:
+            with template_watch():  # the renders' deadline, armed only while this thread renders
+                batch = render_batch(tokenizer, tpl, exs, with_generation=g, **rend)
+            cur = (batch, ex.submit(encode_texts, tokenizer, batch.texts) if batch.texts else None, g)
+            if prev is not None:
+                yield _finish(tokenizer, tpl, fin, prev)
+            prev = cur
+        if prev is not None:
+            yield _finish(tokenizer, tpl, fin, prev)
+
+
+def _finish(tokenizer, tpl, fin: dict, job) -> list:
+    batch, fut, g = job
+    encs = fut.result() if fut is not None else []
+    with template_watch():  # generation prompts are rendered here
+        return finish_batch(tokenizer, tpl, batch, encs, with_generation=g, **fin)

@@ -31,7 +31,7 @@ from trainpipe.model.loading import DTYPES, check_model_source, parameter_counts
 from trainpipe.data.collate import right_pad
 from trainpipe.evaluate import shard as sharding
 from trainpipe.export import base_model_dir, export_folder, model_card
-from trainpipe.data.tokenize import _encode, Template
+from trainpipe.data.tokenize import encode_texts, Template
 
 PEFT_KINDS = ("none", "lora", "rslora", "dora")
 
@@ -227,7 +227,7 @@ def encode(tokenizer, prompt: str, completion: str) -> list[int]:
     full = tpl.render(user + [{"role": "assistant", "content": completion}])
     if not full.startswith(head):
         raise ValueError("the chat template does not render the prompt as a prefix of the prompt with its reply")
-    a, b = _encode(tokenizer, [head, full[len(head):]])
+    a, b = encode_texts(tokenizer, [head, full[len(head):]])
     return list(a.ids) + list(b.ids)
 
 

@@ -62,7 +62,7 @@ from trainpipe.train.reward import load_reward_model
 from trainpipe.train.rl_policy import (PolicyGradient, Reward, advantages, attach_value_head, completion_mask, frozen_copy,  # noqa: F401
                                        left_pad, prompt_ids)
 from trainpipe.train.rollout import VLLMRollout, choose_rollout, vllm_installed
-from trainpipe.data.tokenize import _encode, end_of_turn_ids, Template
+from trainpipe.data.tokenize import encode_texts, end_of_turn_ids, Template
 
 RewardFn = Callable[[list[str], list[str]], list[float]]  # a user's reward function: (prompts, completions) -> rewards
 
@@ -273,7 +273,7 @@ def turn_suffix_ids(tokenizer) -> list[int]:
     pos = text.rfind("b") + 1
     m = tpl._special_re.search(text, pos) if tpl._special_re else None
     rest = text[m.end():] if m else ""
-    return list(_encode(tokenizer, [rest])[0].ids) if rest else []
+    return list(encode_texts(tokenizer, [rest])[0].ids) if rest else []
 
 
 def import_reward_function(spec: str) -> RewardFn:

@@ -110,3 +110,58 @@ def test_pii_prechecks_never_skip_a_match():
             assert nd >= 4, text
         if clean._IBAN.search(text):
             assert nd >= 2 and clean._IBAN_HINT.search(text), text
+
+
+def test_pipelined_chunks_equal_encode_batch(tiny_tokenizer):
+    """The tokenize step's pipeline (the Rust tokenizer on a thread for chunk k while chunk k+1 is rendered) gives the
+    rows `encode_batch` gives chunk by chunk: conversations, raw text, preference pairs and KTO examples, kept and dropped."""
+    from trainpipe.data.templates import Template
+    from trainpipe.data.tokenize import encode_batch
+    from trainpipe.data.workers import pipelined
+
+    setup_chat_template(tiny_tokenizer, "chatml", "tiny")
+    tpl = Template(tiny_tokenizer)
+    rng = random.Random(3)
+    exs = []
+    for i in range(300):
+        q, a = " ".join(rng.choices(WORDS, k=rng.randint(1, 30))), " ".join(rng.choices(WORDS, k=rng.randint(0, 30)))
+        kind = i % 4
+        if kind == 0:
+            exs.append({"kind": "sft", "messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]})
+        elif kind == 1:
+            exs.append({"kind": "text", "text": q + " " + a})
+        elif kind == 2:
+            exs.append({"kind": "preference", "prompt": [{"role": "user", "content": q}], "chosen": [{"role": "assistant", "content": a}],
+                        "rejected": [{"role": "assistant", "content": a[::-1]}]})
+        else:
+            exs.append({"kind": "kto", "prompt": [{"role": "user", "content": q}], "completion": [{"role": "assistant", "content": a}], "label": i % 8 == 3})
+    opts = dict(train_on="assistant", max_length=96, truncation="drop", min_tokens=1, max_tokens=None, pretrain_blocks="document")
+    jobs = [(exs[k : k + 37], k % 74 == 0) for k in range(0, len(exs), 37)]
+    got = list(pipelined(tiny_tokenizer, tpl, opts, iter(jobs)))
+    want = [encode_batch(tiny_tokenizer, tpl, chunk, with_generation=g, **opts) for chunk, g in jobs]
+    assert got == want
+    flat = [e for chunk in got for e in chunk]
+    n_drop, n_kept = sum(e.row is None for e in flat), sum(e.row is not None for e in flat)
+    assert n_drop > 10 and n_kept > 150, (n_drop, n_kept)  # some dropped (too long), most kept
+    assert any(e.generation for e in flat)
+
+
+def test_spilled_examples_read_back_as_json_would():
+    """A kept example goes to the build's spill file as MessagePack (JSON where MessagePack cannot hold it) and comes back
+    equal to a JSON round trip: unicode, floats, NaN, deep nesting, an integer beyond 64 bits."""
+    import math
+
+    from trainpipe.data.intake import spill_bytes, unspill
+
+    exs = [
+        {"kind": "sft", "messages": [{"role": "user", "content": "héllo ✓ \u2028 \x00"}, {"role": "assistant", "content": ""}]},
+        {"kind": "sft", "messages": [], "tools": [{"type": "function", "function": {"name": "f", "parameters": {"max": 1.5e308, "n": -(2**63), "u": 2**64 - 1}}}]},
+        {"kind": "kto", "prompt": [], "completion": [], "label": False, "x": [[[[None, True, 0.1]]]]},
+        {"kind": "text", "text": "big", "n": 2**70},  # MessagePack holds 64-bit integers: this one is spilled as JSON
+    ]
+    for ex in exs:
+        raw = spill_bytes(ex)
+        assert unspill(raw) == json.loads(json.dumps(ex, ensure_ascii=False))
+    assert spill_bytes(exs[3])[:1] == b"\x00" and spill_bytes(exs[0])[:1] != b"\x00"
+    nan = unspill(spill_bytes({"kind": "text", "text": "t", "v": float("nan")}))["v"]
+    assert math.isnan(nan)
