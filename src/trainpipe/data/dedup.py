@@ -120,14 +120,14 @@ class NearDedup:
     (512 bytes at 128), its key (8 bytes) and one 64-bit hash plus a uint32 row number per band (192 bytes at
     16 bands), i.e. ~0.7 GB per million records. The band hashes live in one sorted array (binary search)
     plus a dict of the latest ones, merged into the array every ``_RECENT`` hashes. A bit per value of a hash's top
-    ``_BITS`` bits (32 MB, made at the first merge) says which hashes the array may hold: the others, nearly all the
-    hashes of a new record, skip the binary search, whose cache misses over a large array (~0.45 us a search at 16M
-    hashes) made the lookups grow faster than the data.
+    bits (16 bits per hash of the array, at most ``2**_BITS`` bits: 32 MB from 16M hashes, 1M records, on) says which
+    hashes the array may hold: the others, nearly all the hashes of a new record, skip the binary search, whose cache
+    misses over a large array (~0.45 us a search at 16M hashes) made the lookups grow faster than the data.
     """
 
     _BLOCK = 8192  # signature rows per block
     _RECENT = 1 << 18  # band hashes in the dict before they are merged into the sorted array
-    _BITS = 28  # the presence bits are indexed by a hash's top 28 bits (2**28 bits)
+    _BITS = 28  # the presence bits are indexed by at most a hash's top 28 bits (2**28 bits)
 
     def __init__(self, threshold: float, shingle_size: int, num_perm: int, seed: int = 1):
         self.threshold = threshold
@@ -149,7 +149,8 @@ class NearDedup:
         self._row = np.empty(0, dtype=np.uint32)  # ... and the row of each
         self._recent: dict[int, int | list[int]] = {}
         self._buckets = 0  # hashes of the dict that hold several rows (a list)
-        self._bits: np.ndarray | None = None  # presence bits of the sorted array's hashes
+        self._bits: np.ndarray | None = None  # presence bits of the sorted array's hashes, indexed by their top _nbits bits
+        self._nbits = 0
         self._merges = 0  # merges of the dict into the sorted array so far
 
     def __len__(self) -> int:
@@ -230,7 +231,7 @@ class NearDedup:
         m = len(self._h)
         if m:
             flat = hs.ravel()
-            top = flat >> np.uint64(64 - self._BITS)
+            top = flat >> np.uint64(64 - self._nbits)
             maybe = np.flatnonzero((self._bits[top >> np.uint64(3)] >> (top & np.uint64(7)).astype(np.uint8)) & 1)  # the others are absent
             keys = flat[maybe]
             order = np.argsort(keys)  # looked up in ascending order: each search starts where the last ended (~2.5x faster
@@ -318,15 +319,16 @@ class NearDedup:
         if more:
             h = np.concatenate([h, np.fromiter((k for k, v in more for _ in v), dtype=np.uint64)])
             r = np.concatenate([r, np.fromiter((x for _, v in more for x in v), dtype=np.uint32)])
-        if self._bits is None:
-            self._bits = np.zeros(1 << (self._BITS - 3), dtype=np.uint8)
-        top = h >> np.uint64(64 - self._BITS)
-        np.bitwise_or.at(self._bits, top >> np.uint64(3), np.left_shift(1, (top & np.uint64(7)).astype(np.uint8)).astype(np.uint8))
         order = np.argsort(h, kind="stable")
         h, r = h[order], r[order]
         at = np.searchsorted(self._h, h)
         self._h = np.insert(self._h, at, h)
         self._row = np.insert(self._row, at, r)
+        nbits = min(self._BITS, max(20, (16 * len(self._h) - 1).bit_length()))
+        if nbits != self._nbits:  # the bits grow with the array: made again from all of it
+            self._bits, self._nbits, h = np.zeros(1 << (nbits - 3), dtype=np.uint8), nbits, self._h
+        top = h >> np.uint64(64 - nbits)
+        np.bitwise_or.at(self._bits, top >> np.uint64(3), np.left_shift(1, (top & np.uint64(7)).astype(np.uint8)).astype(np.uint8))
 
 
 def jaccard(a: str, b: str, k: int = 3) -> float:

@@ -165,3 +165,38 @@ def test_spilled_examples_read_back_as_json_would():
     assert spill_bytes(exs[3])[:1] == b"\x00" and spill_bytes(exs[0])[:1] != b"\x00"
     nan = unspill(spill_bytes({"kind": "text", "text": "t", "v": float("nan")}))["v"]
     assert math.isnan(nan)
+
+
+def test_a_build_puts_the_cycle_collector_back(tmp_path, tiny_tokenizer, monkeypatch):
+    """A build collects less often (data/build.py, fewer_collections) and puts the thresholds and the frozen objects back
+    after it, when it fails too."""
+    import gc
+
+    from trainpipe.data import build as build_mod
+    from trainpipe.errors import DataError
+
+    setup_chat_template(tiny_tokenizer, "chatml", "tiny")
+    before = gc.get_threshold()
+    seen = []
+    real = build_mod._Build.split
+
+    def split(self):
+        seen.append((gc.get_threshold()[0], gc.get_freeze_count()))
+        return real(self)
+
+    monkeypatch.setattr(build_mod._Build, "split", split)
+    f = tmp_path / "a.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in _records(200, random.Random(5))))
+    prepare(DataConfig(sources=[{"path": str(f)}], eval_split=0.05, max_length=96, cache_dir=str(tmp_path / "c")), tiny_tokenizer,
+            train_on="assistant", seed=0)
+    assert seen[0][0] == 50_000 and seen[0][1] > 1000  # during the build: collected less often, the objects before it frozen
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+    f.write_text("")
+    try:
+        prepare(DataConfig(sources=[{"path": str(f)}], eval_split=0.05, max_length=96, cache_dir=str(tmp_path / "d")), tiny_tokenizer,
+                train_on="assistant", seed=0)
+    except DataError:
+        pass
+    else:
+        raise AssertionError("an empty file prepares")
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
