@@ -231,8 +231,8 @@ class NearDedup:
         m = len(self._h)
         if m:
             flat = hs.ravel()
-            top = flat >> np.uint64(64 - self._nbits)
-            maybe = np.flatnonzero((self._bits[top >> np.uint64(3)] >> (top & np.uint64(7)).astype(np.uint8)) & 1)  # the others are absent
+            byte, bit = self._bit_of(flat, self._nbits)
+            maybe = np.flatnonzero(self._bits[byte] & bit)  # the others are absent
             keys = flat[maybe]
             order = np.argsort(keys)  # looked up in ascending order: each search starts where the last ended (~2.5x faster
             at = np.empty(len(keys), dtype=np.intp)  # at millions of hashes, where a random order misses the cache each time)
@@ -327,8 +327,13 @@ class NearDedup:
         nbits = min(self._BITS, max(20, (16 * len(self._h) - 1).bit_length()))
         if nbits != self._nbits:  # the bits grow with the array: made again from all of it
             self._bits, self._nbits, h = np.zeros(1 << (nbits - 3), dtype=np.uint8), nbits, self._h
+        np.bitwise_or.at(self._bits, *self._bit_of(h, nbits))
+
+    @staticmethod
+    def _bit_of(h: np.ndarray, nbits: int) -> tuple[np.ndarray, np.ndarray]:
+        """The presence bit of each hash: (byte index, bit mask) of its top ``nbits`` bits."""
         top = h >> np.uint64(64 - nbits)
-        np.bitwise_or.at(self._bits, top >> np.uint64(3), np.left_shift(1, (top & np.uint64(7)).astype(np.uint8)).astype(np.uint8))
+        return top >> np.uint64(3), np.left_shift(np.uint8(1), (top & np.uint64(7)).astype(np.uint8))
 
 
 def jaccard(a: str, b: str, k: int = 3) -> float:
